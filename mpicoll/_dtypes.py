@@ -1,0 +1,180 @@
+"""THE dtype table and the reduce-op table: numpy dtype <-> MPI datatype, wire view, reduce path.
+
+Nothing else in mpicoll maps dtypes. Each entry says how an array of that dtype travels (``wire``:
+the numpy view handed to MPI, with ``mpi`` its MPI datatype) and how it is reduced:
+
+* ``native``: by MPI itself (integers, float32, float64);
+* ``float32``: in numpy with float32 accumulation, rounded once (float16, bfloat16). MPICH has no
+  bfloat16 datatype and its float16 reductions are ~12x slower than float32 for the same bytes
+  (``shared/PERF.md``), so these travel as their 16-bit patterns and are summed in numpy.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from enum import IntEnum
+
+import ml_dtypes
+import numpy as np
+from mpi4py import MPI
+
+from ._errors import CollectiveArgumentError
+
+
+class HcclDataType(IntEnum):
+    """The accelerator stack's dtype enum (seeds/002); accepted wherever a dtype is."""
+
+    INT8 = 0
+    INT16 = 1
+    INT32 = 2
+    FP16 = 3
+    FP32 = 4
+    INT64 = 5
+    UINT64 = 6
+    UINT8 = 7
+    UINT16 = 8
+    UINT32 = 9
+    FP64 = 10
+    BFP16 = 11
+
+
+@dataclass(frozen=True)
+class DType:
+    """One row of the dtype table."""
+
+    name: str
+    np: np.dtype
+    wire: np.dtype
+    mpi: MPI.Datatype
+    reduce: str          # "native" | "float32"
+    hccl: HcclDataType
+    code: int            # small stable id used in cross-rank headers
+
+    @property
+    def itemsize(self) -> int:
+        return self.np.itemsize
+
+
+def _row(name, np_dtype, wire, mpi, reduce, hccl):
+    return name, np.dtype(np_dtype), np.dtype(wire), mpi, reduce, hccl
+
+
+_ROWS = [
+    _row("int8", np.int8, np.int8, MPI.INT8_T, "native", HcclDataType.INT8),
+    _row("int16", np.int16, np.int16, MPI.INT16_T, "native", HcclDataType.INT16),
+    _row("int32", np.int32, np.int32, MPI.INT32_T, "native", HcclDataType.INT32),
+    _row("int64", np.int64, np.int64, MPI.INT64_T, "native", HcclDataType.INT64),
+    _row("uint8", np.uint8, np.uint8, MPI.UINT8_T, "native", HcclDataType.UINT8),
+    _row("uint16", np.uint16, np.uint16, MPI.UINT16_T, "native", HcclDataType.UINT16),
+    _row("uint32", np.uint32, np.uint32, MPI.UINT32_T, "native", HcclDataType.UINT32),
+    _row("uint64", np.uint64, np.uint64, MPI.UINT64_T, "native", HcclDataType.UINT64),
+    _row("float16", np.float16, np.uint16, MPI.UINT16_T, "float32", HcclDataType.FP16),
+    _row("bfloat16", ml_dtypes.bfloat16, np.uint16, MPI.UINT16_T, "float32", HcclDataType.BFP16),
+    _row("float32", np.float32, np.float32, MPI.FLOAT, "native", HcclDataType.FP32),
+    _row("float64", np.float64, np.float64, MPI.DOUBLE, "native", HcclDataType.FP64),
+]
+
+DTYPES: dict[str, DType] = {r[0]: DType(*r, code=i + 1) for i, r in enumerate(_ROWS)}
+_BY_NP: dict[np.dtype, DType] = {d.np: d for d in DTYPES.values()}
+_BY_HCCL: dict[int, DType] = {int(d.hccl): d for d in DTYPES.values()}
+_BY_CODE: dict[int, DType] = {d.code: d for d in DTYPES.values()}
+
+#: The dtypes every operator supports, in table order (used by check, bench and tests).
+ALL_DTYPES: tuple[str, ...] = tuple(DTYPES)
+#: The dtypes named by the spec as the core set (the others are extras).
+CORE_DTYPES: tuple[str, ...] = ("int8", "int16", "int32", "int64", "uint8", "float16", "bfloat16",
+                                "float32", "float64")
+
+
+def of_array(x: np.ndarray) -> DType | None:
+    """The table row for an array's dtype, or None when unsupported (hot path: one dict lookup)."""
+    return _BY_NP.get(x.dtype)
+
+
+def by_code(code: int) -> DType:
+    return _BY_CODE[code]
+
+
+def lookup(dtype: object, *, op: str = "mpicoll", param: str = "dtype", rank: int = -1) -> DType:
+    """Resolve a dtype given as a name, numpy dtype, numpy type or ``HcclDataType``.
+
+    Raises:
+        CollectiveArgumentError: unsupported dtype (the message lists the supported ones).
+    """
+    row = None
+    if isinstance(dtype, DType):
+        return dtype
+    if isinstance(dtype, (int, np.integer)) and not isinstance(dtype, bool):
+        row = _BY_HCCL.get(int(dtype))
+    elif isinstance(dtype, str) and dtype in DTYPES:
+        row = DTYPES[dtype]
+    else:
+        try:
+            row = _BY_NP.get(np.dtype(dtype))
+        except TypeError:
+            row = None
+    if row is None:
+        raise CollectiveArgumentError(
+            f"{op}: {param}={dtype!r} on rank {rank}: unsupported dtype; supported: {', '.join(ALL_DTYPES)}",
+            op=op, param=param, rank=rank)
+    return row
+
+
+def wire(x: np.ndarray, dt: DType) -> list:
+    """The MPI buffer spec ``[view, datatype]`` for a contiguous array of this dtype."""
+    return [x.view(dt.wire) if dt.wire != dt.np else x, dt.mpi]
+
+
+@dataclass(frozen=True)
+class ReduceOp:
+    """One row of the reduce-op table."""
+
+    name: str
+    mpi: MPI.Op
+    ufunc: np.ufunc
+    code: int
+
+
+REDUCE_OPS: dict[str, ReduceOp] = {
+    "sum": ReduceOp("sum", MPI.SUM, np.add, 1),
+    "prod": ReduceOp("prod", MPI.PROD, np.multiply, 2),
+    "max": ReduceOp("max", MPI.MAX, np.maximum, 3),
+    "min": ReduceOp("min", MPI.MIN, np.minimum, 4),
+}
+_REDUCE_BY_CODE = {r.code: r for r in REDUCE_OPS.values()}
+# Names the accelerator stacks use for the same four operations.
+_REDUCE_ALIASES = {"sum": "sum", "prod": "prod", "max": "max", "min": "min", "product": "prod",
+                   "hccl_reduce_sum": "sum", "hccl_reduce_prod": "prod", "hccl_reduce_max": "max",
+                   "hccl_reduce_min": "min", "reduce_sum": "sum", "reduce_prod": "prod",
+                   "reduce_max": "max", "reduce_min": "min"}
+
+
+class HcclReduceOp(IntEnum):
+    """The accelerator stack's reduce-op enum (seeds/002)."""
+
+    SUM = 0
+    PROD = 1
+    MAX = 2
+    MIN = 3
+
+
+def reduce_op(value: object, *, op: str = "mpicoll", param: str = "reduce_type", rank: int = -1) -> ReduceOp:
+    """Resolve "sum"|"prod"|"max"|"min" (any case, HCCL spellings, ``HcclReduceOp``).
+
+    Raises:
+        CollectiveArgumentError: anything else.
+    """
+    if isinstance(value, ReduceOp):
+        return value
+    if isinstance(value, HcclReduceOp):
+        value = value.name
+    if isinstance(value, str):
+        name = _REDUCE_ALIASES.get(value.lower())
+        if name is not None:
+            return REDUCE_OPS[name]
+    raise CollectiveArgumentError(
+        f"{op}: {param}={value!r} on rank {rank}: must be one of 'sum', 'prod', 'max', 'min'",
+        op=op, param=param, rank=rank)
+
+
+def reduce_by_code(code: int) -> ReduceOp:
+    return _REDUCE_BY_CODE[code]

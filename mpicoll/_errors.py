@@ -1,0 +1,90 @@
+"""The CollectiveError family and the cross-rank agreement helper.
+
+Every error mpicoll raises is a :class:`CollectiveError`. A check that only one rank can see is
+folded into :func:`agree`, a single small ``Allgather`` that every rank of the communicator makes
+before any data moves, so that all of them raise the same error instead of some ranks entering a
+collective that their peers never join.
+"""
+from __future__ import annotations
+
+import numpy as np
+from mpi4py import MPI
+
+
+class CollectiveError(RuntimeError):
+    """Base class of every error mpicoll raises.
+
+    Attributes:
+        op: operator name ("AllReduce", ...), or None.
+        param: the offending parameter name, or None.
+        rank: the rank (in the operator's communicator) whose input broke the rule, or None.
+    """
+
+    def __init__(self, message: str, *, op: str | None = None, param: str | None = None,
+                 rank: int | None = None) -> None:
+        super().__init__(message)
+        self.op = op
+        self.param = param
+        self.rank = rank
+
+
+class CollectiveArgumentError(CollectiveError, ValueError):
+    """A bad argument or parameter (also a ``ValueError``)."""
+
+
+class CollectiveMismatchError(CollectiveArgumentError):
+    """Arguments that are fine on each rank alone but disagree across ranks."""
+
+
+class CollectiveTimeout(CollectiveError, TimeoutError):
+    """A collective, or a comm-domain rendezvous, did not complete in time."""
+
+
+_CLASSES = {c.__name__: c for c in (CollectiveError, CollectiveArgumentError,
+                                    CollectiveMismatchError, CollectiveTimeout)}
+
+
+def arg_error(op: str, param: str, value: object, rank: int, rule: str) -> CollectiveArgumentError:
+    """Build the standard message: ``"AllToAllV: send_counts[2]=-1 on rank 1: counts must be >= 0"``."""
+    return CollectiveArgumentError(f"{op}: {param}={value!r} on rank {rank}: {rule}",
+                                   op=op, param=param, rank=rank)
+
+
+def mismatch_error(op: str, param: str, detail: str, rank: int) -> CollectiveMismatchError:
+    """A cross-rank disagreement; ``detail`` names the values on both sides."""
+    return CollectiveMismatchError(f"{op}: {param} differs across ranks: {detail}",
+                                   op=op, param=param, rank=rank)
+
+
+def as_collective_error(exc: BaseException, op: str, rank: int) -> CollectiveError:
+    """Wrap anything raised while checking local input (a TypeError on a list, ...)."""
+    if isinstance(exc, CollectiveError):
+        return exc
+    return CollectiveArgumentError(f"{op}: bad input on rank {rank}: {type(exc).__name__}: {exc}",
+                                   op=op, rank=rank)
+
+
+def agree(comm: MPI.Comm, header: np.ndarray, error: BaseException | None) -> np.ndarray:
+    """Allgather every rank's fixed-length int64 ``header``; raise the same error on all ranks.
+
+    ``header[0]`` is set to 1 on a rank that has a local ``error``. If any rank has one, the
+    messages are exchanged (pickled, on the error path only) and every rank raises the error of the
+    lowest failing rank, with the other failing ranks' messages appended.
+
+    Returns:
+        The gathered ``(comm.size, len(header))`` int64 matrix, identical on every rank.
+    """
+    header[0] = 1 if error is not None else 0
+    table = np.empty((comm.Get_size(), header.size), dtype=np.int64)
+    comm.Allgather([header, MPI.INT64_T], [table, MPI.INT64_T])
+    if table[:, 0].any():
+        mine = None if error is None else (type(error).__name__, str(error), getattr(error, "op", None),
+                                           getattr(error, "param", None), getattr(error, "rank", None))
+        reports = [r for r in comm.allgather(mine) if r is not None]
+        cls_name, first, op, param, rank = reports[0]
+        message = first
+        others = [r[1] for r in reports[1:] if r[1] != first]
+        if others:
+            message += " (also: " + "; ".join(others) + ")"
+        raise _CLASSES.get(cls_name, CollectiveArgumentError)(message, op=op, param=param, rank=rank)
+    return table

@@ -1,0 +1,149 @@
+"""Golden-check support: seeded per-rank data every rank can rebuild, numpy reference reductions,
+wrong-element counting, and the registry of per-operator check specs.
+
+An operator module registers a :class:`CheckSpec` describing its case families and computing
+``(got, expected)`` for one case; ``mpicoll.check`` and the tests iterate the registry and never
+name an operator.
+"""
+from __future__ import annotations
+
+import zlib
+from dataclasses import dataclass
+from typing import Callable
+
+import numpy as np
+
+from ._dtypes import DTYPES, DType, ReduceOp
+
+SEED = 20261122
+
+
+def rng_for(seed: int, *key: object) -> np.random.Generator:
+    """A generator every rank can rebuild from (seed, key...)."""
+    return np.random.default_rng([seed, zlib.crc32(repr(key).encode())])
+
+
+def rank_data(seed: int, key: str, rank: int, shape: tuple | int, dt: DType, kind: str = "int") -> np.ndarray:
+    """Rank ``rank``'s input for a case.
+
+    ``kind="int"``: small integers ([-4, 4], unsigned [0, 8]); every sum/prod/max/min over <= 4 ranks
+    is exact in every dtype, so any reduction order gives the golden bit for bit (integer products
+    wrap identically in MPI and numpy). ``kind="random"``: standard normal values (float dtypes).
+    """
+    g = rng_for(seed, key, rank)
+    if kind == "random":
+        return g.standard_normal(shape).astype(dt.np)
+    lo, hi = (0, 9) if dt.np.kind == "u" else (-4, 5)
+    return g.integers(lo, hi, size=shape).astype(dt.np)
+
+
+def golden_reduce(arrays: list[np.ndarray], dt: DType, rop: ReduceOp) -> np.ndarray:
+    """Reduce in rank order: in the dtype itself (integers wrap, as MPI does), float16/bfloat16 in
+    float32 then rounded once."""
+    if dt.reduce == "float32":
+        acc = arrays[0].astype(np.float32)
+        for a in arrays[1:]:
+            acc = rop.ufunc(acc, a.astype(np.float32))
+        return acc.astype(dt.np)
+    acc = arrays[0].copy()
+    for a in arrays[1:]:
+        acc = rop.ufunc(acc, a).astype(dt.np)
+    return acc
+
+
+def _ordered16(a: np.ndarray) -> np.ndarray:
+    """Map 16-bit float patterns to integers whose order and spacing follow the values (ulps)."""
+    u = a.view(np.uint16).astype(np.int32)
+    return np.where(u & 0x8000, 0x8000 - u, u)
+
+
+def count_wrong(got: object, expected: np.ndarray, *, exact: bool = True, n: int = 1) -> int:
+    """Elements of ``got`` that differ from ``expected``.
+
+    Exact: bit-for-bit (NaN equal to NaN). Inexact: float16/bfloat16 within 1 ulp; float32/float64
+    within a relative 1e-5 / 1e-12 of the value plus an absolute ``n * eps``.
+    """
+    if not isinstance(got, np.ndarray) or got.shape != expected.shape or got.dtype != expected.dtype:
+        return max(int(expected.size), 1)
+    if got.size == 0:
+        return 0
+    if exact or expected.dtype.kind in "iub":
+        if expected.dtype.kind in "iub":
+            return int(np.count_nonzero(got != expected))
+        same = (got == expected) | (np.isnan(got.astype(np.float32)) & np.isnan(expected.astype(np.float32)))
+        return int(got.size - np.count_nonzero(same))
+    if expected.dtype.itemsize == 2:
+        return int(np.count_nonzero(np.abs(_ordered16(got) - _ordered16(expected)) > 1))
+    eps = np.finfo(expected.dtype).eps
+    rtol = 1e-5 if expected.dtype == np.float32 else 1e-12
+    ok = np.isclose(got, expected, rtol=rtol, atol=4 * n * eps)
+    return int(got.size - np.count_nonzero(ok))
+
+
+@dataclass(frozen=True)
+class CheckSpec:
+    """How to check one operator: case families and a function giving ``(got, expected)``.
+
+    ``run(case, dtype, comm_domain, rank, n, seed)`` builds the operator on ``comm_domain`` (of
+    ``n`` ranks, this one being ``rank``), runs it and returns ``(got, expected, exact)``.
+    """
+
+    name: str
+    cases: Callable[[int], list[str]]
+    run: Callable[..., tuple]
+    dtypes: tuple[str, ...] = tuple(DTYPES)
+
+
+CHECKS: dict[str, CheckSpec] = {}
+
+
+def register_check(spec: CheckSpec) -> CheckSpec:
+    CHECKS[spec.name] = spec
+    return spec
+
+
+def reduce_case_names(families: list[str]) -> list[str]:
+    """``["even", "uneven"]`` -> ``["even:sum", "even:prod", ..., "uneven:min"]``."""
+    return [f"{f}:{r}" for f in families for r in ("sum", "prod", "max", "min")]
+
+
+# ----------------------------------------------------------------------------- count/displacement plans
+
+PLAN_FAMILIES = ("uniform", "uneven", "zero", "spike", "skew", "gapped", "large")
+
+
+def counts_matrix(family: str, n: int) -> np.ndarray:
+    """``M[i, j]``: elements rank i sends to rank j, for a plan family."""
+    i, j = np.meshgrid(np.arange(n), np.arange(n), indexing="ij")
+    if family == "uniform":
+        m = np.full((n, n), 5)
+    elif family in ("uneven", "gapped"):
+        m = (i * 7 + j * 3 + 1) % 6
+    elif family == "zero":
+        m = np.zeros((n, n))
+    elif family == "spike":
+        m = np.where(i == 0, 300, 0)
+    elif family == "skew":
+        m = (i + 1) * (j + 1) * 50
+    elif family == "large":
+        m = 20_000 + 7 * i + j
+    else:
+        raise KeyError(family)
+    return m.astype(np.int64)
+
+
+def displs(c: np.ndarray, gapped: bool) -> tuple[np.ndarray, int]:
+    """Displacements for counts ``c`` and the buffer length they need.
+
+    Packed: prefix sums. Gapped: blocks in reverse peer order with 3 unused elements before each.
+    """
+    if not gapped:
+        d = np.concatenate(([0], np.cumsum(c)[:-1])).astype(np.int64)
+        return d, int(c.sum())
+    d = np.empty_like(c)
+    pos = 0
+    for k in reversed(range(c.size)):
+        pos += 3
+        d[k] = pos
+        pos += int(c[k])
+    return d, pos + 2

@@ -1,0 +1,150 @@
+"""AllGather and AllGatherV: every rank gets every rank's data, in rank order."""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+from .. import _validate as V
+from .._dtypes import DTYPES, of_array
+from .._golden import CheckSpec, counts_matrix, displs, rank_data, register_check
+from .._params import CommParam
+from ._base import Operation, check_out, contiguous
+
+
+@dataclass
+class AllGatherParam(CommParam):
+    """AllGather parameters: the common fields."""
+
+
+@dataclass
+class AllGatherVParam(CommParam):
+    """AllGatherV parameters: the common fields (counts are execute inputs)."""
+
+
+class AllGatherOperation(Operation):
+    """Gather every rank's ``x`` to every rank, stacked on a new leading axis (as ATB).
+
+    ``execute(x, out=None)`` -> ``[rank_size, *x.shape]``; row i is rank i's x. Shapes and dtypes
+    must agree across ranks.
+
+    Example (4 ranks, ``x = np.array([[rank]], np.float32)``)::
+
+        AllGatherOperation(AllGatherParam()).execute(x)   # shape (4, 1, 1): [[[0.]], [[1.]], [[2.]], [[3.]]]
+    """
+
+    NAME = "AllGather"
+    PARAM = AllGatherParam
+
+    def _prepare(self, x, out=None):
+        return contiguous(x), out
+
+    def _check(self, call, h):
+        super()._check(call, h)
+        x, out = call
+        if out is not None:
+            check_out(self.NAME, out, (self.size, *x.shape), x.dtype, self.rank, x)
+
+    def _run(self, x, out):
+        dt = of_array(x) or V.check_array(self.NAME, "x", x, self.rank)
+        if out is None:
+            out = np.empty((self.size, *x.shape), dtype=x.dtype)
+        self.comm.Allgather([x.view(dt.wire), dt.mpi], [out.view(dt.wire), dt.mpi])
+        return out
+
+
+class AllGatherVOperation(Operation):
+    """Gather a different number of elements from every rank.
+
+    ``execute(x, send_count, recv_counts, rdispls, shape=None)``: this rank sends
+    ``x.flat[:send_count]``; rank i's elements land at ``out[rdispls[i] : rdispls[i] + recv_counts[i]]``.
+    Returns a 1-D array of ``sum(recv_counts)`` elements, or that array reshaped to ``shape`` (a
+    tuple, or an array whose shape is used). ``recv_counts[i]`` must equal rank i's ``send_count``.
+
+    Example (2 ranks; rank 0 sends [0, 1], rank 1 sends [7])::
+
+        AllGatherVOperation(AllGatherVParam()).execute(x, len(x), [2, 1], [0, 2])   # [0, 1, 7]
+    """
+
+    NAME = "AllGatherV"
+    PARAM = AllGatherVParam
+    SAME_SHAPE = False
+
+    def _prepare(self, x, send_count, recv_counts, rdispls, shape=None):
+        rc = recv_counts if isinstance(recv_counts, np.ndarray) else np.asarray(recv_counts, dtype=np.int64)
+        rd = rdispls if isinstance(rdispls, np.ndarray) else np.asarray(rdispls, dtype=np.int64)
+        return contiguous(x), send_count, rc, rd, shape
+
+    def _check(self, call, h):
+        super()._check(call, h)
+        x, send_count, rc, rd, shape = call
+        op, r, n = self.NAME, self.rank, self.size
+        sc = V.scalar_count(op, "send_count", send_count, r)
+        if sc > x.size:
+            raise V.arg_error(op, "send_count", sc, r, f"must be <= x.size={x.size}")
+        rc = V.counts(op, "recv_counts", rc, n, r)
+        rd = V.counts(op, "rdispls", rd, n, r)
+        total = int(rc.sum())
+        V.check_regions(op, "recv_counts", rc, "rdispls", rd, total, "sum(recv_counts)", r)
+        V.check_no_overlap(op, "recv_counts", rc, "rdispls", rd, r)
+        if shape is not None:
+            dims = shape.shape if isinstance(shape, np.ndarray) else tuple(shape)
+            if int(np.prod(dims)) != total:
+                raise V.arg_error(op, "shape", dims, r, f"must hold sum(recv_counts)={total} elements")
+        h[V.H_SCALAR] = sc
+        V.vec_a(h, n)[:] = rc
+
+    def _cross(self, call, table):
+        n = self.size
+        sent = np.repeat(table[:, V.H_SCALAR][:, None], n, axis=1)
+        V.check_pairs(self.NAME, sent, "send_count", table[:, V.H_LEN:V.H_LEN + n], "recv_counts[{i}]")
+        return call
+
+    def _run(self, x, send_count, rc, rd, shape):
+        dt = of_array(x) or V.check_array(self.NAME, "x", x, self.rank)
+        out = np.empty(int(rc.sum()), dtype=x.dtype)
+        self.comm.Allgatherv([x.reshape(-1)[:int(send_count)].view(dt.wire), dt.mpi],
+                             [out.view(dt.wire), (rc, rd), dt.mpi])
+        if shape is not None:
+            return out.reshape(shape.shape if isinstance(shape, np.ndarray) else tuple(shape))
+        return out
+
+
+# ----------------------------------------------------------------------------- golden checks
+
+_SHAPES = {"even": (3, 2), "zero": (0,), "scalar": (), "large": (50_001,)}
+
+
+def _ag_run(case, dtype, comm_domain, rank, n, seed, validate=True):
+    dt = DTYPES[dtype]
+    inputs = [rank_data(seed, f"AllGather/{case}/{dtype}", r, _SHAPES[case], dt) for r in range(n)]
+    op = AllGatherOperation(AllGatherParam(comm_domain=comm_domain, rank_size=n), validate=validate)
+    return op.execute(inputs[rank]), np.stack(inputs), True
+
+
+def _agv_plan(case, n):
+    """Per-rank send counts, and the receive displacements (permuted for "gapped")."""
+    sc = counts_matrix(case, n)[:, 0]
+    if case == "gapped":
+        order = np.arange(n)[::-1]
+        rd = np.empty(n, dtype=np.int64)
+        rd[order] = np.concatenate(([0], np.cumsum(sc[order])[:-1]))
+    else:
+        rd = displs(sc, False)[0]
+    return sc, rd
+
+
+def _agv_run(case, dtype, comm_domain, rank, n, seed, validate=True):
+    dt = DTYPES[dtype]
+    sc, rd = _agv_plan(case, n)
+    inputs = [rank_data(seed, f"AllGatherV/{case}/{dtype}", r, int(sc[r]) + 2, dt) for r in range(n)]
+    expected = np.empty(int(sc.sum()), dtype=dt.np)
+    for i in range(n):
+        expected[rd[i]:rd[i] + sc[i]] = inputs[i][:sc[i]]
+    op = AllGatherVOperation(AllGatherVParam(comm_domain=comm_domain, rank_size=n), validate=validate)
+    return op.execute(inputs[rank], int(sc[rank]), sc, rd), expected, True
+
+
+register_check(CheckSpec("AllGather", lambda n: list(_SHAPES), _ag_run))
+register_check(CheckSpec("AllGatherV", lambda n: ["uniform", "uneven", "zero", "spike", "skew", "gapped", "large"],
+                         _agv_run))

@@ -1,0 +1,106 @@
+"""AllReduce: every rank gets the element-wise reduction of all ranks' inputs."""
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+
+import numpy as np
+from mpi4py import MPI
+
+from .. import _validate as V
+from .._dtypes import DTYPES, of_array, reduce_op
+from .._golden import CheckSpec, golden_reduce, rank_data, reduce_case_names, register_check
+from .._params import ReduceParam
+from ._base import Operation, check_out, contiguous, reduce_scatter_f32, split_even
+
+#: float16/bfloat16 AllReduce of at most this many bytes: cast to float32, one native float32
+#: Allreduce, cast back (one collective beats two at small sizes); above: the AllToAll path.
+SMALL_F32_BYTES = int(os.environ.get("MPICOLL_SMALL_F32_BYTES", 64 * 1024))
+
+
+@dataclass
+class AllReduceParam(ReduceParam):
+    """AllReduce parameters: the common fields plus ``reduce_type`` (JSON ``allReduceType``)."""
+
+
+class AllReduceOperation(Operation):
+    """Element-wise reduction over all ranks; every rank gets the result.
+
+    ``execute(x, out=None)`` -> array of x's shape and dtype. ``out`` may be a preallocated output,
+    or ``x`` itself for an in-place reduction. float16/bfloat16 accumulate in float32 and round once.
+
+    Example (4 ranks, ``x = np.array([[rank]], np.float32)``)::
+
+        AllReduceOperation(AllReduceParam(reduce_type="sum")).execute(x)   # [[6.]] on every rank
+    """
+
+    NAME = "AllReduce"
+    PARAM = AllReduceParam
+    USES_REDUCE = True
+
+    def _bind_param(self) -> None:
+        self._rop = self._reduce()
+
+    def _prepare(self, x, out=None):
+        return contiguous(x), out
+
+    def _check(self, call, h):
+        super()._check(call, h)
+        x, out = call
+        if out is not None:
+            check_out(self.NAME, out, x.shape, x.dtype, self.rank, x, in_place_ok=True)
+
+    def _run(self, x, out):
+        dt = of_array(x) or V.check_array(self.NAME, "x", x, self.rank)
+        if out is None:
+            out = np.empty_like(x)
+        comm, rop = self.comm, self._rop
+        if dt.reduce == "native":
+            if out is x:
+                comm.Allreduce(MPI.IN_PLACE, [out, dt.mpi], rop.mpi)
+            else:
+                comm.Allreduce([x, dt.mpi], [out, dt.mpi], rop.mpi)
+            return out
+        total, n = x.size, self.size
+        if total * dt.itemsize <= SMALL_F32_BYTES or n == 1:
+            acc = x.astype(np.float32)
+            comm.Allreduce(MPI.IN_PLACE, [acc, MPI.FLOAT], rop.mpi)
+            out[...] = acc.reshape(x.shape)
+            return out
+        counts = split_even(total, n)
+        flat, oflat = x.reshape(-1), out.reshape(-1)
+        if total % n == 0:
+            chunk = reduce_scatter_f32(comm, flat, dt, rop, counts, None, int(counts[self.rank]))
+            comm.Allgather([chunk.view(dt.wire), dt.mpi], [oflat.view(dt.wire), dt.mpi])
+        else:
+            displs = np.concatenate(([0], np.cumsum(counts[:-1])))
+            chunk = reduce_scatter_f32(comm, flat, dt, rop, counts, displs, int(counts[self.rank]))
+            comm.Allgatherv([chunk.view(dt.wire), dt.mpi], [oflat.view(dt.wire), (counts, displs), dt.mpi])
+        return out
+
+
+# ----------------------------------------------------------------------------- golden check
+
+_SHAPES = {"even": lambda n: (8 * n, 3), "uneven": lambda n: (37,), "zero": lambda n: (0, 4),
+           "scalar": lambda n: (), "large": lambda n: (40_003,), "large-even": lambda n: (n * 20_480,)}
+
+
+def _cases(n: int) -> list[str]:
+    return reduce_case_names(["even", "uneven", "large", "large-even"]) + ["zero:sum", "scalar:max", "random:sum",
+                                                                             "inplace:sum"]
+
+
+def _run_case(case, dtype, comm_domain, rank, n, seed, validate=True):
+    family, rname = case.split(":")
+    dt, rop = DTYPES[dtype], reduce_op(rname)
+    kind = "random" if family == "random" and dt.np.kind == "f" else "int"
+    shape = _SHAPES.get(family, lambda n: (1000,))(n)
+    inputs = [rank_data(seed, f"AllReduce/{case}/{dtype}", r, shape, dt, kind) for r in range(n)]
+    op = AllReduceOperation(AllReduceParam(comm_domain=comm_domain, rank_size=n, reduce_type=rname),
+                            validate=validate)
+    x = inputs[rank].copy()
+    got = op.execute(x, out=x) if family == "inplace" else op.execute(x)
+    return got, golden_reduce(inputs, dt, rop), kind == "int"
+
+
+register_check(CheckSpec("AllReduce", _cases, _run_case))

@@ -1,0 +1,230 @@
+"""AllToAll, AllToAllV and AllToAllVV2: every rank sends a (possibly different) block to every rank."""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+from .. import _validate as V
+from .._dtypes import DTYPES, of_array
+from .._errors import CollectiveArgumentError
+from .._golden import CheckSpec, PLAN_FAMILIES, counts_matrix, displs, rank_data, register_check
+from .._params import CommParam
+from ._base import Operation, check_out, contiguous
+
+
+@dataclass
+class AllToAllParam(CommParam):
+    """AllToAll parameters: the common fields."""
+
+
+@dataclass
+class AllToAllVParam(CommParam):
+    """AllToAllV parameters: the common fields plus the plan (JSON ``sendCounts``, ``sdispls``,
+    ``recvCounts``, ``rdispls``), one entry per rank, in elements."""
+
+    send_counts: object = None
+    sdispls: object = None
+    recv_counts: object = None
+    rdispls: object = None
+
+
+@dataclass
+class AllToAllVV2Param(CommParam):
+    """AllToAllVV2 parameters: the common fields (the plan is an execute input)."""
+
+
+class AllToAllOperation(Operation):
+    """Block j of dim 0 goes to rank j; received blocks are stacked in source-rank order.
+
+    ``execute(x, out=None)``: ``x.shape[0]`` divisible by rank_size; returns x's shape.
+
+    Example (2 ranks, rank r has ``x = [10r, 10r + 1]``)::
+
+        AllToAllOperation(AllToAllParam()).execute(x)   # rank 0: [0, 10], rank 1: [1, 11]
+    """
+
+    NAME = "AllToAll"
+    PARAM = AllToAllParam
+
+    def _prepare(self, x, out=None):
+        return contiguous(x), out
+
+    def _check(self, call, h):
+        super()._check(call, h)
+        x, out = call
+        V.check_dim0(self.NAME, x, self.size, self.rank)
+        if out is not None:
+            check_out(self.NAME, out, x.shape, x.dtype, self.rank, x)
+
+    def _run(self, x, out):
+        dt = of_array(x) or V.check_array(self.NAME, "x", x, self.rank)
+        if out is None:
+            out = np.empty_like(x)
+        self.comm.Alltoall([x.view(dt.wire), dt.mpi], [out.view(dt.wire), dt.mpi])
+        return out
+
+
+class _AllToAllVBase(Operation):
+    """The shared plan checks and MPI call of AllToAllV and AllToAllVV2."""
+
+    SAME_SHAPE = False
+
+    def _check(self, call, h):
+        super()._check(call, h)
+        x, sc, sd, rc, rd, infer_shape, _ = call
+        op, r, n = self.NAME, self.rank, self.size
+        sc = V.counts(op, "send_counts", sc, n, r)
+        sd = V.counts(op, "sdispls", sd, n, r)
+        rc = V.counts(op, "recv_counts", rc, n, r)
+        rd = V.counts(op, "rdispls", rd, n, r)
+        V.check_regions(op, "send_counts", sc, "sdispls", sd, x.size, "x.size", r)
+        total = int(rc.sum())
+        V.check_regions(op, "recv_counts", rc, "rdispls", rd, total, "sum(recv_counts)", r)
+        V.check_no_overlap(op, "recv_counts", rc, "rdispls", rd, r)
+        if infer_shape is not None and np.size(infer_shape) != total:
+            raise V.arg_error(op, "infer_shape.size", int(np.size(infer_shape)), r,
+                              f"must equal sum(recv_counts)={total}")
+        V.vec_a(h, n)[:] = sc
+        V.vec_b(h, n)[:] = rc
+        h[V.H_BITS] = V.BIT_CONTIGUOUS if V.is_packed(sc, sd) and V.is_packed(rc, rd) else 0
+
+    def _cross(self, call, table):
+        n = self.size
+        sent, expected = table[:, V.H_LEN:V.H_LEN + n], table[:, V.H_LEN + n:V.H_LEN + 2 * n]
+        V.check_pairs(self.NAME, sent, "send_counts[{j}]", expected, "recv_counts[{i}]")
+        # Every rank sees the same table, so every rank takes the same (faster) Alltoall path.
+        if n and (sent == sent[0, 0]).all() and (table[:, V.H_BITS] & V.BIT_CONTIGUOUS).all():
+            return (*call[:-1], True)
+        return call
+
+    def _run(self, x, sc, sd, rc, rd, infer_shape, uniform):
+        dt = of_array(x) or V.check_array(self.NAME, "x", x, self.rank)
+        total = int(rc.sum())
+        out = np.empty((1, total), dtype=x.dtype)
+        flat = x.reshape(-1).view(dt.wire)
+        if uniform:
+            self.comm.Alltoall([flat[:total], dt.mpi], [out.view(dt.wire), dt.mpi])
+        else:
+            self.comm.Alltoallv([flat, (sc, sd), dt.mpi], [out.view(dt.wire), (rc, rd), dt.mpi])
+        return out
+
+
+def _as_counts(v):
+    return v if isinstance(v, np.ndarray) else np.asarray(v, dtype=np.int64)
+
+
+class AllToAllVOperation(_AllToAllVBase):
+    """All-to-all with per-peer counts and displacements fixed in the Param.
+
+    ``execute(x)`` -> ``[1, sum(recv_counts)]``: for every source i, ``x_i.flat[sdispls_i[me] :
+    sdispls_i[me] + send_counts_i[me]]`` lands at ``out.flat[rdispls[i] : rdispls[i] + recv_counts[i]]``.
+    ``recv_counts[i]`` here must equal rank i's ``send_counts[me]``.
+
+    Example: see :class:`AllToAllVV2Operation` (the same plan, given in the Param).
+    """
+
+    NAME = "AllToAllV"
+    PARAM = AllToAllVParam
+
+    def _bind_param(self):
+        p = self.param
+        missing = [k for k in ("send_counts", "sdispls", "recv_counts", "rdispls") if getattr(p, k) is None]
+        if missing:
+            raise CollectiveArgumentError(f"{self.NAME}: {missing[0]}=None on rank {self.rank}: the plan "
+                                          "(send_counts, sdispls, recv_counts, rdispls) is required",
+                                          op=self.NAME, param=missing[0], rank=self.rank)
+        self._plan = tuple(_as_counts(getattr(p, k)) for k in ("send_counts", "sdispls", "recv_counts", "rdispls"))
+
+    def _prepare(self, x):
+        return (contiguous(x), *self._plan, None, False)
+
+
+class AllToAllVV2Operation(_AllToAllVBase):
+    """All-to-all with the per-peer plan given at execute time (ATB's AllToAllVV2).
+
+    ``execute(x, send_counts, sdispls, recv_counts, rdispls, infer_shape=None)`` ->
+    ``[1, sum(recv_counts)]``; ``infer_shape`` (optional) must have ``sum(recv_counts)`` elements.
+
+    Example (the 2-rank case of the ATB documentation)::
+
+        rank 0: x=[[0,1,2,3],[4,5,6,7]], send_counts=[2,4], sdispls=[0,2], recv_counts=[2,2], rdispls=[0,2]
+        rank 1: x=[[0,1,2],[3,4,6]],     send_counts=[2,1], sdispls=[0,2], recv_counts=[4,1], rdispls=[0,4]
+        -> rank 0: [[0, 1, 0, 1]]          rank 1: [[2, 3, 4, 5, 2]]
+    """
+
+    NAME = "AllToAllVV2"
+    PARAM = AllToAllVV2Param
+
+    def _prepare(self, x, send_counts, sdispls, recv_counts, rdispls, infer_shape=None):
+        return (contiguous(x), _as_counts(send_counts), _as_counts(sdispls), _as_counts(recv_counts),
+                _as_counts(rdispls), infer_shape, False)
+
+
+# ----------------------------------------------------------------------------- golden checks
+
+def alltoallv_golden(inputs, plans, me):
+    """SPEC's formula: block ``x_i.flat[sd_i[me] : sd_i[me] + sc_i[me]]`` lands at ``out[rd_me[i] ...]``."""
+    _, _, rc, rd = plans[me]
+    out = np.empty((1, int(rc.sum())), dtype=inputs[me].dtype)
+    for i, x in enumerate(inputs):
+        sc, sd = plans[i][0], plans[i][1]
+        out[0, rd[i]:rd[i] + rc[i]] = x.reshape(-1)[sd[me]:sd[me] + sc[me]]
+    return out
+
+
+def _plans(family, n):
+    m = counts_matrix(family, n)
+    plans, lengths = [], []
+    for r in range(n):
+        gapped = family == "gapped"
+        sd, length = displs(m[r], gapped)
+        rd = displs(m[:, r], gapped)[0]
+        if gapped:  # receive side: permuted, packed (gaps are impossible in sum(recv_counts) elements)
+            order = np.arange(n)[::-1]
+            rd = np.empty(n, dtype=np.int64)
+            rd[order] = np.concatenate(([0], np.cumsum(m[order, r])[:-1]))
+        plans.append((m[r], sd, m[:, r].copy(), rd))
+        lengths.append(length)
+    return plans, lengths
+
+
+def _a2a_run(case, dtype, comm_domain, rank, n, seed, validate=True):
+    dt = DTYPES[dtype]
+    shape = {"even": (2 * n, 3), "zero": (0,), "large": (16_384 * n,)}[case]
+    inputs = [rank_data(seed, f"AllToAll/{case}/{dtype}", r, shape, dt) for r in range(n)]
+    expected = np.concatenate([np.split(x, n)[rank] for x in inputs]) if shape[0] else inputs[rank].copy()
+    op = AllToAllOperation(AllToAllParam(comm_domain=comm_domain, rank_size=n), validate=validate)
+    return op.execute(inputs[rank]), expected.reshape(shape), True
+
+
+def _a2av_run(case, dtype, comm_domain, rank, n, seed, validate=True, v2=False):
+    dt = DTYPES[dtype]
+    if case == "seed":
+        if n != 2:
+            raise ValueError("the seed case needs exactly 2 ranks")
+        inputs = [np.array([[0, 1, 2, 3], [4, 5, 6, 7]]).astype(dt.np), np.array([[0, 1, 2], [3, 4, 6]]).astype(dt.np)]
+        plans = [([2, 4], [0, 2], [2, 2], [0, 2]), ([2, 1], [0, 2], [4, 1], [0, 4])]
+        plans = [tuple(np.array(v, dtype=np.int64) for v in p) for p in plans]
+    else:
+        plans, lengths = _plans(case, n)
+        inputs = [rank_data(seed, f"AllToAllV/{case}/{dtype}", r, lengths[r], dt) for r in range(n)]
+    expected = alltoallv_golden(inputs, plans, rank)
+    sc, sd, rc, rd = plans[rank]
+    if v2:
+        op = AllToAllVV2Operation(AllToAllVV2Param(comm_domain=comm_domain, rank_size=n), validate=validate)
+        got = op.execute(inputs[rank], sc, sd, rc, rd, np.zeros(int(rc.sum()), np.int8))
+    else:
+        op = AllToAllVOperation(AllToAllVParam(comm_domain=comm_domain, rank_size=n, send_counts=sc.tolist(),
+                                               sdispls=sd.tolist(), recv_counts=rc, rdispls=rd), validate=validate)
+        got = op.execute(inputs[rank])
+    return got, expected, True
+
+
+def _v_cases(n):
+    return list(PLAN_FAMILIES) + (["seed"] if n == 2 else [])
+
+
+register_check(CheckSpec("AllToAll", lambda n: ["even", "zero", "large"], _a2a_run))
+register_check(CheckSpec("AllToAllV", _v_cases, _a2av_run))
+register_check(CheckSpec("AllToAllVV2", _v_cases, lambda *a, **k: _a2av_run(*a, **k, v2=True)))

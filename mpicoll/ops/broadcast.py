@@ -1,0 +1,67 @@
+"""Broadcast: the root's array overwrites every rank's array, in place."""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+from .. import _validate as V
+from .._dtypes import DTYPES, of_array
+from .._golden import CheckSpec, rank_data, register_check
+from .._params import CommParam
+from ._base import Operation
+
+
+@dataclass
+class BroadcastParam(CommParam):
+    """Broadcast parameters: the common fields; ``rank_root`` is the source."""
+
+
+class BroadcastOperation(Operation):
+    """Copy rank ``rank_root``'s ``x`` into every rank's ``x``, in place.
+
+    ``execute(x)`` -> x (filled with the root's data). x must be a C-contiguous, writable array of
+    the same shape and dtype on every rank.
+
+    Example (4 ranks, root 0, ``x = np.array([[rank]], np.int32)``)::
+
+        BroadcastOperation(BroadcastParam(rank_root=0)).execute(x)   # [[0]] on every rank
+    """
+
+    NAME = "Broadcast"
+    PARAM = BroadcastParam
+    USES_ROOT = True
+
+    def _prepare(self, x):
+        if not isinstance(x, np.ndarray) or not x.flags.c_contiguous or not x.flags.writeable:
+            raise V.arg_error(self.NAME, "x", type(x).__name__ if not isinstance(x, np.ndarray) else "non-contiguous "
+                              "or read-only array", self.rank, "must be a C-contiguous writable numpy array "
+                              "(it is filled in place)")
+        return (x,)
+
+    def _run(self, x):
+        dt = of_array(x) or V.check_array(self.NAME, "x", x, self.rank)
+        self.comm.Bcast([x.view(dt.wire), dt.mpi], self.param.rank_root)
+        return x
+
+
+_SHAPES = {"small": (4, 3), "zero": (0,), "scalar": (), "large": (300_001,)}
+
+
+def _cases(n):
+    return [f"{s}:root{r}" for s in ("small",) for r in range(n)] + ["zero:root0", "scalar:root0",
+                                                                     f"large:root{n - 1}"]
+
+
+def _run_case(case, dtype, comm_domain, rank, n, seed, validate=True):
+    family, root = case.split(":")
+    root = int(root.removeprefix("root"))
+    dt = DTYPES[dtype]
+    inputs = [rank_data(seed, f"Broadcast/{case}/{dtype}", r, _SHAPES[family], dt) for r in range(n)]
+    op = BroadcastOperation(BroadcastParam(comm_domain=comm_domain, rank_size=n, rank_root=root), validate=validate)
+    x = inputs[rank].copy()
+    got = op.execute(x)
+    return got, inputs[root], True
+
+
+register_check(CheckSpec("Broadcast", _cases, _run_case))

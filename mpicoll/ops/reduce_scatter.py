@@ -1,0 +1,163 @@
+"""ReduceScatter and ReduceScatterV: reduce over all ranks, each rank keeps one block."""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+from .. import _validate as V
+from .._dtypes import DTYPES, of_array, reduce_op
+from .._golden import CheckSpec, counts_matrix, displs, golden_reduce, rank_data, reduce_case_names, register_check
+from .._params import ReduceParam
+from ._base import Operation, check_out, contiguous, reduce_scatter_f32
+
+
+@dataclass
+class ReduceScatterParam(ReduceParam):
+    """ReduceScatter parameters: the common fields plus ``reduce_type`` (JSON ``reduceType``)."""
+
+
+@dataclass
+class ReduceScatterVParam(ReduceParam):
+    """ReduceScatterV parameters: the common fields plus ``reduce_type`` (counts are execute inputs)."""
+
+
+class ReduceScatterOperation(Operation):
+    """Reduce ``x`` over all ranks, then rank r keeps block r of dim 0.
+
+    ``execute(x, out=None)``: ``x.shape[0]`` must be divisible by rank_size; returns
+    ``[x.shape[0] // rank_size, *x.shape[1:]]``. float16/bfloat16 accumulate in float32.
+
+    Example (4 ranks, every rank ``x = np.array([[0], [1], [2], [3]], np.float32)``)::
+
+        ReduceScatterOperation(ReduceScatterParam()).execute(x)   # rank 0: [[0.]], rank 1: [[4.]], ...
+    """
+
+    NAME = "ReduceScatter"
+    PARAM = ReduceScatterParam
+    USES_REDUCE = True
+
+    def _bind_param(self) -> None:
+        self._rop = self._reduce()
+
+    def _prepare(self, x, out=None):
+        return contiguous(x), out
+
+    def _check(self, call, h):
+        super()._check(call, h)
+        x, out = call
+        V.check_dim0(self.NAME, x, self.size, self.rank)
+        if out is not None:
+            check_out(self.NAME, out, (x.shape[0] // self.size, *x.shape[1:]), x.dtype, self.rank, x)
+
+    def _run(self, x, out):
+        dt = of_array(x) or V.check_array(self.NAME, "x", x, self.rank)
+        n = self.size
+        shape = (x.shape[0] // n, *x.shape[1:])
+        count = x.size // n
+        if dt.reduce == "native":
+            if out is None:
+                out = np.empty(shape, dtype=x.dtype)
+            self.comm.Reduce_scatter_block([x, dt.mpi], [out, dt.mpi], self._rop.mpi)
+            return out
+        chunk = reduce_scatter_f32(self.comm, x.reshape(-1), dt, self._rop, None, None, count)
+        if out is None:
+            return chunk.reshape(shape)
+        out[...] = chunk.reshape(shape)
+        return out
+
+
+class ReduceScatterVOperation(Operation):
+    """Reduce-scatter with a different block size per rank.
+
+    ``execute(x, send_counts, sdispls, recv_count)``: block j of this rank is
+    ``x.flat[sdispls[j] : sdispls[j] + send_counts[j]]``; rank j receives the reduction over all
+    ranks of their block j, a 1-D array of ``recv_count`` elements. ``send_counts[j]`` must equal
+    rank j's ``recv_count`` on every rank (so all ranks' ``send_counts`` agree); displacements are
+    each rank's own and may leave gaps or permute the blocks.
+
+    Example (2 ranks, ``x = [1, 2, 3]`` on both, ``send_counts=[1, 2]``, ``sdispls=[0, 1]``)::
+
+        rank 0: execute(x, [1, 2], [0, 1], 1) -> [2]     rank 1: execute(x, [1, 2], [0, 1], 2) -> [4, 6]
+    """
+
+    NAME = "ReduceScatterV"
+    PARAM = ReduceScatterVParam
+    USES_REDUCE = True
+    SAME_SHAPE = False
+
+    def _bind_param(self) -> None:
+        self._rop = self._reduce()
+
+    def _prepare(self, x, send_counts, sdispls, recv_count):
+        sc = send_counts if isinstance(send_counts, np.ndarray) else np.asarray(send_counts, dtype=np.int64)
+        sd = sdispls if isinstance(sdispls, np.ndarray) else np.asarray(sdispls, dtype=np.int64)
+        return contiguous(x), sc, sd, recv_count
+
+    def _check(self, call, h):
+        super()._check(call, h)
+        x, sc, sd, recv_count = call
+        op, r, n = self.NAME, self.rank, self.size
+        sc = V.counts(op, "send_counts", sc, n, r)
+        sd = V.counts(op, "sdispls", sd, n, r)
+        V.check_regions(op, "send_counts", sc, "sdispls", sd, x.size, "x.size", r)
+        h[V.H_SCALAR] = V.scalar_count(op, "recv_count", recv_count, r)
+        V.vec_a(h, n)[:] = sc
+
+    def _cross(self, call, table):
+        n = self.size
+        expected = np.repeat(table[:, V.H_SCALAR][:, None], n, axis=1)
+        V.check_pairs(self.NAME, table[:, V.H_LEN:V.H_LEN + n], "send_counts[{j}]", expected, "recv_count")
+        return call
+
+    def _run(self, x, sc, sd, recv_count):
+        dt = of_array(x) or V.check_array(self.NAME, "x", x, self.rank)
+        flat = x.reshape(-1)
+        recv_count = int(recv_count)
+        if dt.reduce != "native":
+            return reduce_scatter_f32(self.comm, flat, dt, self._rop, sc, sd, recv_count)
+        if not V.is_packed(sc, sd):
+            # MPI's Reduce_scatter wants the blocks packed in rank order: pack them (every rank
+            # makes the same MPI call whatever its own layout).
+            flat = np.concatenate([flat[d:d + c] for c, d in zip(sc.tolist(), sd.tolist())] or [flat[:0]])
+        out = np.empty(recv_count, dtype=x.dtype)
+        self.comm.Reduce_scatter([flat, dt.mpi], [out, dt.mpi], sc, self._rop.mpi)
+        return out
+
+
+# ----------------------------------------------------------------------------- golden checks
+
+_RS_SHAPES = {"even": lambda n: (4 * n, 3), "zero": lambda n: (0, 3), "large": lambda n: (20_480 * n,)}
+
+
+def _rs_run(case, dtype, comm_domain, rank, n, seed, validate=True):
+    family, rname = case.split(":")
+    dt, rop = DTYPES[dtype], reduce_op(rname)
+    inputs = [rank_data(seed, f"ReduceScatter/{case}/{dtype}", r, _RS_SHAPES[family](n), dt) for r in range(n)]
+    full = golden_reduce(inputs, dt, rop)
+    block = full.shape[0] // n
+    op = ReduceScatterOperation(ReduceScatterParam(comm_domain=comm_domain, rank_size=n, reduce_type=rname),
+                                validate=validate)
+    return op.execute(inputs[rank]), full[rank * block:(rank + 1) * block], True
+
+
+def _rsv_run(case, dtype, comm_domain, rank, n, seed, validate=True):
+    family, rname = case.split(":")
+    dt, rop = DTYPES[dtype], reduce_op(rname)
+    sc = counts_matrix(family, n)[0]             # the same block sizes on every rank
+    blocks, inputs, layouts = [], [], []
+    for r in range(n):
+        sd, length = displs(sc, gapped=(family == "gapped" and r % 2 == 0))
+        x = rank_data(seed, f"ReduceScatterV/{case}/{dtype}", r, length, dt)
+        inputs.append(x)
+        layouts.append(sd)
+        blocks.append(x[sd[rank]:sd[rank] + sc[rank]])
+    op = ReduceScatterVOperation(ReduceScatterVParam(comm_domain=comm_domain, rank_size=n, reduce_type=rname),
+                                 validate=validate)
+    got = op.execute(inputs[rank], sc, layouts[rank], int(sc[rank]))
+    return got, golden_reduce(blocks, dt, rop), True
+
+
+register_check(CheckSpec("ReduceScatter", lambda n: reduce_case_names(["even", "large"]) + ["zero:sum"], _rs_run))
+register_check(CheckSpec("ReduceScatterV", lambda n: reduce_case_names(["uneven", "gapped"])
+                         + ["uniform:sum", "zero:sum", "spike:max", "skew:sum", "large:sum"], _rsv_run))
