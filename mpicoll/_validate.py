@@ -185,7 +185,7 @@ def check_common(op: str, table: np.ndarray, *, same_shape: bool, uses_root: boo
     if r is not None:
         names = [OP_NAMES.get(int(c), f"op#{int(c)}") for c in table[:, H_OP]]
         calls = ", ".join(f"rank {i} called {nm}" for i, nm in enumerate(names))
-        raise mismatch_error(op, "operation", f"{calls}: every rank must call the same collective", r)
+        raise mismatch_error(names[0], "operation", f"{calls}: every rank must call the same collective", r)
     r = _first_diff(table[:, H_DTYPE])
     if r is not None:
         raise mismatch_error(op, "dtype", f"{by_code(int(table[0, H_DTYPE])).name} on rank 0 but "

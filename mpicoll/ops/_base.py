@@ -109,7 +109,7 @@ class Operation:
         if err is None:
             try:
                 call = self._prepare(*args, **kwargs)
-                self._check(call, h)
+                call = self._check(call, h) or call
             except Exception as exc:  # noqa: BLE001 - every local failure is agreed, never raised alone
                 err = as_collective_error(exc, self.NAME, self.rank)
         table = agree(self.comm, h, err)
@@ -121,8 +121,9 @@ class Operation:
     def _prepare(self, *args: Any, **kwargs: Any) -> tuple:
         raise NotImplementedError
 
-    def _check(self, call: tuple, h: np.ndarray) -> None:
-        """Local rules; fill the header. Default: the first argument is the data array."""
+    def _check(self, call: tuple, h: np.ndarray) -> tuple | None:
+        """Local rules; fill the header; may return a normalised call. Default: the first argument
+        is the data array."""
         x = call[0]
         dt = V.check_array(self.NAME, "x", x, self.rank)
         V.fill_array(h, x, dt)

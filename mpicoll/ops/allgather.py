@@ -71,8 +71,8 @@ class AllGatherVOperation(Operation):
     SAME_SHAPE = False
 
     def _prepare(self, x, send_count, recv_counts, rdispls, shape=None):
-        rc = recv_counts if isinstance(recv_counts, np.ndarray) else np.asarray(recv_counts, dtype=np.int64)
-        rd = rdispls if isinstance(rdispls, np.ndarray) else np.asarray(rdispls, dtype=np.int64)
+        rc = recv_counts if isinstance(recv_counts, np.ndarray) else np.asarray(recv_counts)
+        rd = rdispls if isinstance(rdispls, np.ndarray) else np.asarray(rdispls)
         return contiguous(x), send_count, rc, rd, shape
 
     def _check(self, call, h):
@@ -93,6 +93,7 @@ class AllGatherVOperation(Operation):
                 raise V.arg_error(op, "shape", dims, r, f"must hold sum(recv_counts)={total} elements")
         h[V.H_SCALAR] = sc
         V.vec_a(h, n)[:] = rc
+        return x, sc, rc, rd, shape
 
     def _cross(self, call, table):
         n = self.size

@@ -88,6 +88,7 @@ class _AllToAllVBase(Operation):
         V.vec_a(h, n)[:] = sc
         V.vec_b(h, n)[:] = rc
         h[V.H_BITS] = V.BIT_CONTIGUOUS if V.is_packed(sc, sd) and V.is_packed(rc, rd) else 0
+        return x, sc, sd, rc, rd, infer_shape, False
 
     def _cross(self, call, table):
         n = self.size
@@ -111,7 +112,7 @@ class _AllToAllVBase(Operation):
 
 
 def _as_counts(v):
-    return v if isinstance(v, np.ndarray) else np.asarray(v, dtype=np.int64)
+    return v if isinstance(v, np.ndarray) else np.asarray(v)
 
 
 class AllToAllVOperation(_AllToAllVBase):

@@ -90,8 +90,8 @@ class ReduceScatterVOperation(Operation):
         self._rop = self._reduce()
 
     def _prepare(self, x, send_counts, sdispls, recv_count):
-        sc = send_counts if isinstance(send_counts, np.ndarray) else np.asarray(send_counts, dtype=np.int64)
-        sd = sdispls if isinstance(sdispls, np.ndarray) else np.asarray(sdispls, dtype=np.int64)
+        sc = send_counts if isinstance(send_counts, np.ndarray) else np.asarray(send_counts)
+        sd = sdispls if isinstance(sdispls, np.ndarray) else np.asarray(sdispls)
         return contiguous(x), sc, sd, recv_count
 
     def _check(self, call, h):
@@ -101,8 +101,9 @@ class ReduceScatterVOperation(Operation):
         sc = V.counts(op, "send_counts", sc, n, r)
         sd = V.counts(op, "sdispls", sd, n, r)
         V.check_regions(op, "send_counts", sc, "sdispls", sd, x.size, "x.size", r)
-        h[V.H_SCALAR] = V.scalar_count(op, "recv_count", recv_count, r)
+        h[V.H_SCALAR] = recv_count = V.scalar_count(op, "recv_count", recv_count, r)
         V.vec_a(h, n)[:] = sc
+        return x, sc, sd, recv_count
 
     def _cross(self, call, table):
         n = self.size

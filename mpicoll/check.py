@@ -1,0 +1,103 @@
+"""The golden-check harness: every registered operator x dtype x case family, on the world and on
+named comm domains, against the numpy golden. It never names an operator."""
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+from typing import Callable, TextIO
+
+import numpy as np
+from mpi4py import MPI
+
+from . import ops as _ops  # noqa: F401 - registers the operators and their check specs
+from ._domains import runtime
+from ._golden import CHECKS, SEED, count_wrong
+
+
+@dataclass
+class CheckRow:
+    """One operator's results, summed over every rank."""
+
+    op: str
+    dtypes: int
+    cases: int
+    checks: int = 0
+    wrong: int = 0
+    seconds: float = 0.0
+    failures: list[str] = field(default_factory=list)
+
+
+def layouts(world: int) -> list[tuple[str, Callable[[int], str]]]:
+    """(label, world rank -> domain name) pairs: the world, and two domains by rank parity."""
+    out = [("world", lambda r: "")]
+    if world >= 2:
+        out.append(("split", lambda r: f"mpicoll.check.{'odd' if r % 2 else 'even'}"))
+    return out
+
+
+def select(names: list[str] | None, known: list[str], what: str) -> list[str]:
+    """Case-insensitive filter of ``known`` by ``names`` (None = all)."""
+    if not names:
+        return list(known)
+    lower = {k.lower(): k for k in known}
+    missing = [n for n in names if n.lower() not in lower]
+    if missing:
+        raise SystemExit(f"unknown {what}: {', '.join(missing)}; known: {', '.join(known)}")
+    return [lower[n.lower()] for n in names]
+
+
+def run_checks(ops: list[str] | None = None, dtypes: list[str] | None = None, *, seed: int = SEED,
+               validate: bool = True, log: TextIO | None = None) -> list[CheckRow]:
+    """Check the selected operators and dtypes; collective over the world.
+
+    Returns:
+        One :class:`CheckRow` per operator, identical on every rank (counts summed over ranks,
+        time = slowest rank).
+    """
+    world = runtime().world
+    me, nworld = world.Get_rank(), world.Get_size()
+    rows = []
+    for name in select(ops, list(CHECKS), "operator"):
+        spec = CHECKS[name]
+        dts = [d for d in select(dtypes, list(spec.dtypes), "dtype")]
+        local = np.zeros(2, dtype=np.int64)          # checks, wrong
+        failures = []
+        t0 = time.perf_counter()
+        ncases = 0
+        for label, name_of in layouts(nworld):
+            dom = name_of(me)
+            members = [r for r in range(nworld) if name_of(r) == dom]
+            n, rank = len(members), members.index(me)
+            cases = spec.cases(n)
+            ncases += len(cases)
+            for dtype in dts:
+                for case in cases:
+                    c0 = time.perf_counter()
+                    got, expected, exact = spec.run(case, dtype, dom, rank, n, seed, validate=validate)
+                    wrong = count_wrong(got, expected, exact=exact, n=n)
+                    local += (1, wrong)
+                    if wrong:
+                        failures.append(f"{name} {dtype} {label}:{case} rank {me}: {wrong} wrong")
+                    if log is not None:
+                        log.write(f"{name}\t{dtype}\t{label}\t{case}\tn={n}\trank={rank}\twrong={wrong}\t"
+                                  f"{(time.perf_counter() - c0) * 1e3:.3f} ms\n")
+        elapsed = np.array([time.perf_counter() - t0])
+        total = np.zeros(2, dtype=np.int64)
+        world.Allreduce(local, total, MPI.SUM)
+        world.Allreduce(MPI.IN_PLACE, elapsed, MPI.MAX)
+        all_failures = [f for fs in world.allgather(failures) for f in fs]
+        rows.append(CheckRow(name, len(dts), ncases, int(total[0]), int(total[1]), float(elapsed[0]), all_failures))
+    return rows
+
+
+def format_rows(rows: list[CheckRow], nranks: int) -> str:
+    lines = [f"# mpicoll check: {nranks} rank(s); wrong elements summed over ranks",
+             f"{'operator':<16}{'dtypes':>7}{'cases':>7}{'checks':>8}{'wrong':>8}{'time(s)':>9}  result"]
+    for r in rows:
+        lines.append(f"{r.op:<16}{r.dtypes:>7}{r.cases:>7}{r.checks:>8}{r.wrong:>8}{r.seconds:>9.2f}  "
+                     f"{'ok' if r.wrong == 0 else 'WRONG'}")
+        lines.extend(f"    {f}" for f in r.failures[:10])
+    bad = sum(r.wrong for r in rows)
+    lines.append(f"# {'all checks passed' if bad == 0 else f'{bad} wrong elements'}: "
+                 f"{sum(r.checks for r in rows)} checks, {sum(r.wrong != 0 for r in rows)} operator(s) wrong")
+    return "\n".join(lines)

@@ -1,0 +1,103 @@
+"""The mpicoll command line: ``mpirun -np N python -m mpicoll.run [check|demo|list] ...``.
+
+With no sub-command it checks every operator x dtype x case family against the numpy golden and
+prints one table on rank 0; the exit status is non-zero on any wrong element. An unhandled error
+on any rank aborts the whole job (``MPI_Abort``) instead of leaving the other ranks waiting.
+"""
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+import traceback
+
+from mpi4py import MPI
+
+USAGE_EPILOG = """\
+examples:
+  mpirun -np 4 python -m mpicoll.run                      check everything (the default)
+  mpirun -np 4 python -m mpicoll.run --op AllReduce --dtype float16,bfloat16
+  mpirun -np 4 python -m mpicoll.run --demo               the documented examples, per rank
+  mpirun -np 2 python -m mpicoll.run --log-dir logs       one log per rank: logs/rank.N
+  python -m mpicoll.run list                              operators and dtypes
+environment: MPICOLL_VALIDATE=0 turns the cross-rank argument checks off (see docs/errors.md).
+"""
+
+
+class _Parser(argparse.ArgumentParser):
+    """Prints usage and errors on rank 0 only (every rank parses the same arguments)."""
+
+    def _print_message(self, message, file=None):
+        if MPI.COMM_WORLD.Get_rank() == 0:
+            super()._print_message(message, file)
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = _Parser(prog="python -m mpicoll.run", formatter_class=argparse.RawDescriptionHelpFormatter,
+                description="Check mpicoll's collective operators against numpy goldens, or run the "
+                            "documented examples. Run under mpirun; works at any rank count >= 1.",
+                epilog=USAGE_EPILOG)
+    p.add_argument("command", nargs="?", default="check", choices=["check", "demo", "list"],
+                   help="check (default): golden check; demo: documented examples; list: operators and dtypes")
+    p.add_argument("--demo", action="store_true", help="same as the demo command")
+    p.add_argument("--op", help="comma-separated operator names (default: all)")
+    p.add_argument("--dtype", help="comma-separated dtypes (default: all)")
+    p.add_argument("--seed", type=int, default=None, help="data seed (default: fixed)")
+    p.add_argument("--no-validate", action="store_true", help="run the operators with validation off")
+    p.add_argument("--log-dir", help="write one log per rank to DIR/rank.N")
+    return p
+
+
+def _split(v: str | None) -> list[str] | None:
+    return [s.strip() for s in v.split(",") if s.strip()] if v else None
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    from . import check, demo
+    from ._dtypes import ALL_DTYPES
+    from ._golden import CHECKS, SEED
+
+    world = MPI.COMM_WORLD
+    me = world.Get_rank()
+    log = None
+    if args.log_dir:
+        os.makedirs(args.log_dir, exist_ok=True)
+        log = open(os.path.join(args.log_dir, f"rank.{me}"), "w", encoding="utf-8")  # noqa: SIM115
+    try:
+        if args.command == "list":
+            if me == 0:
+                print("operators: " + ", ".join(CHECKS))
+                print("dtypes:    " + ", ".join(ALL_DTYPES))
+            return 0
+        if args.demo or args.command == "demo":
+            return demo.run_demo(log)
+        rows = check.run_checks(_split(args.op), _split(args.dtype), seed=SEED if args.seed is None else args.seed,
+                                validate=not args.no_validate, log=log)
+        if me == 0:
+            print(check.format_rows(rows, world.Get_size()), flush=True)
+        return 1 if any(r.wrong for r in rows) else 0
+    finally:
+        if log is not None:
+            log.close()
+
+
+def entry(argv: list[str] | None = None) -> None:
+    """Run :func:`main`; on an unhandled error print it with the rank and abort the whole job."""
+    try:
+        code = main(argv)
+    except SystemExit:
+        raise
+    except BaseException:  # noqa: BLE001 - anything else must not strand the other ranks
+        rank = MPI.COMM_WORLD.Get_rank()
+        sys.stderr.write(f"mpicoll.run: unhandled error on rank {rank} of {MPI.COMM_WORLD.Get_size()}; "
+                         f"aborting the job\n{traceback.format_exc()}")
+        sys.stderr.flush()
+        MPI.COMM_WORLD.Abort(1)
+        raise
+    sys.stdout.flush()
+    sys.exit(code)
+
+
+if __name__ == "__main__":
+    entry()

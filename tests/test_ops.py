@@ -1,0 +1,89 @@
+"""Every operator x dtype x case family against its numpy golden, on the world and on comm domains
+(world ranks split by parity: odd rank counts give domains of different sizes)."""
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+import mpicoll
+from mpicoll._golden import CHECKS, SEED, count_wrong
+from mpicoll.check import layouts
+
+from _mpi import RANK, SIZE, WORLD
+
+PAIRS = [(name, dtype) for name, spec in CHECKS.items() for dtype in spec.dtypes]
+
+
+def _check_all_cases(name, dtype, label, validate=True):
+    spec = CHECKS[name]
+    name_of = dict(layouts(SIZE))[label]
+    dom = name_of(RANK)
+    members = [r for r in range(SIZE) if name_of(r) == dom]
+    n, rank = len(members), members.index(RANK)
+    failures = []
+    for case in spec.cases(n):
+        got, expected, exact = spec.run(case, dtype, dom, rank, n, SEED, validate=validate)
+        wrong = count_wrong(got, expected, exact=exact, n=n)
+        if wrong:
+            failures.append(f"{case}: {wrong} wrong of {expected.size} (got {got!r:.200}, expected {expected!r:.200})")
+    assert not failures, f"{name} {dtype} on {label} rank {RANK}: " + "; ".join(failures)
+
+
+@pytest.mark.mpi(min_size=1)
+@pytest.mark.parametrize("name,dtype", PAIRS)
+def test_world(name, dtype):
+    _check_all_cases(name, dtype, "world")
+
+
+@pytest.mark.mpi(min_size=2)
+@pytest.mark.parametrize("name,dtype", PAIRS)
+def test_split_domains(name, dtype):
+    _check_all_cases(name, dtype, "split")
+
+
+@pytest.mark.mpi(min_size=1)
+@pytest.mark.parametrize("name", list(CHECKS))
+def test_validation_off_same_results(name):
+    for dtype in ("int8", "float16", "bfloat16", "float64"):
+        _check_all_cases(name, dtype, "world", validate=False)
+
+
+@pytest.mark.mpi(min_size=1)
+def test_user_comm_is_duplicated_and_works():
+    """A user comm (here a split of the world, reversed order) works and is not used directly."""
+    user = WORLD.Split(0, SIZE - 1 - RANK)
+    op = mpicoll.AllGatherOperation(mpicoll.AllGatherParam(comm=user))
+    got = op.execute(np.array([RANK], dtype=np.int32))
+    assert got.reshape(-1).tolist() == list(range(SIZE))[::-1]
+    assert op.comm != user and op.comm.Compare(user) == mpicoll._domains.MPI.CONGRUENT
+    # the duplicate is cached on the user comm: a second op reuses it
+    assert mpicoll.AllGatherOperation(mpicoll.AllGatherParam(comm=user)).execute(np.zeros(1)).shape == (SIZE, 1)
+    user.Free()
+
+
+@pytest.mark.mpi(min_size=1)
+@pytest.mark.parametrize("dtype", ["float16", "bfloat16"])
+@pytest.mark.parametrize("rname", ["sum", "prod", "max", "min"])
+def test_half_reductions_within_one_ulp_of_float32_golden(dtype, rname):
+    """Random data: the float32-accumulated, once-rounded result, whatever the path and size."""
+    from mpicoll._dtypes import DTYPES, reduce_op
+    from mpicoll._golden import golden_reduce, rank_data
+    dt, rop = DTYPES[dtype], reduce_op(rname)
+    for size in (1, 5, 1000, 40_003, 2 * 65_536):
+        xs = [rank_data(SEED, f"ulp/{dtype}/{rname}/{size}", r, size, dt, "random") for r in range(SIZE)]
+        got = mpicoll.AllReduceOperation(mpicoll.AllReduceParam(reduce_type=rname)).execute(xs[RANK])
+        assert count_wrong(got, golden_reduce(xs, dt, rop), exact=False) == 0, size
+
+
+@pytest.mark.mpi(min_size=1)
+@pytest.mark.timeout_s(300)
+@pytest.mark.parametrize("dtype", ["float32", "float16"])
+def test_allreduce_64mib(dtype):
+    """The largest size the spec names: 64 MiB per rank, integer-valued so any order is exact."""
+    n = 64 * 2**20 // np.dtype(dtype).itemsize
+    x = np.full(n, RANK + 1, dtype=dtype)
+    x[::7] = -RANK
+    got = mpicoll.AllReduceOperation(mpicoll.AllReduceParam()).execute(x)
+    expected = np.full(n, SIZE * (SIZE + 1) // 2, dtype=dtype)
+    expected[::7] = -SIZE * (SIZE - 1) // 2
+    assert np.array_equal(got, expected)
