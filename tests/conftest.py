@@ -1,0 +1,149 @@
+"""Generic pytest harness for running tests under MPI (see scripts/test).
+
+Two safety nets, because a fault on one MPI rank otherwise hangs the job:
+
+* Per-test watchdog: ``faulthandler.dump_traceback_later(T, exit=True)`` is
+  armed around every test (setup, call and teardown) and cancelled after it.
+  If it fires, the stacks of the stuck process are written to stderr and the
+  process exits, which makes the MPI launcher kill the remaining ranks.
+  ``T`` is ``$MPICOLL_TEST_TIMEOUT`` seconds (default 120; 0 disables it), or
+  the value of ``@pytest.mark.timeout_s(seconds)`` on the test.
+* Abort on first failure: with more than one rank, the first failed report on
+  any rank writes the rank and the traceback to stderr and calls
+  ``MPI.COMM_WORLD.Abort(1)``, so a one-rank failure cannot leave the other
+  ranks blocked in a collective (and later results, which could pair with the
+  wrong peer, are never reported).  ``MPICOLL_TEST_NO_ABORT=1`` disables this.
+
+This file deliberately does not import the package under test, and imports
+mpi4py only lazily, so plain ``pytest`` without MPI still works.
+"""
+
+import faulthandler
+import os
+import sys
+
+import pytest
+
+DEFAULT_TIMEOUT_S = 120.0
+
+# Duplicate of the real stderr, taken in pytest_configure (during conftest
+# import fd 2 is still redirected by pytest's capture).  Used for emergency
+# output that must survive output capturing and ``-p no:terminal``.
+_err = None
+_default_timeout = DEFAULT_TIMEOUT_S
+_aborting = False
+
+
+def _parse_seconds(value, what):
+    try:
+        seconds = float(value)
+    except (TypeError, ValueError):
+        raise pytest.UsageError(f"{what}: expected a number of seconds, got {value!r}")
+    if not seconds >= 0:  # also rejects nan
+        raise pytest.UsageError(f"{what}: expected seconds >= 0, got {value!r}")
+    return seconds
+
+
+def pytest_configure(config):
+    global _err, _default_timeout
+    config.addinivalue_line(
+        "markers",
+        "timeout_s(seconds): per-test watchdog in seconds, overrides "
+        "$MPICOLL_TEST_TIMEOUT (tests/conftest.py)",
+    )
+    _default_timeout = _parse_seconds(
+        os.environ.get("MPICOLL_TEST_TIMEOUT", DEFAULT_TIMEOUT_S), "MPICOLL_TEST_TIMEOUT"
+    )
+    if _err is None:
+        _err = os.fdopen(os.dup(2), "w", buffering=1, errors="backslashreplace")
+
+
+def pytest_unconfigure(config):
+    global _err
+    faulthandler.cancel_dump_traceback_later()
+    if _err is not None:
+        try:
+            _err.close()
+        except OSError:
+            pass
+        _err = None
+
+
+def _timeout_for(item):
+    marker = item.get_closest_marker("timeout_s")
+    if marker is None:
+        return _default_timeout
+    if marker.args:
+        value = marker.args[0]
+    elif "seconds" in marker.kwargs:
+        value = marker.kwargs["seconds"]
+    else:
+        raise pytest.UsageError(f"{item.nodeid}: timeout_s marker needs a number of seconds")
+    return _parse_seconds(value, f"{item.nodeid}: timeout_s")
+
+
+def pytest_collection_modifyitems(session, config, items):
+    # Validate the markers up front: every rank fails the same way, no hang.
+    for item in items:
+        _timeout_for(item)
+
+
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_protocol(item, nextitem):
+    timeout = _timeout_for(item)
+    if timeout > 0 and _err is not None:
+        faulthandler.dump_traceback_later(timeout, exit=True, file=_err)
+    try:
+        yield
+    finally:
+        faulthandler.cancel_dump_traceback_later()
+
+
+def _mpi_world():
+    """COMM_WORLD if mpi4py is usable and MPI is running, else None."""
+    try:
+        from mpi4py import MPI
+    except ImportError:
+        return None
+    if not MPI.Is_initialized() or MPI.Is_finalized():
+        return None
+    return MPI.COMM_WORLD
+
+
+def _abort_on_failure(report):
+    global _aborting
+    if _aborting or not report.failed or hasattr(report, "wasxfail"):
+        return
+    if os.environ.get("MPICOLL_TEST_NO_ABORT", "") not in ("", "0"):
+        return
+    comm = _mpi_world()
+    if comm is None or comm.Get_size() <= 1:
+        return
+    _aborting = True
+    faulthandler.cancel_dump_traceback_later()
+    out = _err if _err is not None else sys.__stderr__
+    rank, size = comm.Get_rank(), comm.Get_size()
+    when = getattr(report, "when", "collect")
+    # Leading newline: rank 0's progress line may be unfinished.
+    lines = ["", f"mpicoll test failure on rank {rank} of {size}: {report.nodeid}"]
+    lines.append(report.longreprtext)
+    for title, content in report.sections:
+        lines.append(f"----- {title} (rank {rank}) -----")
+        lines.append(content.rstrip("\n"))
+    lines.append(f"----- end of rank {rank} failure ({when}); aborting MPI job -----")
+    try:
+        out.write("\n".join(lines) + "\n")
+        out.flush()
+    except Exception:  # never let reporting prevent the abort
+        pass
+    comm.Abort(1)
+
+
+def pytest_runtest_logreport(report):
+    _abort_on_failure(report)
+
+
+def pytest_collectreport(report):
+    # A collection error on one rank only would otherwise leave its peers
+    # running collectives alone.
+    _abort_on_failure(report)

@@ -1,0 +1,220 @@
+"""Tests of the MPI test harness itself (tests/conftest.py).
+
+Each test writes a throwaway test file next to a copy of conftest.py and runs
+it under ``mpirun -np 2`` in a subprocess.  They run only in a single-rank
+invocation (a nested mpirun from every rank of a multi-rank job would
+oversubscribe the machine and prove nothing more).
+"""
+
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import textwrap
+import time
+from pathlib import Path
+
+import pytest
+
+HERE = Path(__file__).resolve().parent
+HARD_TIMEOUT_S = 60
+
+
+def _world_size():
+    try:
+        from mpi4py import MPI
+    except ImportError:
+        return None
+    return MPI.COMM_WORLD.Get_size()
+
+
+pytestmark = pytest.mark.skipif(
+    _world_size() != 1, reason="harness subprocess tests run only in a single-rank invocation"
+)
+
+
+def _mpirun():
+    # Prefer the launcher installed next to this interpreter (venv / wheel).
+    exe = Path(sys.executable).with_name("mpirun")
+    if exe.exists():
+        return str(exe)
+    found = shutil.which("mpirun")
+    if found is None:
+        pytest.skip("mpirun not found")
+    return found
+
+
+def _clean_env(**extra):
+    """Environment for a nested mpirun: drop the outer launcher's PMI/hydra
+    variables (an inherited PMI_FD etc. makes the nested job misbehave)."""
+    env = {
+        key: value
+        for key, value in os.environ.items()
+        if not key.startswith(("PMI_", "HYDI_", "HYDRA_", "MPI_LOCAL"))
+        and key not in ("MPICOLL_TEST_NO_ABORT", "MPICOLL_TEST_TIMEOUT", "MPIEXEC_TIMEOUT")
+    }
+    # hydra's own limit, inside the hard subprocess timeout below.
+    env["MPIEXEC_TIMEOUT"] = str(HARD_TIMEOUT_S - 10)
+    env["PYTHONDONTWRITEBYTECODE"] = "1"
+    env.update(extra)
+    return env
+
+
+def _shm_segments():
+    try:
+        return {p for p in Path("/dev/shm").glob("mpich_shm_*") if p.is_file()}
+    except OSError:
+        return set()
+
+
+def _mapped_paths():
+    paths = set()
+    for maps in Path("/proc").glob("[0-9]*/maps"):
+        try:
+            text = maps.read_text(errors="replace")
+        except OSError:
+            continue
+        for line in text.splitlines():
+            if "/dev/shm/mpich_shm_" in line:
+                paths.add(line.split(None, 5)[-1].removesuffix(" (deleted)"))
+    return paths
+
+
+def _remove_leftover_shm(before):
+    """An aborted MPICH job leaves /dev/shm/mpich_shm_* behind: remove the
+    ones that appeared during our nested run, are ours and nobody maps."""
+    new = _shm_segments() - before
+    if not new:
+        return
+    mapped = _mapped_paths()
+    uid = os.getuid()
+    for path in new:
+        try:
+            if str(path) not in mapped and path.stat().st_uid == uid:
+                path.unlink()
+        except OSError:
+            pass
+
+
+def _run_inner(tmp_path, source, **env):
+    """Run ``source`` as a test file under ``mpirun -np 2``.
+
+    Returns (returncode, combined stdout+stderr, elapsed seconds)."""
+    shutil.copy(HERE / "conftest.py", tmp_path / "conftest.py")
+    # Own rootdir/inifile: do not pick up the project's configuration.
+    (tmp_path / "pytest.ini").write_text("[pytest]\n")
+    test_file = tmp_path / "test_inner.py"
+    test_file.write_text(textwrap.dedent(source))
+    cmd = [
+        _mpirun(), "-np", "2",
+        sys.executable, "-m", "mpi4py", "-m", "pytest",
+        "--with-mpi", "-p", "no:cacheprovider", "-q", str(test_file),
+    ]
+    shm_before = _shm_segments()
+    start = time.monotonic()
+    # Own session, so that on a hard timeout the whole job (mpirun, proxies,
+    # ranks) can be killed, not just mpirun.
+    proc = subprocess.Popen(
+        cmd, cwd=tmp_path, env=_clean_env(**env), stdin=subprocess.DEVNULL,
+        stdout=subprocess.PIPE, stderr=subprocess.STDOUT, start_new_session=True,
+    )
+    try:
+        out, _ = proc.communicate(timeout=HARD_TIMEOUT_S)
+    except subprocess.TimeoutExpired:
+        os.killpg(proc.pid, signal.SIGKILL)
+        out, _ = proc.communicate()
+        pytest.fail(
+            f"nested mpirun did not end within {HARD_TIMEOUT_S} s; output:\n"
+            + out.decode(errors="replace")
+        )
+    finally:
+        elapsed = time.monotonic() - start
+        _remove_leftover_shm(shm_before)
+    return proc.returncode, out.decode(errors="replace"), elapsed
+
+
+def _explain(rc, out, elapsed):
+    return f"rc={rc} after {elapsed:.1f} s; output:\n{out}"
+
+
+def test_failure_on_one_rank_aborts_the_job(tmp_path):
+    rc, out, elapsed = _run_inner(tmp_path, """
+        from mpi4py import MPI
+
+        def test_fails_on_rank_one_only():
+            comm = MPI.COMM_WORLD
+            if comm.Get_rank() == 1:
+                assert comm.Get_size() == 99, "HARNESS-SENTINEL-ASSERT"
+            comm.Barrier()  # rank 0 waits here for a rank that never comes
+        """)
+    info = _explain(rc, out, elapsed)
+    assert rc != 0, info
+    assert elapsed < 20, info
+    assert "mpicoll test failure on rank 1 of 2: test_inner.py::test_fails_on_rank_one_only" in out, info
+    assert "HARNESS-SENTINEL-ASSERT" in out, info
+
+
+def test_deadlock_is_ended_by_the_watchdog(tmp_path):
+    rc, out, elapsed = _run_inner(tmp_path, """
+        from mpi4py import MPI
+
+        def test_both_ranks_receive_first():
+            comm = MPI.COMM_WORLD
+            buf = bytearray(8)
+            comm.Recv(buf, source=1 - comm.Get_rank(), tag=7)
+        """, MPICOLL_TEST_TIMEOUT="3")
+    info = _explain(rc, out, elapsed)
+    assert rc != 0, info
+    assert elapsed < 30, info
+    assert "Thread" in out or "File" in out, info
+    assert "test_both_ranks_receive_first" in out, info
+
+
+def test_timeout_marker_overrides_the_default(tmp_path):
+    rc, out, elapsed = _run_inner(tmp_path, """
+        import pytest
+        from mpi4py import MPI
+
+        @pytest.mark.timeout_s(3)
+        def test_both_ranks_receive_first():
+            comm = MPI.COMM_WORLD
+            buf = bytearray(8)
+            comm.Recv(buf, source=1 - comm.Get_rank(), tag=7)
+        """, MPICOLL_TEST_TIMEOUT="300")
+    info = _explain(rc, out, elapsed)
+    assert rc != 0, info
+    assert elapsed < 30, info
+    assert "Thread" in out or "File" in out, info
+
+
+def test_no_abort_env_disables_the_abort(tmp_path):
+    rc, out, elapsed = _run_inner(tmp_path, """
+        import pytest
+        from mpi4py import MPI
+
+        @pytest.mark.timeout_s(3)
+        def test_fails_on_rank_one_only():
+            comm = MPI.COMM_WORLD
+            if comm.Get_rank() == 1:
+                assert comm.Get_size() == 99, "HARNESS-SENTINEL-ASSERT"
+            comm.Barrier()
+        """, MPICOLL_TEST_NO_ABORT="1")
+    info = _explain(rc, out, elapsed)
+    assert rc != 0, info
+    assert elapsed < 30, info
+    assert "mpicoll test failure on rank" not in out, info
+
+
+def test_passing_two_rank_test_exits_zero(tmp_path):
+    rc, out, elapsed = _run_inner(tmp_path, """
+        from mpi4py import MPI
+
+        def test_allreduce_of_ones():
+            comm = MPI.COMM_WORLD
+            assert comm.allreduce(1) == comm.Get_size() == 2
+            comm.Barrier()
+        """)
+    info = _explain(rc, out, elapsed)
+    assert rc == 0, info
+    assert "1 passed" in out, info
