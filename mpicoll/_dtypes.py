@@ -53,6 +53,15 @@ class DType:
     def itemsize(self) -> int:
         return self.np.itemsize
 
+    @property
+    def viewed(self) -> bool:
+        """True when the array must be handed to MPI as a view (16-bit floats travel as uint16)."""
+        return self.wire != self.np
+
+    def buf(self, x: np.ndarray) -> list:
+        """The MPI buffer spec ``[array or its wire view, datatype]`` of a contiguous array."""
+        return [x.view(self.wire) if self.wire != self.np else x, self.mpi]
+
 
 def _row(name, np_dtype, wire, mpi, reduce, hccl):
     return name, np.dtype(np_dtype), np.dtype(wire), mpi, reduce, hccl
@@ -117,11 +126,6 @@ def lookup(dtype: object, *, op: str = "mpicoll", param: str = "dtype", rank: in
             f"{op}: {param}={dtype!r} on rank {rank}: unsupported dtype; supported: {', '.join(ALL_DTYPES)}",
             op=op, param=param, rank=rank)
     return row
-
-
-def wire(x: np.ndarray, dt: DType) -> list:
-    """The MPI buffer spec ``[view, datatype]`` for a contiguous array of this dtype."""
-    return [x.view(dt.wire) if dt.wire != dt.np else x, dt.mpi]
 
 
 @dataclass(frozen=True)

@@ -77,7 +77,7 @@ def agree(comm: MPI.Comm, header: np.ndarray, error: BaseException | None) -> np
     header[0] = 1 if error is not None else 0
     table = np.empty((comm.Get_size(), header.size), dtype=np.int64)
     comm.Allgather([header, MPI.INT64_T], [table, MPI.INT64_T])
-    if table[:, 0].any():
+    if any(table[:, 0].tolist()):
         mine = None if error is None else (type(error).__name__, str(error), getattr(error, "op", None),
                                            getattr(error, "param", None), getattr(error, "rank", None))
         reports = [r for r in comm.allgather(mine) if r is not None]

@@ -1,9 +1,9 @@
 """The Operation base class, the operator registry and the float32-accumulation reduction path.
 
-An operator subclass supplies ``_prepare`` (normalise the execute arguments, cheaply), ``_check``
-(local rules, filling the cross-rank header; validation on only), ``_cross`` (rules over the
-gathered header table; validation on only) and ``_run`` (the MPI call). ``execute`` strings them
-together; with validation off it is ``_run(*_prepare(...))`` and nothing else.
+An operator subclass supplies ``_run`` (the MPI call, on the raw ``execute`` arguments: all that
+runs with validation off), ``_check`` (local rules on one rank's arguments, filling the cross-rank
+header and returning normalised arguments) and ``_cross`` (rules over the gathered header table,
+identical on every rank, which may also pick a faster plan that all ranks then take alike).
 """
 from __future__ import annotations
 
@@ -15,7 +15,7 @@ from mpi4py import MPI
 
 from .. import _validate as V
 from .._domains import domain, library_comm, rank_table, runtime
-from .._dtypes import DType, ReduceOp, reduce_op
+from .._dtypes import DType, ReduceOp, of_array, reduce_op
 from .._errors import CollectiveArgumentError, agree, arg_error, as_collective_error
 from .._params import CommParam
 
@@ -54,11 +54,26 @@ class Operation:
                 f"{self.NAME}: param is a {type(param).__name__}: must be a {self.PARAM.__name__}", op=self.NAME,
                 param="param")
         self.param = param
-        self.validate = V.validate_default() if validate is None else bool(validate)
         self.comm: MPI.Comm | None = None
         self.rank = -1
         self.size = 0
         self._param_error: BaseException | None = None
+        self.validate = V.validate_default() if validate is None else bool(validate)
+
+    @property
+    def validate(self) -> bool:
+        """Whether ``execute`` runs the cross-rank checks (settable per operation)."""
+        return self._validate
+
+    @validate.setter
+    def validate(self, value: bool) -> None:
+        self._validate = bool(value)
+        # Once bound with validation off, ``execute`` *is* ``_run`` (an instance attribute shadowing
+        # the method), so a hot loop pays no dispatch at all.
+        if self.comm is not None and not self._validate and self._param_error is None:
+            self.execute = self._run
+        else:
+            self.__dict__.pop("execute", None)
 
     # -- binding -------------------------------------------------------------------------------------
     def _bind(self) -> None:
@@ -85,6 +100,7 @@ class Operation:
         except Exception as exc:  # noqa: BLE001 - agreed across ranks at execute
             self._param_error = as_collective_error(exc, self.NAME, self.rank)
         self.comm = comm
+        self.validate = self._validate
 
     def _bind_param(self) -> None:
         """Operator-specific param checks, once the communicator size is known."""
@@ -92,63 +108,70 @@ class Operation:
     def _reduce(self) -> ReduceOp:
         return reduce_op(self.param.reduce_type, op=self.NAME, rank=self.rank)
 
+    def _data(self, x: Any) -> tuple[np.ndarray, DType]:
+        """The data array (made C-contiguous if it is not) and its dtype-table row."""
+        if type(x) is not np.ndarray or not x.flags.c_contiguous:
+            x = np.ascontiguousarray(x)
+        dt = of_array(x)
+        if dt is None:
+            V.check_array(self.NAME, "x", x, self.rank)
+        return x, dt
+
     # -- execution -----------------------------------------------------------------------------------
     def execute(self, *args: Any, **kwargs: Any) -> Any:
         """Run the operator; see the subclass for its inputs and output."""
         if self.comm is None:
             self._bind()
-        if self.validate:
-            return self._execute_checked(args, kwargs)
-        if self._param_error is not None:
-            raise self._param_error
-        return self._run(*self._prepare(*args, **kwargs))
-
-    def _execute_checked(self, args: tuple, kwargs: dict) -> Any:
+        if not self._validate:
+            if self._param_error is not None:
+                raise self._param_error
+            return self._run(*args, **kwargs)
         h = V.header(self.size, self.CODE)
-        err, call = self._param_error, None
+        err = self._param_error
         if err is None:
             try:
-                call = self._prepare(*args, **kwargs)
-                call = self._check(call, h) or call
+                args, kwargs = self._check(args, kwargs, h)
             except Exception as exc:  # noqa: BLE001 - every local failure is agreed, never raised alone
                 err = as_collective_error(exc, self.NAME, self.rank)
         table = agree(self.comm, h, err)
-        V.check_common(self.NAME, table, same_shape=self.SAME_SHAPE, uses_root=self.USES_ROOT,
-                       uses_reduce=self.USES_REDUCE)
-        call = self._cross(call, table)
-        return self._run(*call)
+        V.check_common(self.NAME, table)
+        return self._run(*args, **self._cross(args, kwargs, table))
 
-    def _prepare(self, *args: Any, **kwargs: Any) -> tuple:
+    def _check(self, args: tuple, kwargs: dict, h: np.ndarray) -> tuple[tuple, dict]:
+        """Local rules on one rank's arguments; fill the header; return normalised arguments."""
         raise NotImplementedError
 
-    def _check(self, call: tuple, h: np.ndarray) -> tuple | None:
-        """Local rules; fill the header; may return a normalised call. Default: the first argument
-        is the data array."""
-        x = call[0]
+    def _check_x(self, x: Any, h: np.ndarray) -> np.ndarray:
+        """The common part of ``_check``: the data array, its dtype, shape, root and reduce type."""
+        if not isinstance(x, np.ndarray):
+            x = np.asarray(x)
         dt = V.check_array(self.NAME, "x", x, self.rank)
-        V.fill_array(h, x, dt)
-        h[V.H_ROOT] = self.param.rank_root
+        if not x.flags.c_contiguous:
+            x = np.ascontiguousarray(x)
+        h[V.H_DTYPE] = dt.code
+        if self.SAME_SHAPE:
+            V.fill_shape(h, x)
+        if self.USES_ROOT:
+            h[V.H_ROOT] = self.param.rank_root
         if self.USES_REDUCE:
             h[V.H_REDUCE] = self._reduce().code
+        return x
 
-    def _cross(self, call: tuple, table: np.ndarray) -> tuple:
-        """Rules over the gathered table; may return a call with a faster plan."""
-        return call
+    def _cross(self, args: tuple, kwargs: dict, table: np.ndarray) -> dict:
+        """Rules over the gathered table; returns the keyword arguments for ``_run`` (may add a
+        faster plan that every rank chose alike)."""
+        return kwargs
 
-    def _run(self, *call: Any) -> Any:
+    def _run(self, *args: Any, **kwargs: Any) -> Any:
+        """The MPI call, on raw ``execute`` arguments (this is all that runs with validation off)."""
         raise NotImplementedError
 
 
-def contiguous(x: Any) -> np.ndarray:
-    """The array itself when already a C-contiguous ndarray, else a contiguous copy."""
-    if type(x) is np.ndarray and x.flags.c_contiguous:
-        return x
-    return np.ascontiguousarray(x)
-
-
-def check_out(op: str, out: np.ndarray, shape: tuple, dtype: np.dtype, rank: int, x: np.ndarray | None = None,
+def check_out(op: str, out: Any, shape: tuple, dtype: np.dtype, rank: int, x: np.ndarray | None = None,
               in_place_ok: bool = False) -> None:
     """A caller-supplied output buffer: right shape and dtype, C-contiguous, writable, not aliasing x."""
+    if out is None:
+        return
     if not isinstance(out, np.ndarray):
         raise arg_error(op, "out", type(out).__name__, rank, "must be a numpy array")
     if out.shape != tuple(shape) or out.dtype != dtype:
@@ -157,7 +180,17 @@ def check_out(op: str, out: np.ndarray, shape: tuple, dtype: np.dtype, rank: int
         raise arg_error(op, "out", "non-contiguous or read-only", rank, "must be C-contiguous and writable")
     if x is not None and np.shares_memory(out, x) and not (in_place_ok and out is x):
         raise arg_error(op, "out", "aliases x", rank,
-                          "must not overlap the input" + (" (pass out=x itself for in-place)" if in_place_ok else ""))
+                        "must not overlap the input" + (" (pass out=x itself for in-place)" if in_place_ok else ""))
+
+
+def x_out(x: Any, out: np.ndarray | None = None) -> tuple[Any, np.ndarray | None]:
+    """Parse the ``(x, out=None)`` signature that most operators share."""
+    return x, out
+
+
+def new_out(out: np.ndarray | None, shape: tuple, dtype: np.dtype) -> np.ndarray:
+    """``out`` itself, or a fresh array of that shape and dtype."""
+    return np.empty(shape, dtype=dtype) if out is None else out
 
 
 # ----------------------------------------------------------------------------- float32 reduction path
@@ -193,7 +226,6 @@ def reduce_scatter_f32(comm: MPI.Comm, flat: np.ndarray, dt: DType, rop: ReduceO
     if sdispls is None:
         comm.Alltoall([sw, dt.mpi], [rw, dt.mpi])
     else:
-        comm.Alltoallv([sw, (send_counts, sdispls), dt.mpi],
-                       [rw, (np.full(n, recv_count, dtype=np.int64), np.arange(n, dtype=np.int64) * recv_count),
-                        dt.mpi])
+        rcounts = np.full(n, recv_count, dtype=np.int64)
+        comm.Alltoallv([sw, (send_counts, sdispls), dt.mpi], [rw, (rcounts, np.arange(n) * recv_count), dt.mpi])
     return reduce_chunks(recv, dt, rop)

@@ -6,10 +6,10 @@ from dataclasses import dataclass
 import numpy as np
 
 from .. import _validate as V
-from .._dtypes import DTYPES, of_array
+from .._dtypes import DTYPES
 from .._golden import CheckSpec, counts_matrix, displs, rank_data, register_check
 from .._params import CommParam
-from ._base import Operation, check_out, contiguous
+from ._base import Operation, check_out, x_out
 
 
 @dataclass
@@ -36,20 +36,17 @@ class AllGatherOperation(Operation):
     NAME = "AllGather"
     PARAM = AllGatherParam
 
-    def _prepare(self, x, out=None):
-        return contiguous(x), out
+    def _check(self, args, kwargs, h):
+        x, out = x_out(*args, **kwargs)
+        x = self._check_x(x, h)
+        check_out(self.NAME, out, (self.size, *x.shape), x.dtype, self.rank, x)
+        return (x,), {"out": out}
 
-    def _check(self, call, h):
-        super()._check(call, h)
-        x, out = call
-        if out is not None:
-            check_out(self.NAME, out, (self.size, *x.shape), x.dtype, self.rank, x)
-
-    def _run(self, x, out):
-        dt = of_array(x) or V.check_array(self.NAME, "x", x, self.rank)
+    def _run(self, x, out=None):
+        x, dt = self._data(x)
         if out is None:
             out = np.empty((self.size, *x.shape), dtype=x.dtype)
-        self.comm.Allgather([x.view(dt.wire), dt.mpi], [out.view(dt.wire), dt.mpi])
+        self.comm.Allgather(dt.buf(x), dt.buf(out))
         return out
 
 
@@ -70,14 +67,9 @@ class AllGatherVOperation(Operation):
     PARAM = AllGatherVParam
     SAME_SHAPE = False
 
-    def _prepare(self, x, send_count, recv_counts, rdispls, shape=None):
-        rc = recv_counts if isinstance(recv_counts, np.ndarray) else np.asarray(recv_counts)
-        rd = rdispls if isinstance(rdispls, np.ndarray) else np.asarray(rdispls)
-        return contiguous(x), send_count, rc, rd, shape
-
-    def _check(self, call, h):
-        super()._check(call, h)
-        x, send_count, rc, rd, shape = call
+    def _check(self, args, kwargs, h):
+        x, send_count, rc, rd, shape, out = _agv_args(*args, **kwargs)
+        x = self._check_x(x, h)
         op, r, n = self.NAME, self.rank, self.size
         sc = V.scalar_count(op, "send_count", send_count, r)
         if sc > x.size:
@@ -87,28 +79,39 @@ class AllGatherVOperation(Operation):
         total = int(rc.sum())
         V.check_regions(op, "recv_counts", rc, "rdispls", rd, total, "sum(recv_counts)", r)
         V.check_no_overlap(op, "recv_counts", rc, "rdispls", rd, r)
-        if shape is not None:
-            dims = shape.shape if isinstance(shape, np.ndarray) else tuple(shape)
-            if int(np.prod(dims)) != total:
-                raise V.arg_error(op, "shape", dims, r, f"must hold sum(recv_counts)={total} elements")
+        dims = _dims(shape, total)
+        if int(np.prod(dims)) != total:
+            raise V.arg_error(op, "shape", dims, r, f"must hold sum(recv_counts)={total} elements")
+        check_out(op, out, dims, x.dtype, r, x)
         h[V.H_SCALAR] = sc
         V.vec_a(h, n)[:] = rc
-        return x, sc, rc, rd, shape
+        return (x, sc, rc, rd, shape), {"out": out}
 
-    def _cross(self, call, table):
+    def _cross(self, args, kwargs, table):
         n = self.size
         sent = np.repeat(table[:, V.H_SCALAR][:, None], n, axis=1)
         V.check_pairs(self.NAME, sent, "send_count", table[:, V.H_LEN:V.H_LEN + n], "recv_counts[{i}]")
-        return call
+        return kwargs
 
-    def _run(self, x, send_count, rc, rd, shape):
-        dt = of_array(x) or V.check_array(self.NAME, "x", x, self.rank)
-        out = np.empty(int(rc.sum()), dtype=x.dtype)
-        self.comm.Allgatherv([x.reshape(-1)[:int(send_count)].view(dt.wire), dt.mpi],
-                             [out.view(dt.wire), (rc, rd), dt.mpi])
-        if shape is not None:
-            return out.reshape(shape.shape if isinstance(shape, np.ndarray) else tuple(shape))
+    def _run(self, x, send_count, recv_counts, rdispls, shape=None, out=None):
+        x, dt = self._data(x)
+        total = int(sum(recv_counts))
+        if out is None:
+            out = np.empty(_dims(shape, total), dtype=x.dtype)
+        self.comm.Allgatherv(dt.buf(x.reshape(-1)[:int(send_count)]),
+                             [out.view(dt.wire) if dt.viewed else out, (recv_counts, rdispls), dt.mpi])
         return out
+
+
+def _agv_args(x, send_count, recv_counts, rdispls, shape=None, out=None):
+    return x, send_count, recv_counts, rdispls, shape, out
+
+
+def _dims(shape, total):
+    """The output shape: 1-D of ``total``, or that of a shape reference (tuple or array)."""
+    if shape is None:
+        return (total,)
+    return shape.shape if isinstance(shape, np.ndarray) else tuple(shape)
 
 
 # ----------------------------------------------------------------------------- golden checks

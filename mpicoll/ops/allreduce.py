@@ -7,11 +7,10 @@ from dataclasses import dataclass
 import numpy as np
 from mpi4py import MPI
 
-from .. import _validate as V
-from .._dtypes import DTYPES, of_array, reduce_op
+from .._dtypes import DTYPES, reduce_op
 from .._golden import CheckSpec, golden_reduce, rank_data, reduce_case_names, register_check
 from .._params import ReduceParam
-from ._base import Operation, check_out, contiguous, reduce_scatter_f32, split_even
+from ._base import Operation, check_out, reduce_scatter_f32, split_even, x_out
 
 #: float16/bfloat16 AllReduce of at most this many bytes: cast to float32, one native float32
 #: Allreduce, cast back (one collective beats two at small sizes); above: the AllToAll path.
@@ -41,17 +40,14 @@ class AllReduceOperation(Operation):
     def _bind_param(self) -> None:
         self._rop = self._reduce()
 
-    def _prepare(self, x, out=None):
-        return contiguous(x), out
+    def _check(self, args, kwargs, h):
+        x, out = x_out(*args, **kwargs)
+        x = self._check_x(x, h)
+        check_out(self.NAME, out, x.shape, x.dtype, self.rank, x, in_place_ok=True)
+        return (x,), {"out": out}
 
-    def _check(self, call, h):
-        super()._check(call, h)
-        x, out = call
-        if out is not None:
-            check_out(self.NAME, out, x.shape, x.dtype, self.rank, x, in_place_ok=True)
-
-    def _run(self, x, out):
-        dt = of_array(x) or V.check_array(self.NAME, "x", x, self.rank)
+    def _run(self, x, out=None):
+        x, dt = self._data(x)
         if out is None:
             out = np.empty_like(x)
         comm, rop = self.comm, self._rop
@@ -65,17 +61,17 @@ class AllReduceOperation(Operation):
         if total * dt.itemsize <= SMALL_F32_BYTES or n == 1:
             acc = x.astype(np.float32)
             comm.Allreduce(MPI.IN_PLACE, [acc, MPI.FLOAT], rop.mpi)
-            out[...] = acc.reshape(x.shape)
+            out[...] = acc
             return out
         counts = split_even(total, n)
         flat, oflat = x.reshape(-1), out.reshape(-1)
         if total % n == 0:
             chunk = reduce_scatter_f32(comm, flat, dt, rop, counts, None, int(counts[self.rank]))
-            comm.Allgather([chunk.view(dt.wire), dt.mpi], [oflat.view(dt.wire), dt.mpi])
+            comm.Allgather(dt.buf(chunk), dt.buf(oflat))
         else:
             displs = np.concatenate(([0], np.cumsum(counts[:-1])))
             chunk = reduce_scatter_f32(comm, flat, dt, rop, counts, displs, int(counts[self.rank]))
-            comm.Allgatherv([chunk.view(dt.wire), dt.mpi], [oflat.view(dt.wire), (counts, displs), dt.mpi])
+            comm.Allgatherv(dt.buf(chunk), [oflat.view(dt.wire), (counts, displs), dt.mpi])
         return out
 
 

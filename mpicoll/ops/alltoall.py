@@ -6,11 +6,11 @@ from dataclasses import dataclass
 import numpy as np
 
 from .. import _validate as V
-from .._dtypes import DTYPES, of_array
+from .._dtypes import DTYPES
 from .._errors import CollectiveArgumentError
 from .._golden import CheckSpec, PLAN_FAMILIES, counts_matrix, displs, rank_data, register_check
 from .._params import CommParam
-from ._base import Operation, check_out, contiguous
+from ._base import Operation, check_out, x_out
 
 
 @dataclass
@@ -47,21 +47,18 @@ class AllToAllOperation(Operation):
     NAME = "AllToAll"
     PARAM = AllToAllParam
 
-    def _prepare(self, x, out=None):
-        return contiguous(x), out
-
-    def _check(self, call, h):
-        super()._check(call, h)
-        x, out = call
+    def _check(self, args, kwargs, h):
+        x, out = x_out(*args, **kwargs)
+        x = self._check_x(x, h)
         V.check_dim0(self.NAME, x, self.size, self.rank)
-        if out is not None:
-            check_out(self.NAME, out, x.shape, x.dtype, self.rank, x)
+        check_out(self.NAME, out, x.shape, x.dtype, self.rank, x)
+        return (x,), {"out": out}
 
-    def _run(self, x, out):
-        dt = of_array(x) or V.check_array(self.NAME, "x", x, self.rank)
+    def _run(self, x, out=None):
+        x, dt = self._data(x)
         if out is None:
             out = np.empty_like(x)
-        self.comm.Alltoall([x.view(dt.wire), dt.mpi], [out.view(dt.wire), dt.mpi])
+        self.comm.Alltoall(dt.buf(x), dt.buf(out))
         return out
 
 
@@ -70,9 +67,9 @@ class _AllToAllVBase(Operation):
 
     SAME_SHAPE = False
 
-    def _check(self, call, h):
-        super()._check(call, h)
-        x, sc, sd, rc, rd, infer_shape, _ = call
+    def _check_plan(self, x, sc, sd, rc, rd, infer_shape, out, h):
+        """Local rules on the plan; fill the header; return the normalised plan."""
+        x = self._check_x(x, h)
         op, r, n = self.NAME, self.rank, self.size
         sc = V.counts(op, "send_counts", sc, n, r)
         sd = V.counts(op, "sdispls", sd, n, r)
@@ -85,40 +82,38 @@ class _AllToAllVBase(Operation):
         if infer_shape is not None and np.size(infer_shape) != total:
             raise V.arg_error(op, "infer_shape.size", int(np.size(infer_shape)), r,
                               f"must equal sum(recv_counts)={total}")
+        check_out(op, out, (1, total), x.dtype, r, x)
         V.vec_a(h, n)[:] = sc
         V.vec_b(h, n)[:] = rc
         h[V.H_BITS] = V.BIT_CONTIGUOUS if V.is_packed(sc, sd) and V.is_packed(rc, rd) else 0
-        return x, sc, sd, rc, rd, infer_shape, False
+        return x, sc, sd, rc, rd
 
-    def _cross(self, call, table):
+    def _cross(self, args, kwargs, table):
         n = self.size
         sent, expected = table[:, V.H_LEN:V.H_LEN + n], table[:, V.H_LEN + n:V.H_LEN + 2 * n]
         V.check_pairs(self.NAME, sent, "send_counts[{j}]", expected, "recv_counts[{i}]")
         # Every rank sees the same table, so every rank takes the same (faster) Alltoall path.
         if n and (sent == sent[0, 0]).all() and (table[:, V.H_BITS] & V.BIT_CONTIGUOUS).all():
-            return (*call[:-1], True)
-        return call
+            return {**kwargs, "_uniform": True}
+        return kwargs
 
-    def _run(self, x, sc, sd, rc, rd, infer_shape, uniform):
-        dt = of_array(x) or V.check_array(self.NAME, "x", x, self.rank)
-        total = int(rc.sum())
-        out = np.empty((1, total), dtype=x.dtype)
-        flat = x.reshape(-1).view(dt.wire)
+    def _alltoallv(self, x, sc, sd, rc, rd, out, uniform):
+        x, dt = self._data(x)
+        total = int(sum(rc))
+        if out is None:
+            out = np.empty((1, total), dtype=x.dtype)
         if uniform:
-            self.comm.Alltoall([flat[:total], dt.mpi], [out.view(dt.wire), dt.mpi])
+            self.comm.Alltoall(dt.buf(x.reshape(-1)[:total]), dt.buf(out))
         else:
-            self.comm.Alltoallv([flat, (sc, sd), dt.mpi], [out.view(dt.wire), (rc, rd), dt.mpi])
+            self.comm.Alltoallv([x.view(dt.wire) if dt.viewed else x, (sc, sd), dt.mpi],
+                                [out.view(dt.wire) if dt.viewed else out, (rc, rd), dt.mpi])
         return out
-
-
-def _as_counts(v):
-    return v if isinstance(v, np.ndarray) else np.asarray(v)
 
 
 class AllToAllVOperation(_AllToAllVBase):
     """All-to-all with per-peer counts and displacements fixed in the Param.
 
-    ``execute(x)`` -> ``[1, sum(recv_counts)]``: for every source i, ``x_i.flat[sdispls_i[me] :
+    ``execute(x, out=None)`` -> ``[1, sum(recv_counts)]``: for every source i, ``x_i.flat[sdispls_i[me] :
     sdispls_i[me] + send_counts_i[me]]`` lands at ``out.flat[rdispls[i] : rdispls[i] + recv_counts[i]]``.
     ``recv_counts[i]`` here must equal rank i's ``send_counts[me]``.
 
@@ -130,21 +125,29 @@ class AllToAllVOperation(_AllToAllVBase):
 
     def _bind_param(self):
         p = self.param
-        missing = [k for k in ("send_counts", "sdispls", "recv_counts", "rdispls") if getattr(p, k) is None]
+        missing = [k for k in _PLAN if getattr(p, k) is None]
         if missing:
             raise CollectiveArgumentError(f"{self.NAME}: {missing[0]}=None on rank {self.rank}: the plan "
                                           "(send_counts, sdispls, recv_counts, rdispls) is required",
                                           op=self.NAME, param=missing[0], rank=self.rank)
-        self._plan = tuple(_as_counts(getattr(p, k)) for k in ("send_counts", "sdispls", "recv_counts", "rdispls"))
+        self._plan = tuple(np.asarray(getattr(p, k)) for k in _PLAN)
 
-    def _prepare(self, x):
-        return (contiguous(x), *self._plan, None, False)
+    def _check(self, args, kwargs, h):
+        x, out = x_out(*args, **kwargs)
+        plan = self._check_plan(x, *self._plan, None, out, h)
+        return (plan[0],), {"out": out}
+
+    def _run(self, x, out=None, _uniform=False):
+        return self._alltoallv(x, *self._plan, out, _uniform)
+
+
+_PLAN = ("send_counts", "sdispls", "recv_counts", "rdispls")
 
 
 class AllToAllVV2Operation(_AllToAllVBase):
     """All-to-all with the per-peer plan given at execute time (ATB's AllToAllVV2).
 
-    ``execute(x, send_counts, sdispls, recv_counts, rdispls, infer_shape=None)`` ->
+    ``execute(x, send_counts, sdispls, recv_counts, rdispls, infer_shape=None, out=None)`` ->
     ``[1, sum(recv_counts)]``; ``infer_shape`` (optional) must have ``sum(recv_counts)`` elements.
 
     Example (the 2-rank case of the ATB documentation)::
@@ -157,9 +160,17 @@ class AllToAllVV2Operation(_AllToAllVBase):
     NAME = "AllToAllVV2"
     PARAM = AllToAllVV2Param
 
-    def _prepare(self, x, send_counts, sdispls, recv_counts, rdispls, infer_shape=None):
-        return (contiguous(x), _as_counts(send_counts), _as_counts(sdispls), _as_counts(recv_counts),
-                _as_counts(rdispls), infer_shape, False)
+    def _check(self, args, kwargs, h):
+        x, sc, sd, rc, rd, infer_shape, out = _vv2_args(*args, **kwargs)
+        x, sc, sd, rc, rd = self._check_plan(x, sc, sd, rc, rd, infer_shape, out, h)
+        return (x, sc, sd, rc, rd), {"out": out}
+
+    def _run(self, x, send_counts, sdispls, recv_counts, rdispls, infer_shape=None, out=None, _uniform=False):
+        return self._alltoallv(x, send_counts, sdispls, recv_counts, rdispls, out, _uniform)
+
+
+def _vv2_args(x, send_counts, sdispls, recv_counts, rdispls, infer_shape=None, out=None):
+    return x, send_counts, sdispls, recv_counts, rdispls, infer_shape, out
 
 
 # ----------------------------------------------------------------------------- golden checks

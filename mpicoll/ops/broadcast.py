@@ -6,7 +6,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from .. import _validate as V
-from .._dtypes import DTYPES, of_array
+from .._dtypes import DTYPES
 from .._golden import CheckSpec, rank_data, register_check
 from .._params import CommParam
 from ._base import Operation
@@ -32,16 +32,23 @@ class BroadcastOperation(Operation):
     PARAM = BroadcastParam
     USES_ROOT = True
 
-    def _prepare(self, x):
+    def _check(self, args, kwargs, h):
+        x, = args
+        self._writable(x)
+        self._check_x(x, h)
+        return args, kwargs
+
+    def _writable(self, x):
         if not isinstance(x, np.ndarray) or not x.flags.c_contiguous or not x.flags.writeable:
             raise V.arg_error(self.NAME, "x", type(x).__name__ if not isinstance(x, np.ndarray) else "non-contiguous "
                               "or read-only array", self.rank, "must be a C-contiguous writable numpy array "
                               "(it is filled in place)")
-        return (x,)
 
     def _run(self, x):
-        dt = of_array(x) or V.check_array(self.NAME, "x", x, self.rank)
-        self.comm.Bcast([x.view(dt.wire), dt.mpi], self.param.rank_root)
+        if type(x) is not np.ndarray or not x.flags.c_contiguous:
+            self._writable(x)
+        x, dt = self._data(x)
+        self.comm.Bcast(dt.buf(x), self.param.rank_root)
         return x
 
 

@@ -6,10 +6,10 @@ from dataclasses import dataclass
 import numpy as np
 
 from .. import _validate as V
-from .._dtypes import DTYPES, of_array, reduce_op
+from .._dtypes import DTYPES, reduce_op
 from .._golden import CheckSpec, counts_matrix, displs, golden_reduce, rank_data, reduce_case_names, register_check
 from .._params import ReduceParam
-from ._base import Operation, check_out, contiguous, reduce_scatter_f32
+from ._base import Operation, check_out, reduce_scatter_f32, x_out
 
 
 @dataclass
@@ -40,30 +40,23 @@ class ReduceScatterOperation(Operation):
     def _bind_param(self) -> None:
         self._rop = self._reduce()
 
-    def _prepare(self, x, out=None):
-        return contiguous(x), out
-
-    def _check(self, call, h):
-        super()._check(call, h)
-        x, out = call
+    def _check(self, args, kwargs, h):
+        x, out = x_out(*args, **kwargs)
+        x = self._check_x(x, h)
         V.check_dim0(self.NAME, x, self.size, self.rank)
-        if out is not None:
-            check_out(self.NAME, out, (x.shape[0] // self.size, *x.shape[1:]), x.dtype, self.rank, x)
+        check_out(self.NAME, out, (x.shape[0] // self.size, *x.shape[1:]), x.dtype, self.rank, x)
+        return (x,), {"out": out}
 
-    def _run(self, x, out):
-        dt = of_array(x) or V.check_array(self.NAME, "x", x, self.rank)
+    def _run(self, x, out=None):
+        x, dt = self._data(x)
         n = self.size
-        shape = (x.shape[0] // n, *x.shape[1:])
-        count = x.size // n
-        if dt.reduce == "native":
-            if out is None:
-                out = np.empty(shape, dtype=x.dtype)
-            self.comm.Reduce_scatter_block([x, dt.mpi], [out, dt.mpi], self._rop.mpi)
-            return out
-        chunk = reduce_scatter_f32(self.comm, x.reshape(-1), dt, self._rop, None, None, count)
         if out is None:
-            return chunk.reshape(shape)
-        out[...] = chunk.reshape(shape)
+            out = np.empty((x.shape[0] // n, *x.shape[1:]), dtype=x.dtype)
+        if dt.reduce == "native":
+            self.comm.Reduce_scatter_block([x, dt.mpi], [out, dt.mpi], self._rop.mpi)
+        else:
+            out[...] = reduce_scatter_f32(self.comm, x.reshape(-1), dt, self._rop, None, None,
+                                          x.size // n).reshape(out.shape)
         return out
 
 
@@ -89,41 +82,47 @@ class ReduceScatterVOperation(Operation):
     def _bind_param(self) -> None:
         self._rop = self._reduce()
 
-    def _prepare(self, x, send_counts, sdispls, recv_count):
-        sc = send_counts if isinstance(send_counts, np.ndarray) else np.asarray(send_counts)
-        sd = sdispls if isinstance(sdispls, np.ndarray) else np.asarray(sdispls)
-        return contiguous(x), sc, sd, recv_count
-
-    def _check(self, call, h):
-        super()._check(call, h)
-        x, sc, sd, recv_count = call
+    def _check(self, args, kwargs, h):
+        x, sc, sd, recv_count, out = _rsv_args(*args, **kwargs)
+        x = self._check_x(x, h)
         op, r, n = self.NAME, self.rank, self.size
         sc = V.counts(op, "send_counts", sc, n, r)
         sd = V.counts(op, "sdispls", sd, n, r)
         V.check_regions(op, "send_counts", sc, "sdispls", sd, x.size, "x.size", r)
         h[V.H_SCALAR] = recv_count = V.scalar_count(op, "recv_count", recv_count, r)
+        check_out(op, out, (recv_count,), x.dtype, r, x)
         V.vec_a(h, n)[:] = sc
-        return x, sc, sd, recv_count
+        return (x, sc, sd, recv_count), {"out": out}
 
-    def _cross(self, call, table):
+    def _cross(self, args, kwargs, table):
         n = self.size
         expected = np.repeat(table[:, V.H_SCALAR][:, None], n, axis=1)
         V.check_pairs(self.NAME, table[:, V.H_LEN:V.H_LEN + n], "send_counts[{j}]", expected, "recv_count")
-        return call
+        return kwargs
 
-    def _run(self, x, sc, sd, recv_count):
-        dt = of_array(x) or V.check_array(self.NAME, "x", x, self.rank)
+    def _run(self, x, send_counts, sdispls, recv_count, out=None):
+        x, dt = self._data(x)
         flat = x.reshape(-1)
         recv_count = int(recv_count)
         if dt.reduce != "native":
-            return reduce_scatter_f32(self.comm, flat, dt, self._rop, sc, sd, recv_count)
+            chunk = reduce_scatter_f32(self.comm, flat, dt, self._rop, send_counts, sdispls, recv_count)
+            if out is None:
+                return chunk
+            out[...] = chunk
+            return out
+        sc, sd = np.asarray(send_counts), np.asarray(sdispls)
         if not V.is_packed(sc, sd):
             # MPI's Reduce_scatter wants the blocks packed in rank order: pack them (every rank
             # makes the same MPI call whatever its own layout).
             flat = np.concatenate([flat[d:d + c] for c, d in zip(sc.tolist(), sd.tolist())] or [flat[:0]])
-        out = np.empty(recv_count, dtype=x.dtype)
+        if out is None:
+            out = np.empty(recv_count, dtype=x.dtype)
         self.comm.Reduce_scatter([flat, dt.mpi], [out, dt.mpi], sc, self._rop.mpi)
         return out
+
+
+def _rsv_args(x, send_counts, sdispls, recv_count, out=None):
+    return x, send_counts, sdispls, recv_count, out
 
 
 # ----------------------------------------------------------------------------- golden checks
