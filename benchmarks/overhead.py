@@ -22,37 +22,39 @@ W = MPI.COMM_WORLD
 
 
 def cases(comm: MPI.Comm, nbytes: int):
-    """(name, raw callable, mpicoll (validate -> callable)) for each primitive at ``nbytes`` per rank."""
-    n, me = comm.Get_size(), comm.Get_rank()
+    """(name, raw callable, Operation class, Param, execute(op, out) callable) at ``nbytes`` per rank.
+
+    The raw call and ``execute(..., out=...)`` use the same input and output arrays.
+    """
+    n = comm.Get_size()
     count = max(nbytes // 4, n) // n * n            # divisible by n, >= n elements
     x = np.ones(count, dtype=np.float32)
     blk = count // n
     counts, displs = np.full(n, blk), np.arange(n) * blk
-    out_same, out_gather, out_block = np.empty_like(x), np.empty(count * n, np.float32), np.empty(blk, np.float32)
-    S = MPI.SUM
-    yield ("AllReduce", lambda: comm.Allreduce(x, out_same, S),
-           lambda v: (lambda op: lambda: op.execute(x))(mpicoll.AllReduceOperation(validate=v)))
-    yield ("AllGather", lambda: comm.Allgather(x, out_gather),
-           lambda v: (lambda op: lambda: op.execute(x))(mpicoll.AllGatherOperation(validate=v)))
     gcounts, gdispls = np.full(n, count), np.arange(n) * count
-    yield ("AllGatherV", lambda: comm.Allgatherv(x, [out_gather, (gcounts, gdispls)]),
-           lambda v: (lambda op: lambda: op.execute(x, count, gcounts, gdispls))(mpicoll.AllGatherVOperation(validate=v)))
-    yield ("ReduceScatter", lambda: comm.Reduce_scatter_block(x, out_block, S),
-           lambda v: (lambda op: lambda: op.execute(x))(mpicoll.ReduceScatterOperation(validate=v)))
-    yield ("ReduceScatterV", lambda: comm.Reduce_scatter(x, out_block, counts, S),
-           lambda v: (lambda op: lambda: op.execute(x, counts, displs, blk))(mpicoll.ReduceScatterVOperation(validate=v)))
+    same, gathered, block, row = (np.empty_like(x), np.empty(count * n, np.float32), np.empty(blk, np.float32),
+                                  np.empty((1, count), np.float32))
     b = x.copy()
-    yield ("Broadcast", lambda: comm.Bcast(b, 0),
-           lambda v: (lambda op: lambda: op.execute(b))(mpicoll.BroadcastOperation(validate=v)))
-    yield ("AllToAll", lambda: comm.Alltoall(x, out_same),
-           lambda v: (lambda op: lambda: op.execute(x))(mpicoll.AllToAllOperation(validate=v)))
-    yield ("AllToAllV", lambda: comm.Alltoallv([x, (counts, displs)], [out_same, (counts, displs)]),
-           lambda v: (lambda op: lambda: op.execute(x))(mpicoll.AllToAllVOperation(
-               mpicoll.AllToAllVParam(send_counts=counts, sdispls=displs, recv_counts=counts, rdispls=displs),
-               validate=v)))
-    yield ("AllToAllVV2", lambda: comm.Alltoallv([x, (counts, displs)], [out_same, (counts, displs)]),
-           lambda v: (lambda op: lambda: op.execute(x, counts, displs, counts, displs))(
-               mpicoll.AllToAllVV2Operation(validate=v)))
+    S = MPI.SUM
+    P = mpicoll
+    yield ("AllReduce", lambda: comm.Allreduce(x, same, S), P.AllReduceOperation, None, same,
+           lambda op, out: op.execute(x, out=out))
+    yield ("AllGather", lambda: comm.Allgather(x, gathered), P.AllGatherOperation, None, gathered.reshape(n, count),
+           lambda op, out: op.execute(x, out=out))
+    yield ("AllGatherV", lambda: comm.Allgatherv(x, [gathered, (gcounts, gdispls)]), P.AllGatherVOperation, None,
+           gathered, lambda op, out: op.execute(x, count, gcounts, gdispls, out=out))
+    yield ("ReduceScatter", lambda: comm.Reduce_scatter_block(x, block, S), P.ReduceScatterOperation, None, block,
+           lambda op, out: op.execute(x, out=out))
+    yield ("ReduceScatterV", lambda: comm.Reduce_scatter(x, block, counts, S), P.ReduceScatterVOperation, None,
+           block, lambda op, out: op.execute(x, counts, displs, blk, out=out))
+    yield ("Broadcast", lambda: comm.Bcast(b, 0), P.BroadcastOperation, None, None, lambda op, out: op.execute(b))
+    yield ("AllToAll", lambda: comm.Alltoall(x, same), P.AllToAllOperation, None, same,
+           lambda op, out: op.execute(x, out=out))
+    plan = P.AllToAllVParam(send_counts=counts, sdispls=displs, recv_counts=counts, rdispls=displs)
+    yield ("AllToAllV", lambda: comm.Alltoallv([x, (counts, displs)], [row, (counts, displs)]), P.AllToAllVOperation,
+           plan, row, lambda op, out: op.execute(x, out=out))
+    yield ("AllToAllVV2", lambda: comm.Alltoallv([x, (counts, displs)], [row, (counts, displs)]),
+           P.AllToAllVV2Operation, None, row, lambda op, out: op.execute(x, counts, displs, counts, displs, out=out))
 
 
 def block_time(comm: MPI.Comm, fn, iters: int) -> float:
@@ -76,10 +78,12 @@ def main() -> None:
     rows = []
     for nbytes in (int(s) for s in args.sizes.split(",")):
         iters = max(3, min(2000, int(2e8 // max(nbytes, 1) // 50)))
-        for name, raw, make in cases(raw_comm, nbytes):
+        for name, raw, cls, param, out, call in cases(raw_comm, nbytes):
             if wanted and name not in wanted:
                 continue
-            impls = {"raw": raw, "off": make(False), "on": make(True)}
+            off, on = cls(param, validate=False), cls(param, validate=True)
+            impls = {"raw": raw, "off": lambda: call(off, out), "on": lambda: call(on, out),
+                     "alloc": lambda: call(off, None)}
             for fn in impls.values():
                 fn()
             times = {k: [] for k in impls}
@@ -87,13 +91,18 @@ def main() -> None:
                 for k, fn in impls.items():
                     times[k].append(block_time(raw_comm, fn, iters))
             med = {k: statistics.median(v) for k, v in times.items()}
-            rows.append((name, nbytes, med["raw"], med["off"], med["on"]))
+            rows.append((name, nbytes, med))
     if W.Get_rank() == 0:
         print(f"# mpicoll overhead vs raw mpi4py, float32, {W.Get_size()} ranks, medians of {args.reps} interleaved "
               "blocks (slowest rank)")
-        print(f"{'op':<15}{'bytes':>10}{'raw us':>11}{'off us':>11}{'on us':>11}{'off/raw':>9}{'on/raw':>9}")
-        for name, nbytes, r, off, on in rows:
-            print(f"{name:<15}{nbytes:>10}{r * 1e6:>11.2f}{off * 1e6:>11.2f}{on * 1e6:>11.2f}{off / r:>9.3f}{on / r:>9.3f}")
+        print("# off/on: execute(..., out=buf) with validation off/on, on the raw call's arrays; alloc: execute()\n"
+              "# allocating its output (validation off)")
+        print(f"{'op':<15}{'bytes':>10}{'raw us':>11}{'off us':>11}{'on us':>11}{'alloc us':>11}"
+              f"{'off/raw':>9}{'on/raw':>9}{'alloc/raw':>10}")
+        for name, nbytes, m in rows:
+            r = m["raw"]
+            print(f"{name:<15}{nbytes:>10}{r * 1e6:>11.2f}{m['off'] * 1e6:>11.2f}{m['on'] * 1e6:>11.2f}"
+                  f"{m['alloc'] * 1e6:>11.2f}{m['off'] / r:>9.3f}{m['on'] / r:>9.3f}{m['alloc'] / r:>10.3f}")
 
 
 if __name__ == "__main__":

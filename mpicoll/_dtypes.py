@@ -53,14 +53,14 @@ class DType:
     def itemsize(self) -> int:
         return self.np.itemsize
 
-    @property
-    def viewed(self) -> bool:
-        """True when the array must be handed to MPI as a view (16-bit floats travel as uint16)."""
-        return self.wire != self.np
+    def __post_init__(self) -> None:
+        # True when arrays go to MPI as a view (16-bit floats travel as uint16); a plain bool
+        # because comparing dtypes on every call costs more than the lookup.
+        object.__setattr__(self, "viewed", self.wire != self.np)
 
     def buf(self, x: np.ndarray) -> list:
         """The MPI buffer spec ``[array or its wire view, datatype]`` of a contiguous array."""
-        return [x.view(self.wire) if self.wire != self.np else x, self.mpi]
+        return [x.view(self.wire), self.mpi] if self.viewed else [x, self.mpi]
 
 
 def _row(name, np_dtype, wire, mpi, reduce, hccl):

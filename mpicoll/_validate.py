@@ -103,22 +103,33 @@ def check_dim0(op: str, x: np.ndarray, n: int, rank: int) -> None:
         raise arg_error(op, "x.shape[0]", x.shape[0], rank, f"must be divisible by rank_size={n}")
 
 
-def counts(op: str, name: str, values: object, n: int, rank: int) -> np.ndarray:
-    """A length-n vector of non-negative integers (list, tuple or int array) as int64."""
-    arr = np.asarray(values)
-    if arr.ndim != 1 or arr.size != n:
-        raise arg_error(op, name, _short(values), rank, f"must hold exactly rank_size={n} entries")
-    if arr.size and arr.dtype.kind not in "iu":
-        if arr.dtype.kind == "f" and np.all(np.isfinite(arr)) and np.all(arr == np.round(arr)):
-            arr = arr.astype(np.int64)
-        else:
-            raise arg_error(op, name, _short(values), rank, "entries must be integers")
-    arr = arr.astype(np.int64, copy=False)
-    neg = np.flatnonzero(arr < 0)
-    if neg.size:
-        i = int(neg[0])
-        raise arg_error(op, f"{name}[{i}]", int(arr[i]), rank, "must be >= 0")
-    return arr
+def counts(op: str, name: str, values: object, n: int, rank: int) -> list[int]:
+    """A length-n vector of non-negative integers (list, tuple or integer array) as a list.
+
+    Plain Python over n entries: for the rank counts collectives run at, this is several times
+    faster than a chain of numpy calls on tiny arrays.
+    """
+    if isinstance(values, np.ndarray):
+        if values.ndim != 1 or values.size != n:
+            raise arg_error(op, name, _short(values), rank, f"must hold exactly rank_size={n} entries")
+        if values.size and values.dtype.kind not in "iu":
+            raise arg_error(op, name, _short(values), rank, f"entries must be integers, not {values.dtype}")
+        lst = values.tolist()
+    else:
+        try:
+            lst = list(values)  # type: ignore[call-overload]
+        except TypeError:
+            raise arg_error(op, name, values, rank, "must be a sequence of integers") from None
+        if len(lst) != n:
+            raise arg_error(op, name, _short(values), rank, f"must hold exactly rank_size={n} entries")
+        for i, v in enumerate(lst):
+            if isinstance(v, bool) or not isinstance(v, (int, np.integer)):
+                raise arg_error(op, f"{name}[{i}]", v, rank, "entries must be integers")
+        lst = [int(v) for v in lst]
+    if lst and min(lst) < 0:
+        i = next(i for i, v in enumerate(lst) if v < 0)
+        raise arg_error(op, f"{name}[{i}]", lst[i], rank, "must be >= 0")
+    return lst
 
 
 def scalar_count(op: str, name: str, value: object, rank: int) -> int:
@@ -131,35 +142,41 @@ def scalar_count(op: str, name: str, value: object, rank: int) -> int:
     return int(value)
 
 
-def check_regions(op: str, counts_name: str, c: np.ndarray, displs_name: str, d: np.ndarray,
+def check_regions(op: str, counts_name: str, c: list[int], displs_name: str, d: list[int],
                   limit: int, limit_desc: str, rank: int) -> None:
     """Every region ``[d[i], d[i] + c[i])`` lies inside ``[0, limit)``."""
-    end = d + c
-    bad = np.flatnonzero(end > limit)
-    if bad.size:
-        i = int(bad[0])
-        raise arg_error(op, f"{displs_name}[{i}]+{counts_name}[{i}]", int(end[i]), rank,
-                        f"must be <= {limit_desc}={limit}")
+    for i, (ci, di) in enumerate(zip(c, d)):
+        if ci + di > limit:
+            raise arg_error(op, f"{displs_name}[{i}]+{counts_name}[{i}]", ci + di, rank,
+                            f"must be <= {limit_desc}={limit}")
 
 
-def check_no_overlap(op: str, counts_name: str, c: np.ndarray, displs_name: str, d: np.ndarray,
-                     rank: int) -> None:
+def check_no_overlap(op: str, counts_name: str, c: list[int], displs_name: str, d: list[int], rank: int) -> None:
     """Receive regions may not overlap (MPI leaves such a receive undefined)."""
-    nz = np.flatnonzero(c > 0)
-    if nz.size < 2:
-        return
-    order = nz[np.argsort(d[nz], kind="stable")]
-    clash = np.flatnonzero(d[order[1:]] < d[order[:-1]] + c[order[:-1]])
-    if clash.size:
-        i, j = int(order[clash[0]]), int(order[clash[0] + 1])
-        raise arg_error(op, f"{displs_name}[{j}]", int(d[j]), rank,
-                        f"receive region of peer {j} overlaps that of peer {i} "
-                        f"([{int(d[i])}, {int(d[i] + c[i])}))")
+    order = sorted((di, i) for i, (ci, di) in enumerate(zip(c, d)) if ci)
+    for (d0, i), (d1, j) in zip(order, order[1:]):
+        if d1 < d0 + c[i]:
+            raise arg_error(op, f"{displs_name}[{j}]", d1, rank,
+                            f"receive region of peer {j} overlaps that of peer {i} ([{d0}, {d0 + c[i]}))")
 
 
-def is_packed(c: np.ndarray, d: np.ndarray) -> bool:
+def is_packed(c, d) -> bool:
     """Displacements are the exclusive prefix sums of the counts (data packed in rank order)."""
-    return bool(d.size == 0 or (d[0] == 0 and np.array_equal(d[1:], np.cumsum(c[:-1]))))
+    if isinstance(c, np.ndarray):
+        c = c.tolist()
+    if isinstance(d, np.ndarray):
+        d = d.tolist()
+    pos = 0
+    for ci, di in zip(c, d):
+        if di != pos:
+            return False
+        pos += ci
+    return True
+
+
+def total(c) -> int:
+    """``sum(counts)`` for a list or an integer array, without numpy's per-call cost on tiny arrays."""
+    return sum(c.tolist()) if isinstance(c, np.ndarray) else sum(c)
 
 
 def _short(values: object) -> object:
@@ -214,11 +231,15 @@ def check_common(op: str, table: np.ndarray) -> None:
 
 def check_pairs(op: str, sent: np.ndarray, send_name: str, expected: np.ndarray, recv_name: str) -> None:
     """``expected[j, i]`` (what rank j expects from rank i) equals ``sent[i, j]`` (what i sends to j)."""
-    if np.array_equal(expected, sent.T):
-        return
-    bad = np.argwhere(expected != sent.T)
-    if bad.size:
-        j, i = (int(v) for v in bad[0])
+    n = sent.shape[0]
+    if n <= 32:   # plain Python beats numpy's per-call cost on small tables
+        s, e = sent.tolist(), expected.tolist()
+        bad = next(((j, i) for j in range(n) for i in range(n) if e[j][i] != s[i][j]), None)
+    else:
+        where = np.argwhere(expected != sent.T)
+        bad = tuple(int(v) for v in where[0]) if where.size else None
+    if bad is not None:
+        j, i = bad
         raise mismatch_error(op, recv_name, f"{recv_name.format(i=i)}={int(expected[j, i])} on rank {j} but "
                              f"rank {i} has {send_name.format(j=j)}={int(sent[i, j])}: what rank {j} receives "
                              f"from rank {i} must equal what rank {i} sends to rank {j}", j)

@@ -178,7 +178,7 @@ def check_out(op: str, out: Any, shape: tuple, dtype: np.dtype, rank: int, x: np
         raise arg_error(op, "out", f"{out.dtype}{list(out.shape)}", rank, f"must be {dtype}{list(shape)}")
     if not out.flags.c_contiguous or not out.flags.writeable:
         raise arg_error(op, "out", "non-contiguous or read-only", rank, "must be C-contiguous and writable")
-    if x is not None and np.shares_memory(out, x) and not (in_place_ok and out is x):
+    if x is not None and np.may_share_memory(out, x) and np.shares_memory(out, x) and not (in_place_ok and out is x):
         raise arg_error(op, "out", "aliases x", rank,
                         "must not overlap the input" + (" (pass out=x itself for in-place)" if in_place_ok else ""))
 

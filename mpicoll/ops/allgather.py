@@ -76,7 +76,7 @@ class AllGatherVOperation(Operation):
             raise V.arg_error(op, "send_count", sc, r, f"must be <= x.size={x.size}")
         rc = V.counts(op, "recv_counts", rc, n, r)
         rd = V.counts(op, "rdispls", rd, n, r)
-        total = int(rc.sum())
+        total = sum(rc)
         V.check_regions(op, "recv_counts", rc, "rdispls", rd, total, "sum(recv_counts)", r)
         V.check_no_overlap(op, "recv_counts", rc, "rdispls", rd, r)
         dims = _dims(shape, total)
@@ -95,7 +95,7 @@ class AllGatherVOperation(Operation):
 
     def _run(self, x, send_count, recv_counts, rdispls, shape=None, out=None):
         x, dt = self._data(x)
-        total = int(sum(recv_counts))
+        total = V.total(recv_counts)
         if out is None:
             out = np.empty(_dims(shape, total), dtype=x.dtype)
         self.comm.Allgatherv(dt.buf(x.reshape(-1)[:int(send_count)]),

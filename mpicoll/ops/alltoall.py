@@ -76,7 +76,7 @@ class _AllToAllVBase(Operation):
         rc = V.counts(op, "recv_counts", rc, n, r)
         rd = V.counts(op, "rdispls", rd, n, r)
         V.check_regions(op, "send_counts", sc, "sdispls", sd, x.size, "x.size", r)
-        total = int(rc.sum())
+        total = sum(rc)
         V.check_regions(op, "recv_counts", rc, "rdispls", rd, total, "sum(recv_counts)", r)
         V.check_no_overlap(op, "recv_counts", rc, "rdispls", rd, r)
         if infer_shape is not None and np.size(infer_shape) != total:
@@ -93,13 +93,15 @@ class _AllToAllVBase(Operation):
         sent, expected = table[:, V.H_LEN:V.H_LEN + n], table[:, V.H_LEN + n:V.H_LEN + 2 * n]
         V.check_pairs(self.NAME, sent, "send_counts[{j}]", expected, "recv_counts[{i}]")
         # Every rank sees the same table, so every rank takes the same (faster) Alltoall path.
-        if n and (sent == sent[0, 0]).all() and (table[:, V.H_BITS] & V.BIT_CONTIGUOUS).all():
+        flat = sent.ravel().tolist()
+        if flat and flat.count(flat[0]) == len(flat) and all(
+                b & V.BIT_CONTIGUOUS for b in table[:, V.H_BITS].tolist()):
             return {**kwargs, "_uniform": True}
         return kwargs
 
     def _alltoallv(self, x, sc, sd, rc, rd, out, uniform):
         x, dt = self._data(x)
-        total = int(sum(rc))
+        total = V.total(rc)
         if out is None:
             out = np.empty((1, total), dtype=x.dtype)
         if uniform:

@@ -6,7 +6,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from .. import _validate as V
-from .._dtypes import DTYPES
+from .._dtypes import DTYPES, of_array
 from .._golden import CheckSpec, rank_data, register_check
 from .._params import CommParam
 from ._base import Operation
@@ -44,11 +44,14 @@ class BroadcastOperation(Operation):
                               "or read-only array", self.rank, "must be a C-contiguous writable numpy array "
                               "(it is filled in place)")
 
+    def _bind_param(self) -> None:
+        self._root = self.param.rank_root
+
     def _run(self, x):
         if type(x) is not np.ndarray or not x.flags.c_contiguous:
             self._writable(x)
-        x, dt = self._data(x)
-        self.comm.Bcast(dt.buf(x), self.param.rank_root)
+        dt = of_array(x) or V.check_array(self.NAME, "x", x, self.rank)
+        self.comm.Bcast(dt.buf(x), self._root)
         return x
 
 

@@ -110,11 +110,12 @@ class ReduceScatterVOperation(Operation):
                 return chunk
             out[...] = chunk
             return out
-        sc, sd = np.asarray(send_counts), np.asarray(sdispls)
-        if not V.is_packed(sc, sd):
+        sc = send_counts
+        if not V.is_packed(sc, sdispls):
             # MPI's Reduce_scatter wants the blocks packed in rank order: pack them (every rank
             # makes the same MPI call whatever its own layout).
-            flat = np.concatenate([flat[d:d + c] for c, d in zip(sc.tolist(), sd.tolist())] or [flat[:0]])
+            sc = np.asarray(sc).tolist()
+            flat = np.concatenate([flat[d:d + c] for c, d in zip(sc, np.asarray(sdispls).tolist())] or [flat[:0]])
         if out is None:
             out = np.empty(recv_count, dtype=x.dtype)
         self.comm.Reduce_scatter([flat, dt.mpi], [out, dt.mpi], sc, self._rop.mpi)
