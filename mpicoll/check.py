@@ -98,6 +98,6 @@ def format_rows(rows: list[CheckRow], nranks: int) -> str:
                      f"{'ok' if r.wrong == 0 else 'WRONG'}")
         lines.extend(f"    {f}" for f in r.failures[:10])
     bad = sum(r.wrong for r in rows)
-    lines.append(f"# {'all checks passed' if bad == 0 else f'{bad} wrong elements'}: "
+    lines.append(f"# {'all checks passed' if bad == 0 else f'{bad} wrong element(s)'}: "
                  f"{sum(r.checks for r in rows)} checks, {sum(r.wrong != 0 for r in rows)} operator(s) wrong")
     return "\n".join(lines)

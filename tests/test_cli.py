@@ -1,0 +1,100 @@
+"""The command line, run as a user would: a subprocess ``mpirun`` with a time limit."""
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import textwrap
+
+import pytest
+from mpi4py import MPI
+
+pytestmark = [pytest.mark.mpi(min_size=1),
+              pytest.mark.skipif(MPI.COMM_WORLD.Get_size() != 1, reason="runs its own mpirun jobs once")]
+
+
+def _env():
+    return {k: v for k, v in os.environ.items() if not k.startswith(("PMI_", "HYD", "MPI_LOCAL", "MPICOLL_TEST"))}
+
+
+def run(np_, *args, timeout=120):
+    cmd = ["mpirun", "-np", str(np_), sys.executable, *args]
+    return subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, env=_env())
+
+
+def test_check_subset_passes():
+    res = run(3, "-m", "mpicoll.run", "--op", "AllReduce,AllToAllVV2", "--dtype", "float16,int8,bfloat16")
+    assert res.returncode == 0, res.stderr
+    assert "all checks passed" in res.stdout
+    assert res.stdout.count("AllReduce") == 1 and "AllToAllVV2" in res.stdout and "AllGather " not in res.stdout
+
+
+def test_demo_prints_the_documented_examples_in_rank_order():
+    res = run(2, "-m", "mpicoll", "--demo")
+    assert res.returncode == 0, res.stderr
+    out = res.stdout
+    assert "rank 0 -> [[0, 1, 0, 1]]" in out and "rank 1 -> [[2, 3, 4, 5, 2]]" in out
+    assert out.index("rank 0 -> [[1.]]") < out.index("rank 1 -> [[1.]]")
+
+
+def test_help_and_list():
+    res = run(1, "-m", "mpicoll.run", "--help")
+    assert res.returncode == 0 and "--log-dir" in res.stdout and "--demo" in res.stdout
+    res = run(2, "-m", "mpicoll.run", "list")
+    assert res.returncode == 0 and res.stdout.count("operators:") == 1 and "bfloat16" in res.stdout
+
+
+def test_log_dir_one_file_per_rank(tmp_path):
+    res = run(2, "-m", "mpicoll.run", "--op", "Broadcast", "--dtype", "int32", "--log-dir", str(tmp_path / "logs"))
+    assert res.returncode == 0, res.stderr
+    assert sorted(os.listdir(tmp_path / "logs")) == ["rank.0", "rank.1"]
+    assert "Broadcast\tint32\tworld" in (tmp_path / "logs" / "rank.1").read_text()
+
+
+def test_unknown_operator_is_a_usage_error():
+    res = run(2, "-m", "mpicoll.run", "--op", "AllReduceX")
+    assert res.returncode != 0 and "unknown operator" in res.stderr
+
+
+SCRIPT = textwrap.dedent("""
+    import sys
+    import numpy as np
+    from mpi4py import MPI
+    import mpicoll.run as run
+    from mpicoll._golden import CHECKS, CheckSpec, register_check
+
+    mode = sys.argv[1]
+    if mode == "raise":
+        def boom(argv=None):
+            if MPI.COMM_WORLD.Get_rank() == 1:
+                raise RuntimeError("injected failure")
+            MPI.COMM_WORLD.Barrier()
+            return 0
+        run.main = boom
+        run.entry([])
+    else:
+        def broken(case, dtype, dom, rank, n, seed, validate=True):
+            got = np.zeros(4, np.int32)
+            exp = got.copy()
+            if rank == 0:
+                exp[1] = 1
+            return got, exp, True
+        register_check(CheckSpec("Broken", lambda n: ["one"], broken, dtypes=("int32",)))
+        run.entry(["--op", "Broken"])
+""")
+
+
+def test_unhandled_error_on_one_rank_aborts_the_job(tmp_path):
+    script = tmp_path / "inject.py"
+    script.write_text(SCRIPT)
+    res = run(3, str(script), "raise", timeout=60)
+    assert res.returncode != 0
+    assert "unhandled error on rank 1" in res.stderr and "injected failure" in res.stderr
+
+
+def test_wrong_result_exits_1(tmp_path):
+    script = tmp_path / "inject.py"
+    script.write_text(SCRIPT)
+    res = run(2, str(script), "wrong", timeout=60)
+    assert res.returncode == 1, res.stderr
+    assert "WRONG" in res.stdout and "3 wrong element(s)" in res.stdout
