@@ -13,6 +13,7 @@ from .ops.allreduce import AllReduceOperation, AllReduceParam
 from .ops.alltoall import (AllToAllOperation, AllToAllParam, AllToAllVOperation, AllToAllVParam,
                            AllToAllVV2Operation, AllToAllVV2Param)
 from .ops.broadcast import BroadcastOperation, BroadcastParam
+from .quant import QuantAllReduceOperation, QuantAllReduceParam, dequantize, quantize
 from .ops.reduce_scatter import (ReduceScatterOperation, ReduceScatterParam, ReduceScatterVOperation,
                                  ReduceScatterVParam)
 
@@ -24,6 +25,6 @@ __all__ = [
     "AllToAllVParam", "AllToAllVV2Operation", "AllToAllVV2Param", "BroadcastOperation", "BroadcastParam",
     "CollectiveArgumentError", "CollectiveError", "CollectiveMismatchError", "CollectiveTimeout", "CommMode",
     "CommParam", "HcclDataType", "HcclReduceOp", "Mesh", "OPERATIONS", "Operation", "RankTable",
-    "ReduceScatterOperation", "ReduceScatterParam", "ReduceScatterVOperation", "ReduceScatterVParam",
-    "declare_domains", "domain", "domain_members", "init", "load_rank_table", "mesh", "rank_table",
+    "QuantAllReduceOperation", "QuantAllReduceParam", "ReduceScatterOperation", "ReduceScatterParam",
+    "ReduceScatterVOperation", "ReduceScatterVParam", "declare_domains", "dequantize", "quantize", "domain", "domain_members", "init", "load_rank_table", "mesh", "rank_table",
 ]

@@ -9,7 +9,7 @@ from typing import Callable, TextIO
 import numpy as np
 from mpi4py import MPI
 
-from . import ops as _ops  # noqa: F401 - registers the operators and their check specs
+from . import ops as _ops, quant as _quant  # noqa: F401 - registers the operators and their check specs
 from ._domains import runtime
 from ._golden import CHECKS, SEED, count_wrong
 
