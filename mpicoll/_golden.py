@@ -147,3 +147,89 @@ def displs(c: np.ndarray, gapped: bool) -> tuple[np.ndarray, int]:
         d[k] = pos
         pos += int(c[k])
     return d, pos + 2
+
+
+# ----------------------------------------------------------------------------- benchmark specs
+
+@dataclass
+class BenchCase:
+    """What the benchmark harness asks an operator to set up: ``count`` elements in the op's
+    nccl-tests size convention (the larger buffer: AllGather's output, ReduceScatter's input)."""
+
+    count: int
+    dtype: DType
+    reduce: ReduceOp | None
+    root: int
+    n: int
+    rank: int
+    comm_domain: str
+    validate: bool
+    comm: object          # a raw mpi4py communicator over the same ranks, for the raw baseline
+
+
+@dataclass
+class BenchRun:
+    """The buffers and calls of one benchmark point.
+
+    ``run`` executes out of place into preallocated buffers; ``inplace`` likewise in place (or None);
+    ``result()`` is the output of the latest call, ``expected`` its golden; ``raw`` makes the same
+    collective with the plain mpi4py buffer call on the same arrays; ``torch_call(dist, torch, group)``
+    returns the torch.distributed equivalent on the same memory (or None); ``reset`` restores the
+    input an in-place call overwrote."""
+
+    run: Callable[[], object]
+    result: Callable[[], np.ndarray]
+    expected: np.ndarray
+    raw: Callable[[], object] | None = None
+    inplace: Callable[[], object] | None = None
+    reset: Callable[[], object] | None = None
+    torch_call: Callable[..., Callable[[], object] | None] | None = None
+    exact: bool = True
+
+
+@dataclass(frozen=True)
+class BenchSpec:
+    """How to benchmark one operator (nccl-tests style)."""
+
+    name: str
+    setup: Callable[[BenchCase], BenchRun]
+    bus_factor: Callable[[int], float]
+    count_multiple: Callable[[int], int] = lambda n: 1
+    uses_reduce: bool = False
+    uses_root: bool = False
+    dtypes: tuple[str, ...] = tuple(DTYPES)
+
+
+BENCHES: dict[str, BenchSpec] = {}
+
+
+def register_bench(spec: BenchSpec) -> BenchSpec:
+    BENCHES[spec.name] = spec
+    return spec
+
+
+def bench_data(rank: int, count: int, dt: DType) -> np.ndarray:
+    """Cheap deterministic inputs with an exact golden under every reduce op (values in [-3, 3],
+    unsigned [0, 6]): ``((i + 3 * rank) % 7) - 3``."""
+    v = (np.arange(count, dtype=np.int64) + 3 * rank) % 7
+    return (v if dt.np.kind == "u" else v - 3).astype(dt.np)
+
+
+def raw_reduce_type(dt: DType):
+    """The MPI datatype a raw mpi4py reduction would use (MPICH's native float16; none for bfloat16)."""
+    from mpi4py import MPI
+    if dt.name == "float16":
+        return MPI.FLOAT16_T
+    if dt.name == "bfloat16":
+        return None
+    return dt.mpi
+
+
+TORCH_OPS = {"sum": "SUM", "prod": "PRODUCT", "max": "MAX", "min": "MIN"}
+
+
+def torch_view(torch, a: np.ndarray):
+    """A torch tensor sharing ``a``'s memory (bfloat16 through its 16-bit pattern)."""
+    if a.dtype.name == "bfloat16":
+        return torch.from_numpy(a.view(np.int16)).view(torch.bfloat16)
+    return torch.from_numpy(a)

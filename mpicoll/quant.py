@@ -18,7 +18,7 @@ from mpi4py import MPI
 from . import _validate as V
 from ._dtypes import DTYPES
 from ._errors import arg_error
-from ._golden import CheckSpec, rank_data, register_check, rng_for
+from ._golden import BenchRun, BenchSpec, CheckSpec, bench_data, rank_data, register_bench, register_check, rng_for
 from ._params import CommParam
 from .ops._base import Operation, split_even
 
@@ -309,3 +309,16 @@ def _run_case(case, dtype, comm_domain, rank, n, seed, validate=True):
 
 
 register_check(CheckSpec("QuantAllReduce", lambda n: list(_CASES), _run_case, dtypes=("int8",)))
+
+
+def _bench(c) -> BenchRun:
+    """int8 input of ``count`` elements, one scalar scale per rank, float16 out."""
+    xs = [bench_data(r, c.count, DTYPES["int8"]) for r in range(c.n)]
+    scales = [np.full(1, 0.01 * (r + 1), np.float32) for r in range(c.n)]
+    out = np.empty(c.count, dtype=np.float16)
+    op = QuantAllReduceOperation(QuantAllReduceParam(comm_domain=c.comm_domain, rank_size=c.n), validate=c.validate)
+    return BenchRun(run=lambda: op.execute(xs[c.rank], scales[c.rank], out=out), result=lambda: out,
+                    expected=golden(xs, scales, 0), exact=False)
+
+
+register_bench(BenchSpec("QuantAllReduce", _bench, lambda n: 2 * (n - 1) / n if n else 0, dtypes=("int8",)))

@@ -1,4 +1,4 @@
-"""The mpicoll command line: ``mpirun -np N python -m mpicoll.run [check|demo|list] ...``.
+"""The mpicoll command line: ``mpirun -np N python -m mpicoll.run [check|demo|list|bench] ...``.
 
 With no sub-command it checks every operator x dtype x case family against the numpy golden and
 prints one table on rank 0; the exit status is non-zero on any wrong element. An unhandled error
@@ -20,6 +20,7 @@ examples:
   mpirun -np 4 python -m mpicoll.run --demo               the documented examples, per rank
   mpirun -np 2 python -m mpicoll.run --log-dir logs       one log per rank: logs/rank.N
   python -m mpicoll.run list                              operators and dtypes
+  mpirun -np 2 python -m mpicoll.run bench -b 8 -e 64M -f 4 --compare mpi4py
 environment: MPICOLL_VALIDATE=0 turns the cross-rank argument checks off (see docs/errors.md).
 """
 
@@ -37,8 +38,9 @@ def build_parser() -> argparse.ArgumentParser:
                 description="Check mpicoll's collective operators against numpy goldens, or run the "
                             "documented examples. Run under mpirun; works at any rank count >= 1.",
                 epilog=USAGE_EPILOG)
-    p.add_argument("command", nargs="?", default="check", choices=["check", "demo", "list"],
-                   help="check (default): golden check; demo: documented examples; list: operators and dtypes")
+    p.add_argument("command", nargs="?", default="check", choices=["check", "demo", "list", "bench"],
+                   help="check (default): golden check; demo: documented examples; list: operators and dtypes; "
+                        "bench: the nccl-tests-style benchmark (see: bench --help)")
     p.add_argument("--demo", action="store_true", help="same as the demo command")
     p.add_argument("--op", help="comma-separated operator names (default: all)")
     p.add_argument("--dtype", help="comma-separated dtypes (default: all)")
@@ -53,6 +55,10 @@ def _split(v: str | None) -> list[str] | None:
 
 
 def main(argv: list[str] | None = None) -> int:
+    argv = sys.argv[1:] if argv is None else argv
+    if argv[:1] == ["bench"]:
+        from .bench import run_bench
+        return run_bench(argv[1:])
     args = build_parser().parse_args(argv)
     from . import check, demo
     from ._dtypes import ALL_DTYPES

@@ -7,7 +7,8 @@ import numpy as np
 
 from .. import _validate as V
 from .._dtypes import DTYPES
-from .._golden import CheckSpec, counts_matrix, displs, rank_data, register_check
+from .._golden import (BenchRun, BenchSpec, CheckSpec, bench_data, counts_matrix, displs, rank_data, register_bench,
+                       register_check, torch_view)
 from .._params import CommParam
 from ._base import Operation, check_out, x_out
 
@@ -152,3 +153,31 @@ def _agv_run(case, dtype, comm_domain, rank, n, seed, validate=True):
 register_check(CheckSpec("AllGather", lambda n: list(_SHAPES), _ag_run))
 register_check(CheckSpec("AllGatherV", lambda n: ["uniform", "uneven", "zero", "spike", "skew", "gapped", "large"],
                          _agv_run))
+
+
+def _ag_bench(c, v=False) -> BenchRun:
+    per = c.count // c.n
+    x = bench_data(c.rank, per, c.dtype)
+    out = np.empty((c.n, per), dtype=x.dtype)
+    expected = np.stack([bench_data(r, per, c.dtype) for r in range(c.n)])
+    dt = c.dtype
+    if v:
+        rc, rd = np.full(c.n, per), np.arange(c.n) * per
+        op = AllGatherVOperation(AllGatherVParam(comm_domain=c.comm_domain, rank_size=c.n), validate=c.validate)
+        flat = out.reshape(-1)
+        run = lambda: op.execute(x, per, rc, rd, out=flat)  # noqa: E731
+        raw = lambda: c.comm.Allgatherv(dt.buf(x), [flat.view(dt.wire), (rc, rd), dt.mpi])  # noqa: E731
+    else:
+        op = AllGatherOperation(AllGatherParam(comm_domain=c.comm_domain, rank_size=c.n), validate=c.validate)
+        run = lambda: op.execute(x, out=out)  # noqa: E731
+        raw = lambda: c.comm.Allgather(dt.buf(x), dt.buf(out))  # noqa: E731
+
+    def torch_call(dist, torch, group):
+        t, o = torch_view(torch, x), torch_view(torch, out.reshape(-1))
+        return lambda: dist.all_gather_into_tensor(o, t, group=group)
+    return BenchRun(run=run, result=lambda: out, expected=expected, raw=raw, torch_call=torch_call)
+
+
+register_bench(BenchSpec("AllGather", _ag_bench, lambda n: (n - 1) / n if n else 0, count_multiple=lambda n: n))
+register_bench(BenchSpec("AllGatherV", lambda c: _ag_bench(c, v=True), lambda n: (n - 1) / n if n else 0,
+                         count_multiple=lambda n: n))

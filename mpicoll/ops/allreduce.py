@@ -8,7 +8,8 @@ import numpy as np
 from mpi4py import MPI
 
 from .._dtypes import DTYPES, reduce_op
-from .._golden import CheckSpec, golden_reduce, rank_data, reduce_case_names, register_check
+from .._golden import (TORCH_OPS, BenchRun, BenchSpec, CheckSpec, bench_data, golden_reduce, rank_data,
+                       raw_reduce_type, reduce_case_names, register_bench, register_check, torch_view)
 from .._params import ReduceParam
 from ._base import Operation, check_out, reduce_scatter_f32, split_even, x_out
 
@@ -100,3 +101,23 @@ def _run_case(case, dtype, comm_domain, rank, n, seed, validate=True):
 
 
 register_check(CheckSpec("AllReduce", _cases, _run_case))
+
+
+def _bench(c) -> BenchRun:
+    x = bench_data(c.rank, c.count, c.dtype)
+    out, work = np.empty_like(x), x.copy()
+    op = AllReduceOperation(AllReduceParam(comm_domain=c.comm_domain, rank_size=c.n, reduce_type=c.reduce.name),
+                            validate=c.validate)
+    raw_t = raw_reduce_type(c.dtype)
+    raw = None if raw_t is None else (lambda: c.comm.Allreduce([x, raw_t], [out, raw_t], c.reduce.mpi))
+
+    def torch_call(dist, torch, group):
+        t, rop = torch_view(torch, work), getattr(dist.ReduceOp, TORCH_OPS[c.reduce.name])
+        return lambda: dist.all_reduce(t, rop, group=group)
+    return BenchRun(run=lambda: op.execute(x, out=out), result=lambda: out, raw=raw,
+                    expected=golden_reduce([bench_data(r, c.count, c.dtype) for r in range(c.n)], c.dtype, c.reduce),
+                    inplace=lambda: op.execute(work, out=work), reset=lambda: np.copyto(work, x),
+                    torch_call=torch_call)
+
+
+register_bench(BenchSpec("AllReduce", _bench, lambda n: 2 * (n - 1) / n if n else 0, uses_reduce=True))

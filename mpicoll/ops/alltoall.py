@@ -8,7 +8,8 @@ import numpy as np
 from .. import _validate as V
 from .._dtypes import DTYPES
 from .._errors import CollectiveArgumentError
-from .._golden import CheckSpec, PLAN_FAMILIES, counts_matrix, displs, rank_data, register_check
+from .._golden import (PLAN_FAMILIES, BenchRun, BenchSpec, CheckSpec, bench_data, counts_matrix, displs, rank_data,
+                       register_bench, register_check, torch_view)
 from .._params import CommParam
 from ._base import Operation, check_out, x_out
 
@@ -242,3 +243,41 @@ def _v_cases(n):
 register_check(CheckSpec("AllToAll", lambda n: ["even", "zero", "large"], _a2a_run))
 register_check(CheckSpec("AllToAllV", _v_cases, _a2av_run))
 register_check(CheckSpec("AllToAllVV2", _v_cases, lambda *a, **k: _a2av_run(*a, **k, v2=True)))
+
+
+def _a2a_bench(c, kind="AllToAll") -> BenchRun:
+    per = c.count // c.n
+    x = bench_data(c.rank, c.count, c.dtype)
+    dt = c.dtype
+    expected = np.concatenate([bench_data(r, c.count, c.dtype)[c.rank * per:(c.rank + 1) * per] for r in range(c.n)])
+    cnt, dsp = np.full(c.n, per), np.arange(c.n) * per
+    param = dict(comm_domain=c.comm_domain, rank_size=c.n)
+    if kind == "AllToAll":
+        out = np.empty_like(x)
+        op = AllToAllOperation(AllToAllParam(**param), validate=c.validate)
+        run = lambda: op.execute(x, out=out)  # noqa: E731
+        raw = lambda: c.comm.Alltoall(dt.buf(x), dt.buf(out))  # noqa: E731
+    else:
+        out = np.empty((1, c.count), dtype=x.dtype)
+        if kind == "AllToAllV":
+            op = AllToAllVOperation(AllToAllVParam(**param, send_counts=cnt, sdispls=dsp, recv_counts=cnt, rdispls=dsp),
+                                    validate=c.validate)
+            run = lambda: op.execute(x, out=out)  # noqa: E731
+        else:
+            op = AllToAllVV2Operation(AllToAllVV2Param(**param), validate=c.validate)
+            run = lambda: op.execute(x, cnt, dsp, cnt, dsp, out=out)  # noqa: E731
+        raw = lambda: c.comm.Alltoallv([x.view(dt.wire), (cnt, dsp), dt.mpi],  # noqa: E731
+                                       [out.view(dt.wire), (cnt, dsp), dt.mpi])
+
+    def torch_call(dist, torch, group):
+        t, o = torch_view(torch, x), torch_view(torch, out.reshape(-1))
+        if kind == "AllToAll":
+            return lambda: dist.all_to_all_single(o, t, group=group)
+        splits = [per] * c.n
+        return lambda: dist.all_to_all_single(o, t, splits, splits, group=group)
+    return BenchRun(run=run, result=lambda: out.reshape(-1), expected=expected, raw=raw, torch_call=torch_call)
+
+
+for _kind in ("AllToAll", "AllToAllV", "AllToAllVV2"):
+    register_bench(BenchSpec(_kind, lambda c, k=_kind: _a2a_bench(c, k), lambda n: (n - 1) / n if n else 0,
+                             count_multiple=lambda n: n))

@@ -7,7 +7,7 @@ import numpy as np
 
 from .. import _validate as V
 from .._dtypes import DTYPES, of_array
-from .._golden import CheckSpec, rank_data, register_check
+from .._golden import BenchRun, BenchSpec, CheckSpec, bench_data, rank_data, register_bench, register_check, torch_view
 from .._params import CommParam
 from ._base import Operation
 
@@ -75,3 +75,21 @@ def _run_case(case, dtype, comm_domain, rank, n, seed, validate=True):
 
 
 register_check(CheckSpec("Broadcast", _cases, _run_case))
+
+
+def _bench(c) -> BenchRun:
+    x = bench_data(c.rank, c.count, c.dtype)
+    work = x.copy()
+    op = BroadcastOperation(BroadcastParam(comm_domain=c.comm_domain, rank_size=c.n, rank_root=c.root),
+                            validate=c.validate)
+    dt = c.dtype
+
+    def torch_call(dist, torch, group):
+        t = torch_view(torch, work)
+        return lambda: dist.broadcast(t, group=group, group_src=c.root)
+    return BenchRun(run=None, inplace=lambda: op.execute(work), reset=lambda: np.copyto(work, x), result=lambda: work,
+                    expected=bench_data(c.root, c.count, c.dtype), raw=lambda: c.comm.Bcast(dt.buf(work), c.root),
+                    torch_call=torch_call)
+
+
+register_bench(BenchSpec("Broadcast", _bench, lambda n: 1.0, uses_root=True))

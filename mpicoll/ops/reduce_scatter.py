@@ -7,7 +7,8 @@ import numpy as np
 
 from .. import _validate as V
 from .._dtypes import DTYPES, reduce_op
-from .._golden import CheckSpec, counts_matrix, displs, golden_reduce, rank_data, reduce_case_names, register_check
+from .._golden import (TORCH_OPS, BenchRun, BenchSpec, CheckSpec, bench_data, counts_matrix, displs, golden_reduce,
+                       rank_data, raw_reduce_type, reduce_case_names, register_bench, register_check, torch_view)
 from .._params import ReduceParam
 from ._base import Operation, check_out, reduce_scatter_f32, x_out
 
@@ -162,3 +163,33 @@ def _rsv_run(case, dtype, comm_domain, rank, n, seed, validate=True):
 register_check(CheckSpec("ReduceScatter", lambda n: reduce_case_names(["even", "large"]) + ["zero:sum"], _rs_run))
 register_check(CheckSpec("ReduceScatterV", lambda n: reduce_case_names(["uneven", "gapped"])
                          + ["uniform:sum", "zero:sum", "spike:max", "skew:sum", "large:sum"], _rsv_run))
+
+
+def _rs_bench(c, v=False) -> BenchRun:
+    per = c.count // c.n
+    x = bench_data(c.rank, c.count, c.dtype)
+    out = np.empty(per, dtype=x.dtype)
+    full = golden_reduce([bench_data(r, c.count, c.dtype) for r in range(c.n)], c.dtype, c.reduce)
+    raw_t = raw_reduce_type(c.dtype)
+    param = dict(comm_domain=c.comm_domain, rank_size=c.n, reduce_type=c.reduce.name)
+    if v:
+        sc, sd = np.full(c.n, per), np.arange(c.n) * per
+        op = ReduceScatterVOperation(ReduceScatterVParam(**param), validate=c.validate)
+        run = lambda: op.execute(x, sc, sd, per, out=out)  # noqa: E731
+        raw = None if raw_t is None else (lambda: c.comm.Reduce_scatter([x, raw_t], [out, raw_t], sc, c.reduce.mpi))
+    else:
+        op = ReduceScatterOperation(ReduceScatterParam(**param), validate=c.validate)
+        run = lambda: op.execute(x, out=out)  # noqa: E731
+        raw = None if raw_t is None else (lambda: c.comm.Reduce_scatter_block([x, raw_t], [out, raw_t], c.reduce.mpi))
+
+    def torch_call(dist, torch, group):
+        t, o, rop = torch_view(torch, x), torch_view(torch, out), getattr(dist.ReduceOp, TORCH_OPS[c.reduce.name])
+        return lambda: dist.reduce_scatter_tensor(o, t, rop, group=group)
+    return BenchRun(run=run, result=lambda: out, expected=full[c.rank * per:(c.rank + 1) * per], raw=raw,
+                    torch_call=torch_call)
+
+
+register_bench(BenchSpec("ReduceScatter", _rs_bench, lambda n: (n - 1) / n if n else 0, count_multiple=lambda n: n,
+                         uses_reduce=True))
+register_bench(BenchSpec("ReduceScatterV", lambda c: _rs_bench(c, v=True), lambda n: (n - 1) / n if n else 0,
+                         count_multiple=lambda n: n, uses_reduce=True))

@@ -1,0 +1,394 @@
+"""The nccl-tests-style benchmark harness: ``mpirun -np N python -m mpicoll.run bench ...``.
+
+It sweeps sizes for every registered operator (``BENCHES``; it never names one), times out-of-place
+and in-place forms as the slowest rank's mean per iteration, checks the results against the golden
+(wrong elements summed over ranks), and optionally runs the same sweep through the raw mpi4py
+buffer call and torch.distributed's gloo backend, interleaved per size so that drift on a shared
+machine hits every implementation alike.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import socket
+import statistics
+import sys
+import time
+from dataclasses import dataclass, field
+
+import numpy as np
+from mpi4py import MPI
+
+from . import ops as _ops, quant as _quant  # noqa: F401 - registers the operators
+from ._domains import declare_domains, domain, runtime
+from ._dtypes import DTYPES, REDUCE_OPS
+from ._golden import BENCHES, BenchCase, count_wrong
+from ._validate import validate_default
+
+_SUFFIX = {"": 1, "K": 1024, "M": 1024 ** 2, "G": 1024 ** 3}
+
+
+def parse_size(text: str) -> int:
+    """``"64M"`` -> 67108864; suffixes K, M, G (powers of 1024), optional trailing B."""
+    t = str(text).strip().upper().removesuffix("B")
+    unit = t[-1:] if t[-1:] in "KMG" and t[-1:] else ""
+    num = t[:-1] if unit else t
+    try:
+        value = float(num) * _SUFFIX[unit]
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"bad size {text!r}: use a number with an optional K/M/G suffix") from None
+    if value < 0 or value != int(value):
+        raise argparse.ArgumentTypeError(f"bad size {text!r}: must be a whole number of bytes >= 0")
+    return int(value)
+
+
+def size_steps(begin: int, end: int, factor: int) -> list[int]:
+    """nccl-tests' sweep: begin, begin*f, ... while <= end."""
+    if factor < 2:
+        raise SystemExit("-f/--stepfactor must be >= 2")
+    out, s = [], begin
+    while s <= end:
+        out.append(s)
+        s = s * factor if s else 1
+        if s == 0:
+            break
+    return out
+
+
+def bus_factor(name: str, n: int) -> float:
+    return BENCHES[name].bus_factor(n)
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="python -m mpicoll.run bench",
+                                description="nccl-tests-style sweep of mpicoll's operators (run under mpirun).")
+    p.add_argument("--op", default="all", help="operator name(s), comma-separated, or all (default)")
+    p.add_argument("-b", "--minbytes", type=parse_size, default=parse_size("8"), help="smallest size (default 8)")
+    p.add_argument("-e", "--maxbytes", type=parse_size, default=parse_size("32M"), help="largest size (default 32M)")
+    p.add_argument("-f", "--stepfactor", type=int, default=2, help="size multiplier (default 2)")
+    p.add_argument("-n", "--iters", type=int, default=20, help="timed iterations per point (default 20)")
+    p.add_argument("-w", "--warmup_iters", type=int, default=5, help="warm-up iterations (default 5)")
+    p.add_argument("-c", "--check", type=int, default=1, help="check results against the golden (default 1)")
+    p.add_argument("-d", "--datatype", default="float32", help="dtype(s), comma-separated, or all (default float32)")
+    p.add_argument("-o", "--op_type", default="sum", help="reduce op(s): sum, prod, max, min or all (default sum)")
+    p.add_argument("-r", "--root", type=int, default=0, help="root rank for rooted operators (default 0)")
+    p.add_argument("--domain", default="", help="run on this named comm domain (ranks not in it run nothing)")
+    p.add_argument("--split", default="", help='split the world like nccl-tests: "MOD k" or "DIV k"')
+    p.add_argument("--validate", type=int, choices=(0, 1), default=None,
+                   help="mpicoll's cross-rank checks (default: MPICOLL_VALIDATE, on)")
+    p.add_argument("--compare", default="", help="also time mpi4py and/or gloo: e.g. mpi4py,gloo")
+    p.add_argument("--reps", type=int, default=None,
+                   help="interleaved repetitions per point (median kept; default 1, or 3 with --compare)")
+    p.add_argument("--json", help="write every row to this JSON file")
+    p.add_argument("--plot", help="draw busbw vs size to this PNG (needs the plot extra)")
+    p.add_argument("--quiet", action="store_true", help="no progress on stderr")
+    return p
+
+
+@dataclass
+class Row:
+    op: str
+    size: int
+    count: int
+    type: str
+    redop: str
+    root: int
+    time_us: float | None = None
+    algbw: float | None = None
+    busbw: float | None = None
+    wrong: int | None = None
+    ip_time_us: float | None = None
+    ip_algbw: float | None = None
+    ip_busbw: float | None = None
+    ip_wrong: int | None = None
+    compare: dict = field(default_factory=dict)      # impl -> time_us (None = not available)
+
+
+def _select(value: str, known: list[str], what: str) -> list[str]:
+    if value.lower() == "all":
+        return list(known)
+    lower = {k.lower(): k for k in known}
+    names = [v.strip() for v in value.split(",") if v.strip()]
+    bad = [v for v in names if v.lower() not in lower]
+    if bad:
+        raise SystemExit(f"unknown {what}: {', '.join(bad)}; known: {', '.join(known)}")
+    return [lower[v.lower()] for v in names]
+
+
+class _Gloo:
+    """torch.distributed with the gloo backend over the same ranks, if torch is installed."""
+
+    def __init__(self, world: MPI.Comm, colors: list[int]) -> None:
+        import torch
+        import torch.distributed as dist
+        self.torch, self.dist = torch, dist
+        port = None
+        if world.Get_rank() == 0:
+            with socket.socket() as s:
+                s.bind(("127.0.0.1", 0))
+                port = s.getsockname()[1]
+        port = world.bcast(port, root=0)
+        dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=world.Get_rank(),
+                                world_size=world.Get_size())
+        self.group = None
+        me = colors[world.Get_rank()]
+        for color in sorted(c for c in set(colors) if c >= 0):   # new_group is collective: same order
+            g = dist.new_group([r for r, c in enumerate(colors) if c == color])
+            if color == me:
+                self.group = g
+
+    def close(self) -> None:
+        self.dist.destroy_process_group()
+
+
+def _time(comm: MPI.Comm, fn, iters: int) -> float:
+    """Slowest rank's mean seconds per call over ``iters`` calls."""
+    comm.Barrier()
+    t0 = time.perf_counter()
+    for _ in range(iters):
+        fn()
+    return comm.allreduce((time.perf_counter() - t0) / max(iters, 1), op=MPI.MAX)
+
+
+def run_bench(argv: list[str] | None = None) -> int:
+    """Run the sweep; returns the exit status (1 if any result was wrong)."""
+    args = build_parser().parse_args(argv)
+    world = runtime().world
+    me, nworld = world.Get_rank(), world.Get_size()
+    ops = _select(args.op, list(BENCHES), "operator")
+    dtypes = _select(args.datatype, list(DTYPES), "dtype")
+    redops = _select(args.op_type, list(REDUCE_OPS), "reduce op")
+    compare = [c for c in args.compare.split(",") if c]
+    for c in compare:
+        if c not in ("mpi4py", "gloo"):
+            raise SystemExit(f"--compare: unknown implementation {c!r} (mpi4py, gloo)")
+    reps = args.reps or (3 if compare else 1)
+    validate = validate_default() if args.validate is None else bool(args.validate)
+    colors, dom = _layout(args, me, nworld)
+    active = colors[me] >= 0
+    raw_comm = MPI.COMM_WORLD.Split(colors[me] if active else MPI.UNDEFINED, me)
+    comm = (domain(dom) if dom else runtime().world) if active else None
+    printer = active and comm.Get_rank() == 0 and colors[me] == min(c for c in colors if c >= 0)
+    gloo = None
+    if "gloo" in compare:
+        try:
+            gloo = _Gloo(MPI.COMM_WORLD, colors)
+        except ImportError:
+            if me == 0:
+                sys.stderr.write("--compare gloo: torch is not installed: pip install '.[compare]' "
+                                 "(torch==2.13.0, CPU build)\n")
+            compare.remove("gloo")
+    rows: list[Row] = []
+    if active:
+        rows = _sweep(args, ops, dtypes, redops, compare, reps, validate, comm, raw_comm, dom, gloo, printer)
+    any_wrong = sum((r.wrong or 0) + (r.ip_wrong or 0) for r in rows)
+    if printer:
+        bws = [b for r in rows for b in (r.busbw, r.ip_busbw) if b is not None]
+        print(f"# Out of bounds values : {any_wrong} {'OK' if any_wrong == 0 else 'FAILED'}")
+        print(f"# Avg bus bandwidth    : {statistics.fmean(bws) if bws else 0:.4g}")
+        print("#", flush=True)
+        if args.json:
+            _write_json(args, rows, comm.Get_size(), compare, validate)
+        if args.plot:
+            _plot(args.plot, rows, comm.Get_size(), compare)
+    if gloo is not None:
+        gloo.close()
+    if raw_comm != MPI.COMM_NULL:
+        raw_comm.Free()
+    return 1 if world.allreduce(any_wrong, op=MPI.MAX) else 0
+
+
+def _layout(args, me: int, nworld: int) -> tuple[list[int], str]:
+    """Per world rank: the group it benchmarks in (-1 = idle), and this rank's domain name."""
+    if args.split and args.domain:
+        raise SystemExit("--split and --domain are exclusive")
+    if args.split:
+        kind, _, k = args.split.upper().partition(" ")
+        if kind not in ("MOD", "DIV") or not k.strip().isdigit() or int(k) < 1:
+            raise SystemExit('--split must be "MOD k" or "DIV k"')
+        k = int(k)
+        colors = [r % k if kind == "MOD" else r // k for r in range(nworld)]
+        tag = f"bench.split.{kind}{k}"
+        declare_domains({f"{tag}.{c}": [r for r in range(nworld) if colors[r] == c] for c in set(colors)})
+        return colors, f"{tag}.{colors[me]}"
+    if args.domain:
+        try:
+            members = sorted({int(v) for v in args.domain.split(",")})
+        except ValueError:
+            raise SystemExit("--domain takes world ranks, e.g. --domain 0,2") from None
+        if not members or members[0] < 0 or members[-1] >= nworld:
+            raise SystemExit(f"--domain: ranks must be in [0, {nworld})")
+        name = "bench.domain." + "-".join(map(str, members))
+        if me in members:
+            declare_domains({name: members})
+        return [0 if r in members else -1 for r in range(nworld)], name
+    return [0] * nworld, ""
+
+
+def _sweep(args, ops, dtypes, redops, compare, reps, validate, comm, raw_comm, dom, gloo, printer) -> list[Row]:
+    n, rank = comm.Get_size(), comm.Get_rank()
+    progress = printer and not args.quiet and sys.stderr.isatty()
+    rows = []
+    for name in ops:
+        spec = BENCHES[name]
+        mult = max(spec.count_multiple(n), 1)
+        for dname in [d for d in dtypes if d in spec.dtypes]:
+            dt = DTYPES[dname]
+            for rname in (redops if spec.uses_reduce else ["none"]):
+                if printer:
+                    print(_header(name, n, dname, rname, compare, validate, args), flush=True)
+                for size in size_steps(args.minbytes, args.maxbytes, args.stepfactor):
+                    count = size // dt.itemsize // mult * mult
+                    if progress:
+                        sys.stderr.write(f"\r[{name} {dname} {rname} {size} B]   ")
+                        sys.stderr.flush()
+                    case = BenchCase(count, dt, REDUCE_OPS.get(rname), args.root, n, rank, dom, validate, raw_comm)
+                    row = _point(spec, name, case, args, compare, gloo, reps, comm)
+                    rows.append(row)
+                    if printer:
+                        print(_format(row, compare), flush=True)
+    if progress:
+        sys.stderr.write("\r" + " " * 60 + "\r")
+    return rows
+
+
+def _point(spec, name, case, args, compare, gloo, reps, comm) -> Row:
+    dt, n = case.dtype, case.n
+    row = Row(name, case.count * dt.itemsize, case.count, dt.name, case.reduce.name if case.reduce else "none",
+              args.root if spec.uses_root else -1)
+    b = spec.setup(case)
+    impls = {"oop": b.run, "ip": b.inplace}
+    if "mpi4py" in compare:
+        impls["mpi4py"] = b.raw
+    if "gloo" in compare:
+        impls["gloo"] = _gloo_fn(b, gloo, comm) if gloo is not None else None
+    live = {k: fn for k, fn in impls.items() if fn is not None}     # the same keys on every rank
+    for fn in live.values():
+        for _ in range(args.warmup_iters):
+            fn()
+    times: dict[str, list[float]] = {k: [] for k in live}
+    for _ in range(reps):          # interleaved, so drift on a shared machine hits every implementation alike
+        for k, fn in live.items():
+            times[k].append(_time(comm, fn, args.iters))
+    med = {k: statistics.median(v) for k, v in times.items()}
+    factor = spec.bus_factor(n)
+    for prefix, key in (("", "oop"), ("ip_", "ip")):
+        t = med.get(key)
+        if t is not None:
+            alg = row.size / t / 1e9 if t > 0 else 0.0
+            setattr(row, prefix + "time_us", t * 1e6)
+            setattr(row, prefix + "algbw", alg)
+            setattr(row, prefix + "busbw", alg * factor)
+    for c in compare:
+        row.compare[c] = None if med.get(c) is None else med[c] * 1e6
+    if args.check:
+        for prefix, key in (("", "oop"), ("ip_", "ip")):
+            fn = live.get(key)
+            if fn is None:
+                continue
+            if key == "ip" and b.reset is not None:
+                b.reset()
+            fn()
+            wrong = count_wrong(b.result().reshape(-1), np.asarray(b.expected).reshape(-1), exact=b.exact, n=n)
+            setattr(row, prefix + "wrong", int(comm.allreduce(wrong, op=MPI.SUM)))
+    return row
+
+
+def _gloo_fn(b, gloo, comm: MPI.Comm):
+    """The torch.distributed call on this point's memory, or None (agreed on every rank) when gloo
+    cannot run it (dtype or operation not supported)."""
+    fn = None
+    if b.torch_call is not None:
+        try:
+            fn = b.torch_call(gloo.dist, gloo.torch, gloo.group)
+            fn()
+        except Exception:  # noqa: BLE001 - unsupported by gloo: reported as n/a
+            fn = None
+    if comm.allreduce(fn is not None, op=MPI.LAND):
+        return fn
+    return None
+
+
+def _header(name, n, dtype, redop, compare, validate, args) -> str:
+    extra = "".join(f" {c + '(us)':>11} {'ratio':>7}" for c in compare)
+    lines = [f"# {name}: {n} rank(s), dtype {dtype}, redop {redop}, validation {'on' if validate else 'off'}, "
+             f"iters {args.iters}, warmup {args.warmup_iters}"
+             + (f", compare {','.join(compare)} (mpi4py ratio = mpicoll/raw, gloo ratio = gloo/mpicoll)"
+                if compare else ""),
+             f"#{'':>62}out-of-place{'':>24}in-place",
+             f"# {'size':>10} {'count':>12} {'type':>8} {'redop':>6} {'root':>5} "
+             f"{'time':>9} {'algbw':>7} {'busbw':>7} {'#wrong':>6} {'time':>9} {'algbw':>7} {'busbw':>7} {'#wrong':>6}"
+             + extra,
+             f"# {'(B)':>10} {'(elements)':>12} {'':>8} {'':>6} {'':>5} {'(us)':>9} {'(GB/s)':>7} {'(GB/s)':>7} "
+             f"{'':>6} {'(us)':>9} {'(GB/s)':>7} {'(GB/s)':>7} {'':>6}"]
+    return "\n".join(lines)
+
+
+def _f(v, spec, width):
+    return f"{'n/a':>{width}}" if v is None else f"{v:>{width}{spec}}"
+
+
+def _format(r: Row, compare) -> str:
+    s = (f"  {r.size:>10} {r.count:>12} {r.type:>8} {r.redop:>6} {r.root:>5} "
+         f"{_f(r.time_us, '.2f', 9)} {_f(r.algbw, '.3f', 7)} {_f(r.busbw, '.3f', 7)} {_f(r.wrong, 'd', 6)} "
+         f"{_f(r.ip_time_us, '.2f', 9)} {_f(r.ip_algbw, '.3f', 7)} {_f(r.ip_busbw, '.3f', 7)} {_f(r.ip_wrong, 'd', 6)}")
+    mine = r.time_us if r.time_us is not None else r.ip_time_us
+    for c in compare:
+        t = r.compare.get(c)
+        ratio = None
+        if t is not None and mine:
+            ratio = mine / t if c == "mpi4py" else t / mine
+        s += f" {_f(t, '.2f', 11)} {_f(ratio, '.3f', 7)}"
+    return s
+
+
+def _write_json(args, rows, n, compare, validate) -> None:
+    import mpi4py
+    doc = {"command": " ".join(sys.argv), "ranks": n, "validate": validate, "compare": compare,
+           "mpi": MPI.Get_library_version().splitlines()[0], "mpi4py": mpi4py.__version__, "numpy": np.__version__,
+           "python": platform.python_version(), "host": platform.node(), "cpus": os.cpu_count(),
+           "rows": [r.__dict__ for r in rows]}
+    with open(args.json, "w", encoding="utf-8") as fh:
+        json.dump(doc, fh, indent=1)
+
+
+def _plot(path: str, rows: list[Row], n: int, compare: list[str]) -> None:
+    try:
+        import matplotlib
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except ImportError:
+        sys.stderr.write("--plot needs matplotlib: pip install '.[plot]'\n")
+        return
+    ops = list(dict.fromkeys(r.op for r in rows))
+    dtypes = sorted({r.type for r in rows})
+    cols = min(3, len(ops))
+    nrows = -(-len(ops) // cols)
+    fig, axes = plt.subplots(nrows, cols, figsize=(5.2 * cols, 3.8 * nrows), squeeze=False)
+    for ax, op in zip(axes.flat, ops):
+        mine = [r for r in rows if r.op == op and r.size > 0]
+        factor = BENCHES[op].bus_factor(n)
+        for dt in dtypes:
+            pts = [r for r in mine if r.type == dt]
+            tag = f" {dt}" if len(dtypes) > 1 else ""
+            series = {"mpicoll": [(r.size, r.busbw) for r in pts if r.busbw is not None],
+                      "mpicoll in-place": [(r.size, r.ip_busbw) for r in pts if r.ip_busbw is not None]}
+            for c in compare:
+                series[c] = [(r.size, r.size / (r.compare[c] * 1e-6) / 1e9 * factor) for r in pts
+                             if r.compare.get(c)]
+            for label, xy in series.items():
+                if xy:
+                    ax.plot([p[0] for p in xy], [p[1] for p in xy], marker="o", ms=3, label=label + tag)
+        ax.set_xscale("log", base=2)
+        ax.set_title(op)
+        ax.set_xlabel("size (bytes)")
+        ax.set_ylabel("bus bandwidth (GB/s)")
+        ax.grid(True, alpha=0.3)
+        ax.legend(fontsize=7)
+    for ax in list(axes.flat)[len(ops):]:
+        ax.axis("off")
+    fig.suptitle(f"mpicoll busbw vs size, {n} ranks, {', '.join(dtypes)}")
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
