@@ -56,8 +56,7 @@ class ReduceScatterOperation(Operation):
         if dt.reduce == "native":
             self.comm.Reduce_scatter_block([x, dt.mpi], [out, dt.mpi], self._rop.mpi)
         else:
-            out[...] = reduce_scatter_f32(self.comm, x.reshape(-1), dt, self._rop, None, None,
-                                          x.size // n).reshape(out.shape)
+            reduce_scatter_f32(self.comm, x.reshape(-1), dt, self._rop, None, None, x.size // n, out.reshape(-1))
         return out
 
 
@@ -106,11 +105,7 @@ class ReduceScatterVOperation(Operation):
         flat = x.reshape(-1)
         recv_count = int(recv_count)
         if dt.reduce != "native":
-            chunk = reduce_scatter_f32(self.comm, flat, dt, self._rop, send_counts, sdispls, recv_count)
-            if out is None:
-                return chunk
-            out[...] = chunk
-            return out
+            return reduce_scatter_f32(self.comm, flat, dt, self._rop, send_counts, sdispls, recv_count, out)
         sc = send_counts
         if not V.is_packed(sc, sdispls):
             # MPI's Reduce_scatter wants the blocks packed in rank order: pack them (every rank
