@@ -26,6 +26,7 @@ from ._domains import declare_domains, domain, runtime
 from ._dtypes import DTYPES, REDUCE_OPS
 from ._golden import BENCHES, BenchCase, count_wrong
 from ._validate import validate_default
+from .check import UsageError
 
 _SUFFIX = {"": 1, "K": 1024, "M": 1024 ** 2, "G": 1024 ** 3}
 
@@ -47,7 +48,7 @@ def parse_size(text: str) -> int:
 def size_steps(begin: int, end: int, factor: int) -> list[int]:
     """nccl-tests' sweep: begin, begin*f, ... while <= end."""
     if factor < 2:
-        raise SystemExit("-f/--stepfactor must be >= 2")
+        raise UsageError("-f/--stepfactor must be >= 2")
     out, s = [], begin
     while s <= end:
         out.append(s)
@@ -113,7 +114,7 @@ def _select(value: str, known: list[str], what: str) -> list[str]:
     names = [v.strip() for v in value.split(",") if v.strip()]
     bad = [v for v in names if v.lower() not in lower]
     if bad:
-        raise SystemExit(f"unknown {what}: {', '.join(bad)}; known: {', '.join(known)}")
+        raise UsageError(f"unknown {what}: {', '.join(bad)}; known: {', '.join(known)}")
     return [lower[v.lower()] for v in names]
 
 
@@ -163,7 +164,7 @@ def run_bench(argv: list[str] | None = None) -> int:
     compare = [c for c in args.compare.split(",") if c]
     for c in compare:
         if c not in ("mpi4py", "gloo"):
-            raise SystemExit(f"--compare: unknown implementation {c!r} (mpi4py, gloo)")
+            raise UsageError(f"--compare: unknown implementation {c!r} (mpi4py, gloo)")
     reps = args.reps or (3 if compare else 1)
     validate = validate_default() if args.validate is None else bool(args.validate)
     colors, dom = _layout(args, me, nworld)
@@ -203,11 +204,11 @@ def run_bench(argv: list[str] | None = None) -> int:
 def _layout(args, me: int, nworld: int) -> tuple[list[int], str]:
     """Per world rank: the group it benchmarks in (-1 = idle), and this rank's domain name."""
     if args.split and args.domain:
-        raise SystemExit("--split and --domain are exclusive")
+        raise UsageError("--split and --domain are exclusive")
     if args.split:
         kind, _, k = args.split.upper().partition(" ")
         if kind not in ("MOD", "DIV") or not k.strip().isdigit() or int(k) < 1:
-            raise SystemExit('--split must be "MOD k" or "DIV k"')
+            raise UsageError('--split must be "MOD k" or "DIV k"')
         k = int(k)
         colors = [r % k if kind == "MOD" else r // k for r in range(nworld)]
         tag = f"bench.split.{kind}{k}"
@@ -217,9 +218,9 @@ def _layout(args, me: int, nworld: int) -> tuple[list[int], str]:
         try:
             members = sorted({int(v) for v in args.domain.split(",")})
         except ValueError:
-            raise SystemExit("--domain takes world ranks, e.g. --domain 0,2") from None
+            raise UsageError("--domain takes world ranks, e.g. --domain 0,2") from None
         if not members or members[0] < 0 or members[-1] >= nworld:
-            raise SystemExit(f"--domain: ranks must be in [0, {nworld})")
+            raise UsageError(f"--domain: ranks must be in [0, {nworld})")
         name = "bench.domain." + "-".join(map(str, members))
         if me in members:
             declare_domains({name: members})

@@ -11,6 +11,7 @@ from mpi4py import MPI
 
 from . import ops as _ops, quant as _quant  # noqa: F401 - registers the operators and their check specs
 from ._domains import runtime
+from ._dtypes import DTYPES
 from ._golden import CHECKS, SEED, count_wrong
 
 
@@ -35,6 +36,10 @@ def layouts(world: int) -> list[tuple[str, Callable[[int], str]]]:
     return out
 
 
+class UsageError(ValueError):
+    """A bad command-line choice (raised alike on every rank, since every rank parses the same line)."""
+
+
 def select(names: list[str] | None, known: list[str], what: str) -> list[str]:
     """Case-insensitive filter of ``known`` by ``names`` (None = all)."""
     if not names:
@@ -42,7 +47,7 @@ def select(names: list[str] | None, known: list[str], what: str) -> list[str]:
     lower = {k.lower(): k for k in known}
     missing = [n for n in names if n.lower() not in lower]
     if missing:
-        raise SystemExit(f"unknown {what}: {', '.join(missing)}; known: {', '.join(known)}")
+        raise UsageError(f"unknown {what}: {', '.join(missing)}; known: {', '.join(known)}")
     return [lower[n.lower()] for n in names]
 
 
@@ -57,9 +62,12 @@ def run_checks(ops: list[str] | None = None, dtypes: list[str] | None = None, *,
     world = runtime().world
     me, nworld = world.Get_rank(), world.Get_size()
     rows = []
+    wanted = select(dtypes, list(DTYPES), "dtype")
     for name in select(ops, list(CHECKS), "operator"):
         spec = CHECKS[name]
-        dts = [d for d in select(dtypes, list(spec.dtypes), "dtype")]
+        dts = [d for d in wanted if d in spec.dtypes]
+        if not dts:
+            continue
         local = np.zeros(2, dtype=np.int64)          # checks, wrong
         failures = []
         t0 = time.perf_counter()

@@ -43,7 +43,7 @@ def build_parser() -> argparse.ArgumentParser:
                         "bench: the nccl-tests-style benchmark (see: bench --help)")
     p.add_argument("--demo", action="store_true", help="same as the demo command")
     p.add_argument("--op", help="comma-separated operator names (default: all)")
-    p.add_argument("--dtype", help="comma-separated dtypes (default: all)")
+    p.add_argument("-d", "--dtype", help="comma-separated dtypes (default: all)")
     p.add_argument("--seed", type=int, default=None, help="data seed (default: fixed)")
     p.add_argument("--no-validate", action="store_true", help="run the operators with validation off")
     p.add_argument("--log-dir", help="write one log per rank to DIR/rank.N")
@@ -56,11 +56,16 @@ def _split(v: str | None) -> list[str] | None:
 
 def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
+    from . import check, demo
     if argv[:1] == ["bench"]:
         from .bench import run_bench
-        return run_bench(argv[1:])
+        try:
+            return run_bench(argv[1:])
+        except check.UsageError as exc:   # the same on every rank
+            if MPI.COMM_WORLD.Get_rank() == 0:
+                sys.stderr.write(f"python -m mpicoll.run bench: error: {exc}\n")
+            return 2
     args = build_parser().parse_args(argv)
-    from . import check, demo
     from ._dtypes import ALL_DTYPES
     from ._golden import CHECKS, SEED
 
@@ -78,8 +83,13 @@ def main(argv: list[str] | None = None) -> int:
             return 0
         if args.demo or args.command == "demo":
             return demo.run_demo(log)
-        rows = check.run_checks(_split(args.op), _split(args.dtype), seed=SEED if args.seed is None else args.seed,
-                                validate=not args.no_validate, log=log)
+        try:
+            rows = check.run_checks(_split(args.op), _split(args.dtype),
+                                    seed=SEED if args.seed is None else args.seed, validate=not args.no_validate, log=log)
+        except check.UsageError as exc:   # a bad --op/--dtype: the same on every rank
+            if me == 0:
+                sys.stderr.write(f"python -m mpicoll.run: error: {exc}\n")
+            return 2
         if me == 0:
             print(check.format_rows(rows, world.Get_size()), flush=True)
         return 1 if any(r.wrong for r in rows) else 0

@@ -11,7 +11,7 @@ from .._dtypes import DTYPES, reduce_op
 from .._golden import (TORCH_OPS, BenchRun, BenchSpec, CheckSpec, bench_data, golden_reduce, rank_data,
                        raw_reduce_type, reduce_case_names, register_bench, register_check, torch_view)
 from .._params import ReduceParam
-from ._base import Operation, check_out, reduce_scatter_f32, split_even, x_out
+from ._base import Operation, check_out, from_f32, reduce_scatter_f32, split_even, to_f32, x_out
 
 #: float16/bfloat16 AllReduce of at most this many bytes: cast to float32, one native float32
 #: Allreduce, cast back (one collective beats two at small sizes); above: the AllToAll path.
@@ -60,10 +60,9 @@ class AllReduceOperation(Operation):
             return out
         total, n = x.size, self.size
         if total * dt.itemsize <= SMALL_F32_BYTES or n == 1:
-            acc = x.astype(np.float32)
+            acc = to_f32(x)
             comm.Allreduce(MPI.IN_PLACE, [acc, MPI.FLOAT], rop.mpi)
-            out[...] = acc
-            return out
+            return from_f32(acc, out)
         counts = split_even(total, n)
         flat, oflat = x.reshape(-1), out.reshape(-1)
         if total % n == 0:

@@ -1,0 +1,61 @@
+"""The optional C float16 kernels give exactly numpy's results, and the numpy fallback still works."""
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from mpicoll._golden import CHECKS, SEED, count_wrong
+from mpicoll.ops import _base
+
+from _mpi import RANK, SIZE
+
+half = pytest.mark.skipif(_base.HALF is None, reason="the optional _half extension is not built")
+SPECIAL = np.array([np.nan, 0, -0.0, 1, -1, np.inf, -np.inf, 2, 6e-8, 65504, -3.5, 1e-3], np.float16)
+
+
+@half
+@pytest.mark.parametrize("rows,cols", [(1, 7), (2, 4099), (3, 13), (4, 1000), (5, 8)])
+@pytest.mark.parametrize("op", range(4))
+def test_reduce_is_bit_identical_to_numpy(rows, cols, op):
+    rng = np.random.default_rng(rows * 100 + cols + op)
+    parts = np.where(rng.random((rows, cols)) < 0.3, rng.choice(SPECIAL, (rows, cols)),
+                     rng.standard_normal((rows, cols)) * 100).astype(np.float16)
+    out = np.empty(cols, np.float16)
+    _base.HALF.reduce_f16(parts, out, rows, op)
+    ufunc = (np.add, np.multiply, np.maximum, np.minimum)[op]
+    acc = parts[0].astype(np.float32)
+    with np.errstate(all="ignore"):
+        for r in range(1, rows):
+            acc = ufunc(acc, parts[r].astype(np.float32))
+        expected = acc.astype(np.float16)
+    same = (out.view(np.uint16) == expected.view(np.uint16)) | (np.isnan(out) & np.isnan(expected))
+    assert same.all()
+
+
+@half
+def test_conversions_are_bit_identical_to_numpy():
+    rng = np.random.default_rng(3)
+    h = np.concatenate([SPECIAL, rng.standard_normal(10_001).astype(np.float16)])
+    f = np.empty(h.size, np.float32)
+    _base.HALF.f16_to_f32(h, f)
+    assert np.array_equal(f.view(np.uint32), h.astype(np.float32).view(np.uint32))
+    f32 = np.concatenate([f, rng.standard_normal(999).astype(np.float32) * 1e5, [1e-9, 7e4, 65519.9, 65520]])
+    f32 = f32.astype(np.float32)
+    o = np.empty(f32.size, np.float16)
+    _base.HALF.f32_to_f16(f32, o)
+    with np.errstate(over="ignore"):
+        expected = f32.astype(np.float16)
+    same = (o.view(np.uint16) == expected.view(np.uint16)) | (np.isnan(o) & np.isnan(expected))
+    assert same.all()
+
+
+@pytest.mark.mpi(min_size=1)
+@pytest.mark.parametrize("name", ["AllReduce", "ReduceScatter", "ReduceScatterV"])
+def test_numpy_fallback_path(monkeypatch, name):
+    monkeypatch.setattr(_base, "HALF", None)
+    import mpicoll.ops.allreduce as ar
+    monkeypatch.setattr(ar, "to_f32", _base.to_f32)
+    spec = CHECKS[name]
+    for case in spec.cases(SIZE):
+        got, expected, exact = spec.run(case, "float16", "", RANK, SIZE, SEED)
+        assert count_wrong(got, expected, exact=exact, n=SIZE) == 0, case
