@@ -33,6 +33,25 @@ def test_reduce_is_bit_identical_to_numpy(rows, cols, op):
 
 
 @half
+@pytest.mark.parametrize("op", range(4))
+def test_bfloat16_reduce_is_bit_identical_to_ml_dtypes(op):
+    import ml_dtypes
+    rng = np.random.default_rng(op)
+    vals = np.array([np.nan, 0, -0.0, 1, -1, np.inf, -np.inf, 3e38, -3e38, 1e-40], np.float32)
+    parts = np.where(rng.random((3, 5001)) < 0.3, rng.choice(vals, (3, 5001)),
+                     rng.standard_normal((3, 5001)) * 100).astype(ml_dtypes.bfloat16)
+    out = np.empty(5001, ml_dtypes.bfloat16)
+    _base.HALF.reduce_bf16(parts.view(np.uint16), out.view(np.uint16), 3, op)
+    ufunc = (np.add, np.multiply, np.maximum, np.minimum)[op]
+    with np.errstate(all="ignore"):
+        acc = parts[0].astype(np.float32)
+        for r in range(1, 3):
+            acc = ufunc(acc, parts[r].astype(np.float32))
+        expected = acc.astype(ml_dtypes.bfloat16)
+    assert np.array_equal(out.view(np.uint16), expected.view(np.uint16))
+
+
+@half
 def test_conversions_are_bit_identical_to_numpy():
     rng = np.random.default_rng(3)
     h = np.concatenate([SPECIAL, rng.standard_normal(10_001).astype(np.float16)])
@@ -56,6 +75,7 @@ def test_numpy_fallback_path(monkeypatch, name):
     import mpicoll.ops.allreduce as ar
     monkeypatch.setattr(ar, "to_f32", _base.to_f32)
     spec = CHECKS[name]
-    for case in spec.cases(SIZE):
-        got, expected, exact = spec.run(case, "float16", "", RANK, SIZE, SEED)
-        assert count_wrong(got, expected, exact=exact, n=SIZE) == 0, case
+    for dtype in ("float16", "bfloat16"):
+        for case in spec.cases(SIZE):
+            got, expected, exact = spec.run(case, dtype, "", RANK, SIZE, SEED)
+            assert count_wrong(got, expected, exact=exact, n=SIZE) == 0, (dtype, case)
