@@ -48,7 +48,9 @@ def test_bfloat16_reduce_is_bit_identical_to_ml_dtypes(op):
         for r in range(1, 3):
             acc = ufunc(acc, parts[r].astype(np.float32))
         expected = acc.astype(ml_dtypes.bfloat16)
-    assert np.array_equal(out.view(np.uint16), expected.view(np.uint16))
+    # bit for bit, except which NaN a NaN-producing step returns (x86 keeps an operand's payload)
+    nan = np.isnan(out.astype(np.float32)) & np.isnan(expected.astype(np.float32))
+    assert np.array_equal(out.view(np.uint16)[~nan], expected.view(np.uint16)[~nan])
 
 
 @half
