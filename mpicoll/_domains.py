@@ -19,6 +19,7 @@ import hashlib
 import ipaddress
 import json
 import os
+import sys
 import time
 from dataclasses import dataclass, field
 
@@ -84,10 +85,15 @@ def runtime() -> _Runtime:
 
 
 def _shutdown() -> None:
+    """Free the window at a clean exit. After an unhandled exception (``sys.last_value`` is set;
+    ``python -m mpi4py`` then aborts the job) skip it: freeing is collective and would wait for
+    ranks that are still inside some collective, turning a clean abort into a hang."""
     global _RT
     rt, _RT = _RT, None
-    if rt is not None and not MPI.Is_finalized():
-        rt.win.Free()
+    if rt is None or MPI.Is_finalized() or getattr(sys, "last_value", None) is not None \
+            or getattr(sys, "last_exc", None) is not None:
+        return
+    rt.win.Free()
 
 
 def library_comm(comm: MPI.Comm) -> MPI.Comm:
@@ -174,6 +180,9 @@ def _rendezvous(rt: _Runtime, name: str, size: int) -> tuple[int, tuple[int, ...
     if leader != me:
         rt.world.Send([np.array([me, size], dtype=np.int64), MPI.INT64_T], leader, tag)
         reply, _ = _recv(rt, leader, tag + 1, deadline, f"{where}: waiting for leader world rank {leader}")
+        if reply[0] == -2:
+            raise CollectiveTimeout(f"{where}: timed out (MPICOLL_DOMAIN_TIMEOUT): only {int(reply[1])} of "
+                                    f"rank_size {int(reply[2])} members arrived", param="comm_domain")
         if reply[0] < 0:
             raise CollectiveArgumentError(
                 f"{where}: rank_size disagrees between members: world rank {int(reply[1])} says "
@@ -184,6 +193,11 @@ def _rendezvous(rt: _Runtime, name: str, size: int) -> tuple[int, tuple[int, ...
         try:
             msg, src = _recv(rt, MPI.ANY_SOURCE, tag, deadline, f"{where}: leader waiting for members")
         except CollectiveTimeout as exc:
+            # tell the members that did arrive, so that they fail now rather than at their own deadline
+            _set_state(rt, slot, _FAILED)
+            notice = np.array([-2, len(members), size], dtype=np.int64)
+            for r in members[1:]:
+                rt.world.Send([notice, MPI.INT64_T], r, tag + 1)
             raise CollectiveTimeout(f"{exc}: {len(members)} of rank_size {size} arrived (world ranks "
                                     f"{sorted(members)})", param="comm_domain") from None
         members.append(src)
@@ -228,6 +242,9 @@ def domain(name: str, rank_size: int | None = None) -> MPI.Comm:
     else:
         comm = rt.domains.get(name)
     me = rt.world.Get_rank()
+    if comm is not None and rank_size is not None and rank_size != comm.Get_size():
+        raise CollectiveArgumentError(f"comm domain {name!r}: rank_size={rank_size!r} on world rank {me}: the domain "
+                                      f"has {comm.Get_size()} members", param="rank_size", rank=me)
     if comm is None:
         declared = rt.declared.get(name)
         if declared is not None:
@@ -273,7 +290,8 @@ def declare_domains(table: dict[str, list[int]] | str) -> None:
     """Declare domains up front: ``{name: [world ranks]}`` or a JSON file of that object.
 
     Declared domains need no rendezvous and no ``rank_size``. Declaring a name again with another
-    membership is an error. Not collective.
+    membership is an error. Not collective, except that it sets mpicoll up (:func:`init`) if this is
+    the rank's first mpicoll call.
     """
     if isinstance(table, (str, os.PathLike)):
         with open(table, encoding="utf-8") as fh:
@@ -348,6 +366,8 @@ def mesh(ep: int, tp: int, layout: str = "tp_contiguous", *, rank: int | None = 
         raise CollectiveArgumentError(f"mesh: ep={ep} x tp={tp} = {ep * tp}: must equal the world size {world}",
                                       param="ep")
     rank = MPI.COMM_WORLD.Get_rank() if rank is None else rank
+    if isinstance(rank, bool) or not isinstance(rank, (int, np.integer)) or not 0 <= rank < world:
+        raise CollectiveArgumentError(f"mesh: rank={rank!r}: must be a world rank in [0, {world})", param="rank")
     if layout == "tp_contiguous":
         where = lambda s, t: s * tp + t  # noqa: E731
     else:
@@ -395,8 +415,18 @@ class RankTable:
         raise CollectiveArgumentError(f"rank table {self.source}: no device has rank_id {rank}", param="rank_id")
 
     def hosts(self) -> str:
-        """Host list for ``mpirun -hosts`` (hydra): ``"host1:2,host2:2"``, servers in rank order."""
+        """Host list for ``mpirun -hosts`` (hydra): ``"host1:2,host2:2"``, servers in rank order.
+
+        Raises:
+            CollectiveArgumentError: a server whose rank ids are not consecutive (hydra places
+                ranks on hosts in blocks, so such a table has no host list).
+        """
         order = sorted(self.servers, key=lambda s: min(d.rank_id for d in s.devices))
+        for s in order:
+            ids = sorted(d.rank_id for d in s.devices)
+            if ids != list(range(ids[0], ids[0] + len(ids))):
+                raise CollectiveArgumentError(f"rank table {self.source}: server {s.server_id!r} has rank ids {ids}: "
+                                              "hosts() needs consecutive rank ids per server", param="rank_id")
         return ",".join(f"{s.server_id}:{len(s.devices)}" for s in order)
 
     def check_world(self, world_size: int) -> None:
@@ -436,7 +466,10 @@ def load_rank_table(source: str | dict) -> RankTable:
             raise CollectiveArgumentError(f"rank table {src}: not JSON: {exc}", param="rank_table_file") from exc
     elif isinstance(source, str):
         src = "<json>"
-        source = json.loads(source)
+        try:
+            source = json.loads(source)
+        except json.JSONDecodeError as exc:
+            raise CollectiveArgumentError(f"rank table {src}: not JSON: {exc}", param="rank_table_file") from exc
     if not isinstance(source, dict):
         raise _bad(src, "$", type(source).__name__, "must be a JSON object")
     if source.get("status") != "completed":

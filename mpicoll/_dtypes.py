@@ -128,6 +128,19 @@ def lookup(dtype: object, *, op: str = "mpicoll", param: str = "dtype", rank: in
     return row
 
 
+def sum_accumulator(dt: DType, n: int) -> DType | None:
+    """The signed integer dtype in which a checked integer SUM over ``n`` ranks cannot overflow:
+    int8/uint8 -> int16 (up to 256 ranks), 16-bit -> int32, 32-bit -> int64; None for 64-bit
+    integers (no wider type: they wrap, as in MPI) and for floats."""
+    if dt.np.kind not in "iu" or dt.itemsize >= 8:
+        return None
+    need = dt.itemsize * 8 + max(n - 1, 1).bit_length() + (1 if dt.np.kind == "u" else 0)
+    for name in ("int16", "int32", "int64"):
+        if DTYPES[name].itemsize * 8 >= need:
+            return DTYPES[name]
+    return None
+
+
 @dataclass(frozen=True)
 class ReduceOp:
     """One row of the reduce-op table."""
@@ -169,8 +182,8 @@ def reduce_op(value: object, *, op: str = "mpicoll", param: str = "reduce_type",
     """
     if isinstance(value, ReduceOp):
         return value
-    if isinstance(value, HcclReduceOp):
-        value = value.name
+    if isinstance(value, (int, np.integer)) and not isinstance(value, bool) and 0 <= value <= 3:
+        value = HcclReduceOp(int(value)).name
     if isinstance(value, str):
         name = _REDUCE_ALIASES.get(value.lower())
         if name is not None:

@@ -27,11 +27,10 @@ class CommMode(IntEnum):
             key = value.upper().removeprefix("COMM_")
             if key in cls.__members__:
                 return cls[key]
-        elif isinstance(value, int) and not isinstance(value, bool) and value in (-1, 0, 1):
+        elif isinstance(value, int) and not isinstance(value, bool) and value in (0, 1):
             return cls(value)
         raise CollectiveArgumentError(
-            f"Param: comm_mode={value!r}: must be CommMode.MULTI_PROCESS (0) or MULTI_THREAD (1)",
-            param="comm_mode")
+            f"comm_mode={value!r}: must be CommMode.MULTI_PROCESS (0) or MULTI_THREAD (1)", param="comm_mode")
 
 
 #: camelCase key in the accelerator stacks' documents -> Python field name. One table for all Params.

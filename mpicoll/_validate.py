@@ -14,12 +14,13 @@ import numpy as np
 from mpi4py import MPI
 
 from ._dtypes import DType, by_code, of_array, reduce_by_code
-from ._errors import arg_error, mismatch_error
+from ._errors import CollectiveArgumentError, arg_error, mismatch_error
 
 H_FLAG, H_OP, H_DTYPE, H_REDUCE, H_ROOT, H_SIZE, H_NDIM, H_DIMS = 0, 1, 2, 3, 4, 5, 6, 7
 MAX_DIMS = 8
 H_SCALAR = H_DIMS + MAX_DIMS       # one op-specific scalar (send_count, recv_count, ...)
 H_BITS = H_SCALAR + 1              # op-specific flag bits
+H_SEQ = H_BITS + 1                 # debug mode: this communicator's collective sequence number
 H_LEN = 20
 BIT_CONTIGUOUS = 1                 # displacements are the packed prefix sums of the counts
 
@@ -32,6 +33,48 @@ OP_NAMES: dict[int, str] = {}
 def validate_default() -> bool:
     """``MPICOLL_VALIDATE`` (default on): 0/false/off/no turn the cross-rank checks off."""
     return os.environ.get("MPICOLL_VALIDATE", "1").strip().lower() not in ("0", "false", "off", "no")
+
+
+def debug_default() -> bool:
+    """``MPICOLL_DEBUG=1``: fingerprint every collective (sequence number included) and report a
+    field-by-field diff naming the disagreeing ranks. Implies validation."""
+    return os.environ.get("MPICOLL_DEBUG", "0").strip().lower() in ("1", "true", "on", "yes")
+
+
+#: per library communicator (by handle): how many mpicoll collectives this rank started on it
+_SEQ: dict[int, int] = {}
+
+
+def next_seq(comm: MPI.Comm) -> int:
+    key = MPI._handleof(comm)
+    _SEQ[key] = seq = _SEQ.get(key, 0) + 1
+    return seq
+
+
+_FIELDS = (("sequence number", H_SEQ, str), ("operation", H_OP, lambda c: OP_NAMES.get(c, f"op#{c}")),
+           ("dtype", H_DTYPE, lambda c: by_code(c).name if c else "-"),
+           ("reduce_type", H_REDUCE, lambda c: reduce_by_code(c).name if c else "-"), ("rank_root", H_ROOT, str))
+
+
+def check_fingerprint(op: str, table: np.ndarray, comm_name: str) -> None:
+    """Debug mode: every rank's fingerprint must match; the error lists each differing field with
+    the ranks holding each value (``dtype: float32 on ranks [0, 2, 3]; float16 on rank [1]``)."""
+    rows = table.tolist()
+    diffs = []
+    for name, col, show in _FIELDS:
+        _group(diffs, name, [show(int(r[col])) for r in rows])
+    _group(diffs, "x.shape", [str(_shape(np.asarray(r))) for r in rows])
+    _group(diffs, "counts", [str(r[H_SCALAR:H_BITS] + r[H_LEN:]) for r in rows])
+    if diffs:
+        raise mismatch_error(op, "fingerprint", f"on {comm_name}: " + "; ".join(diffs), None)
+
+
+def _group(diffs: list[str], name: str, values: list[str]) -> None:
+    if len(set(values)) > 1:
+        by: dict[str, list[int]] = {}
+        for r, v in enumerate(values):
+            by.setdefault(v, []).append(r)
+        diffs.append(f"{name}: " + ", ".join(f"{v} on rank{'s' if len(rs) > 1 else ''} {rs}" for v, rs in by.items()))
 
 
 def header(n: int, op_code: int) -> np.ndarray:
@@ -240,6 +283,21 @@ def check_pairs(op: str, sent: np.ndarray, send_name: str, expected: np.ndarray,
         bad = tuple(int(v) for v in where[0]) if where.size else None
     if bad is not None:
         j, i = bad
-        raise mismatch_error(op, recv_name, f"{recv_name.format(i=i)}={int(expected[j, i])} on rank {j} but "
+        raise mismatch_error(op, recv_name.format(i=i), f"{recv_name.format(i=i)}={int(expected[j, i])} on rank {j} but "
                              f"rank {i} has {send_name.format(j=j)}={int(sent[i, j])}: what rank {j} receives "
                              f"from rank {i} must equal what rank {i} sends to rank {j}", j)
+
+
+def overflow_error(op: str, dt, acc, values: np.ndarray, rank: int | None, first_index: int = 0):
+    """None, or the error for a checked integer SUM whose exact result leaves ``dt``'s range."""
+    info = np.iinfo(dt.np)
+    bad = np.flatnonzero((values < info.min) | (values > info.max))
+    if not bad.size:
+        return None
+    i = int(bad[0])
+    where = f" (rank {rank}'s block)" if rank is not None else ""
+    return CollectiveArgumentError(
+        f"{op}: reduce_type='sum' overflows {dt.name}{where}: element {first_index + i} sums to {int(values[i])}, "
+        f"outside [{info.min}, {info.max}] ({bad.size} element(s) in all). With validation on, {dt.name} sums are "
+        f"accumulated in {acc.name} and never wrap: use a wider dtype, or validation off to wrap as MPI does",
+        op=op, param="reduce_type", rank=rank)

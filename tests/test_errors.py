@@ -198,3 +198,79 @@ def test_validation_switch(monkeypatch):
     assert mpicoll.AllReduceOperation(validate=False).validate is False
     # with validation off the result is the same
     assert mpicoll.AllReduceOperation(validate=False).execute(np.ones(2)).tolist() == [SIZE, SIZE]
+
+
+@mpi2
+@pytest.mark.parametrize("dtype", [np.int8, np.uint8, np.int16])
+def test_integer_sum_overflow_is_an_error_not_a_wrap(dtype):
+    big = np.iinfo(dtype).max // 2 + 1
+    x = np.full(4, big, dtype=dtype)
+    raises_everywhere(lambda: mpicoll.AllReduceOperation().execute(x), CollectiveArgumentError, "AllReduce",
+                      "overflows", np.dtype(dtype).name, "never wrap")
+    # validation off: MPI's wrap-around, as documented
+    wrapped = mpicoll.AllReduceOperation(validate=False).execute(x)
+    assert wrapped.tolist() == [int(np.array(big * SIZE).astype(dtype))] * 4
+
+
+@mpi2
+def test_reduce_scatter_overflow_on_some_blocks_raises_everywhere():
+    x = np.ones(2 * SIZE, dtype=np.int8)
+    x[-2:] = 100                       # only the last rank's block overflows
+    raises_everywhere(lambda: mpicoll.ReduceScatterOperation().execute(x), CollectiveArgumentError,
+                      "ReduceScatter", "overflows int8", f"rank {SIZE - 1}'s block")
+    raises_everywhere(lambda: mpicoll.ReduceScatterVOperation().execute(x, [2] * SIZE, [2 * i for i in range(SIZE)], 2),
+                      CollectiveArgumentError, "ReduceScatterV", "overflows int8")
+
+
+@mpi1
+def test_int64_sums_wrap_and_prod_wraps():
+    """No wider accumulator for 64-bit integers, nor for products: they wrap, as in MPI."""
+    x = np.full(2, np.iinfo(np.int64).max, dtype=np.int64)
+    with np.errstate(over="ignore"):
+        expected = np.full(2, np.iinfo(np.int64).max, dtype=np.int64) * np.int64(SIZE)
+    assert mpicoll.AllReduceOperation().execute(x).tolist() == expected.tolist()
+    y = np.full(2, 100, dtype=np.int8)
+    assert mpicoll.AllReduceOperation(mpicoll.AllReduceParam(reduce_type="prod")).execute(y).tolist() == \
+        [int(np.array(100 ** SIZE).astype(np.int64).astype(np.int8))] * 2
+
+
+@mpi1
+def test_reduce_scatter_v_with_a_longer_input():
+    x = np.arange(3 * SIZE + 5, dtype=np.int32)
+    got = mpicoll.ReduceScatterVOperation().execute(x, [3] * SIZE, [3 * i for i in range(SIZE)], 3)
+    assert got.tolist() == [SIZE * v for v in range(3 * RANK, 3 * RANK + 3)]
+
+
+@mpi1
+def test_param_is_bound_at_first_execute():
+    p = mpicoll.AllReduceParam(reduce_type="sum")
+    op = mpicoll.AllReduceOperation(p)
+    assert op.execute(np.ones(2)).tolist() == [SIZE, SIZE]
+    p.reduce_type = "max"               # no effect on an op already bound; validation agrees with the run
+    assert op.execute(np.ones(2)).tolist() == [SIZE, SIZE]
+    assert mpicoll.AllReduceOperation(p).execute(np.ones(2)).tolist() == [1, 1]
+
+
+@mpi1
+def test_hccl_reduce_op_codes_and_conflicting_comm_and_domain():
+    assert mpicoll.AllReduceOperation(mpicoll.AllReduceParam(reduce_type=2)).execute(np.ones(1)).tolist() == [1]
+    op = mpicoll.AllReduceOperation(mpicoll.AllReduceParam(comm=WORLD, comm_domain="x"))
+    raises_everywhere(lambda: op.execute(np.ones(1)), CollectiveArgumentError, "not both")
+
+
+@mpi1
+def test_broadcast_unexpected_keyword_is_agreed():
+    kwargs = {"out": np.zeros(2)} if RANK == SIZE - 1 else {}
+    raises_everywhere(lambda: mpicoll.BroadcastOperation().execute(np.zeros(2), **kwargs), CollectiveArgumentError,
+                      "Broadcast", "TypeError", f"rank {SIZE - 1}")
+
+
+@mpi2
+def test_debug_fingerprint_names_the_disagreeing_ranks(monkeypatch):
+    monkeypatch.setenv("MPICOLL_DEBUG", "1")
+    op = mpicoll.AllReduceOperation(validate=False)       # debug mode turns validation back on
+    assert op.validate
+    op.execute(np.ones(2, np.float32))
+    x = np.ones(2, np.float16 if RANK == 1 else np.float32)
+    raises_everywhere(lambda: op.execute(x), CollectiveMismatchError, "fingerprint", "dtype: float32 on rank",
+                      "float16 on rank [1]")

@@ -65,7 +65,7 @@ def test_comm_mode_spellings():
 
 
 def test_wrong_param_class_is_refused():
-    with pytest.raises(CollectiveArgumentError, match="must be a AllReduceParam"):
+    with pytest.raises(CollectiveArgumentError, match="must be AllReduceParam"):
         mpicoll.AllReduceOperation(mpicoll.BroadcastParam())
 
 

@@ -16,7 +16,7 @@ from mpi4py import MPI
 
 from .. import _validate as V
 from .._domains import domain, library_comm, rank_table, runtime
-from .._dtypes import DType, ReduceOp, of_array, reduce_op
+from .._dtypes import DType, ReduceOp, of_array, reduce_op, sum_accumulator
 from .._errors import CollectiveArgumentError, agree, arg_error, as_collective_error
 from .._params import CommParam
 
@@ -52,14 +52,17 @@ class Operation:
             param = self.PARAM()
         if not isinstance(param, self.PARAM):
             raise CollectiveArgumentError(
-                f"{self.NAME}: param is a {type(param).__name__}: must be a {self.PARAM.__name__}", op=self.NAME,
+                f"{self.NAME}: param is {type(param).__name__}: must be {self.PARAM.__name__}", op=self.NAME,
                 param="param")
         self.param = param
         self.comm: MPI.Comm | None = None
         self.rank = -1
         self.size = 0
         self._param_error: BaseException | None = None
+        self._debug = V.debug_default()
         self.validate = V.validate_default() if validate is None else bool(validate)
+        if self._debug:
+            self.validate = True
 
     @property
     def validate(self) -> bool:
@@ -93,7 +96,11 @@ class Operation:
         else:
             comm = runtime().world
         self.rank, self.size = comm.Get_rank(), comm.Get_size()
+        self._root = p.rank_root
         try:
+            if p.comm is not None and p.comm_domain:
+                raise arg_error(self.NAME, "comm_domain", p.comm_domain, self.rank,
+                                "give either a user comm or a comm_domain, not both")
             if p.rank_table_file:
                 rank_table(p.rank_table_file)
             V.check_param(self.NAME, p, comm)
@@ -128,6 +135,8 @@ class Operation:
                 raise self._param_error
             return self._run(*args, **kwargs)
         h = V.header(self.size, self.CODE)
+        if self._debug:
+            h[V.H_SEQ] = V.next_seq(self.comm)
         err = self._param_error
         if err is None:
             try:
@@ -135,6 +144,8 @@ class Operation:
             except Exception as exc:  # noqa: BLE001 - every local failure is agreed, never raised alone
                 err = as_collective_error(exc, self.NAME, self.rank)
         table = agree(self.comm, h, err)
+        if self._debug:
+            V.check_fingerprint(self.NAME, table, self.comm.Get_name())
         V.check_common(self.NAME, table)
         return self._run(*args, **self._cross(args, kwargs, table))
 
@@ -152,10 +163,11 @@ class Operation:
         h[V.H_DTYPE] = dt.code
         if self.SAME_SHAPE:
             V.fill_shape(h, x)
+        # the values bound at the first execute (a Param edited later has no effect on this op)
         if self.USES_ROOT:
-            h[V.H_ROOT] = self.param.rank_root
+            h[V.H_ROOT] = self._root
         if self.USES_REDUCE:
-            h[V.H_REDUCE] = self._reduce().code
+            h[V.H_REDUCE] = self._rop.code
         return x
 
     def _cross(self, args: tuple, kwargs: dict, table: np.ndarray) -> dict:
@@ -182,6 +194,14 @@ def check_out(op: str, out: Any, shape: tuple, dtype: np.dtype, rank: int, x: np
     if x is not None and np.may_share_memory(out, x) and np.shares_memory(out, x) and not (in_place_ok and out is x):
         raise arg_error(op, "out", "aliases x", rank,
                         "must not overlap the input" + (" (pass out=x itself for in-place)" if in_place_ok else ""))
+
+
+def checked_sum(op: "Operation", x: np.ndarray) -> DType | None:
+    """The wider accumulator of an integer SUM checked for overflow (validation on), or None."""
+    if op._rop.name != "sum":
+        return None
+    dt = of_array(x)
+    return None if dt is None else sum_accumulator(dt, op.size)
 
 
 def x_out(x: Any, out: np.ndarray | None = None) -> tuple[Any, np.ndarray | None]:

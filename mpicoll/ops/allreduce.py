@@ -11,7 +11,8 @@ from .._dtypes import DTYPES, reduce_op
 from .._golden import (TORCH_OPS, BenchRun, BenchSpec, CheckSpec, bench_data, golden_reduce, rank_data,
                        raw_reduce_type, reduce_case_names, register_bench, register_check, torch_view)
 from .._params import ReduceParam
-from ._base import Operation, check_out, from_f32, reduce_scatter_f32, split_even, to_f32, x_out
+from .. import _validate as V
+from ._base import Operation, check_out, checked_sum, from_f32, reduce_scatter_f32, split_even, to_f32, x_out
 
 #: float16/bfloat16 AllReduce of at most this many bytes: cast to float32, one native float32
 #: Allreduce, cast back (one collective beats two at small sizes); above: the AllToAll path.
@@ -47,11 +48,23 @@ class AllReduceOperation(Operation):
         check_out(self.NAME, out, x.shape, x.dtype, self.rank, x, in_place_ok=True)
         return (x,), {"out": out}
 
-    def _run(self, x, out=None):
+    def _cross(self, args, kwargs, table):
+        acc = checked_sum(self, args[0])
+        return {**kwargs, "_acc": acc} if acc is not None else kwargs
+
+    def _run(self, x, out=None, _acc=None):
         x, dt = self._data(x)
         if out is None:
             out = np.empty_like(x)
         comm, rop = self.comm, self._rop
+        if _acc is not None:      # a checked integer sum (validation on): exact in a wider dtype
+            wide = x.astype(_acc.np)
+            comm.Allreduce(MPI.IN_PLACE, [wide, _acc.mpi], MPI.SUM)
+            err = V.overflow_error(self.NAME, dt, _acc, wide.reshape(-1), None)
+            if err is not None:   # the same sum on every rank: every rank raises the same error
+                raise err
+            np.copyto(out, wide, casting="unsafe")
+            return out
         if dt.reduce == "native":
             if out is x:
                 comm.Allreduce(MPI.IN_PLACE, [out, dt.mpi], rop.mpi)

@@ -33,10 +33,10 @@ class BroadcastOperation(Operation):
     USES_ROOT = True
 
     def _check(self, args, kwargs, h):
-        x, = args
+        x = _bcast_args(*args, **kwargs)
         self._writable(x)
         self._check_x(x, h)
-        return args, kwargs
+        return (x,), {}
 
     def _writable(self, x):
         if not isinstance(x, np.ndarray) or not x.flags.c_contiguous or not x.flags.writeable:
@@ -44,15 +44,16 @@ class BroadcastOperation(Operation):
                               "or read-only array", self.rank, "must be a C-contiguous writable numpy array "
                               "(it is filled in place)")
 
-    def _bind_param(self) -> None:
-        self._root = self.param.rank_root
-
     def _run(self, x):
         if type(x) is not np.ndarray or not x.flags.c_contiguous:
             self._writable(x)
         dt = of_array(x) or V.check_array(self.NAME, "x", x, self.rank)
         self.comm.Bcast(dt.buf(x), self._root)
         return x
+
+
+def _bcast_args(x):
+    return x
 
 
 _SHAPES = {"small": (4, 3), "zero": (0,), "scalar": (), "large": (300_001,)}

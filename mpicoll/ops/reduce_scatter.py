@@ -4,13 +4,15 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 import numpy as np
+from mpi4py import MPI
 
 from .. import _validate as V
 from .._dtypes import DTYPES, reduce_op
+from .._errors import agree
 from .._golden import (TORCH_OPS, BenchRun, BenchSpec, CheckSpec, bench_data, counts_matrix, displs, golden_reduce,
                        rank_data, raw_reduce_type, reduce_case_names, register_bench, register_check, torch_view)
 from .._params import ReduceParam
-from ._base import Operation, check_out, reduce_scatter_f32, x_out
+from ._base import Operation, check_out, checked_sum, reduce_scatter_f32, x_out
 
 
 @dataclass
@@ -48,11 +50,19 @@ class ReduceScatterOperation(Operation):
         check_out(self.NAME, out, (x.shape[0] // self.size, *x.shape[1:]), x.dtype, self.rank, x)
         return (x,), {"out": out}
 
-    def _run(self, x, out=None):
+    def _cross(self, args, kwargs, table):
+        acc = checked_sum(self, args[0])
+        return {**kwargs, "_acc": acc} if acc is not None else kwargs
+
+    def _run(self, x, out=None, _acc=None):
         x, dt = self._data(x)
         n = self.size
         if out is None:
             out = np.empty((x.shape[0] // n, *x.shape[1:]), dtype=x.dtype)
+        if _acc is not None:      # a checked integer sum (validation on): exact in a wider dtype
+            wide = np.empty(out.shape, dtype=_acc.np)
+            self.comm.Reduce_scatter_block([x.astype(_acc.np), _acc.mpi], [wide, _acc.mpi], MPI.SUM)
+            return _narrow(self, dt, _acc, wide, out, self.rank * wide.size)
         if dt.reduce == "native":
             self.comm.Reduce_scatter_block([x, dt.mpi], [out, dt.mpi], self._rop.mpi)
         else:
@@ -98,24 +108,42 @@ class ReduceScatterVOperation(Operation):
         n = self.size
         expected = np.repeat(table[:, V.H_SCALAR][:, None], n, axis=1)
         V.check_pairs(self.NAME, table[:, V.H_LEN:V.H_LEN + n], "send_counts[{j}]", expected, "recv_count")
-        return kwargs
+        acc = checked_sum(self, args[0])
+        return {**kwargs, "_acc": acc} if acc is not None else kwargs
 
-    def _run(self, x, send_counts, sdispls, recv_count, out=None):
+    def _run(self, x, send_counts, sdispls, recv_count, out=None, _acc=None):
         x, dt = self._data(x)
         flat = x.reshape(-1)
         recv_count = int(recv_count)
+        if _acc is not None:      # a checked integer sum (validation on): exact in a wider dtype
+            wide = np.empty(recv_count, dtype=_acc.np)
+            packed = _packed(flat, send_counts, sdispls).astype(_acc.np)
+            self.comm.Reduce_scatter([packed, _acc.mpi], [wide, _acc.mpi], send_counts, MPI.SUM)
+            return _narrow(self, dt, _acc, wide, np.empty(recv_count, x.dtype) if out is None else out, 0)
         if dt.reduce != "native":
             return reduce_scatter_f32(self.comm, flat, dt, self._rop, send_counts, sdispls, recv_count, out)
-        sc = send_counts
-        if not V.is_packed(sc, sdispls):
-            # MPI's Reduce_scatter wants the blocks packed in rank order: pack them (every rank
-            # makes the same MPI call whatever its own layout).
-            sc = np.asarray(sc).tolist()
-            flat = np.concatenate([flat[d:d + c] for c, d in zip(sc, np.asarray(sdispls).tolist())] or [flat[:0]])
         if out is None:
             out = np.empty(recv_count, dtype=x.dtype)
-        self.comm.Reduce_scatter([flat, dt.mpi], [out, dt.mpi], sc, self._rop.mpi)
+        self.comm.Reduce_scatter([_packed(flat, send_counts, sdispls), dt.mpi], [out, dt.mpi], send_counts,
+                                 self._rop.mpi)
         return out
+
+
+def _packed(flat: np.ndarray, send_counts, sdispls) -> np.ndarray:
+    """The blocks in rank order, contiguous, as MPI's Reduce_scatter wants them (a copy only when
+    this rank's layout has gaps or permutes them; every rank makes the same MPI call either way)."""
+    if V.is_packed(send_counts, sdispls):
+        return flat[:V.total(send_counts)]
+    pairs = zip(np.asarray(send_counts).tolist(), np.asarray(sdispls).tolist())
+    return np.concatenate([flat[d:d + c] for c, d in pairs] or [flat[:0]])
+
+
+def _narrow(op, dt, acc, wide: np.ndarray, out: np.ndarray, first: int) -> np.ndarray:
+    """Check this rank's block of a wide integer sum, agree on overflow across ranks, narrow it."""
+    err = V.overflow_error(op.NAME, dt, acc, wide.reshape(-1), op.rank, first)
+    agree(op.comm, np.zeros(1, dtype=np.int64), err)
+    np.copyto(out, wide.reshape(out.shape), casting="unsafe")
+    return out
 
 
 def _rsv_args(x, send_counts, sdispls, recv_count, out=None):

@@ -1,0 +1,47 @@
+"""Every script in docs/examples runs as the docs say: ``mpirun -np 2`` and ``-np 4``, exit status 0.
+
+The examples assert their own expected values, so a wrong result fails here. Each one is a
+subprocess ``mpirun`` with a time limit, launched once, from a pytest world of size 1.
+"""
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from mpi4py import MPI
+
+ROOT = Path(__file__).resolve().parent.parent
+EXAMPLES = sorted((ROOT / "docs" / "examples").glob("*.py"))
+
+pytestmark = [pytest.mark.mpi(min_size=1),
+              pytest.mark.skipif(MPI.COMM_WORLD.Get_size() != 1, reason="runs its own mpirun jobs once")]
+
+
+def _env() -> dict[str, str]:
+    """The environment without the outer job's launcher variables (they would confuse the child mpirun)."""
+    return {k: v for k, v in os.environ.items() if not k.startswith(("PMI_", "HYD", "MPI_LOCAL"))}
+
+
+def test_examples_exist():
+    assert EXAMPLES, "no docs/examples/*.py found"
+
+
+@pytest.mark.parametrize("nprocs", [2, 4])
+@pytest.mark.parametrize("script", EXAMPLES, ids=[p.stem for p in EXAMPLES])
+def test_example_runs(script: Path, nprocs: int):
+    cmd = ["mpirun", "-np", str(nprocs), sys.executable, str(script.relative_to(ROOT))]
+    # A session of its own, so that a hung job can be killed whole (mpirun and its ranks).
+    proc = subprocess.Popen(cmd, cwd=ROOT, env=_env(), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                            start_new_session=True)
+    try:
+        out, err = proc.communicate(timeout=60)
+    except subprocess.TimeoutExpired:
+        os.killpg(proc.pid, signal.SIGKILL)
+        out, err = proc.communicate()
+        pytest.fail(f"{' '.join(cmd)}: timed out after 60 s\nstdout:\n{out}\nstderr:\n{err}")
+    assert proc.returncode == 0, f"{' '.join(cmd)}: exit status {proc.returncode}\n{out}\n{err}"
+    assert out.strip(), f"{' '.join(cmd)}: printed nothing"
