@@ -47,6 +47,7 @@ class _Runtime:
     group: MPI.Group
     win: MPI.Win
     slots: int
+    arrivals: int           # offset (int64 words) of the watchdog's per-world-rank arrival marks
     domains: dict[str, MPI.Comm] = field(default_factory=dict)
     declared: dict[str, tuple[int, ...]] = field(default_factory=dict)
 
@@ -72,26 +73,57 @@ def runtime() -> _Runtime:
         world = MPI.COMM_WORLD.Dup()
         world.Set_name("mpicoll.world")
         slots = int(_env_float("MPICOLL_MAX_DOMAINS", 1024))
-        size = slots * _SLOT * 8 if world.Get_rank() == 0 else 0
+        words = slots * _SLOT + 2 * world.Get_size()      # domain table, then the watchdog's arrival marks
+        size = words * 8 if world.Get_rank() == 0 else 0
         win = MPI.Win.Allocate(size, 8, comm=world)
         if world.Get_rank() == 0:
             np.frombuffer(win.tomemory(), dtype=np.int64)[:] = 0
         world.Barrier()
-        _RT = _Runtime(world, world.Get_group(), win, slots)
+        _RT = _Runtime(world, world.Get_group(), win, slots, slots * _SLOT)
         # Runs before mpi4py's own finalizer (atexit is LIFO): free the window (a collective, as
         # MPI_Finalize itself is) so that MPI does not finalize with it still exposed.
         atexit.register(_shutdown)
+        _watch_mpi4py_exit()
     return _RT
 
 
+#: the exit status ``python -m mpi4py`` decided on (it aborts the job at exit when non-zero)
+_EXIT: list = []
+
+
+def _watch_mpi4py_exit() -> None:
+    """Record the status mpi4py's ``-m`` runner passes to ``set_abort_status`` (if it is running)."""
+    runner = sys.modules.get("mpi4py.run")
+    original = getattr(runner, "set_abort_status", None)
+    if original is None or getattr(original, "_mpicoll", False):
+        return
+
+    def set_abort_status(status):
+        _EXIT.append(status)
+        return original(status)
+    set_abort_status._mpicoll = True
+    runner.set_abort_status = set_abort_status
+
+
+def _failing_exit() -> bool:
+    if getattr(sys, "last_value", None) is not None or getattr(sys, "last_exc", None) is not None:
+        return True                          # an unhandled exception was printed
+    for status in _EXIT:
+        code = status.code if isinstance(status, SystemExit) else status
+        if isinstance(status, BaseException) and not isinstance(status, SystemExit):
+            return True
+        if code not in (0, None):
+            return True
+    return False
+
+
 def _shutdown() -> None:
-    """Free the window at a clean exit. After an unhandled exception (``sys.last_value`` is set;
-    ``python -m mpi4py`` then aborts the job) skip it: freeing is collective and would wait for
-    ranks that are still inside some collective, turning a clean abort into a hang."""
+    """Free the window at a clean exit. After an unhandled exception or a non-zero exit (``python -m
+    mpi4py`` then aborts the job) skip it: freeing is collective and would wait for ranks that are
+    still inside some collective, turning a prompt abort into a hang."""
     global _RT
     rt, _RT = _RT, None
-    if rt is None or MPI.Is_finalized() or getattr(sys, "last_value", None) is not None \
-            or getattr(sys, "last_exc", None) is not None:
+    if rt is None or MPI.Is_finalized() or _failing_exit():
         return
     rt.win.Free()
 

@@ -105,11 +105,10 @@ def entry(argv: list[str] | None = None) -> None:
     except SystemExit:
         raise
     except BaseException:  # noqa: BLE001 - anything else must not strand the other ranks
+        from ._watchdog import abort
         rank = MPI.COMM_WORLD.Get_rank()
-        sys.stderr.write(f"mpicoll.run: unhandled error on rank {rank} of {MPI.COMM_WORLD.Get_size()}; "
-                         f"aborting the job\n{traceback.format_exc()}")
-        sys.stderr.flush()
-        MPI.COMM_WORLD.Abort(1)
+        abort(f"mpicoll.run: unhandled error on rank {rank} of {MPI.COMM_WORLD.Get_size()}; aborting the job\n"
+              f"{traceback.format_exc()}")
         raise
     sys.stdout.flush()
     sys.exit(code)

@@ -19,6 +19,7 @@ from .._domains import domain, library_comm, rank_table, runtime
 from .._dtypes import DType, ReduceOp, of_array, reduce_op, sum_accumulator
 from .._errors import CollectiveArgumentError, agree, arg_error, as_collective_error
 from .._params import CommParam
+from .._watchdog import TimedComm, action_default, timeout_default
 
 #: name -> Operation class, for every registered operator (check, bench and the CLI iterate it).
 OPERATIONS: dict[str, type["Operation"]] = {}
@@ -31,6 +32,9 @@ class Operation:
         param: the operator's Param (default: all defaults, on the world).
         validate: run the cross-rank checks (default: ``MPICOLL_VALIDATE``, on). Off saves one small
             ``Allgather`` per call; bad input may then hang or give wrong results, as in raw MPI.
+        timeout: seconds before a collective that some rank never joins raises
+            :class:`~mpicoll.CollectiveTimeout` (and, by default, aborts the job); default
+            ``MPICOLL_TIMEOUT``, unset = wait forever, as MPI does.
     """
 
     NAME: ClassVar[str] = ""
@@ -47,7 +51,8 @@ class Operation:
             OPERATIONS[cls.NAME] = cls
             V.OP_NAMES[cls.CODE] = cls.NAME
 
-    def __init__(self, param: CommParam | None = None, *, validate: bool | None = None) -> None:
+    def __init__(self, param: CommParam | None = None, *, validate: bool | None = None,
+                 timeout: float | None = None) -> None:
         if param is None:
             param = self.PARAM()
         if not isinstance(param, self.PARAM):
@@ -55,6 +60,7 @@ class Operation:
                 f"{self.NAME}: param is {type(param).__name__}: must be {self.PARAM.__name__}", op=self.NAME,
                 param="param")
         self.param = param
+        self.timeout = timeout_default() if timeout is None else (float(timeout) if timeout and timeout > 0 else None)
         self.comm: MPI.Comm | None = None
         self.rank = -1
         self.size = 0
@@ -107,7 +113,7 @@ class Operation:
             self._bind_param()
         except Exception as exc:  # noqa: BLE001 - agreed across ranks at execute
             self._param_error = as_collective_error(exc, self.NAME, self.rank)
-        self.comm = comm
+        self.comm = comm if self.timeout is None else TimedComm(comm, self.timeout, action_default(), self.NAME)
         self.validate = self._validate
 
     def _bind_param(self) -> None:
@@ -136,7 +142,7 @@ class Operation:
             return self._run(*args, **kwargs)
         h = V.header(self.size, self.CODE)
         if self._debug:
-            h[V.H_SEQ] = V.next_seq(self.comm)
+            h[V.H_SEQ] = V.next_seq(getattr(self.comm, "comm", self.comm))
         err = self._param_error
         if err is None:
             try:

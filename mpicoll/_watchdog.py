@@ -1,0 +1,204 @@
+"""The collective watchdog: ``MPICOLL_TIMEOUT=SECONDS`` (or ``Operation(..., timeout=SECONDS)``).
+
+With a timeout, an operation's communicator is wrapped in a :class:`TimedComm`: every collective
+it makes is started non-blocking and polled with back-off (a short spin, then sleeps doubling up to
+``MAX_PAUSE``), so a rank waiting for a late peer does not burn a core. Before each call the rank
+records ``(communicator, call number)`` in its slot of a small table on world rank 0 (one RMA put),
+so that on a timeout it can name the ranks that never arrived, and where they are instead.
+
+On a timeout it raises :class:`~mpicoll.CollectiveTimeout` naming the operator, the communicator,
+the call number and the missing ranks; by default (``MPICOLL_TIMEOUT_ACTION=abort``, as NCCL's
+watchdog does) it then prints the error and aborts the whole job, removing the MPICH shared-memory
+segments this process maps. ``MPICOLL_TIMEOUT_ACTION=raise`` only raises: the communicator then
+has a collective in flight and must not be used again.
+"""
+from __future__ import annotations
+
+import hashlib
+import os
+import sys
+import time
+from typing import Any
+
+import numpy as np
+from mpi4py import MPI
+
+from ._errors import CollectiveArgumentError, CollectiveTimeout
+
+SPIN = 200          # polls before the first sleep (latency of short collectives stays that of a spin)
+MAX_PAUSE = 5e-3    # longest sleep between polls, seconds
+_ACTIONS = ("abort", "raise")
+
+#: per communicator (by handle): the number of collectives this rank started on it through the watchdog
+_CALLS: dict[int, int] = {}
+
+
+def timeout_default() -> float | None:
+    """``MPICOLL_TIMEOUT`` in seconds (unset, empty or 0 = no watchdog)."""
+    raw = os.environ.get("MPICOLL_TIMEOUT", "").strip()
+    if not raw:
+        return None
+    try:
+        value = float(raw)
+    except ValueError:
+        raise CollectiveArgumentError(f"environment MPICOLL_TIMEOUT={raw!r}: must be a number of seconds",
+                                      param="MPICOLL_TIMEOUT") from None
+    return value if value > 0 else None
+
+
+def action_default() -> str:
+    action = os.environ.get("MPICOLL_TIMEOUT_ACTION", "abort").strip().lower()
+    if action not in _ACTIONS:
+        raise CollectiveArgumentError(f"environment MPICOLL_TIMEOUT_ACTION={action!r}: must be one of {_ACTIONS}",
+                                      param="MPICOLL_TIMEOUT_ACTION")
+    return action
+
+
+def comm_key(comm: MPI.Comm) -> int:
+    """A number naming a library communicator alike on every rank (from its name)."""
+    return int.from_bytes(hashlib.blake2b(comm.Get_name().encode(), digest_size=7).digest(), "little")
+
+
+def own_shm_segments() -> list[str]:
+    """The MPICH shared-memory files this process maps (``/dev/shm/mpich_shm_*``)."""
+    try:
+        with open("/proc/self/maps", encoding="utf-8", errors="replace") as fh:
+            paths = {line.split(None, 5)[5].strip() for line in fh if len(line.split(None, 5)) == 6}
+    except OSError:
+        return []
+    return sorted(p.removesuffix(" (deleted)") for p in paths if p.startswith("/dev/shm/mpich_shm_"))
+
+
+def stale_segments(candidates: set[str] | None = None) -> list[str]:
+    """MPICH shared-memory files owned by this user that no live process maps (left by an aborted or
+    killed job), optionally only among ``candidates`` (e.g. those that appeared during one run)."""
+    import glob
+    found = {p for p in glob.glob("/dev/shm/mpich_shm_*") if os.path.isfile(p) and os.stat(p).st_uid == os.getuid()}
+    if candidates is not None:
+        found &= set(candidates)
+    mapped: set[str] = set()
+    for maps in glob.glob("/proc/[0-9]*/maps"):
+        try:
+            with open(maps, encoding="utf-8", errors="replace") as fh:
+                mapped.update(line.split(None, 5)[5].strip().removesuffix(" (deleted)") for line in fh
+                              if "/dev/shm/mpich_shm_" in line)
+        except OSError:
+            continue
+    return sorted(found - mapped)
+
+
+def abort(message: str, code: int = 1) -> None:
+    """Print ``message``, unlink this job's shared-memory files (only those this process maps: the
+    peers keep their mappings), and abort every rank."""
+    sys.stderr.write(message.rstrip() + "\n")
+    sys.stderr.flush()
+    for path in own_shm_segments():
+        try:
+            os.unlink(path)
+        except OSError:
+            pass
+    MPI.COMM_WORLD.Abort(code)
+    os._exit(code)  # Abort does not return; if an MPI ever let it, do not run on
+
+
+class TimedComm:
+    """A communicator whose collectives time out. Other attributes pass through to ``comm``."""
+
+    def __init__(self, comm: MPI.Comm, timeout: float, action: str, op: str) -> None:
+        self.comm = comm
+        self.timeout = timeout
+        self.action = action
+        self.op = op
+        self.key = comm_key(comm)
+        self.handle = MPI._handleof(comm)
+        from ._domains import runtime
+        self.rt = runtime()
+        group = comm.Get_group()
+        self.world_ranks = MPI.Group.Translate_ranks(group, list(range(comm.Get_size())), self.rt.group)
+        group.Free()
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self.comm, name)
+
+    def __eq__(self, other: object) -> bool:
+        return self.comm == (other.comm if isinstance(other, TimedComm) else other)
+
+    __hash__ = None  # type: ignore[assignment]
+
+    # -- the collectives mpicoll makes ---------------------------------------------------------------
+    def Allreduce(self, s, r, op=MPI.SUM):  # noqa: N802 - mpi4py's names
+        self._run("Allreduce", self.comm.Iallreduce, s, r, op)
+
+    def Allgather(self, s, r):  # noqa: N802
+        self._run("Allgather", self.comm.Iallgather, s, r)
+
+    def Allgatherv(self, s, r):  # noqa: N802
+        self._run("Allgatherv", self.comm.Iallgatherv, s, r)
+
+    def Alltoall(self, s, r):  # noqa: N802
+        self._run("Alltoall", self.comm.Ialltoall, s, r)
+
+    def Alltoallv(self, s, r):  # noqa: N802
+        self._run("Alltoallv", self.comm.Ialltoallv, s, r)
+
+    def Bcast(self, buf, root=0):  # noqa: N802
+        self._run("Bcast", self.comm.Ibcast, buf, root)
+
+    def Reduce_scatter_block(self, s, r, op=MPI.SUM):  # noqa: N802
+        self._run("Reduce_scatter_block", self.comm.Ireduce_scatter_block, s, r, op)
+
+    def Reduce_scatter(self, s, r, counts=None, op=MPI.SUM):  # noqa: N802
+        self._run("Reduce_scatter", self.comm.Ireduce_scatter, s, r, counts, op)
+
+    def Barrier(self):  # noqa: N802
+        self._run("Barrier", self.comm.Ibarrier)
+
+    # -- machinery -----------------------------------------------------------------------------------
+    def _run(self, what: str, start, *args) -> None:
+        call = _CALLS[self.handle] = _CALLS.get(self.handle, 0) + 1
+        self._arrive(call)
+        req = start(*args)
+        deadline = time.monotonic() + self.timeout
+        polls, pause = 0, 5e-5
+        while not req.Test():
+            polls += 1
+            if polls <= SPIN:
+                continue
+            if time.monotonic() > deadline:
+                self._expired(what, call)
+                return
+            time.sleep(pause)
+            pause = min(pause * 2, MAX_PAUSE)
+
+    def _arrive(self, call: int) -> None:
+        slot = self.rt.arrivals + 2 * self.rt.world.Get_rank()
+        mark = np.array([self.key, call], dtype=np.int64)
+        self.rt.win.Lock(0, MPI.LOCK_SHARED)
+        self.rt.win.Put([mark, MPI.INT64_T], 0, target=(slot, 2, MPI.INT64_T))
+        self.rt.win.Unlock(0)
+
+    def _expired(self, what: str, call: int) -> None:
+        table = np.empty((self.rt.world.Get_size(), 2), dtype=np.int64)
+        self.rt.win.Lock(0, MPI.LOCK_SHARED)
+        self.rt.win.Get([table, MPI.INT64_T], 0, target=(self.rt.arrivals, table.size, MPI.INT64_T))
+        self.rt.win.Unlock(0)
+        missing, elsewhere = [], []
+        for local, world in enumerate(self.world_ranks):
+            key, seen = (int(v) for v in table[world])
+            if key == self.key and seen >= call:
+                continue
+            if key == self.key or key == 0:
+                missing.append(local)
+            else:
+                elsewhere.append(local)
+        me = self.comm.Get_rank()
+        detail = f"ranks that did not arrive: {missing}" if missing else "every rank arrived (one may have died)"
+        if elsewhere:
+            detail += f"; ranks {elsewhere} are in a collective on another communicator"
+        error = CollectiveTimeout(
+            f"{self.op}: timed out after {self.timeout:g} s on rank {me} of {self.comm.Get_name()} "
+            f"(collective call #{call} on it, MPI {what}); {detail}", op=self.op, param="timeout",
+            rank=missing[0] if missing else None)
+        if self.action == "abort":
+            abort(f"mpicoll watchdog: {error}; aborting the job (MPICOLL_TIMEOUT_ACTION=raise only raises)")
+        raise error

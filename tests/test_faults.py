@@ -1,0 +1,139 @@
+"""Faults, each in its own ``mpirun`` with a time limit: a killed rank, a rank that never arrives
+(watchdog), an exception in the CLI; none may hang, and none may leave its shared memory behind."""
+from __future__ import annotations
+
+import glob
+import os
+import subprocess
+import sys
+import textwrap
+import time
+
+import pytest
+from mpi4py import MPI
+
+from mpicoll._watchdog import stale_segments
+
+pytestmark = [pytest.mark.mpi(min_size=1),
+              pytest.mark.skipif(MPI.COMM_WORLD.Get_size() != 1, reason="runs its own mpirun jobs once")]
+
+
+def _job(tmp_path, body, np_=3, env=None, timeout=60):
+    """Run ``body`` as a script under mpirun; returns (result, seconds, shm files it left behind)."""
+    script = tmp_path / "job.py"
+    script.write_text(textwrap.dedent(body))
+    clean = {k: v for k, v in os.environ.items() if not k.startswith(("PMI_", "HYD", "MPI_LOCAL", "MPICOLL_"))}
+    clean.update(env or {})
+    before = set(glob.glob("/dev/shm/mpich_shm_*"))
+    t0 = time.monotonic()
+    res = subprocess.run(["mpirun", "-np", str(np_), sys.executable, "-m", "mpi4py", str(script)],
+                         capture_output=True, text=True, timeout=timeout, env=clean)
+    seconds = time.monotonic() - t0
+    time.sleep(0.3)                                       # let the killed processes' mappings go
+    left = stale_segments(set(glob.glob("/dev/shm/mpich_shm_*")) - before)
+    return res, seconds, left
+
+
+def _remove(paths):
+    for p in paths:
+        try:
+            os.unlink(p)
+        except OSError:
+            pass
+
+
+LOOP = """
+    import os, signal
+    import numpy as np
+    import mpicoll
+    from mpi4py import MPI
+    rank = MPI.COMM_WORLD.Get_rank()
+    op = mpicoll.AllReduceOperation()
+    x = np.ones(1 << 16, np.float32)
+    for i in range(10_000):
+        if rank == 1 and i == 50:
+            os.kill(os.getpid(), signal.SIGKILL)       # dies mid-collective
+        op.execute(x)
+"""
+
+
+def test_a_killed_rank_ends_the_job_in_seconds(tmp_path):
+    res, seconds, left = _job(tmp_path, LOOP)
+    _remove(left)                                         # nobody in a SIGKILLed job can clean up
+    assert res.returncode != 0 and seconds < 20, (seconds, res.stderr[-2000:])
+    assert not stale_segments(set(left)), "cleanup of the killed job's segments failed"
+
+
+NEVER = """
+    import sys, time
+    import numpy as np
+    import mpicoll
+    from mpi4py import MPI
+    rank = MPI.COMM_WORLD.Get_rank()
+    op = mpicoll.AllReduceOperation()
+    op.execute(np.ones(4))
+    if rank == 1:
+        time.sleep(30)                                  # never joins the next collective
+        sys.exit(0)
+    try:
+        op.execute(np.ones(4))
+    except mpicoll.CollectiveTimeout as exc:
+        print(f"rank {rank}: {exc}", flush=True)
+        sys.exit(3)
+"""
+
+
+def test_watchdog_aborts_and_names_the_missing_rank(tmp_path):
+    res, seconds, left = _job(tmp_path, NEVER, env={"MPICOLL_TIMEOUT": "2"})
+    assert res.returncode != 0 and seconds < 15, (seconds, res.stderr[-2000:])
+    assert "mpicoll watchdog: AllReduce: timed out after 2 s" in res.stderr
+    assert "ranks that did not arrive: [1]" in res.stderr and "mpicoll.world" in res.stderr
+    assert not left, f"the aborted job left {left}"
+
+
+def test_watchdog_raise_mode(tmp_path):
+    res, seconds, left = _job(tmp_path, NEVER, env={"MPICOLL_TIMEOUT": "1.5", "MPICOLL_TIMEOUT_ACTION": "raise"})
+    _remove(left)
+    assert res.returncode == 3, res.stderr[-2000:]
+    # the first rank to exit(3) aborts the job (python -m mpi4py), so at least one of them reports
+    assert any(f"rank {r}: AllReduce: timed out after 1.5 s on rank {r}" in res.stdout for r in (0, 2))
+    assert "ranks that did not arrive: [1]" in res.stdout and "collective call #3" in res.stdout
+
+
+def test_cli_exception_aborts_and_cleans_up(tmp_path):
+    res, seconds, left = _job(tmp_path, """
+        from mpi4py import MPI
+        import mpicoll.run as run
+        def boom(argv=None):
+            import mpicoll
+            mpicoll.init()
+            if MPI.COMM_WORLD.Get_rank() == 2:
+                raise RuntimeError("injected")
+            MPI.COMM_WORLD.Barrier()
+            return 0
+        run.main = boom
+        run.entry([])
+    """)
+    assert res.returncode != 0 and seconds < 15
+    assert "unhandled error on rank 2 of 3" in res.stderr and "injected" in res.stderr
+    assert not left, f"the aborted job left {left}"
+
+
+def test_timeout_per_operation_and_cost_free_when_fine(tmp_path):
+    res, _, left = _job(tmp_path, """
+        import numpy as np
+        import mpicoll
+        from mpi4py import MPI
+        n = MPI.COMM_WORLD.Get_size()
+        for name in ("AllReduce", "AllGather", "ReduceScatter", "AllToAll", "Broadcast"):
+            op = mpicoll.OPERATIONS[name](timeout=30)
+            out = op.execute(np.ones(2 * n, np.float32))
+            assert out.size in (2 * n, 2, 2 * n * n), (name, out.shape)
+        v2 = mpicoll.AllToAllVV2Operation(timeout=30)
+        assert v2.execute(np.ones(n), [1] * n, list(range(n)), [1] * n, list(range(n))).shape == (1, n)
+        q = mpicoll.QuantAllReduceOperation(timeout=30)
+        assert q.execute(np.ones(8, np.int8), 0.5).tolist() == [0.5 * n] * 8
+        print("ok", flush=True)
+    """, np_=3)
+    _remove(left)
+    assert res.returncode == 0 and res.stdout.count("ok") == 3, res.stderr[-2000:]
