@@ -1,0 +1,186 @@
+"""Property-based fuzzing of count/displacement plans (AllToAllV/VV2, AllGatherV, ReduceScatterV).
+
+Every valid plan (random counts with zeros and skew, gapped and permuted displacements, every
+dtype) must match the numpy golden; every plan with one defect on one rank must raise the same
+CollectiveError on every rank. Hypothesis runs derandomized (the same examples on every rank);
+``MPICOLL_FUZZ_EXAMPLES`` sets the examples per property (CI: 25; ``scripts/fuzz``: thousands).
+"""
+from __future__ import annotations
+
+import os
+
+import numpy as np
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+import mpicoll
+from mpicoll import CollectiveError
+from mpicoll._dtypes import DTYPES
+from mpicoll._golden import count_wrong, golden_reduce
+from mpicoll.ops.alltoall import alltoallv_golden
+
+from _mpi import RANK, SIZE, WORLD
+
+EXAMPLES = int(os.environ.get("MPICOLL_FUZZ_EXAMPLES", "25"))
+FUZZ = settings(max_examples=EXAMPLES, derandomize=True, database=None, deadline=None,
+                suppress_health_check=list(HealthCheck), print_blob=False)
+TRIED = {"valid": 0, "invalid": 0}
+mpi1 = pytest.mark.mpi(min_size=1)
+
+counts_st = st.one_of(st.integers(0, 3), st.integers(0, 40), st.sampled_from([0, 0, 1, 257]))
+
+
+@st.composite
+def layouts(draw, counts):
+    """Displacements for blocks of ``counts``: a random block order, random gaps; and the length."""
+    order = draw(st.permutations(range(len(counts))))
+    gaps = draw(st.lists(st.integers(0, 3), min_size=len(counts), max_size=len(counts)))
+    d, pos = [0] * len(counts), 0
+    for k in order:
+        pos += gaps[k]
+        d[k] = pos
+        pos += counts[k]
+    return d, pos + draw(st.integers(0, 2))
+
+
+@st.composite
+def packed_permuted(draw, counts):
+    """Receive displacements: packed (no gaps fit in sum(counts)) in a random block order."""
+    order = draw(st.permutations(range(len(counts))))
+    d, pos = [0] * len(counts), 0
+    for k in order:
+        d[k] = pos
+        pos += counts[k]
+    return d
+
+
+@st.composite
+def a2a_plans(draw):
+    m = [[draw(counts_st) for _ in range(SIZE)] for _ in range(SIZE)]
+    plans, lengths = [], []
+    for r in range(SIZE):
+        sd, length = draw(layouts(m[r]))
+        rc = [m[i][r] for i in range(SIZE)]
+        plans.append((m[r], sd, rc, draw(packed_permuted(rc))))
+        lengths.append(length)
+    return draw(st.sampled_from(list(DTYPES))), plans, lengths
+
+
+def _data(dtype, length, rank, salt):
+    rng = np.random.default_rng([salt, rank, length])
+    return rng.integers(-4, 5 if DTYPES[dtype].np.kind != "u" else 9, size=length).astype(DTYPES[dtype].np) \
+        if DTYPES[dtype].np.kind != "u" else rng.integers(0, 9, size=length).astype(DTYPES[dtype].np)
+
+
+def _check_all_ranks_agree(fn):
+    """Every rank raises a CollectiveError with the same message."""
+    try:
+        fn()
+        message = None
+    except CollectiveError as exc:
+        message = str(exc)
+    messages = WORLD.allgather(message)
+    assert message is not None and len(set(messages)) == 1, messages
+
+
+DEFECTS = ["negative", "recv_more", "recv_fewer", "send_out_of_range", "recv_overlap", "short_counts"]
+
+
+def _break(plan, defect, n):
+    sc, sd, rc, rd = (list(v) for v in plan)
+    if defect == "negative":
+        sc[0] = -1
+    elif defect == "recv_more":
+        rc[n - 1] += 1
+    elif defect == "recv_fewer":
+        if rc[n - 1] == 0:
+            rc[n - 1] = 1                 # still a mismatch: the peer sends 0
+        else:
+            rc[n - 1] -= 1
+    elif defect == "send_out_of_range":
+        sd[0] = 10 ** 6
+    elif defect == "recv_overlap":
+        rc = [max(c, 1) for c in rc]
+        rd = [0] * n
+    elif defect == "short_counts":
+        sc = sc[:-1]
+    return sc, sd, rc, rd
+
+
+@mpi1
+@FUZZ
+@given(a2a_plans(), st.booleans())
+def test_alltoallv_valid_plans_match_the_golden(case, use_param):
+    dtype, plans, lengths = case
+    xs = [_data(dtype, lengths[r], r, 7) for r in range(SIZE)]
+    sc, sd, rc, rd = plans[RANK]
+    if use_param:
+        op = mpicoll.AllToAllVOperation(mpicoll.AllToAllVParam(send_counts=sc, sdispls=sd, recv_counts=rc, rdispls=rd))
+        got = op.execute(xs[RANK])
+    else:
+        got = mpicoll.AllToAllVV2Operation().execute(xs[RANK], np.array(sc), sd, np.array(rc, np.int32), rd)
+    assert count_wrong(got, alltoallv_golden(xs, [tuple(np.array(v) for v in p) for p in plans], RANK)) == 0
+    TRIED["valid"] += 1
+
+
+@mpi1
+@FUZZ
+@given(a2a_plans(), st.sampled_from(DEFECTS), st.integers(0, 63))
+def test_alltoallv_invalid_plans_raise_everywhere(case, defect, who):
+    dtype, plans, lengths = case
+    bad_rank = who % SIZE
+    if SIZE == 1 and defect in ("recv_more", "recv_fewer"):
+        defect = "negative"               # with one rank a count mismatch is a local length error
+    x = _data(dtype, lengths[RANK], RANK, 8)
+    plan = _break(plans[RANK], defect, SIZE) if RANK == bad_rank else plans[RANK]
+    _check_all_ranks_agree(lambda: mpicoll.AllToAllVV2Operation().execute(x, *plan))
+    TRIED["invalid"] += 1
+
+
+@mpi1
+@FUZZ
+@given(st.lists(counts_st, min_size=SIZE, max_size=SIZE), st.data(), st.sampled_from(list(DTYPES)))
+def test_allgatherv_plans(send_counts, data, dtype):
+    rd = data.draw(packed_permuted(send_counts))
+    extra = data.draw(st.integers(0, 3))
+    xs = [_data(dtype, send_counts[r] + extra, r, 9) for r in range(SIZE)]
+    expected = np.empty(sum(send_counts), DTYPES[dtype].np)
+    for i in range(SIZE):
+        expected[rd[i]:rd[i] + send_counts[i]] = xs[i][:send_counts[i]]
+    op = mpicoll.AllGatherVOperation()
+    assert count_wrong(op.execute(xs[RANK], send_counts[RANK], send_counts, rd), expected) == 0
+    TRIED["valid"] += 1
+    bad = list(send_counts)
+    bad[data.draw(st.integers(0, SIZE - 1))] += 1          # every rank expects one more from someone
+    _check_all_ranks_agree(lambda: op.execute(xs[RANK], send_counts[RANK], bad, rd))
+    TRIED["invalid"] += 1
+
+
+@mpi1
+@FUZZ
+@given(st.lists(counts_st, min_size=SIZE, max_size=SIZE), st.data(),
+       st.sampled_from(["int8", "int32", "uint8", "float16", "bfloat16", "float32", "float64"]),
+       st.sampled_from(["sum", "max", "min"]))
+def test_reduce_scatterv_plans(send_counts, data, dtype, rname):
+    layouts_ = [data.draw(layouts(send_counts)) for _ in range(SIZE)]
+    xs = [_data(dtype, layouts_[r][1], r, 10) for r in range(SIZE)]
+    blocks = [xs[r][layouts_[r][0][RANK]:layouts_[r][0][RANK] + send_counts[RANK]] for r in range(SIZE)]
+    op = mpicoll.ReduceScatterVOperation(mpicoll.ReduceScatterVParam(reduce_type=rname))
+    got = op.execute(xs[RANK], send_counts, layouts_[RANK][0], send_counts[RANK])
+    assert count_wrong(got, golden_reduce(blocks, DTYPES[dtype], mpicoll._dtypes.REDUCE_OPS[rname])) == 0
+    TRIED["valid"] += 1
+    who = data.draw(st.integers(0, SIZE - 1))
+    recv = send_counts[RANK] + (1 if RANK == who else 0)
+    _check_all_ranks_agree(lambda: op.execute(xs[RANK], send_counts, layouts_[RANK][0], recv))
+    TRIED["invalid"] += 1
+
+
+@mpi1
+def test_report_plans_tried(capsys):
+    """Runs last in this module: how many plans the properties above tried on this rank."""
+    total = WORLD.allreduce(TRIED["valid"] + TRIED["invalid"])
+    with capsys.disabled():
+        if RANK == 0:
+            print(f"\nfuzz: {TRIED['valid']} valid and {TRIED['invalid']} invalid plans per rank "
+                  f"({total} checks over {SIZE} rank(s), {EXAMPLES} examples per property)")
