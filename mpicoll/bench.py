@@ -368,6 +368,8 @@ def _plot(path: str, rows: list[Row], n: int, compare: list[str]) -> None:
     cols = min(3, len(ops))
     nrows = -(-len(ops) // cols)
     fig, axes = plt.subplots(nrows, cols, figsize=(5.2 * cols, 3.8 * nrows), squeeze=False)
+    colors = {"mpicoll": "tab:blue", "mpicoll in-place": "tab:cyan", "mpi4py": "tab:orange", "gloo": "tab:green"}
+    markers = dict(zip(dtypes, "osD^vP*X"))
     for ax, op in zip(axes.flat, ops):
         mine = [r for r in rows if r.op == op and r.size > 0]
         factor = BENCHES[op].bus_factor(n)
@@ -380,8 +382,9 @@ def _plot(path: str, rows: list[Row], n: int, compare: list[str]) -> None:
                 series[c] = [(r.size, r.size / (r.compare[c] * 1e-6) / 1e9 * factor) for r in pts
                              if r.compare.get(c)]
             for label, xy in series.items():
-                if xy:
-                    ax.plot([p[0] for p in xy], [p[1] for p in xy], marker="o", ms=3, label=label + tag)
+                if xy:      # colour = implementation, marker = dtype
+                    ax.plot([p[0] for p in xy], [p[1] for p in xy], marker=markers[dt], ms=3, lw=1,
+                            color=colors.get(label), ls="--" if "in-place" in label else "-", label=label + tag)
         ax.set_xscale("log", base=2)
         ax.set_title(op)
         ax.set_xlabel("size (bytes)")

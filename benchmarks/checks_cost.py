@@ -1,0 +1,62 @@
+"""What each reliability feature costs per call, same arrays, same run, interleaved.
+
+    mpirun -np 2 python benchmarks/checks_cost.py [--sizes 8,65536,16777216] [--ops AllReduce,AllToAllVV2]
+
+Columns: raw mpi4py call; mpicoll with validation off; validation on (the default); MPICOLL_DEBUG
+fingerprints; the watchdog (a timeout, validation on). Medians of interleaved blocks, slowest rank.
+"""
+from __future__ import annotations
+
+import argparse
+import os
+import statistics
+
+from mpi4py import MPI
+
+import mpicoll
+from overhead import block_time, cases   # same directory
+
+W = MPI.COMM_WORLD
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--sizes", default="8,65536,16777216")
+    ap.add_argument("--ops", default="AllReduce,AllGather,Broadcast,AllToAllVV2")
+    ap.add_argument("--reps", type=int, default=9)
+    args = ap.parse_args()
+    raw_comm = W.Dup()
+    mpicoll.init()
+    wanted = set(args.ops.split(","))
+    rows = []
+    for nbytes in (int(s) for s in args.sizes.split(",")):
+        iters = max(3, min(1000, int(2e8 // max(nbytes, 1) // 50)))
+        for name, raw, cls, param, out, call in cases(raw_comm, nbytes):
+            if name not in wanted:
+                continue
+            os.environ["MPICOLL_DEBUG"] = "1"
+            debug = cls(param)
+            os.environ["MPICOLL_DEBUG"] = "0"
+            ops = {"off": cls(param, validate=False), "on": cls(param, validate=True), "debug": debug,
+                   "timeout": cls(param, validate=True, timeout=600)}
+            impls = {"raw": raw, **{k: (lambda op=op: call(op, out)) for k, op in ops.items()}}
+            for fn in impls.values():
+                fn()
+            times = {k: [] for k in impls}
+            for _ in range(args.reps):
+                for k, fn in impls.items():
+                    times[k].append(block_time(raw_comm, fn, iters))
+            rows.append((name, nbytes, {k: statistics.median(v) * 1e6 for k, v in times.items()}))
+    if W.Get_rank() == 0:
+        print(f"# cost of the checks, {W.Get_size()} ranks, float32, us per call (median of {args.reps}), "
+              "ratios to raw mpi4py")
+        print(f"{'op':<13}{'bytes':>10}{'raw':>10}{'off':>10}{'on':>10}{'debug':>10}{'timeout':>10}"
+              f"{'on/raw':>8}{'dbg/raw':>8}{'tmo/raw':>8}")
+        for name, nbytes, m in rows:
+            r = m["raw"]
+            print(f"{name:<13}{nbytes:>10}{r:>10.1f}{m['off']:>10.1f}{m['on']:>10.1f}{m['debug']:>10.1f}"
+                  f"{m['timeout']:>10.1f}{m['on'] / r:>8.2f}{m['debug'] / r:>8.2f}{m['timeout'] / r:>8.2f}")
+
+
+if __name__ == "__main__":
+    main()
