@@ -163,7 +163,8 @@ static PyObject *py_f32_to_f16(PyObject *self, PyObject *args) {
     Py_RETURN_NONE;
 }
 
-static PyObject *py_reduce_f16(PyObject *self, PyObject *args) {
+/* reduce_f16 / reduce_bf16: parse (parts, out, rows, op), check the sizes, run without the GIL */
+static PyObject *reduce_rows(PyObject *args, int bf16) {
     Py_buffer s, d;
     Py_ssize_t rows;
     int op;
@@ -171,37 +172,27 @@ static PyObject *py_reduce_f16(PyObject *self, PyObject *args) {
     Py_ssize_t c = d.len / 2;
     if (rows < 1 || s.len < rows * c * 2 || op < 0 || op > 3) {
         PyBuffer_Release(&s); PyBuffer_Release(&d);
-        return PyErr_Format(PyExc_ValueError, "reduce_f16: bad shape or op (rows=%zd, op=%d)", rows, op);
+        return PyErr_Format(PyExc_ValueError, "reduce: bad shape or op (rows=%zd, op=%d)", rows, op);
     }
     Py_BEGIN_ALLOW_THREADS
+    if (bf16) {
 #ifdef HAVE_F16C_VARIANT
-    if (use_f16c) reduce_f16c(s.buf, d.buf, rows, c, op); else
+        if (use_f16c) reduce_bf16_avx2(s.buf, d.buf, rows, c, op); else
 #endif
-    reduce_generic(s.buf, d.buf, rows, c, c, op);
+        reduce_bf16_generic(s.buf, d.buf, rows, c, op);
+    } else {
+#ifdef HAVE_F16C_VARIANT
+        if (use_f16c) reduce_f16c(s.buf, d.buf, rows, c, op); else
+#endif
+        reduce_generic(s.buf, d.buf, rows, c, c, op);
+    }
     Py_END_ALLOW_THREADS
     PyBuffer_Release(&s); PyBuffer_Release(&d);
     Py_RETURN_NONE;
 }
 
-static PyObject *py_reduce_bf16(PyObject *self, PyObject *args) {
-    Py_buffer s, d;
-    Py_ssize_t rows;
-    int op;
-    if (!PyArg_ParseTuple(args, "y*w*ni", &s, &d, &rows, &op)) return NULL;
-    Py_ssize_t c = d.len / 2;
-    if (rows < 1 || s.len < rows * c * 2 || op < 0 || op > 3) {
-        PyBuffer_Release(&s); PyBuffer_Release(&d);
-        return PyErr_Format(PyExc_ValueError, "reduce_bf16: bad shape or op (rows=%zd, op=%d)", rows, op);
-    }
-    Py_BEGIN_ALLOW_THREADS
-#ifdef HAVE_F16C_VARIANT
-    if (use_f16c) reduce_bf16_avx2(s.buf, d.buf, rows, c, op); else
-#endif
-    reduce_bf16_generic(s.buf, d.buf, rows, c, op);
-    Py_END_ALLOW_THREADS
-    PyBuffer_Release(&s); PyBuffer_Release(&d);
-    Py_RETURN_NONE;
-}
+static PyObject *py_reduce_f16(PyObject *self, PyObject *args) { return reduce_rows(args, 0); }
+static PyObject *py_reduce_bf16(PyObject *self, PyObject *args) { return reduce_rows(args, 1); }
 
 static PyMethodDef methods[] = {
     {"reduce_bf16", py_reduce_bf16, METH_VARARGS,

@@ -186,6 +186,20 @@ class Operation:
         raise NotImplementedError
 
 
+class ReduceOperation(Operation):
+    """An operator with a ``reduce_type``: binds the reduce op once; with validation on, an integer
+    SUM is run through a wider accumulator (``_acc``) so that overflow is an error, not a wrap."""
+
+    USES_REDUCE = True
+
+    def _bind_param(self) -> None:
+        self._rop = self._reduce()
+
+    def _cross(self, args: tuple, kwargs: dict, table: np.ndarray) -> dict:
+        acc = checked_sum(self, args[0])
+        return {**kwargs, "_acc": acc} if acc is not None else kwargs
+
+
 def check_out(op: str, out: Any, shape: tuple, dtype: np.dtype, rank: int, x: np.ndarray | None = None,
               in_place_ok: bool = False) -> None:
     """A caller-supplied output buffer: right shape and dtype, C-contiguous, writable, not aliasing x."""

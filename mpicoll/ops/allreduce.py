@@ -12,7 +12,7 @@ from .._golden import (TORCH_OPS, BenchRun, BenchSpec, CheckSpec, bench_data, go
                        raw_reduce_type, reduce_case_names, register_bench, register_check, torch_view)
 from .._params import ReduceParam
 from .. import _validate as V
-from ._base import Operation, check_out, checked_sum, from_f32, reduce_scatter_f32, split_even, to_f32, x_out
+from ._base import ReduceOperation, check_out, from_f32, reduce_scatter_f32, split_even, to_f32, x_out
 
 #: float16/bfloat16 AllReduce of at most this many bytes: cast to float32, one native float32
 #: Allreduce, cast back (one collective beats two at small sizes); above: the AllToAll path.
@@ -24,7 +24,7 @@ class AllReduceParam(ReduceParam):
     """AllReduce parameters: the common fields plus ``reduce_type`` (JSON ``allReduceType``)."""
 
 
-class AllReduceOperation(Operation):
+class AllReduceOperation(ReduceOperation):
     """Element-wise reduction over all ranks; every rank gets the result.
 
     ``execute(x, out=None)`` -> array of x's shape and dtype. ``out`` may be a preallocated output,
@@ -37,20 +37,12 @@ class AllReduceOperation(Operation):
 
     NAME = "AllReduce"
     PARAM = AllReduceParam
-    USES_REDUCE = True
-
-    def _bind_param(self) -> None:
-        self._rop = self._reduce()
 
     def _check(self, args, kwargs, h):
         x, out = x_out(*args, **kwargs)
         x = self._check_x(x, h)
         check_out(self.NAME, out, x.shape, x.dtype, self.rank, x, in_place_ok=True)
         return (x,), {"out": out}
-
-    def _cross(self, args, kwargs, table):
-        acc = checked_sum(self, args[0])
-        return {**kwargs, "_acc": acc} if acc is not None else kwargs
 
     def _run(self, x, out=None, _acc=None):
         x, dt = self._data(x)

@@ -12,7 +12,7 @@ from .._errors import agree
 from .._golden import (TORCH_OPS, BenchRun, BenchSpec, CheckSpec, bench_data, counts_matrix, displs, golden_reduce,
                        rank_data, raw_reduce_type, reduce_case_names, register_bench, register_check, torch_view)
 from .._params import ReduceParam
-from ._base import Operation, check_out, checked_sum, reduce_scatter_f32, x_out
+from ._base import ReduceOperation, check_out, reduce_scatter_f32, x_out
 
 
 @dataclass
@@ -25,7 +25,7 @@ class ReduceScatterVParam(ReduceParam):
     """ReduceScatterV parameters: the common fields plus ``reduce_type`` (counts are execute inputs)."""
 
 
-class ReduceScatterOperation(Operation):
+class ReduceScatterOperation(ReduceOperation):
     """Reduce ``x`` over all ranks, then rank r keeps block r of dim 0.
 
     ``execute(x, out=None)``: ``x.shape[0]`` must be divisible by rank_size; returns
@@ -38,10 +38,6 @@ class ReduceScatterOperation(Operation):
 
     NAME = "ReduceScatter"
     PARAM = ReduceScatterParam
-    USES_REDUCE = True
-
-    def _bind_param(self) -> None:
-        self._rop = self._reduce()
 
     def _check(self, args, kwargs, h):
         x, out = x_out(*args, **kwargs)
@@ -49,10 +45,6 @@ class ReduceScatterOperation(Operation):
         V.check_dim0(self.NAME, x, self.size, self.rank)
         check_out(self.NAME, out, (x.shape[0] // self.size, *x.shape[1:]), x.dtype, self.rank, x)
         return (x,), {"out": out}
-
-    def _cross(self, args, kwargs, table):
-        acc = checked_sum(self, args[0])
-        return {**kwargs, "_acc": acc} if acc is not None else kwargs
 
     def _run(self, x, out=None, _acc=None):
         x, dt = self._data(x)
@@ -70,7 +62,7 @@ class ReduceScatterOperation(Operation):
         return out
 
 
-class ReduceScatterVOperation(Operation):
+class ReduceScatterVOperation(ReduceOperation):
     """Reduce-scatter with a different block size per rank.
 
     ``execute(x, send_counts, sdispls, recv_count)``: block j of this rank is
@@ -86,11 +78,7 @@ class ReduceScatterVOperation(Operation):
 
     NAME = "ReduceScatterV"
     PARAM = ReduceScatterVParam
-    USES_REDUCE = True
     SAME_SHAPE = False
-
-    def _bind_param(self) -> None:
-        self._rop = self._reduce()
 
     def _check(self, args, kwargs, h):
         x, sc, sd, recv_count, out = _rsv_args(*args, **kwargs)
@@ -108,8 +96,7 @@ class ReduceScatterVOperation(Operation):
         n = self.size
         expected = np.repeat(table[:, V.H_SCALAR][:, None], n, axis=1)
         V.check_pairs(self.NAME, table[:, V.H_LEN:V.H_LEN + n], "send_counts[{j}]", expected, "recv_count")
-        acc = checked_sum(self, args[0])
-        return {**kwargs, "_acc": acc} if acc is not None else kwargs
+        return super()._cross(args, kwargs, table)
 
     def _run(self, x, send_counts, sdispls, recv_count, out=None, _acc=None):
         x, dt = self._data(x)
