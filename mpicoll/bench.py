@@ -156,6 +156,7 @@ def _time(comm: MPI.Comm, fn, iters: int) -> float:
 def run_bench(argv: list[str] | None = None) -> int:
     """Run the sweep; returns the exit status (1 if any result was wrong)."""
     args = build_parser().parse_args(argv)
+    args.command_line = "python -m mpicoll.run bench " + " ".join(sys.argv[2:] if argv is None else argv)
     world = runtime().world
     me, nworld = world.Get_rank(), world.Get_size()
     ops = _select(args.op, list(BENCHES), "operator")
@@ -347,7 +348,7 @@ def _format(r: Row, compare) -> str:
 
 def _write_json(args, rows, n, compare, validate) -> None:
     import mpi4py
-    doc = {"command": " ".join(sys.argv), "ranks": n, "validate": validate, "compare": compare,
+    doc = {"command": args.command_line, "ranks": n, "validate": validate, "compare": compare,
            "mpi": MPI.Get_library_version().splitlines()[0], "mpi4py": mpi4py.__version__, "numpy": np.__version__,
            "python": platform.python_version(), "host": platform.node(), "cpus": os.cpu_count(),
            "rows": [r.__dict__ for r in rows]}
