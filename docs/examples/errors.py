@@ -50,7 +50,14 @@ except CollectiveMismatchError as exc:
     assert exc.rank == 0
     same_everywhere(exc)
 
-# Nothing moved, so the ranks are still in step: the next collective is fine.
+# 4. An integer sum out of range: computed exactly in int16, then raised on every rank instead of wrapping.
+try:
+    AllReduceOperation(AllReduceParam()).execute(np.array([100, -100], dtype=np.int8))
+except CollectiveArgumentError as exc:
+    assert exc.param == "reduce_type" and exc.rank is None
+    same_everywhere(exc)
+
+# Every rank raised the same errors, so the ranks are still in step: the next collective is fine.
 op = AllReduceOperation(AllReduceParam())
 assert op.execute(np.array([1]))[0] == n
 

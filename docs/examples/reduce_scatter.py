@@ -53,3 +53,9 @@ outr = ReduceScatterVOperation(ReduceScatterVParam()).execute(
     xr if rank % 2 else xv, send_counts, rev if rank % 2 else sdispls, send_counts[rank])
 assert outr.tolist() == mine.tolist()
 show("ReduceScatterV mixed layout", outr.tolist())
+
+# x may be longer than its blocks: the elements after the last block are not read.
+longer = np.concatenate([xv, np.full(3, -1, dtype=np.int64)])
+outl = ReduceScatterVOperation(ReduceScatterVParam()).execute(longer, send_counts, sdispls, send_counts[rank])
+assert outl.tolist() == mine.tolist()
+show("ReduceScatterV longer x", outl.tolist())
