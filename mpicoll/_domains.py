@@ -29,7 +29,7 @@ from mpi4py import MPI
 from ._errors import CollectiveArgumentError, CollectiveError, CollectiveTimeout
 
 _SLOT = 4                      # int64 words per table slot: key, size, leader + 1, state
-_FORMING, _FORMED, _FAILED, _DECLARED = 0, 1, 2, 3
+_FORMING, _FORMED, _FAILED, _DECLARED, _TIMED_OUT = 0, 1, 2, 3, 4
 _TAG_BASE = 7000               # rendezvous p2p tags on the library world: _TAG_BASE + 2 * slot (+1 for replies)
 
 
@@ -139,6 +139,7 @@ def library_comm(comm: MPI.Comm) -> MPI.Comm:
     if dup is None:
         runtime()
         dup = comm.Dup()
+        dup.Set_name(f"mpicoll.user.{comm.Get_name() or 'comm'}")
         comm.Set_attr(_KEYVAL, dup)
     return dup
 
@@ -208,6 +209,9 @@ def _rendezvous(rt: _Runtime, name: str, size: int) -> tuple[int, tuple[int, ...
     if state == _FAILED:
         raise CollectiveArgumentError(f"{where}: forming this domain already failed (rank_size disagreement)",
                                       param="rank_size")
+    if state == _TIMED_OUT:
+        raise CollectiveTimeout(f"{where}: forming this domain already timed out (its leader gave up waiting "
+                                "for members; MPICOLL_DOMAIN_TIMEOUT)", param="comm_domain")
     tag = _TAG_BASE + 2 * slot
     if leader != me:
         rt.world.Send([np.array([me, size], dtype=np.int64), MPI.INT64_T], leader, tag)
@@ -226,7 +230,7 @@ def _rendezvous(rt: _Runtime, name: str, size: int) -> tuple[int, tuple[int, ...
             msg, src = _recv(rt, MPI.ANY_SOURCE, tag, deadline, f"{where}: leader waiting for members")
         except CollectiveTimeout as exc:
             # tell the members that did arrive, so that they fail now rather than at their own deadline
-            _set_state(rt, slot, _FAILED)
+            _set_state(rt, slot, _TIMED_OUT)
             notice = np.array([-2, len(members), size], dtype=np.int64)
             for r in members[1:]:
                 rt.world.Send([notice, MPI.INT64_T], r, tag + 1)

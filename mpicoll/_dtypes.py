@@ -130,8 +130,9 @@ def lookup(dtype: object, *, op: str = "mpicoll", param: str = "dtype", rank: in
 
 def sum_accumulator(dt: DType, n: int) -> DType | None:
     """The signed integer dtype in which a checked integer SUM over ``n`` ranks cannot overflow:
-    int8/uint8 -> int16 (up to 256 ranks), 16-bit -> int32, 32-bit -> int64; None for 64-bit
-    integers (no wider type: they wrap, as in MPI) and for floats."""
+    int8 -> int16 up to 256 ranks (uint8 up to 128), 16-bit -> int32, 32-bit -> int64, each moving
+    to the next wider type beyond; None for 64-bit integers (no wider type: they wrap, as in MPI)
+    and for floats."""
     if dt.np.kind not in "iu" or dt.itemsize >= 8:
         return None
     need = dt.itemsize * 8 + max(n - 1, 1).bit_length() + (1 if dt.np.kind == "u" else 0)

@@ -21,6 +21,7 @@ MAX_DIMS = 8
 H_SCALAR = H_DIMS + MAX_DIMS       # one op-specific scalar (send_count, recv_count, ...)
 H_BITS = H_SCALAR + 1              # op-specific flag bits
 H_SEQ = H_BITS + 1                 # debug mode: this communicator's collective sequence number
+H_EXTRA = H_SEQ + 1                # operator-specific parameters that must agree (QuantAllReduce)
 H_LEN = 20
 BIT_CONTIGUOUS = 1                 # displacements are the packed prefix sums of the counts
 
@@ -64,9 +65,10 @@ def check_fingerprint(op: str, table: np.ndarray, comm_name: str) -> None:
     for name, col, show in _FIELDS:
         _group(diffs, name, [show(int(r[col])) for r in rows])
     _group(diffs, "x.shape", [str(_shape(np.asarray(r))) for r in rows])
-    _group(diffs, "counts", [str(r[H_SCALAR:H_BITS] + r[H_LEN:]) for r in rows])
-    if diffs:
-        raise mismatch_error(op, "fingerprint", f"on {comm_name}: " + "; ".join(diffs), None)
+    _group(diffs, "operator parameters", [str(r[H_EXTRA]) for r in rows])
+    if diffs:   # (per-rank counts legitimately differ: the V operators' pair rules judge them)
+        first = OP_NAMES.get(int(rows[0][H_OP]), op)
+        raise mismatch_error(first, "fingerprint", f"on {comm_name}: " + "; ".join(diffs), None)
 
 
 def _group(diffs: list[str], name: str, values: list[str]) -> None:
@@ -247,7 +249,7 @@ def check_common(op: str, table: np.ndarray) -> None:
     The header holds only the fields this operator uses (the others stay 0), so the common case
     is one comparison of the rows' fixed part; the field-by-field diagnosis runs only on a mismatch.
     """
-    rows = table[:, H_OP:H_SCALAR].tolist()
+    rows = [r[H_OP:H_SCALAR] + [r[H_EXTRA]] for r in table.tolist()]
     first = rows[0]
     if all(r == first for r in rows):
         return
@@ -268,8 +270,20 @@ def check_common(op: str, table: np.ndarray) -> None:
     if r is not None:
         raise mismatch_error(op, "rank_root", f"{int(table[0, H_ROOT])} on rank 0 but "
                              f"{int(table[r, H_ROOT])} on rank {r}", r)
+    r = _first_diff(table[:, H_EXTRA])
+    if r is not None:
+        raise mismatch_error(op, "operator parameters", f"{describe_extra(op, int(table[0, H_EXTRA]))} on rank 0 but "
+                             f"{describe_extra(op, int(table[r, H_EXTRA]))} on rank {r}", r)
     r = next(i for i, row in enumerate(rows) if row != first)
     raise mismatch_error(op, "x.shape", f"{_shape(table[0])} on rank 0 but {_shape(table[r])} on rank {r}", r)
+
+
+#: operator name -> how to show its H_EXTRA value in a mismatch message
+EXTRA_DESCRIBERS: dict = {}
+
+
+def describe_extra(op: str, value: int) -> str:
+    return EXTRA_DESCRIBERS.get(op, str)(value)
 
 
 def check_pairs(op: str, sent: np.ndarray, send_name: str, expected: np.ndarray, recv_name: str) -> None:

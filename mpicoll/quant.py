@@ -17,21 +17,28 @@ from mpi4py import MPI
 
 from . import _validate as V
 from ._dtypes import DTYPES
-from ._errors import arg_error
+from ._errors import CollectiveArgumentError, arg_error
 from ._golden import BenchRun, BenchSpec, CheckSpec, bench_data, rank_data, register_bench, register_check, rng_for
 from ._params import CommParam
-from .ops._base import Operation, split_even
+from .ops._base import Operation, check_out, split_even
 
 _INT8 = DTYPES["int8"]
 _F16 = DTYPES["float16"]
 _GATHER_DTYPES = ("float16", "int8")
 
 
-def _check_block_size(block_size: object, name: str = "block_size", op: str = "quantize", rank: int = -1,
+def _bad(op: str, param: str, value: object, rank: int | None, rule: str) -> CollectiveArgumentError:
+    """The standard message; the helpers (no communicator, rank None) leave the rank out."""
+    if rank is None:
+        return CollectiveArgumentError(f"{op}: {param}={value!r}: {rule}", op=op, param=param)
+    return arg_error(op, param, value, rank, rule)
+
+
+def _check_block_size(block_size: object, name: str = "block_size", op: str = "quantize", rank: int | None = None,
                       allow_zero: bool = False) -> int:
     if isinstance(block_size, bool) or not isinstance(block_size, (int, np.integer)) or block_size < (
             0 if allow_zero else 1):
-        raise arg_error(op, name, block_size, rank, "must be an int >= " + ("0 (0 = one scale)" if allow_zero else "1"))
+        raise _bad(op, name, block_size, rank, "must be an int >= " + ("0 (0 = one scale)" if allow_zero else "1"))
     return int(block_size)
 
 
@@ -54,18 +61,27 @@ def quantize(x: np.ndarray, block_size: int) -> tuple[np.ndarray, np.ndarray]:
     block_size = _check_block_size(block_size)
     x = np.asarray(x)
     if x.dtype.kind != "f" and x.dtype != DTYPES["bfloat16"].np:
-        raise arg_error("quantize", "x.dtype", str(x.dtype), -1, "must be a float dtype")
+        raise _bad("quantize", "x.dtype", str(x.dtype), None, "must be a float dtype")
     flat = x.reshape(-1).astype(np.float32)
     if not np.isfinite(flat).all():
-        raise arg_error("quantize", "x", "NaN or inf", -1, "values must be finite")
+        raise _bad("quantize", "x", "NaN or inf", None, "values must be finite")
+    q, scales = _quantize(flat, block_size)
+    return q.reshape(x.shape), scales
+
+
+def _quantize(flat: np.ndarray, block_size: int) -> tuple[np.ndarray, np.ndarray]:
+    """:func:`quantize` of a flat float32 array, unchecked: a block holding inf or NaN gets a
+    non-finite scale (and dequantizes to NaN) instead of an error, so that inside the pipeline one
+    rank's overflow can never leave the others waiting."""
     nb = -(-flat.size // block_size)
     padded = np.zeros(nb * block_size, dtype=np.float32)
     padded[:flat.size] = flat
     blocks = padded.reshape(nb, block_size)
     scales = (np.abs(blocks).max(axis=1) / np.float32(127)).astype(np.float32) if nb else np.zeros(0, np.float32)
-    inv = np.divide(np.float32(1), scales, out=np.zeros_like(scales), where=scales > 0)
-    q = np.clip(np.rint(blocks * inv[:, None]), -127, 127).astype(np.int8)
-    return q.reshape(-1)[:flat.size].reshape(x.shape), scales
+    inv = np.divide(np.float32(1), scales, out=np.zeros_like(scales), where=(scales > 0) & np.isfinite(scales))
+    with np.errstate(invalid="ignore"):
+        q = np.clip(np.nan_to_num(np.rint(blocks * inv[:, None])), -127, 127).astype(np.int8)
+    return q.reshape(-1)[:flat.size], scales
 
 
 def dequantize(q: np.ndarray, scales: np.ndarray | float, block_size: int = 0,
@@ -77,25 +93,25 @@ def dequantize(q: np.ndarray, scales: np.ndarray | float, block_size: int = 0,
     """
     q = np.asarray(q)
     if q.dtype != np.int8:
-        raise arg_error("dequantize", "q.dtype", str(q.dtype), -1, "must be int8")
+        raise _bad("dequantize", "q.dtype", str(q.dtype), None, "must be int8")
     block_size = _check_block_size(block_size, op="dequantize", allow_zero=True)
-    s = _scales("dequantize", scales, q.size, block_size, -1)
+    s = _scales("dequantize", scales, q.size, block_size, None)
     return _expand(q.reshape(-1).astype(np.float32), s, block_size).astype(dtype).reshape(q.shape)
 
 
-def _scales(op: str, scale: object, size: int, block_size: int, rank: int) -> np.ndarray:
+def _scales(op: str, scale: object, size: int, block_size: int, rank: int | None) -> np.ndarray:
     """Validated float32 scales: one value (block_size 0) or ``ceil(size / block_size)`` values."""
     s = np.asarray(scale, dtype=np.float32).reshape(-1) if not isinstance(scale, np.ndarray) else \
         scale.reshape(-1).astype(np.float32, copy=False)
     want = 1 if block_size == 0 else -(-size // block_size)
     if s.size != want:
-        raise arg_error(op, "scale", f"{s.size} value(s)", rank,
+        raise _bad(op, "scale", f"{s.size} value(s)", rank,
                         f"must hold {want} value(s): " + ("one scalar (block_size=0)" if block_size == 0 else
                                                           f"ceil(x.size={size} / block_size={block_size})"))
     if s.size and not np.isfinite(s).all():
-        raise arg_error(op, "scale", "NaN or inf", rank, "scales must be finite")
+        raise _bad(op, "scale", "NaN or inf", rank, "scales must be finite")
     if s.size and (s < 0).any():
-        raise arg_error(op, "scale", float(s[np.argmax(s < 0)]), rank, "scales must be >= 0")
+        raise _bad(op, "scale", float(s[np.argmax(s < 0)]), rank, "scales must be >= 0")
     return s
 
 
@@ -169,13 +185,13 @@ class QuantAllReduceOperation(Operation):
 
     def _check(self, args, kwargs, h):
         x, scale, out = _args(*args, **kwargs)
-        x = self._check_x(x, h)
+        x = np.asarray(x)
         if x.dtype != np.int8:
             raise arg_error(self.NAME, "x.dtype", str(x.dtype), self.rank, "must be int8")
+        x = self._check_x(x, h)
         s = _scales(self.NAME, scale, x.size, self._block, self.rank)
-        from .ops._base import check_out
         check_out(self.NAME, out, x.shape, np.dtype(np.float16), self.rank)
-        h[V.H_SCALAR] = self._block
+        h[V.H_EXTRA] = self._block * 2 + (self.param.allgather_dtype == "int8")   # must agree across ranks
         return (x, s), {"out": out}
 
     def _plan(self, size: int) -> tuple:
@@ -185,6 +201,10 @@ class QuantAllReduceOperation(Operation):
         return plan
 
     def _run(self, x, scale, out=None):
+        with np.errstate(over="ignore", invalid="ignore"):    # an overflowing sum gives inf/NaN, as IEEE
+            return self._pipeline(x, scale, out)
+
+    def _pipeline(self, x, scale, out):
         x, _ = self._data(x)
         if x.dtype != np.int8:
             raise arg_error(self.NAME, "x.dtype", str(x.dtype), self.rank, "must be int8")
@@ -224,7 +244,7 @@ class QuantAllReduceOperation(Operation):
                                 [oflat.view(np.uint16), (counts, displs), MPI.UINT16_T])
             return out
         qblock = block if block else max(c, 1)
-        q, qs = quantize(acc, qblock)
+        q, qs = _quantize(acc, qblock)
         allq = np.empty(x.size, dtype=np.int8)
         comm.Allgatherv([q, MPI.INT8_T], [allq, (counts, displs), MPI.INT8_T])
         if block:
@@ -309,6 +329,7 @@ def _run_case(case, dtype, comm_domain, rank, n, seed, validate=True):
 
 
 register_check(CheckSpec("QuantAllReduce", lambda n: list(_CASES), _run_case, dtypes=("int8",)))
+V.EXTRA_DESCRIBERS["QuantAllReduce"] = lambda v: f"block_size={v // 2}, allgather_dtype={'int8' if v & 1 else 'float16'}"
 
 
 def _bench(c) -> BenchRun:

@@ -274,3 +274,16 @@ def test_debug_fingerprint_names_the_disagreeing_ranks(monkeypatch):
     x = np.ones(2, np.float16 if RANK == 1 else np.float32)
     raises_everywhere(lambda: op.execute(x), CollectiveMismatchError, "fingerprint", "dtype: float32 on rank",
                       "float16 on rank [1]")
+
+
+@mpi2
+def test_debug_mode_accepts_valid_v_plans(monkeypatch):
+    monkeypatch.setenv("MPICOLL_DEBUG", "1")
+    counts = [RANK + 1] * SIZE                 # each rank sends a different count: legitimate
+    recv = list(range(1, SIZE + 1))
+    rd = [sum(recv[:i]) for i in range(SIZE)]
+    got = mpicoll.AllToAllVV2Operation().execute(np.full(SIZE * (RANK + 1), RANK, np.int32), counts,
+                                                  [i * (RANK + 1) for i in range(SIZE)], recv, rd)
+    assert got.reshape(-1).tolist() == [r for r in range(SIZE) for _ in range(r + 1)]
+    got = mpicoll.AllGatherVOperation().execute(np.full(RANK + 1, RANK), RANK + 1, recv, rd)
+    assert got.tolist() == [r for r in range(SIZE) for _ in range(r + 1)]

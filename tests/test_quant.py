@@ -111,3 +111,27 @@ def test_json_keys():
     p = QuantAllReduceParam.from_json('{"rankSize": 2, "blockSize": 128, "allgatherDtype": "int8"}')
     assert (p.block_size, p.allgather_dtype) == (128, "int8")
     assert mpicoll.OPERATIONS["QuantAllReduce"] is QuantAllReduceOperation
+
+
+@pytest.mark.mpi(min_size=2)
+@pytest.mark.parametrize("field,value", [("block_size", 64), ("allgather_dtype", "int8")])
+def test_param_mismatch_across_ranks_is_agreed(field, value):
+    kwargs = {"block_size": 32, field: value} if RANK == 1 else {"block_size": 32}
+    op = QuantAllReduceOperation(QuantAllReduceParam(**kwargs))
+    scale = np.full(64 // kwargs["block_size"], 0.1, np.float32)
+    raises_everywhere(lambda: op.execute(np.ones(64, np.int8), scale), mpicoll.CollectiveMismatchError,
+                      "operator parameters", "on rank 1")
+
+
+@mpi1
+def test_int8_gather_of_an_overflowing_sum_does_not_hang():
+    huge = np.full(1, 3e38, np.float32)
+    x = np.full(8, 127, np.int8)
+    got = QuantAllReduceOperation(QuantAllReduceParam(block_size=8, allgather_dtype="int8")).execute(x, huge)
+    assert got.shape == (8,) and (SIZE == 1 or not np.isfinite(got.astype(np.float32)).any())
+
+
+@mpi1
+def test_non_int8_message_is_specific():
+    raises_everywhere(lambda: QuantAllReduceOperation().execute(np.ones(4, np.complex64), 1.0),
+                      CollectiveArgumentError, "x.dtype='complex64'", "must be int8")

@@ -54,7 +54,7 @@ class ReduceScatterOperation(ReduceOperation):
         if _acc is not None:      # a checked integer sum (validation on): exact in a wider dtype
             wide = np.empty(out.shape, dtype=_acc.np)
             self.comm.Reduce_scatter_block([x.astype(_acc.np), _acc.mpi], [wide, _acc.mpi], MPI.SUM)
-            return _narrow(self, dt, _acc, wide, out, self.rank * wide.size)
+            return _narrow(self, dt, _acc, wide, out, 0)
         if dt.reduce == "native":
             self.comm.Reduce_scatter_block([x, dt.mpi], [out, dt.mpi], self._rop.mpi)
         else:
