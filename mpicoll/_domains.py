@@ -47,7 +47,7 @@ class _Runtime:
     group: MPI.Group
     win: MPI.Win
     slots: int
-    arrivals: int           # offset (int64 words) of the watchdog's per-world-rank arrival marks
+    arrivals_win: MPI.Win   # the watchdog's per-world-rank arrival marks (on world rank 0, Lock_all held)
     domains: dict[str, MPI.Comm] = field(default_factory=dict)
     declared: dict[str, tuple[int, ...]] = field(default_factory=dict)
 
@@ -73,13 +73,15 @@ def runtime() -> _Runtime:
         world = MPI.COMM_WORLD.Dup()
         world.Set_name("mpicoll.world")
         slots = int(_env_float("MPICOLL_MAX_DOMAINS", 1024))
-        words = slots * _SLOT + 2 * world.Get_size()      # domain table, then the watchdog's arrival marks
-        size = words * 8 if world.Get_rank() == 0 else 0
+        size = slots * _SLOT * 8 if world.Get_rank() == 0 else 0
         win = MPI.Win.Allocate(size, 8, comm=world)
+        marks = MPI.Win.Allocate(2 * 8 * world.Get_size() if world.Get_rank() == 0 else 0, 8, comm=world)
         if world.Get_rank() == 0:
             np.frombuffer(win.tomemory(), dtype=np.int64)[:] = 0
+            np.frombuffer(marks.tomemory(), dtype=np.int64)[:] = 0
         world.Barrier()
-        _RT = _Runtime(world, world.Get_group(), win, slots, slots * _SLOT)
+        marks.Lock_all()
+        _RT = _Runtime(world, world.Get_group(), win, slots, marks)
         # Runs before mpi4py's own finalizer (atexit is LIFO): free the window (a collective, as
         # MPI_Finalize itself is) so that MPI does not finalize with it still exposed.
         atexit.register(_shutdown)
@@ -125,6 +127,8 @@ def _shutdown() -> None:
     rt, _RT = _RT, None
     if rt is None or MPI.Is_finalized() or _failing_exit():
         return
+    rt.arrivals_win.Unlock_all()
+    rt.arrivals_win.Free()
     rt.win.Free()
 
 

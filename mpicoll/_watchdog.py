@@ -1,10 +1,13 @@
 """The collective watchdog: ``MPICOLL_TIMEOUT=SECONDS`` (or ``Operation(..., timeout=SECONDS)``).
 
 With a timeout, an operation's communicator is wrapped in a :class:`TimedComm`: every collective
-it makes is started non-blocking and polled with back-off (a short spin, then sleeps doubling up to
-``MAX_PAUSE``), so a rank waiting for a late peer does not burn a core. Before each call the rank
-records ``(communicator, call number)`` in its slot of a small table on world rank 0 (one RMA put),
-so that on a timeout it can name the ranks that never arrived, and where they are instead.
+it makes is started non-blocking and polled. MPICH progresses a non-blocking collective only inside
+MPI calls, so for the first ``SPIN_SECONDS`` (at most a tenth of the timeout) the rank polls
+continuously, yielding the CPU between polls (``sleep(0)``: oversubscribed ranks still run); after
+that it sleeps between polls, doubling up to ``MAX_PAUSE``, so a rank waiting for a peer that
+never comes does not burn a core. Before each call the rank records ``(communicator, call number)``
+in its slot of a small window on world rank 0 (one RMA put in a standing ``Lock_all`` epoch), so
+that on a timeout it can name the ranks that never arrived, and where they are instead.
 
 On a timeout it raises :class:`~mpicoll.CollectiveTimeout` naming the operator, the communicator,
 the call number and the missing ranks; by default (``MPICOLL_TIMEOUT_ACTION=abort``, as NCCL's
@@ -25,8 +28,8 @@ from mpi4py import MPI
 
 from ._errors import CollectiveArgumentError, CollectiveTimeout
 
-SPIN = 200          # polls before the first sleep (latency of short collectives stays that of a spin)
-MAX_PAUSE = 5e-3    # longest sleep between polls, seconds
+SPIN_SECONDS = 1.0  # poll continuously this long (capped at timeout / 10): full progress, full speed
+MAX_PAUSE = 5e-3    # longest sleep between polls afterwards, seconds
 _ACTIONS = ("abort", "raise")
 
 #: per communicator (by handle): the number of collectives this rank started on it through the watchdog
@@ -101,6 +104,12 @@ def abort(message: str, code: int = 1) -> None:
     os._exit(code)  # Abort does not return; if an MPI ever let it, do not run on
 
 
+def arrivals_window(rt) -> MPI.Win:
+    """The arrival marks: 2 int64 per world rank on world rank 0, in a ``Lock_all`` epoch that
+    stays open (a put is then one RMA call and a flush). Created with the runtime, in :func:`init`."""
+    return rt.arrivals_win
+
+
 class TimedComm:
     """A communicator whose collectives time out. Other attributes pass through to ``comm``."""
 
@@ -116,6 +125,8 @@ class TimedComm:
         group = comm.Get_group()
         self.world_ranks = MPI.Group.Translate_ranks(group, list(range(comm.Get_size())), self.rt.group)
         group.Free()
+        self._mark = np.zeros(2, dtype=np.int64)
+        arrivals_window(self.rt)
 
     def __getattr__(self, name: str) -> Any:
         return getattr(self.comm, name)
@@ -158,30 +169,33 @@ class TimedComm:
         call = _CALLS[self.handle] = _CALLS.get(self.handle, 0) + 1
         self._arrive(call)
         req = start(*args)
-        deadline = time.monotonic() + self.timeout
-        polls, pause = 0, 5e-5
+        if req.Test():
+            return
+        now = time.monotonic()
+        deadline, spin_until = now + self.timeout, now + min(SPIN_SECONDS, self.timeout / 10)
+        pause = 1e-4
         while not req.Test():
-            polls += 1
-            if polls <= SPIN:
+            now = time.monotonic()
+            if now < spin_until:
+                time.sleep(0)
                 continue
-            if time.monotonic() > deadline:
+            if now > deadline:
                 self._expired(what, call)
                 return
             time.sleep(pause)
             pause = min(pause * 2, MAX_PAUSE)
 
     def _arrive(self, call: int) -> None:
-        slot = self.rt.arrivals + 2 * self.rt.world.Get_rank()
-        mark = np.array([self.key, call], dtype=np.int64)
-        self.rt.win.Lock(0, MPI.LOCK_SHARED)
-        self.rt.win.Put([mark, MPI.INT64_T], 0, target=(slot, 2, MPI.INT64_T))
-        self.rt.win.Unlock(0)
+        win = arrivals_window(self.rt)
+        self._mark[0], self._mark[1] = self.key, call
+        win.Put([self._mark, MPI.INT64_T], 0, target=(2 * self.rt.world.Get_rank(), 2, MPI.INT64_T))
+        win.Flush(0)
 
     def _expired(self, what: str, call: int) -> None:
         table = np.empty((self.rt.world.Get_size(), 2), dtype=np.int64)
-        self.rt.win.Lock(0, MPI.LOCK_SHARED)
-        self.rt.win.Get([table, MPI.INT64_T], 0, target=(self.rt.arrivals, table.size, MPI.INT64_T))
-        self.rt.win.Unlock(0)
+        win = arrivals_window(self.rt)
+        win.Get([table, MPI.INT64_T], 0)
+        win.Flush(0)
         missing, elsewhere = [], []
         for local, world in enumerate(self.world_ranks):
             key, seen = (int(v) for v in table[world])
