@@ -271,9 +271,10 @@ def _point(spec, name, case, args, compare, gloo, reps, comm) -> Row:
         for _ in range(args.warmup_iters):
             fn()
     times: dict[str, list[float]] = {k: [] for k in live}
-    for _ in range(reps):          # interleaved, so drift on a shared machine hits every implementation alike
-        for k, fn in live.items():
-            times[k].append(_time(comm, fn, args.iters))
+    order = list(live)
+    for rep in range(reps):        # interleaved, so drift on a shared machine hits every implementation alike,
+        for k in order[rep % len(order):] + order[:rep % len(order)]:   # each in turn first (and after gloo)
+            times[k].append(_time(comm, live[k], args.iters))
     med = {k: statistics.median(v) for k, v in times.items()}
     factor = spec.bus_factor(n)
     for prefix, key in (("", "oop"), ("ip_", "ip")):
