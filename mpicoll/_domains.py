@@ -47,7 +47,7 @@ class _Runtime:
     group: MPI.Group
     win: MPI.Win
     slots: int
-    arrivals_win: MPI.Win   # the watchdog's per-world-rank arrival marks (on world rank 0, Lock_all held)
+    arrivals_win: MPI.Win   # the watchdog's arrival mark: 2 int64 on every rank, read remotely on a timeout
     domains: dict[str, MPI.Comm] = field(default_factory=dict)
     declared: dict[str, tuple[int, ...]] = field(default_factory=dict)
 
@@ -75,10 +75,10 @@ def runtime() -> _Runtime:
         slots = int(_env_float("MPICOLL_MAX_DOMAINS", 1024))
         size = slots * _SLOT * 8 if world.Get_rank() == 0 else 0
         win = MPI.Win.Allocate(size, 8, comm=world)
-        marks = MPI.Win.Allocate(2 * 8 * world.Get_size() if world.Get_rank() == 0 else 0, 8, comm=world)
+        marks = MPI.Win.Allocate(2 * 8, 8, comm=world)
+        np.frombuffer(marks.tomemory(), dtype=np.int64)[:] = 0
         if world.Get_rank() == 0:
             np.frombuffer(win.tomemory(), dtype=np.int64)[:] = 0
-            np.frombuffer(marks.tomemory(), dtype=np.int64)[:] = 0
         world.Barrier()
         marks.Lock_all()
         _RT = _Runtime(world, world.Get_group(), win, slots, marks)

@@ -3,11 +3,13 @@
 With a timeout, an operation's communicator is wrapped in a :class:`TimedComm`: every collective
 it makes is started non-blocking and polled. MPICH progresses a non-blocking collective only inside
 MPI calls, so for the first ``SPIN_SECONDS`` (at most a tenth of the timeout) the rank polls
-continuously, yielding the CPU between polls (``sleep(0)``: oversubscribed ranks still run); after
+continuously, yielding the CPU between polls (``sched_yield``: oversubscribed ranks still run); after
 that it sleeps between polls, doubling up to ``MAX_PAUSE``, so a rank waiting for a peer that
-never comes does not burn a core. Before each call the rank records ``(communicator, call number)``
-in its slot of a small window on world rank 0 (one RMA put in a standing ``Lock_all`` epoch), so
-that on a timeout it can name the ranks that never arrived, and where they are instead.
+never comes does not burn a core. Before each call the rank writes ``(communicator, call number)``
+into its own two-word RMA window with plain stores (no MPI call on the hot path); on a timeout it
+reads every peer's mark (RMA gets in a standing ``Lock_all`` epoch) to name the ranks that never
+arrived, and where they are instead. (Over a network without RDMA a get may need the peer's MPI
+progress; on shared memory and RDMA networks it does not.)
 
 On a timeout it raises :class:`~mpicoll.CollectiveTimeout` naming the operator, the communicator,
 the call number and the missing ranks; by default (``MPICOLL_TIMEOUT_ACTION=abort``, as NCCL's
@@ -105,8 +107,8 @@ def abort(message: str, code: int = 1) -> None:
 
 
 def arrivals_window(rt) -> MPI.Win:
-    """The arrival marks: 2 int64 per world rank on world rank 0, in a ``Lock_all`` epoch that
-    stays open (a put is then one RMA call and a flush). Created with the runtime, in :func:`init`."""
+    """The arrival marks: 2 int64 on every rank, in a ``Lock_all`` epoch that stays open.
+    Created with the runtime, in :func:`init`."""
     return rt.arrivals_win
 
 
@@ -125,8 +127,7 @@ class TimedComm:
         group = comm.Get_group()
         self.world_ranks = MPI.Group.Translate_ranks(group, list(range(comm.Get_size())), self.rt.group)
         group.Free()
-        self._mark = np.zeros(2, dtype=np.int64)
-        arrivals_window(self.rt)
+        self._mark = np.frombuffer(arrivals_window(self.rt).tomemory(), dtype=np.int64)   # this rank's mark
 
     def __getattr__(self, name: str) -> Any:
         return getattr(self.comm, name)
@@ -177,7 +178,7 @@ class TimedComm:
         while not req.Test():
             now = time.monotonic()
             if now < spin_until:
-                time.sleep(0)
+                os.sched_yield()      # a pure yield (sleep(0) would pay the kernel's ~50 us timer slack)
                 continue
             if now > deadline:
                 self._expired(what, call)
@@ -186,16 +187,14 @@ class TimedComm:
             pause = min(pause * 2, MAX_PAUSE)
 
     def _arrive(self, call: int) -> None:
-        win = arrivals_window(self.rt)
         self._mark[0], self._mark[1] = self.key, call
-        win.Put([self._mark, MPI.INT64_T], 0, target=(2 * self.rt.world.Get_rank(), 2, MPI.INT64_T))
-        win.Flush(0)
 
     def _expired(self, what: str, call: int) -> None:
-        table = np.empty((self.rt.world.Get_size(), 2), dtype=np.int64)
+        table = np.zeros((self.rt.world.Get_size(), 2), dtype=np.int64)
         win = arrivals_window(self.rt)
-        win.Get([table, MPI.INT64_T], 0)
-        win.Flush(0)
+        for world in self.world_ranks:
+            win.Get([table[world], MPI.INT64_T], world)
+            win.Flush(world)
         missing, elsewhere = [], []
         for local, world in enumerate(self.world_ranks):
             key, seen = (int(v) for v in table[world])

@@ -151,7 +151,7 @@ class Operation:
                 err = as_collective_error(exc, self.NAME, self.rank)
         table = agree(self.comm, h, err)
         if self._debug:
-            V.check_fingerprint(self.NAME, table, self.comm.Get_name())
+            V.check_fingerprint(self.NAME, table, self.comm)
         V.check_common(self.NAME, table)
         return self._run(*args, **self._cross(args, kwargs, table))
 
