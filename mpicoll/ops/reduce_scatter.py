@@ -12,7 +12,7 @@ from .._errors import agree
 from .._golden import (TORCH_OPS, BenchRun, BenchSpec, CheckSpec, bench_data, counts_matrix, displs, golden_reduce,
                        rank_data, raw_reduce_type, reduce_case_names, register_bench, register_check, torch_view)
 from .._params import ReduceParam
-from ._base import ReduceOperation, check_out, reduce_scatter_f32, x_out
+from ._base import ReduceOperation, check_out, reduce_scatter_alltoall, x_out
 
 
 @dataclass
@@ -58,7 +58,7 @@ class ReduceScatterOperation(ReduceOperation):
         if dt.reduce == "native":
             self.comm.Reduce_scatter_block([x, dt.mpi], [out, dt.mpi], self._rop.mpi)
         else:
-            reduce_scatter_f32(self.comm, x.reshape(-1), dt, self._rop, None, None, x.size // n, out.reshape(-1))
+            reduce_scatter_alltoall(self.comm, x.reshape(-1), dt, self._rop, None, None, x.size // n, out.reshape(-1))
         return out
 
 
@@ -108,7 +108,7 @@ class ReduceScatterVOperation(ReduceOperation):
             self.comm.Reduce_scatter([packed, _acc.mpi], [wide, _acc.mpi], send_counts, MPI.SUM)
             return _narrow(self, dt, _acc, wide, np.empty(recv_count, x.dtype) if out is None else out, 0)
         if dt.reduce != "native":
-            return reduce_scatter_f32(self.comm, flat, dt, self._rop, send_counts, sdispls, recv_count, out)
+            return reduce_scatter_alltoall(self.comm, flat, dt, self._rop, send_counts, sdispls, recv_count, out)
         if out is None:
             out = np.empty(recv_count, dtype=x.dtype)
         self.comm.Reduce_scatter([_packed(flat, send_counts, sdispls), dt.mpi], [out, dt.mpi], send_counts,
