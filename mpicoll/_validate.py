@@ -262,22 +262,13 @@ def check_common(op: str, table: np.ndarray) -> None:
         names = [OP_NAMES.get(int(c), f"op#{int(c)}") for c in table[:, H_OP]]
         calls = ", ".join(f"rank {i} called {nm}" for i, nm in enumerate(names))
         raise mismatch_error(names[0], "operation", f"{calls}: every rank must call the same collective", r)
-    r = _first_diff(table[:, H_DTYPE])
-    if r is not None:
-        raise mismatch_error(op, "dtype", f"{by_code(int(table[0, H_DTYPE])).name} on rank 0 but "
-                             f"{by_code(int(table[r, H_DTYPE])).name} on rank {r}", r)
-    r = _first_diff(table[:, H_REDUCE])
-    if r is not None:
-        raise mismatch_error(op, "reduce_type", f"{reduce_by_code(int(table[0, H_REDUCE])).name!r} on rank 0 "
-                             f"but {reduce_by_code(int(table[r, H_REDUCE])).name!r} on rank {r}", r)
-    r = _first_diff(table[:, H_ROOT])
-    if r is not None:
-        raise mismatch_error(op, "rank_root", f"{int(table[0, H_ROOT])} on rank 0 but "
-                             f"{int(table[r, H_ROOT])} on rank {r}", r)
-    r = _first_diff(table[:, H_EXTRA])
-    if r is not None:
-        raise mismatch_error(op, "operator parameters", f"{describe_extra(op, int(table[0, H_EXTRA]))} on rank 0 but "
-                             f"{describe_extra(op, int(table[r, H_EXTRA]))} on rank {r}", r)
+    shows = (("dtype", H_DTYPE, lambda c: by_code(c).name), ("reduce_type", H_REDUCE, lambda c: repr(reduce_by_code(c).name)),
+             ("rank_root", H_ROOT, str), ("operator parameters", H_EXTRA, lambda c: describe_extra(op, c)))
+    for name, col, show in shows:
+        r = _first_diff(table[:, col])
+        if r is not None:
+            raise mismatch_error(op, name, f"{show(int(table[0, col]))} on rank 0 but {show(int(table[r, col]))} "
+                                 f"on rank {r}", r)
     r = next(i for i, row in enumerate(rows) if row != first)
     raise mismatch_error(op, "x.shape", f"{_shape(table[0])} on rank 0 but {_shape(table[r])} on rank {r}", r)
 
