@@ -5,7 +5,6 @@ from __future__ import annotations
 from typing import TextIO
 
 import numpy as np
-from mpi4py import MPI
 
 from ._domains import runtime
 from .ops.allgather import AllGatherOperation, AllGatherParam

@@ -13,7 +13,7 @@ import pytest
 import mpicoll
 from mpicoll import CollectiveArgumentError, CollectiveTimeout
 
-from _mpi import RANK, SIZE, WORLD, raises_on
+from _mpi import RANK, SIZE, WORLD
 
 mpi1 = pytest.mark.mpi(min_size=1)
 mpi2 = pytest.mark.mpi(min_size=2)
