@@ -49,14 +49,11 @@ class DType:
     hccl: HcclDataType
     code: int            # small stable id used in cross-rank headers
 
-    @property
-    def itemsize(self) -> int:
-        return self.np.itemsize
-
     def __post_init__(self) -> None:
-        # True when arrays go to MPI as a view (16-bit floats travel as uint16); a plain bool
-        # because comparing dtypes on every call costs more than the lookup.
-        object.__setattr__(self, "viewed", self.wire != self.np)
+        # Plain attributes, not properties: they are read on every execute, and a property call
+        # or a dtype comparison costs more than the MPI call's own Python overhead allows.
+        object.__setattr__(self, "viewed", self.wire != self.np)   # 16-bit floats travel as uint16
+        object.__setattr__(self, "itemsize", self.np.itemsize)
 
     def buf(self, x: np.ndarray) -> list:
         """The MPI buffer spec ``[array or its wire view, datatype]`` of a contiguous array."""
@@ -83,7 +80,8 @@ _ROWS = [
 ]
 
 DTYPES: dict[str, DType] = {r[0]: DType(*r, code=i + 1) for i, r in enumerate(_ROWS)}
-_BY_NP: dict[np.dtype, DType] = {d.np: d for d in DTYPES.values()}
+#: numpy dtype -> row (execute paths look rows up here directly: one dict lookup, no call)
+BY_NP: dict[np.dtype, DType] = {d.np: d for d in DTYPES.values()}
 _BY_HCCL: dict[int, DType] = {int(d.hccl): d for d in DTYPES.values()}
 _BY_CODE: dict[int, DType] = {d.code: d for d in DTYPES.values()}
 
@@ -96,7 +94,7 @@ CORE_DTYPES: tuple[str, ...] = ("int8", "int16", "int32", "int64", "uint8", "flo
 
 def of_array(x: np.ndarray) -> DType | None:
     """The table row for an array's dtype, or None when unsupported (hot path: one dict lookup)."""
-    return _BY_NP.get(x.dtype)
+    return BY_NP.get(x.dtype)
 
 
 def by_code(code: int) -> DType:
@@ -118,7 +116,7 @@ def lookup(dtype: object, *, op: str = "mpicoll", param: str = "dtype", rank: in
         row = DTYPES[dtype]
     else:
         try:
-            row = _BY_NP.get(np.dtype(dtype))
+            row = BY_NP.get(np.dtype(dtype))
         except TypeError:
             row = None
     if row is None:

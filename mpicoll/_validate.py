@@ -209,18 +209,19 @@ def check_no_overlap(op: str, counts_name: str, c: list[int], displs_name: str, 
                             f"receive region of peer {j} overlaps that of peer {i} ([{d0}, {d0 + c[i]}))")
 
 
-def is_packed(c, d) -> bool:
-    """Displacements are the exclusive prefix sums of the counts (data packed in rank order)."""
-    if isinstance(c, np.ndarray):
+def packed_total(c, d) -> int:
+    """``sum(c)`` when the displacements ``d`` are the exclusive prefix sums of the counts ``c``
+    (data packed in rank order), else -1. One pass over plain lists: on the execute path."""
+    if type(c) is np.ndarray:
         c = c.tolist()
-    if isinstance(d, np.ndarray):
+    if type(d) is np.ndarray:
         d = d.tolist()
     pos = 0
     for ci, di in zip(c, d):
         if di != pos:
-            return False
+            return -1
         pos += ci
-    return True
+    return pos
 
 
 def total(c) -> int:

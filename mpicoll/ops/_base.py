@@ -16,7 +16,7 @@ from mpi4py import MPI
 
 from .. import _validate as V
 from .._domains import domain, library_comm, rank_table, runtime
-from .._dtypes import DType, ReduceOp, of_array, reduce_op, sum_accumulator
+from .._dtypes import BY_NP, DType, ReduceOp, of_array, reduce_op, sum_accumulator
 from .._errors import CollectiveArgumentError, agree, arg_error, as_collective_error
 from .._params import CommParam
 from .._watchdog import TimedComm, action_default, timeout_default
@@ -124,12 +124,12 @@ class Operation:
 
     def _data(self, x: Any) -> tuple[np.ndarray, DType]:
         """The data array (made C-contiguous if it is not) and its dtype-table row."""
-        if type(x) is not np.ndarray or not x.flags.c_contiguous:
-            x = np.ascontiguousarray(x)
-        dt = of_array(x)
-        if dt is None:
-            V.check_array(self.NAME, "x", x, self.rank)
-        return x, dt
+        if type(x) is np.ndarray and x.flags.c_contiguous:     # the hot path: no copy, one lookup
+            dt = BY_NP.get(x.dtype)
+            if dt is not None:
+                return x, dt
+        x = np.ascontiguousarray(x)
+        return x, BY_NP.get(x.dtype) or V.check_array(self.NAME, "x", x, self.rank)
 
     # -- execution -----------------------------------------------------------------------------------
     def execute(self, *args: Any, **kwargs: Any) -> Any:
@@ -194,6 +194,7 @@ class ReduceOperation(Operation):
 
     def _bind_param(self) -> None:
         self._rop = self._reduce()
+        self._mpi_op = self._rop.mpi
 
     def _cross(self, args: tuple, kwargs: dict, table: np.ndarray) -> dict:
         acc = checked_sum(self, args[0])

@@ -96,11 +96,11 @@ class AllGatherVOperation(Operation):
 
     def _run(self, x, send_count, recv_counts, rdispls, shape=None, out=None):
         x, dt = self._data(x)
-        total = V.total(recv_counts)
         if out is None:
-            out = np.empty(_dims(shape, total), dtype=x.dtype)
-        self.comm.Allgatherv(dt.buf(x.reshape(-1)[:int(send_count)]),
-                             [out.view(dt.wire) if dt.viewed else out, (recv_counts, rdispls), dt.mpi])
+            out = np.empty(_dims(shape, V.total(recv_counts)), dtype=x.dtype)
+        send, recv = (x.view(dt.wire), out.view(dt.wire)) if dt.viewed else (x, out)
+        # the first send_count elements of x, never past its end (even unvalidated)
+        self.comm.Allgatherv([send, min(int(send_count), x.size), dt.mpi], [recv, (recv_counts, rdispls), dt.mpi])
         return out
 
 

@@ -51,6 +51,13 @@ class AllReduceOperation(ReduceOperation):
         x, dt = self._data(x)
         if out is None:
             out = np.empty_like(x)
+        if _acc is None and dt.reduce == "native" and (
+                dt.itemsize > 1 or x.size < BYTE_ALLTOALL_BYTES or self.size == 1):   # MPI's own reduction
+            if out is x:
+                self.comm.Allreduce(MPI.IN_PLACE, [out, dt.mpi], self._mpi_op)
+            else:
+                self.comm.Allreduce([x, dt.mpi], [out, dt.mpi], self._mpi_op)
+            return out
         comm, rop = self.comm, self._rop
         if _acc is not None:      # a checked integer sum (validation on): exact in a wider dtype
             wide = x.astype(_acc.np)
@@ -61,12 +68,6 @@ class AllReduceOperation(ReduceOperation):
             np.copyto(out, wide, casting="unsafe")
             return out
         total, n = x.size, self.size
-        if dt.reduce == "native" and (dt.itemsize > 1 or total < BYTE_ALLTOALL_BYTES or n == 1):
-            if out is x:
-                comm.Allreduce(MPI.IN_PLACE, [out, dt.mpi], rop.mpi)
-            else:
-                comm.Allreduce([x, dt.mpi], [out, dt.mpi], rop.mpi)
-            return out
         if dt.reduce != "native" and (total * dt.itemsize <= SMALL_F32_BYTES or n == 1):
             acc = to_f32(x)
             comm.Allreduce(MPI.IN_PLACE, [acc, MPI.FLOAT], rop.mpi)

@@ -86,7 +86,7 @@ class _AllToAllVBase(Operation):
         check_out(op, out, (1, total), x.dtype, r, x)
         V.vec_a(h, n)[:] = sc
         V.vec_b(h, n)[:] = rc
-        h[V.H_BITS] = V.BIT_CONTIGUOUS if V.is_packed(sc, sd) and V.is_packed(rc, rd) else 0
+        h[V.H_BITS] = V.BIT_CONTIGUOUS if V.packed_total(sc, sd) >= 0 and V.packed_total(rc, rd) >= 0 else 0
         return x, sc, sd, rc, rd
 
     def _cross(self, args, kwargs, table):
@@ -102,11 +102,10 @@ class _AllToAllVBase(Operation):
 
     def _alltoallv(self, x, sc, sd, rc, rd, out, uniform):
         x, dt = self._data(x)
-        total = V.total(rc)
         if out is None:
-            out = np.empty((1, total), dtype=x.dtype)
+            out = np.empty((1, V.total(rc)), dtype=x.dtype)
         if uniform:
-            self.comm.Alltoall(dt.buf(x.reshape(-1)[:total]), dt.buf(out))
+            self.comm.Alltoall(dt.buf(x.reshape(-1)[:out.size]), dt.buf(out))
         else:
             self.comm.Alltoallv([x.view(dt.wire) if dt.viewed else x, (sc, sd), dt.mpi],
                                 [out.view(dt.wire) if dt.viewed else out, (rc, rd), dt.mpi])

@@ -56,7 +56,7 @@ class ReduceScatterOperation(ReduceOperation):
             self.comm.Reduce_scatter_block([x.astype(_acc.np), _acc.mpi], [wide, _acc.mpi], MPI.SUM)
             return _narrow(self, dt, _acc, wide, out, 0)
         if dt.reduce == "native":
-            self.comm.Reduce_scatter_block([x, dt.mpi], [out, dt.mpi], self._rop.mpi)
+            self.comm.Reduce_scatter_block([x, dt.mpi], [out, dt.mpi], self._mpi_op)
         else:
             reduce_scatter_alltoall(self.comm, x.reshape(-1), dt, self._rop, None, None, x.size // n, out.reshape(-1))
         return out
@@ -100,29 +100,35 @@ class ReduceScatterVOperation(ReduceOperation):
 
     def _run(self, x, send_counts, sdispls, recv_count, out=None, _acc=None):
         x, dt = self._data(x)
+        if _acc is None and dt.reduce == "native":      # MPI's own reduction
+            if out is None:
+                out = np.empty(int(recv_count), dtype=x.dtype)
+            blocks, count = _blocks(x, send_counts, sdispls)
+            self.comm.Reduce_scatter([blocks, count, dt.mpi], [out, dt.mpi], send_counts, self._mpi_op)
+            return out
         flat = x.reshape(-1)
         recv_count = int(recv_count)
         if _acc is not None:      # a checked integer sum (validation on): exact in a wider dtype
             wide = np.empty(recv_count, dtype=_acc.np)
-            packed = _packed(flat, send_counts, sdispls).astype(_acc.np)
-            self.comm.Reduce_scatter([packed, _acc.mpi], [wide, _acc.mpi], send_counts, MPI.SUM)
+            blocks, count = _blocks(x, send_counts, sdispls)
+            self.comm.Reduce_scatter([blocks.reshape(-1)[:count].astype(_acc.np), _acc.mpi], [wide, _acc.mpi],
+                                     send_counts, MPI.SUM)
             return _narrow(self, dt, _acc, wide, np.empty(recv_count, x.dtype) if out is None else out, 0)
-        if dt.reduce != "native":
-            return reduce_scatter_alltoall(self.comm, flat, dt, self._rop, send_counts, sdispls, recv_count, out)
-        if out is None:
-            out = np.empty(recv_count, dtype=x.dtype)
-        self.comm.Reduce_scatter([_packed(flat, send_counts, sdispls), dt.mpi], [out, dt.mpi], send_counts,
-                                 self._rop.mpi)
-        return out
+        return reduce_scatter_alltoall(self.comm, flat, dt, self._rop, send_counts, sdispls, recv_count, out)
 
 
-def _packed(flat: np.ndarray, send_counts, sdispls) -> np.ndarray:
-    """The blocks in rank order, contiguous, as MPI's Reduce_scatter wants them (a copy only when
-    this rank's layout has gaps or permutes them; every rank makes the same MPI call either way)."""
-    if V.is_packed(send_counts, sdispls):
-        return flat[:V.total(send_counts)]
+def _blocks(x: np.ndarray, send_counts, sdispls) -> tuple[np.ndarray, int]:
+    """The blocks in rank order, contiguous, as MPI's Reduce_scatter wants them, and their element
+    count: x itself when this rank's layout is packed (MPI reads its first ``sum(send_counts)``
+    elements), a packed copy when it has gaps or permutes the blocks. Every rank makes the same MPI
+    call either way."""
+    total = V.packed_total(send_counts, sdispls)
+    if total >= 0:
+        return x, min(total, x.size)      # (never past the end of x, even unvalidated)
+    flat = x.reshape(-1)
     pairs = zip(np.asarray(send_counts).tolist(), np.asarray(sdispls).tolist())
-    return np.concatenate([flat[d:d + c] for c, d in pairs] or [flat[:0]])
+    packed = np.concatenate([flat[d:d + c] for c, d in pairs] or [flat[:0]])
+    return packed, packed.size
 
 
 def _narrow(op, dt, acc, wide: np.ndarray, out: np.ndarray, first: int) -> np.ndarray:
