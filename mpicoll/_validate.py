@@ -9,6 +9,7 @@ apart instead of deadlocking): see the ``H_*`` offsets; the two per-peer vectors
 from __future__ import annotations
 
 import os
+import zlib
 
 import numpy as np
 from mpi4py import MPI
@@ -58,21 +59,39 @@ _FIELDS = (("sequence number", H_SEQ, str), ("operation", H_OP, lambda c: OP_NAM
 
 
 def check_fingerprint(op: str, table: np.ndarray, comm: MPI.Comm) -> None:
-    """Debug mode: every rank's fingerprint must match; the error lists each differing field with
-    the ranks holding each value (``dtype: float32 on ranks [0, 2, 3]; float16 on rank [1]``)."""
+    """Debug mode: every rank's fingerprint must match; the error names the communicator and the
+    sequence number, and lists each differing field with the ranks holding each value
+    (``dtype: float32 on ranks [0, 2, 3], float16 on rank [1]``)."""
     rows = table.tolist()
     keys = [r[H_OP:H_SCALAR] + [r[H_SEQ], r[H_EXTRA]] for r in rows]
     if all(k == keys[0] for k in keys):
         return
+    check_debug_everywhere(table)
     comm_name = comm.Get_name()
     diffs = []
     for name, col, show in _FIELDS:
         _group(diffs, name, [show(int(r[col])) for r in rows])
-    _group(diffs, "x.shape", [str(_shape(np.asarray(r))) for r in rows])
+    _group(diffs, "x.shape", [_shape(np.asarray(r)) for r in rows])
     _group(diffs, "operator parameters", [str(r[H_EXTRA]) for r in rows])
     if diffs:   # (per-rank counts legitimately differ: the V operators' pair rules judge them)
         first = OP_NAMES.get(int(rows[0][H_OP]), op)
-        raise mismatch_error(first, "fingerprint", f"on {comm_name}: " + "; ".join(diffs), None)
+        seqs = {r[H_SEQ] for r in rows}
+        where = f"on {comm_name}" + (f" (sequence number {rows[0][H_SEQ]})" if len(seqs) == 1 else "")
+        raise mismatch_error(first, "fingerprint", f"{where}: " + "; ".join(diffs), None)
+
+
+def check_debug_everywhere(table: np.ndarray) -> None:
+    """``MPICOLL_DEBUG`` must be set alike on every rank: a debugging rank carries a sequence number
+    (>= 1), the others 0. Run on every rank (debugging or not), so that all raise the same error
+    instead of the debugging ranks alone."""
+    seqs = table[:, H_SEQ].tolist()
+    if all(seqs) or not any(seqs):
+        return
+    on = [r for r, s in enumerate(seqs) if s]
+    off = [r for r, s in enumerate(seqs) if not s]
+    first = OP_NAMES.get(int(table[0, H_OP]), f"op#{int(table[0, H_OP])}")
+    raise mismatch_error(first, "MPICOLL_DEBUG", f"set on rank{'s' if len(on) > 1 else ''} {on} but not on "
+                         f"rank{'s' if len(off) > 1 else ''} {off}: set it alike on every rank", off[0])
 
 
 def _group(diffs: list[str], name: str, values: list[str]) -> None:
@@ -136,12 +155,13 @@ def check_array(op: str, name: str, x: object, rank: int) -> DType:
 
 
 def fill_shape(h: np.ndarray, x: np.ndarray) -> None:
-    """Size, ndim and up to MAX_DIMS dims (the trailing ones folded into the last slot)."""
+    """Size, ndim and up to MAX_DIMS dims; beyond that the last slot holds a digest of the trailing
+    dims (not their product: ``(.., 2, 3)`` and ``(.., 3, 2)`` must still differ)."""
     shape = x.shape
     h[H_SIZE] = x.size
     h[H_NDIM] = len(shape)
     if len(shape) > MAX_DIMS:
-        shape = (*shape[:MAX_DIMS - 1], x.size // max(1, int(np.prod(shape[:MAX_DIMS - 1]))))
+        shape = (*shape[:MAX_DIMS - 1], zlib.crc32(np.asarray(shape[MAX_DIMS - 1:], dtype=np.int64).tobytes()))
     h[H_DIMS:H_DIMS + len(shape)] = shape
 
 
@@ -243,21 +263,29 @@ def _first_diff(col: np.ndarray) -> int | None:
     return int(diff[0]) if diff.size else None
 
 
-def _shape(row: np.ndarray) -> tuple[int, ...]:
+def _shape(row: np.ndarray) -> str:
+    """The shape in a header row, as text: ``(2, 3)``; beyond MAX_DIMS the leading dims, the number
+    of dims, the size and the digest of the trailing dims (all the header holds of them)."""
     ndim = int(row[H_NDIM])
-    return tuple(int(v) for v in row[H_DIMS:H_DIMS + min(ndim, MAX_DIMS)])
+    if ndim > MAX_DIMS:
+        lead = ", ".join(str(int(v)) for v in row[H_DIMS:H_DIMS + MAX_DIMS - 1])
+        digest = int(row[H_DIMS + MAX_DIMS - 1])
+        return f"({lead}, ...) [{ndim} dims, {int(row[H_SIZE])} elements, trailing dims #{digest:08x}]"
+    return str(tuple(int(v) for v in row[H_DIMS:H_DIMS + ndim]))
 
 
 def check_common(op: str, table: np.ndarray) -> None:
-    """Operator, dtype, reduce type, root and (optionally) shape agree on every rank.
+    """Operator, dtype, reduce type, root and (optionally) shape agree on every rank, and so does
+    ``MPICOLL_DEBUG``.
 
     The header holds only the fields this operator uses (the others stay 0), so the common case
     is one comparison of the rows' fixed part; the field-by-field diagnosis runs only on a mismatch.
     """
-    rows = [r[H_OP:H_SCALAR] + [r[H_EXTRA]] for r in table.tolist()]
+    rows = [r[H_OP:H_SCALAR] + [r[H_EXTRA], r[H_SEQ] > 0] for r in table.tolist()]
     first = rows[0]
     if all(r == first for r in rows):
         return
+    check_debug_everywhere(table)
     r = _first_diff(table[:, H_OP])
     if r is not None:
         names = [OP_NAMES.get(int(c), f"op#{int(c)}") for c in table[:, H_OP]]

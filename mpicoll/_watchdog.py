@@ -59,9 +59,12 @@ def action_default() -> str:
     return action
 
 
-def comm_key(comm: MPI.Comm) -> int:
-    """A number naming a library communicator alike on every rank (from its name)."""
-    return int.from_bytes(hashlib.blake2b(comm.Get_name().encode(), digest_size=7).digest(), "little")
+def comm_key(comm: MPI.Comm, world_ranks: list[int] | None = None) -> int:
+    """A number naming a library communicator alike on every rank: from its name and, when given,
+    its members' world ranks (two user communicators both named ``mpicoll.user.comm`` but with
+    different members are then told apart)."""
+    text = comm.Get_name() + ("" if world_ranks is None else ":" + ",".join(map(str, world_ranks)))
+    return int.from_bytes(hashlib.blake2b(text.encode(), digest_size=7).digest(), "little")
 
 
 def own_shm_segments() -> list[str]:
@@ -120,13 +123,13 @@ class TimedComm:
         self.timeout = timeout
         self.action = action
         self.op = op
-        self.key = comm_key(comm)
         self.handle = MPI._handleof(comm)
         from ._domains import runtime
         self.rt = runtime()
         group = comm.Get_group()
         self.world_ranks = MPI.Group.Translate_ranks(group, list(range(comm.Get_size())), self.rt.group)
         group.Free()
+        self.key = comm_key(comm, self.world_ranks)
         self._mark = np.frombuffer(arrivals_window(self.rt).tomemory(), dtype=np.int64)   # this rank's mark
 
     def __getattr__(self, name: str) -> Any:
@@ -205,9 +208,12 @@ class TimedComm:
             else:
                 elsewhere.append(local)
         me = self.comm.Get_rank()
-        detail = f"ranks that did not arrive: {missing}" if missing else "every rank arrived (one may have died)"
+        # A mark holds only a rank's latest collective: one on another communicator may have come
+        # before this one (the rank never arrived) or after it (it arrived and moved on).
+        parts = [f"ranks that did not arrive: {missing}"] if missing else []
         if elsewhere:
-            detail += f"; ranks {elsewhere} are in a collective on another communicator"
+            parts.append(f"ranks {elsewhere} last entered a collective on another communicator")
+        detail = "; ".join(parts) or "every rank arrived (one may have died)"
         error = CollectiveTimeout(
             f"{self.op}: timed out after {self.timeout:g} s on rank {me} of {self.comm.Get_name()} "
             f"(collective call #{call} on it, MPI {what}); {detail}", op=self.op, param="timeout",

@@ -15,12 +15,15 @@ def raises_everywhere(fn, cls, *fragments):
 
 
 def raises_on(comm, fn, cls, *fragments):
-    """Like :func:`raises_everywhere` over ``comm`` (a sub-communicator)."""
+    """Like :func:`raises_everywhere` over ``comm`` (a sub-communicator). Every rank must raise
+    the same class with the same message and the same ``op``, ``param`` and ``rank`` attributes."""
     with pytest.raises(cls) as info:
         fn()
-    message = str(info.value)
-    messages = comm.allgather(message)
-    assert len(set(messages)) == 1, f"ranks raised different messages: {messages}"
+    exc = info.value
+    message = str(exc)
+    seen = comm.allgather((type(exc).__name__, message, getattr(exc, "op", None), getattr(exc, "param", None),
+                           getattr(exc, "rank", None)))
+    assert len(set(seen)) == 1, f"ranks raised different errors: {seen}"
     for f in fragments:
         assert f in message, f"{f!r} not in {message!r}"
     return message

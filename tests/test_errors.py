@@ -74,12 +74,33 @@ def test_reducescatterv_mismatch():
                       CollectiveMismatchError, "ReduceScatterV", "recv_count=3 on rank 1", "send_counts[1]=2")
 
 
+def _valid_call(opname, dtype=np.float32, **param):
+    """A call of ``opname`` that is valid on its own on every rank (x of ``dtype``)."""
+    n, f = SIZE, np.dtype(dtype).type
+    ones, block = list(range(n)), [2 * i for i in range(n)]
+    cls, pcls = mpicoll.OPERATIONS[opname], mpicoll.OPERATIONS[opname].PARAM
+    if opname == "AllToAllV":
+        op = cls(pcls(send_counts=[1] * n, sdispls=ones, recv_counts=[1] * n, rdispls=ones, **param))
+        return lambda: op.execute(np.ones(n, f))
+    op = cls(pcls(**param))
+    calls = {
+        "AllGatherV": lambda: op.execute(np.ones(2, f), 2, [2] * n, block),
+        "ReduceScatterV": lambda: op.execute(np.ones(2 * n, f), [2] * n, block, 2),
+        "AllToAllVV2": lambda: op.execute(np.ones(n, f), [1] * n, ones, [1] * n, ones),
+        "QuantAllReduce": lambda: op.execute(np.ones(8, np.int8), 0.5),
+    }
+    return calls.get(opname, lambda: op.execute(np.ones(2 * n, f)))
+
+
+ALL_OPS = sorted(mpicoll.OPERATIONS)
+V_OPS = ["AllGatherV", "ReduceScatterV", "AllToAllV", "AllToAllVV2"]
+
+
 @mpi2
-@pytest.mark.parametrize("opname", ["AllReduce", "AllGather", "ReduceScatter", "AllToAll", "Broadcast"])
+@pytest.mark.parametrize("opname", [o for o in ALL_OPS if o != "QuantAllReduce"])   # (int8 only: a local rule)
 def test_dtype_differs_on_one_rank(opname):
-    op = mpicoll.OPERATIONS[opname]()
-    x = np.ones(2 * SIZE, dtype=np.float64 if RANK == 1 else np.float32)
-    raises_everywhere(lambda: op.execute(x), CollectiveMismatchError, opname, "dtype", "float32 on rank 0",
+    call = _valid_call(opname, np.float64 if RANK == 1 else np.float32)
+    raises_everywhere(call, CollectiveMismatchError, f"{opname}: dtype differs across ranks", "float32 on rank 0",
                       "float64 on rank 1")
 
 
@@ -92,10 +113,11 @@ def test_shape_differs_on_one_rank(opname):
 
 
 @mpi2
-def test_reduce_type_differs():
-    p = mpicoll.AllReduceParam(reduce_type="max" if RANK == 1 else "sum")
-    raises_everywhere(lambda: mpicoll.AllReduceOperation(p).execute(np.ones(4)), CollectiveMismatchError,
-                      "reduce_type", "'sum' on rank 0", "'max' on rank 1")
+@pytest.mark.parametrize("opname", ["AllReduce", "ReduceScatter", "ReduceScatterV"])
+def test_reduce_type_differs(opname):
+    call = _valid_call(opname, reduce_type="max" if RANK == 1 else "sum")
+    raises_everywhere(call, CollectiveMismatchError, f"{opname}: reduce_type differs across ranks", "'sum' on rank 0",
+                      "'max' on rank 1")
 
 
 @mpi2
@@ -113,6 +135,18 @@ def test_different_operators_on_different_ranks():
     op = mpicoll.AllGatherOperation() if RANK == 1 else mpicoll.AllReduceOperation()
     raises_everywhere(lambda: op.execute(x), CollectiveMismatchError, "rank 0 called AllReduce",
                       "rank 1 called AllGather")
+
+
+@mpi2
+@pytest.mark.parametrize("other", [o for o in ALL_OPS if o != "AllReduce"])
+def test_every_operator_against_another(other):
+    """The last rank calls ``other`` (V operators and QuantAllReduce included), the rest AllReduce:
+    every header has the same length, so they meet in one Allgather and are told apart."""
+    last = SIZE - 1
+    call = _valid_call(other) if RANK == last else _valid_call("AllReduce")
+    raises_everywhere(call, CollectiveMismatchError, "AllReduce: operation differs across ranks",
+                      "rank 0 called AllReduce", f"rank {last} called {other}", "every rank must call the same")
+    assert _valid_call("AllReduce")() is not None      # still in step
 
 
 @mpi1
@@ -201,12 +235,16 @@ def test_validation_switch(monkeypatch):
 
 
 @mpi2
-@pytest.mark.parametrize("dtype", [np.int8, np.uint8, np.int16])
-def test_integer_sum_overflow_is_an_error_not_a_wrap(dtype):
+@pytest.mark.parametrize("dtype,acc", [(np.int8, "int16"), (np.uint8, "int16"), (np.int16, "int32"),
+                                       (np.uint16, "int32"), (np.int32, "int64"), (np.uint32, "int64")])
+def test_integer_sum_overflow_is_an_error_not_a_wrap(dtype, acc):
     big = np.iinfo(dtype).max // 2 + 1
     x = np.full(4, big, dtype=dtype)
-    raises_everywhere(lambda: mpicoll.AllReduceOperation().execute(x), CollectiveArgumentError, "AllReduce",
-                      "overflows", np.dtype(dtype).name, "never wrap")
+    name = np.dtype(dtype).name
+    raises_everywhere(lambda: mpicoll.AllReduceOperation().execute(x), CollectiveArgumentError,
+                      f"AllReduce: reduce_type='sum' overflows {name}: element 0 sums to {big * SIZE}",
+                      f"outside [{np.iinfo(dtype).min}, {np.iinfo(dtype).max}]",
+                      f"{name} sums are accumulated in {acc} and never wrap")
     # validation off: MPI's wrap-around, as documented
     wrapped = mpicoll.AllReduceOperation(validate=False).execute(x)
     assert wrapped.tolist() == [int(np.array(big * SIZE).astype(dtype))] * 4
@@ -287,3 +325,237 @@ def test_debug_mode_accepts_valid_v_plans(monkeypatch):
     assert got.reshape(-1).tolist() == [r for r in range(SIZE) for _ in range(r + 1)]
     got = mpicoll.AllGatherVOperation().execute(np.full(RANK + 1, RANK), RANK + 1, recv, rd)
     assert got.tolist() == [r for r in range(SIZE) for _ in range(r + 1)]
+
+
+# ----------------------------------------------------------------------------- every row, every operator
+
+@mpi1
+@pytest.mark.parametrize("root", ["size", -1, 0.0, True])
+def test_broadcast_root_out_of_range_on_last_rank(root):
+    root = SIZE if root == "size" else root
+    op = mpicoll.BroadcastOperation(mpicoll.BroadcastParam(rank_root=root if RANK == SIZE - 1 else 0))
+    x = np.full(3, RANK, dtype=np.int32)
+    raises_everywhere(lambda: op.execute(x), CollectiveArgumentError,
+                      f"Broadcast: rank_root={root!r} on rank {SIZE - 1}: must be in [0, rank_size={SIZE})")
+    assert x.tolist() == [RANK] * 3
+
+
+@mpi2
+def test_root_differs_at_every_rank_count():
+    """Half the ranks name root 0, the other half root 1: nothing moves."""
+    p = mpicoll.BroadcastParam(rank_root=RANK % 2)
+    x = np.full(4, RANK, dtype=np.int64)
+    raises_everywhere(lambda: mpicoll.BroadcastOperation(p).execute(x), CollectiveMismatchError,
+                      "Broadcast: rank_root differs across ranks: 0 on rank 0 but 1 on rank 1")
+    assert x.tolist() == [RANK] * 4
+
+
+def _agv(x, send_count, recv_counts, rdispls, **kw):
+    return lambda: mpicoll.AllGatherVOperation().execute(x, send_count, recv_counts, rdispls, **kw)
+
+
+def _rsv(x, send_counts, sdispls, recv_count, **kw):
+    return lambda: mpicoll.ReduceScatterVOperation().execute(x, send_counts, sdispls, recv_count, **kw)
+
+
+_BLOCKS = [2 * i for i in range(SIZE)]
+_LAST = SIZE - 1
+LOCAL_V_CASES = {
+    # name: (the last rank's call, the other ranks' call, fragments)
+    "agv_negative_send_count": (_agv(np.ones(2), -1, [2] * SIZE, _BLOCKS), "send_count=-1", "must be >= 0"),
+    "agv_send_count_gt_size": (_agv(np.ones(2), 3, [2] * SIZE, _BLOCKS), "send_count=3", "must be <= x.size=2"),
+    "agv_float_send_count": (_agv(np.ones(2), 2.0, [2] * SIZE, _BLOCKS), "send_count=2.0", "must be an integer"),
+    "agv_negative_recv_count": (_agv(np.ones(2), 2, [-1] + [2] * (SIZE - 1), _BLOCKS), "recv_counts[0]=-1",
+                                "must be >= 0"),
+    "agv_negative_rdispl": (_agv(np.ones(2), 2, [2] * SIZE, [-2] + _BLOCKS[1:]), "rdispls[0]=-2", "must be >= 0"),
+    "agv_rdispl_out_of_range": (_agv(np.ones(2), 2, [2] * SIZE, [b + 1 for b in _BLOCKS]),
+                                f"rdispls[{_LAST}]+recv_counts[{_LAST}]={2 * SIZE + 1}",
+                                f"must be <= sum(recv_counts)={2 * SIZE}"),
+    "agv_short_recv_counts": (_agv(np.ones(2), 2, [2] * (SIZE + 1), _BLOCKS), "recv_counts=",
+                              f"must hold exactly rank_size={SIZE} entries"),
+    "agv_float_array_counts": (_agv(np.ones(2), 2, np.full(SIZE, 2.0), _BLOCKS), "recv_counts=",
+                               "entries must be integers, not float64"),
+    "agv_shape_size": (_agv(np.ones(2), 2, [2] * SIZE, _BLOCKS, shape=(2 * SIZE + 1,)), "shape=",
+                       f"must hold sum(recv_counts)={2 * SIZE} elements"),
+    "rsv_negative_send_count": (_rsv(np.ones(2 * SIZE), [-1] + [2] * (SIZE - 1), _BLOCKS, 2), "send_counts[0]=-1",
+                                "must be >= 0"),
+    "rsv_sdispl_out_of_range": (_rsv(np.ones(2 * SIZE), [2] * SIZE, [b + 1 for b in _BLOCKS], 2),
+                                f"sdispls[{_LAST}]+send_counts[{_LAST}]={2 * SIZE + 1}",
+                                f"must be <= x.size={2 * SIZE}"),
+    "rsv_negative_sdispl": (_rsv(np.ones(2 * SIZE), [2] * SIZE, [-1] + _BLOCKS[1:], 2), "sdispls[0]=-1",
+                            "must be >= 0"),
+    "rsv_negative_recv_count": (_rsv(np.ones(2 * SIZE), [2] * SIZE, _BLOCKS, -2), "recv_count=-2", "must be >= 0"),
+    "rsv_float_recv_count": (_rsv(np.ones(2 * SIZE), [2] * SIZE, _BLOCKS, 2.5), "recv_count=2.5",
+                             "must be an integer"),
+    "rsv_short_sdispls": (_rsv(np.ones(2 * SIZE), [2] * SIZE, _BLOCKS[:-1], 2), "sdispls=",
+                          f"must hold exactly rank_size={SIZE} entries"),
+    "a2av_param_negative": (lambda: mpicoll.AllToAllVOperation(mpicoll.AllToAllVParam(
+        send_counts=[1] * SIZE, sdispls=[-1] + list(range(1, SIZE)), recv_counts=[1] * SIZE,
+        rdispls=list(range(SIZE)))).execute(np.ones(SIZE)), "sdispls[0]=-1", "must be >= 0"),
+    "a2av_param_missing": (lambda: mpicoll.AllToAllVOperation(mpicoll.AllToAllVParam(
+        send_counts=[1] * SIZE, sdispls=list(range(SIZE)), recv_counts=[1] * SIZE)).execute(np.ones(SIZE)),
+        "rdispls=None", "the plan (send_counts, sdispls, recv_counts, rdispls) is required"),
+}
+_GOOD = {"agv": _agv(np.ones(2), 2, [2] * SIZE, _BLOCKS), "rsv": _rsv(np.ones(2 * SIZE), [2] * SIZE, _BLOCKS, 2),
+         "a2av": _valid_call("AllToAllV", np.float64)}
+_OPNAME = {"agv": "AllGatherV", "rsv": "ReduceScatterV", "a2av": "AllToAllV"}
+
+
+@mpi1
+@pytest.mark.parametrize("case", list(LOCAL_V_CASES))
+def test_v_operator_bad_counts_on_last_rank(case):
+    """Negative, non-integer, short and out-of-range counts/displacements of AllGatherV,
+    ReduceScatterV and AllToAllV (Param plan), on the last rank only; the others pass a valid call."""
+    bad, *fragments = LOCAL_V_CASES[case]
+    kind = case.split("_")[0]
+    call = bad if RANK == _LAST else _GOOD[kind]
+    raises_everywhere(call, CollectiveArgumentError, f"{_OPNAME[kind]}: ", f"on rank {_LAST}", *fragments)
+
+
+@mpi2
+@pytest.mark.parametrize("direction", ["expects_more", "expects_fewer"])
+def test_allgatherv_count_mismatch_both_directions(direction):
+    """Rank 0 expects 3 (or 1) elements from rank 1, which sends 2."""
+    x = np.arange(4, dtype=np.int16)
+    recv = [2] * SIZE
+    if RANK == 0:
+        recv[1] = 3 if direction == "expects_more" else 1
+    disp = [sum(recv[:i]) for i in range(SIZE)]
+    raises_everywhere(_agv(x, 2, recv, disp), CollectiveMismatchError, "AllGatherV: recv_counts[1] differs",
+                      f"recv_counts[1]={3 if direction == 'expects_more' else 1} on rank 0 but rank 1 has send_count=2")
+
+
+@mpi2
+@pytest.mark.parametrize("direction", ["expects_more", "expects_fewer"])
+def test_reducescatterv_count_mismatch_both_directions(direction):
+    """Rank 1 expects 3 (or 1) reduced elements where every rank sends it 2."""
+    recv = (3 if direction == "expects_more" else 1) if RANK == 1 else 2
+    raises_everywhere(_rsv(np.ones(3 * SIZE, np.float32), [2] * SIZE, _BLOCKS, recv), CollectiveMismatchError,
+                      "ReduceScatterV: recv_count differs", f"recv_count={3 if direction == 'expects_more' else 1} "
+                      "on rank 1 but rank 0 has send_counts[1]=2")
+
+
+@mpi2
+@pytest.mark.parametrize("direction", ["expects_more", "expects_fewer"])
+def test_alltoallv_param_count_mismatch_both_directions(direction):
+    """The same rule for AllToAllV, whose plan lives in the Param."""
+    rc = [1] * SIZE
+    if RANK == 0:
+        rc[1] = 2 if direction == "expects_more" else 0
+    p = mpicoll.AllToAllVParam(send_counts=[1] * SIZE, sdispls=list(range(SIZE)), recv_counts=rc,
+                               rdispls=[sum(rc[:i]) for i in range(SIZE)])
+    raises_everywhere(lambda: mpicoll.AllToAllVOperation(p).execute(np.ones(SIZE, np.float32)),
+                      CollectiveMismatchError, "AllToAllV: recv_counts[1] differs",
+                      f"recv_counts[1]={2 if direction == 'expects_more' else 0} on rank 0 but rank 1 has "
+                      "send_counts[0]=1")
+
+
+def _alias_case(opname):
+    """(call, x) on the last rank with ``out`` overlapping ``x`` through a view (not ``x`` itself)."""
+    n = SIZE
+    if opname == "AllReduce":
+        x = np.ones(4)
+        return lambda: mpicoll.AllReduceOperation().execute(x, out=x.view())
+    if opname == "AllGather":
+        buf = np.zeros((n, 3))
+        return lambda: mpicoll.AllGatherOperation().execute(buf[0], out=buf)
+    if opname == "ReduceScatter":
+        x = np.ones((n, 2))
+        return lambda: mpicoll.ReduceScatterOperation().execute(x, out=x[:1])
+    if opname == "AllToAll":
+        x = np.ones(2 * n)
+        return lambda: mpicoll.AllToAllOperation().execute(x, out=x.reshape(2 * n))
+    if opname == "AllToAllVV2":
+        buf = np.arange(2 * n, dtype=np.float64)
+        return lambda: mpicoll.AllToAllVV2Operation().execute(buf[:n], [1] * n, list(range(n)), [1] * n,
+                                                              list(range(n)), out=buf[n - 1:2 * n - 1].reshape(1, n))
+    if opname == "AllGatherV":
+        buf = np.zeros(2 * n)
+        return lambda: mpicoll.AllGatherVOperation().execute(buf[:2], 2, [2] * n, _BLOCKS, out=buf)
+    if opname == "ReduceScatterV":
+        x = np.ones(2 * n)
+        return lambda: mpicoll.ReduceScatterVOperation().execute(x, [2] * n, _BLOCKS, 2, out=x[:2])
+    raise AssertionError(opname)
+
+
+ALIAS_OPS = ["AllReduce", "AllGather", "ReduceScatter", "AllToAll", "AllToAllVV2", "AllGatherV", "ReduceScatterV"]
+
+
+@mpi1
+@pytest.mark.parametrize("opname", ALIAS_OPS)
+def test_out_aliasing_x_through_a_view_on_last_rank(opname):
+    """MPI raises on every rank for sendbuf is recvbuf; a partial overlap through a view is worse
+    (undefined). mpicoll refuses any overlap (AllReduce: only ``out=x`` itself is in-place)."""
+    call = _alias_case(opname) if RANK == _LAST else _valid_call(opname, np.float64)
+    raises_everywhere(call, CollectiveArgumentError, f"{opname}: out='aliases x' on rank {_LAST}",
+                      "must not overlap the input")
+
+
+@mpi1
+def test_allreduce_out_is_x_is_in_place():
+    x = np.full(3, RANK + 1, dtype=np.int32)
+    assert mpicoll.AllReduceOperation().execute(x, out=x) is x
+    assert x.tolist() == [SIZE * (SIZE + 1) // 2] * 3
+
+
+@mpi1
+@pytest.mark.parametrize("opname", ["AllGatherV", "ReduceScatterV", "AllToAllVV2", "AllToAll"])
+def test_all_counts_zero_is_fine(opname):
+    n = SIZE
+    z = [0] * n
+    calls = {
+        "AllGatherV": lambda: mpicoll.AllGatherVOperation().execute(np.ones(3), 0, z, z),
+        "ReduceScatterV": lambda: mpicoll.ReduceScatterVOperation().execute(np.ones(3, np.int8), z, z, 0),
+        "AllToAllVV2": lambda: mpicoll.AllToAllVV2Operation().execute(np.ones(3), z, z, z, z),
+        "AllToAll": lambda: mpicoll.AllToAllOperation().execute(np.ones((0, 3))),
+    }
+    assert calls[opname]().size == 0
+
+
+@mpi2
+def test_shape_beyond_eight_dims_differs():
+    """Same size and leading dims, different trailing dims (9-D): still a shape mismatch."""
+    x = np.ones((1,) * 7 + ((3, 2) if RANK == 1 else (2, 3)), dtype=np.float32)
+    raises_everywhere(lambda: mpicoll.AllGatherOperation().execute(x), CollectiveMismatchError,
+                      "AllGather: x.shape differs across ranks", "[9 dims, 6 elements, trailing dims #", "on rank 1")
+
+
+@mpi2
+def test_debug_message_names_the_sequence_number_and_communicator(monkeypatch):
+    monkeypatch.setenv("MPICOLL_DEBUG", "1")
+    from mpi4py import MPI
+
+    from mpicoll._domains import runtime
+    from mpicoll._validate import _SEQ
+    op = mpicoll.AllReduceOperation()
+    op.execute(np.ones(2, np.float32))
+    seq = _SEQ[MPI._handleof(runtime().world)] + 1        # this call's number on the library's world
+    x = np.ones(2 + (RANK == SIZE - 1), np.float32)
+    others = f"rank{'s' if SIZE > 2 else ''} {list(range(SIZE - 1))}"
+    raises_everywhere(lambda: op.execute(x), CollectiveMismatchError,
+                      f"AllReduce: fingerprint differs across ranks: on mpicoll.world (sequence number {seq}): "
+                      f"x.shape: (2,) on {others}, (3,) on rank [{SIZE - 1}]")
+
+
+@mpi2
+def test_debug_mode_set_on_some_ranks_only_raises_everywhere(monkeypatch):
+    """A debugging rank would otherwise raise its fingerprint error alone and strand the others."""
+    if RANK == 0:
+        monkeypatch.setenv("MPICOLL_DEBUG", "1")
+    else:
+        monkeypatch.delenv("MPICOLL_DEBUG", raising=False)
+    op = mpicoll.AllReduceOperation()
+    raises_everywhere(lambda: op.execute(np.ones(2)), CollectiveMismatchError,
+                      "AllReduce: MPICOLL_DEBUG differs across ranks: set on rank [0] but not on rank",
+                      "set it alike on every rank")
+    monkeypatch.delenv("MPICOLL_DEBUG", raising=False)
+    assert mpicoll.AllReduceOperation().execute(np.ones(2)).tolist() == [SIZE] * 2    # still in step
+
+
+@mpi2
+def test_debug_fingerprint_agrees_with_the_plain_rules_on_v_operators(monkeypatch):
+    """Debug mode reports a V operator's dtype mismatch as a fingerprint diff naming the ranks."""
+    monkeypatch.setenv("MPICOLL_DEBUG", "1")
+    call = _valid_call("ReduceScatterV", np.float16 if RANK == 1 else np.float32)
+    raises_everywhere(call, CollectiveMismatchError, "ReduceScatterV: fingerprint differs",
+                      "dtype: float32 on rank", "float16 on rank [1]")

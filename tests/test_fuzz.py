@@ -1,8 +1,10 @@
 """Property-based fuzzing of count/displacement plans (AllToAllV/VV2, AllGatherV, ReduceScatterV).
 
 Every valid plan (random counts with zeros and skew, gapped and permuted displacements, every
-dtype) must match the numpy golden; every plan with one defect on one rank must raise the same
-CollectiveError on every rank. Hypothesis runs derandomized (the same examples on every rank);
+dtype) must match the numpy golden; every plan with one defect on one rank (a negative, non-integer,
+short or out-of-range count or displacement, overlapping receive regions, a count mismatch in either
+direction, a different dtype) must raise the same CollectiveError on every rank, naming the
+operator and the rank. Hypothesis runs derandomized (the same examples on every rank);
 ``MPICOLL_FUZZ_EXAMPLES`` sets the examples per property (CI: 25; ``scripts/fuzz``: thousands).
 """
 from __future__ import annotations
@@ -73,18 +75,34 @@ def _data(dtype, length, rank, salt):
         if DTYPES[dtype].np.kind != "u" else rng.integers(0, 9, size=length).astype(DTYPES[dtype].np)
 
 
-def _check_all_ranks_agree(fn):
-    """Every rank raises a CollectiveError with the same message."""
+def _check_all_ranks_agree(fn, op, bad_rank):
+    """Every rank raises the same CollectiveError, whose message names the operator and the rank
+    that broke the plan."""
     try:
         fn()
-        message = None
+        seen = None
     except CollectiveError as exc:
-        message = str(exc)
-    messages = WORLD.allgather(message)
-    assert message is not None and len(set(messages)) == 1, messages
+        seen = (type(exc).__name__, str(exc), exc.op, exc.param, exc.rank)
+    everyone = WORLD.allgather(seen)
+    assert seen is not None and len(set(everyone)) == 1, everyone
+    message = seen[1]
+    assert message.startswith(f"{op}: ") and f"rank {bad_rank}" in message, (bad_rank, message)
 
 
-DEFECTS = ["negative", "recv_more", "recv_fewer", "send_out_of_range", "recv_overlap", "short_counts"]
+def _one_off(c):
+    """A count that differs from ``c`` (one more, or one fewer)."""
+    return c + 1 if c == 0 or c % 2 else c - 1
+
+
+def _other_dtype(dtype):
+    return "float32" if dtype == "float64" else "float64"
+
+
+#: defects needing a peer to disagree with: replaced by "negative" at one rank
+CROSS_ONLY = {"recv_more", "recv_fewer", "dtype_differs", "send_more", "send_differs"}
+
+DEFECTS = ["negative", "recv_more", "recv_fewer", "send_out_of_range", "recv_overlap", "short_counts",
+           "float_counts", "negative_displ", "recv_out_of_range", "dtype_differs"]
 
 
 def _break(plan, defect, n):
@@ -105,6 +123,12 @@ def _break(plan, defect, n):
         rd = [0] * n
     elif defect == "short_counts":
         sc = sc[:-1]
+    elif defect == "float_counts":
+        rc = np.asarray(rc, dtype=np.float64)
+    elif defect == "negative_displ":
+        sd[n - 1] = -1
+    elif defect == "recv_out_of_range":
+        rd[0] = sum(rc) + 1
     return sc, sd, rc, rd
 
 
@@ -130,18 +154,27 @@ def test_alltoallv_valid_plans_match_the_golden(case, use_param):
 def test_alltoallv_invalid_plans_raise_everywhere(case, defect, who):
     dtype, plans, lengths = case
     bad_rank = who % SIZE
-    if SIZE == 1 and defect in ("recv_more", "recv_fewer"):
-        defect = "negative"               # with one rank a count mismatch is a local length error
+    if SIZE == 1 and defect in CROSS_ONLY | {"recv_overlap"}:
+        defect = "negative"               # one rank alone: no peer to disagree with, no two regions
     x = _data(dtype, lengths[RANK], RANK, 8)
-    plan = _break(plans[RANK], defect, SIZE) if RANK == bad_rank else plans[RANK]
-    _check_all_ranks_agree(lambda: mpicoll.AllToAllVV2Operation().execute(x, *plan))
+    plan = plans[RANK]
+    if RANK == bad_rank:
+        plan = _break(plan, defect, SIZE)
+        if defect == "dtype_differs":
+            x = x.astype(DTYPES[_other_dtype(dtype)].np)
+    _check_all_ranks_agree(lambda: mpicoll.AllToAllVV2Operation().execute(x, *plan), "AllToAllVV2", bad_rank)
     TRIED["invalid"] += 1
+
+
+AGV_DEFECTS = ["recv_more", "recv_fewer", "send_more", "negative", "negative_displ", "short_counts",
+               "float_counts", "recv_out_of_range", "recv_overlap", "dtype_differs"]
 
 
 @mpi1
 @FUZZ
-@given(st.lists(counts_st, min_size=SIZE, max_size=SIZE), st.data(), st.sampled_from(list(DTYPES)))
-def test_allgatherv_plans(send_counts, data, dtype):
+@given(st.lists(counts_st, min_size=SIZE, max_size=SIZE), st.data(), st.sampled_from(list(DTYPES)),
+       st.sampled_from(AGV_DEFECTS))
+def test_allgatherv_plans(send_counts, data, dtype, defect):
     rd = data.draw(packed_permuted(send_counts))
     extra = data.draw(st.integers(0, 3))
     xs = [_data(dtype, send_counts[r] + extra, r, 9) for r in range(SIZE)]
@@ -151,18 +184,45 @@ def test_allgatherv_plans(send_counts, data, dtype):
     op = mpicoll.AllGatherVOperation()
     assert count_wrong(op.execute(xs[RANK], send_counts[RANK], send_counts, rd), expected) == 0
     TRIED["valid"] += 1
-    bad = list(send_counts)
-    bad[data.draw(st.integers(0, SIZE - 1))] += 1          # every rank expects one more from someone
-    _check_all_ranks_agree(lambda: op.execute(xs[RANK], send_counts[RANK], bad, rd))
+    # one defect on one rank
+    bad_rank = data.draw(st.integers(0, SIZE - 1))
+    k = data.draw(st.integers(0, SIZE - 1))
+    if SIZE == 1 and defect in CROSS_ONLY | {"recv_overlap"}:
+        defect = "negative"
+    x, sc, rc, d = xs[RANK], send_counts[RANK], list(send_counts), list(rd)
+    if RANK == bad_rank:
+        if defect in ("recv_more", "recv_fewer"):
+            rc[k] = send_counts[k] + 1 if defect == "recv_more" or send_counts[k] == 0 else send_counts[k] - 1
+        elif defect == "send_more":
+            sc += 1                       # the peers expect one fewer (or x is too short)
+        elif defect == "negative":
+            sc = -1
+        elif defect == "negative_displ":
+            d[k] = -1
+        elif defect == "short_counts":
+            rc = rc[:-1]
+        elif defect == "float_counts":
+            rc = np.asarray(rc, dtype=np.float32)
+        elif defect == "recv_out_of_range":
+            d[k] = sum(rc) + 1
+        elif defect == "recv_overlap":
+            rc = [max(c, 1) for c in rc]
+            d = [0] * SIZE
+        elif defect == "dtype_differs":
+            x = x.astype(DTYPES[_other_dtype(dtype)].np)
+    _check_all_ranks_agree(lambda: op.execute(x, sc, rc, d), "AllGatherV", bad_rank)
     TRIED["invalid"] += 1
+
+
+RSV_DEFECTS = ["recv_more", "recv_fewer", "send_differs", "negative", "negative_displ", "send_out_of_range",
+               "short_counts", "float_recv_count", "dtype_differs"]
 
 
 @mpi1
 @FUZZ
-@given(st.lists(counts_st, min_size=SIZE, max_size=SIZE), st.data(),
-       st.sampled_from(["int8", "int32", "uint8", "float16", "bfloat16", "float32", "float64"]),
-       st.sampled_from(["sum", "max", "min"]))
-def test_reduce_scatterv_plans(send_counts, data, dtype, rname):
+@given(st.lists(counts_st, min_size=SIZE, max_size=SIZE), st.data(), st.sampled_from(list(DTYPES)),
+       st.sampled_from(["sum", "max", "min"]), st.sampled_from(RSV_DEFECTS))
+def test_reduce_scatterv_plans(send_counts, data, dtype, rname, defect):
     layouts_ = [data.draw(layouts(send_counts)) for _ in range(SIZE)]
     xs = [_data(dtype, layouts_[r][1], r, 10) for r in range(SIZE)]
     blocks = [xs[r][layouts_[r][0][RANK]:layouts_[r][0][RANK] + send_counts[RANK]] for r in range(SIZE)]
@@ -170,9 +230,30 @@ def test_reduce_scatterv_plans(send_counts, data, dtype, rname):
     got = op.execute(xs[RANK], send_counts, layouts_[RANK][0], send_counts[RANK])
     assert count_wrong(got, golden_reduce(blocks, DTYPES[dtype], mpicoll._dtypes.REDUCE_OPS[rname])) == 0
     TRIED["valid"] += 1
-    who = data.draw(st.integers(0, SIZE - 1))
-    recv = send_counts[RANK] + (1 if RANK == who else 0)
-    _check_all_ranks_agree(lambda: op.execute(xs[RANK], send_counts, layouts_[RANK][0], recv))
+    # one defect on one rank
+    bad_rank = data.draw(st.integers(0, SIZE - 1))
+    k = data.draw(st.integers(0, SIZE - 1))
+    if SIZE == 1 and defect in CROSS_ONLY:
+        defect = "negative"
+    x, sc, sd, recv = xs[RANK], list(send_counts), list(layouts_[RANK][0]), send_counts[RANK]
+    if RANK == bad_rank:
+        if defect in ("recv_more", "recv_fewer"):
+            recv = recv + 1 if defect == "recv_more" or recv == 0 else recv - 1
+        elif defect == "send_differs":
+            sc[k] = _one_off(sc[k])
+        elif defect == "negative":
+            sc[k] = -1
+        elif defect == "negative_displ":
+            sd[k] = -1
+        elif defect == "send_out_of_range":
+            sd[k] = x.size + 1
+        elif defect == "short_counts":
+            sd = sd[:-1]
+        elif defect == "float_recv_count":
+            recv = float(recv)
+        elif defect == "dtype_differs":
+            x = x.astype(DTYPES[_other_dtype(dtype)].np)
+    _check_all_ranks_agree(lambda: op.execute(x, sc, sd, recv), "ReduceScatterV", bad_rank)
     TRIED["invalid"] += 1
 
 
