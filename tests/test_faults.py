@@ -225,3 +225,13 @@ def test_allgatherv_bad_shape_on_one_rank_is_agreed(tmp_path):
     _remove(left)
     lines = sorted(res.stdout.splitlines())
     assert len(lines) == 2 and all("CollectiveArgumentError: AllGatherV: shape=" in line for line in lines), lines
+
+
+def test_watchdog_keys_user_communicators_by_members():
+    """Two user communicators share the name ``mpicoll.user.comm`` when the user named neither: the
+    arrival marks tell them apart by their members, so a peer on the other one is not taken for
+    one that arrived."""
+    from mpicoll._watchdog import comm_key
+    world = MPI.COMM_WORLD
+    assert comm_key(world, [0, 1]) != comm_key(world, [0, 2])
+    assert comm_key(world, [0, 1]) == comm_key(world, [0, 1]) > 0
