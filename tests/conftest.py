@@ -56,6 +56,13 @@ def pytest_configure(config):
     )
     if _err is None:
         _err = os.fdopen(os.dup(2), "w", buffering=1, errors="backslashreplace")
+    # The mpirun jobs that some tests start must run the mpicoll these tests import (the source
+    # tree, when pytest runs from the repository), not another copy in site-packages.
+    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    if os.path.isfile(os.path.join(root, "mpicoll", "__init__.py")):
+        path = os.environ.get("PYTHONPATH", "")
+        if root not in path.split(os.pathsep):
+            os.environ["PYTHONPATH"] = root + (os.pathsep + path if path else "")
 
 
 def pytest_unconfigure(config):

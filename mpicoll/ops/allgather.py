@@ -81,8 +81,9 @@ class AllGatherVOperation(Operation):
         V.check_regions(op, "recv_counts", rc, "rdispls", rd, total, "sum(recv_counts)", r)
         V.check_no_overlap(op, "recv_counts", rc, "rdispls", rd, r)
         dims = _dims(shape, total)
-        if int(np.prod(dims)) != total:
-            raise V.arg_error(op, "shape", dims, r, f"must hold sum(recv_counts)={total} elements")
+        if not all(isinstance(d, (int, np.integer)) and not isinstance(d, bool) and d >= 0 for d in dims) \
+                or int(np.prod(dims)) != total:
+            raise V.arg_error(op, "shape", dims, r, f"must be dims >= 0 holding sum(recv_counts)={total} elements")
         check_out(op, out, dims, x.dtype, r, x)
         h[V.H_SCALAR] = sc
         V.vec_a(h, n)[:] = rc
@@ -112,6 +113,8 @@ def _dims(shape, total):
     """The output shape: 1-D of ``total``, or that of a shape reference (tuple or array)."""
     if shape is None:
         return (total,)
+    if isinstance(shape, (int, np.integer)):
+        return (shape,)
     return shape.shape if isinstance(shape, np.ndarray) else tuple(shape)
 
 
