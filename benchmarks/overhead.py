@@ -77,7 +77,7 @@ def main() -> None:
     wanted = set(filter(None, args.ops.split(",")))
     rows = []
     for nbytes in (int(s) for s in args.sizes.split(",")):
-        iters = max(3, min(2000, int(2e8 // max(nbytes, 1) // 50)))
+        iters = max(5, min(4000, int(2e9 // max(nbytes, 1) // 100)))     # blocks of >= ~10 ms
         for name, raw, cls, param, out, call in cases(raw_comm, nbytes):
             if wanted and name not in wanted:
                 continue
@@ -87,9 +87,10 @@ def main() -> None:
             for fn in impls.values():
                 fn()
             times = {k: [] for k in impls}
-            for _ in range(args.reps):          # interleaved: drift hits every implementation alike
-                for k, fn in impls.items():
-                    times[k].append(block_time(raw_comm, fn, iters))
+            order = list(impls)
+            for rep in range(args.reps):        # interleaved, each in turn first: drift hits all alike
+                for k in order[rep % len(order):] + order[:rep % len(order)]:
+                    times[k].append(block_time(raw_comm, impls[k], iters))
             med = {k: statistics.median(v) for k, v in times.items()}
             rows.append((name, nbytes, med))
     if W.Get_rank() == 0:
