@@ -8,6 +8,8 @@
  *                                      in row order, accumulated in float32; op 0 sum 1 prod 2 max 3 min
  *   reduce_bf16(parts, out, nrows, op)  the same for bfloat16
  *   f16_to_f32(src, dst), f32_to_f16(src, dst)
+ *   dequant_sum, dequant_sum_quantize, quantize_i8   int8 quantization kernels of mpicoll.quant (below)
+ *   use_simd(on) -> previous             switch the F16C/AVX2 loops off (tests of the portable loops)
  */
 #define PY_SSIZE_T_CLEAN
 #include <Python.h>
@@ -194,6 +196,294 @@ static PyObject *reduce_rows(PyObject *args, int bf16) {
 static PyObject *py_reduce_f16(PyObject *self, PyObject *args) { return reduce_rows(args, 0); }
 static PyObject *py_reduce_bf16(PyObject *self, PyObject *args) { return reduce_rows(args, 1); }
 
+/* ------------------------------------------------------------------------------------------------
+ * int8 quantization kernels (mpicoll.quant), bit-identical to its numpy path:
+ *
+ *   dequant_sum(q, scales, out, rows, block, out_itemsize)
+ *       out[i] = float16 or float32 of  sum over rows r, in row order, of float32(q[r][i]) * s(r, i),
+ *       accumulated in float32 and rounded once; s(r, i) = scales[r * nsc + i // block], or
+ *       scales[r] when block is 0 (nsc = ceil(c / block), or 1). Every product is rounded to
+ *       float32 before it is added (no fused multiply-add), as numpy does.
+ *   dequant_sum_quantize(q, scales, qout, sout, rows, block, qblock)
+ *       quantize_i8 (per block of qblock) of dequant_sum's float32 result, without storing it
+ *   quantize_i8(src, q, scales, block, src_itemsize)
+ *       symmetric absmax per block of float32 or float16 src: scale = absmax / 127 (NaN when the
+ *       block holds a NaN, inf for an inf), inv = 1 / scale (0 unless scale is finite and > 0),
+ *       q = clip(nan_to_num(rint(x * inv)), -127, 127); x / scale instead of x * inv where inv
+ *       overflows to inf (a subnormal scale).
+ */
+#if defined(__GNUC__) && !defined(__clang__)
+#define NO_CONTRACT __attribute__((optimize("fp-contract=off")))   /* keep a*b + c two roundings */
+#else
+#define NO_CONTRACT
+#endif
+#define QTILE 4096
+
+static inline uint32_t f2u(float f) { uint32_t b; memcpy(&b, &f, 4); return b; }
+static inline float u2f(uint32_t b) { float f; memcpy(&f, &b, 4); return f; }
+
+static inline int8_t q_of(float v) {   /* v = x * inv: rint, NaN -> 0, clip to [-127, 127] */
+    v = rintf(v);
+    if (v != v) return 0;
+    return (int8_t)(v > 127.0f ? 127.0f : (v < -127.0f ? -127.0f : v));
+}
+
+static inline float scale_inv(float s) { return (s > 0.0f && s <= 3.4028234663852886e38f) ? 1.0f / s : 0.0f; }
+
+/* the scale of element gi of row r and the end (exclusive, < limit) of its run of equal scales */
+static inline float run_scale(const float *sr, Py_ssize_t block, Py_ssize_t gi, Py_ssize_t limit, Py_ssize_t *end) {
+    if (block == 0) { *end = limit; return sr[0]; }
+    Py_ssize_t b = gi / block, e = (b + 1) * block;
+    *end = e < limit ? e : limit;
+    return sr[b];
+}
+
+/* acc[0..m) = sum over rows r, in order, of float32(q[r * stride + s0 + i]) * s(r, s0 + i) */
+NO_CONTRACT static void dqs_tile_generic(const int8_t *q, Py_ssize_t stride, const float *sc, Py_ssize_t nsc,
+                                         Py_ssize_t rows, Py_ssize_t block, Py_ssize_t s0, Py_ssize_t m, float *acc) {
+    for (Py_ssize_t r = 0; r < rows; r++) {
+        const int8_t *qr = q + r * stride + s0;
+        for (Py_ssize_t i = 0, end; i < m; i = end) {
+            float f = run_scale(sc + r * nsc, block, s0 + i, s0 + m, &end);
+            end -= s0;
+            if (r == 0) for (Py_ssize_t k = i; k < end; k++) acc[k] = (float)qr[k] * f;
+            else for (Py_ssize_t k = i; k < end; k++) { float p = (float)qr[k] * f; acc[k] = acc[k] + p; }
+        }
+    }
+}
+
+static void dequant_sum_generic(const int8_t *q, const float *sc, void *out, Py_ssize_t rows, Py_ssize_t c,
+                                Py_ssize_t nsc, Py_ssize_t block, int f16) {
+    float acc[QTILE];
+    for (Py_ssize_t s0 = 0; s0 < c; s0 += QTILE) {
+        Py_ssize_t m = c - s0 < QTILE ? c - s0 : QTILE;
+        dqs_tile_generic(q, c, sc, nsc, rows, block, s0, m, acc);
+        if (f16) { _Float16 *o = (_Float16 *)out + s0; for (Py_ssize_t i = 0; i < m; i++) o[i] = (_Float16)acc[i]; }
+        else memcpy((float *)out + s0, acc, (size_t)m * 4);
+    }
+}
+
+NO_CONTRACT static void quantize_generic(const void *src, int f16, int8_t *q, float *sc, Py_ssize_t n, Py_ssize_t block) {
+    for (Py_ssize_t b = 0, s0 = 0; s0 < n; b++, s0 += block) {
+        Py_ssize_t m = n - s0 < block ? n - s0 : block;
+        uint32_t mx = 0;      /* absmax as bits: NaN patterns sort above inf, so a NaN wins, as np.max */
+        for (Py_ssize_t i = 0; i < m; i++) {
+            float x = f16 ? (float)((const _Float16 *)src)[s0 + i] : ((const float *)src)[s0 + i];
+            uint32_t u = f2u(x) & 0x7fffffffu;
+            if (u > mx) mx = u;
+        }
+        float s = u2f(mx) / 127.0f, inv = scale_inv(s);
+        sc[b] = s;
+        for (Py_ssize_t i = 0; i < m; i++) {
+            float x = f16 ? (float)((const _Float16 *)src)[s0 + i] : ((const float *)src)[s0 + i];
+            q[s0 + i] = q_of(inv > 3.4028234663852886e38f ? x / s : x * inv);
+        }
+    }
+}
+
+#ifdef HAVE_F16C_VARIANT
+F16C_ATTR static inline __m256 i8x8_to_ps(const int8_t *p) {
+    return _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_loadl_epi64((const __m128i *)p)));
+}
+
+F16C_ATTR static inline __m256 load8(const void *src, int f16, Py_ssize_t i) {
+    return f16 ? _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)((const _Float16 *)src + i)))
+               : _mm256_loadu_ps((const float *)src + i);
+}
+
+F16C_ATTR NO_CONTRACT static void dqs_tile_avx2(const int8_t *q, Py_ssize_t stride, const float *sc, Py_ssize_t nsc,
+                                                Py_ssize_t rows, Py_ssize_t block, Py_ssize_t s0, Py_ssize_t m, float *acc) {
+    for (Py_ssize_t r = 0; r < rows; r++) {
+        const int8_t *qr = q + r * stride + s0;
+        for (Py_ssize_t i = 0, end; i < m; i = end) {
+            float f = run_scale(sc + r * nsc, block, s0 + i, s0 + m, &end);
+            end -= s0;
+            __m256 vf = _mm256_set1_ps(f);
+            Py_ssize_t k = i;
+            if (r == 0) {
+                for (; k + 8 <= end; k += 8) _mm256_storeu_ps(acc + k, _mm256_mul_ps(i8x8_to_ps(qr + k), vf));
+                for (; k < end; k++) acc[k] = (float)qr[k] * f;
+            } else {
+                for (; k + 8 <= end; k += 8)
+                    _mm256_storeu_ps(acc + k, _mm256_add_ps(_mm256_loadu_ps(acc + k), _mm256_mul_ps(i8x8_to_ps(qr + k), vf)));
+                for (; k < end; k++) { float p = (float)qr[k] * f; acc[k] = acc[k] + p; }
+            }
+        }
+    }
+}
+
+F16C_ATTR static void dequant_sum_avx2(const int8_t *q, const float *sc, void *out, Py_ssize_t rows, Py_ssize_t c,
+                                       Py_ssize_t nsc, Py_ssize_t block, int f16) {
+    float acc[QTILE];
+    for (Py_ssize_t s0 = 0; s0 < c; s0 += QTILE) {
+        Py_ssize_t m = c - s0 < QTILE ? c - s0 : QTILE;
+        dqs_tile_avx2(q, c, sc, nsc, rows, block, s0, m, acc);
+        if (f16) f2h_f16c(acc, (_Float16 *)out + s0, m);
+        else memcpy((float *)out + s0, acc, (size_t)m * 4);
+    }
+}
+
+/* absmax bits of 8 lanes -> one (the lanes hold |x| as int32, so NaN > inf > finite, as np.max) */
+F16C_ATTR static inline uint32_t hmax_epi32(__m256i v) {
+    __m128i m = _mm_max_epi32(_mm256_castsi256_si128(v), _mm256_extracti128_si256(v, 1));
+    m = _mm_max_epi32(m, _mm_shuffle_epi32(m, _MM_SHUFFLE(1, 0, 3, 2)));
+    m = _mm_max_epi32(m, _mm_shuffle_epi32(m, _MM_SHUFFLE(2, 3, 0, 1)));
+    return (uint32_t)_mm_cvtsi128_si32(m);
+}
+
+/* rint(x * inv) of 8 lanes as int32: cvtps rounds in the current mode (nearest even), as rint */
+F16C_ATTR static inline __m256i q8_lanes(const void *src, int f16, Py_ssize_t i, __m256 vinv) {
+    return _mm256_cvtps_epi32(_mm256_mul_ps(load8(src, f16, i), vinv));
+}
+
+F16C_ATTR NO_CONTRACT static void quantize_avx2(const void *src, int f16, int8_t *q, float *sc, Py_ssize_t n,
+                                                Py_ssize_t block) {
+    const __m256i absmask = _mm256_set1_epi32(0x7fffffff), order = _mm256_setr_epi32(0, 4, 1, 5, 2, 6, 3, 7);
+    const __m256i lo32 = _mm256_set1_epi8(-127);
+    const __m128i lo16 = _mm_set1_epi8(-127);
+    for (Py_ssize_t b = 0, s0 = 0; s0 < n; b++, s0 += block) {
+        Py_ssize_t m = n - s0 < block ? n - s0 : block, i = 0;
+        __m256i vmx = _mm256_setzero_si256();
+        for (; i + 8 <= m; i += 8)
+            vmx = _mm256_max_epi32(vmx, _mm256_and_si256(_mm256_castps_si256(load8(src, f16, s0 + i)), absmask));
+        uint32_t mx = hmax_epi32(vmx);
+        for (; i < m; i++) {
+            float x = f16 ? (float)((const _Float16 *)src)[s0 + i] : ((const float *)src)[s0 + i];
+            uint32_t u = f2u(x) & 0x7fffffffu;
+            if (u > mx) mx = u;
+        }
+        float s = u2f(mx) / 127.0f, inv = scale_inv(s);
+        sc[b] = s;
+        int8_t *qb = q + s0;
+        if (inv == 0.0f) {            /* all-zero block, or one holding inf/NaN: x * 0 is 0 or NaN -> 0 */
+            memset(qb, 0, (size_t)m);
+            continue;
+        }
+        if (inv > 3.4028234663852886e38f) {   /* 1 / (a subnormal scale) overflows: divide instead */
+            for (i = 0; i < m; i++) {
+                float x = f16 ? (float)((const _Float16 *)src)[s0 + i] : ((const float *)src)[s0 + i];
+                qb[i] = q_of(x / s);
+            }
+            continue;
+        }
+        /* finite x, finite inv: |x * inv| <= ~127, no NaN; packs saturate at -128, hence the max */
+        __m256 vinv = _mm256_set1_ps(inv);
+        for (i = 0; i + 32 <= m; i += 32) {
+            __m256i a = _mm256_packs_epi32(q8_lanes(src, f16, s0 + i, vinv), q8_lanes(src, f16, s0 + i + 8, vinv));
+            __m256i c = _mm256_packs_epi32(q8_lanes(src, f16, s0 + i + 16, vinv), q8_lanes(src, f16, s0 + i + 24, vinv));
+            __m256i p = _mm256_permutevar8x32_epi32(_mm256_packs_epi16(a, c), order);
+            _mm256_storeu_si256((__m256i *)(qb + i), _mm256_max_epi8(p, lo32));
+        }
+        for (; i + 8 <= m; i += 8) {
+            __m256i k = q8_lanes(src, f16, s0 + i, vinv);
+            __m128i w = _mm_packs_epi32(_mm256_castsi256_si128(k), _mm256_extracti128_si256(k, 1));
+            _mm_storel_epi64((__m128i *)(qb + i), _mm_max_epi8(_mm_packs_epi16(w, w), lo16));
+        }
+        for (; i < m; i++) {
+            float x = f16 ? (float)((const _Float16 *)src)[s0 + i] : ((const float *)src)[s0 + i];
+            qb[i] = q_of(x * inv);
+        }
+    }
+}
+#endif
+
+static PyObject *py_dequant_sum(PyObject *self, PyObject *args) {
+    Py_buffer qb, sb, ob;
+    Py_ssize_t rows, block;
+    int osize;
+    if (!PyArg_ParseTuple(args, "y*y*w*nni", &qb, &sb, &ob, &rows, &block, &osize)) return NULL;
+    Py_ssize_t c = (osize == 2 || osize == 4) ? ob.len / osize : 0;
+    Py_ssize_t nsc = block > 0 ? (c + block - 1) / block : 1;
+    if (rows < 1 || block < 0 || (osize != 2 && osize != 4) || qb.len < rows * c || sb.len < rows * nsc * 4) {
+        PyBuffer_Release(&qb); PyBuffer_Release(&sb); PyBuffer_Release(&ob);
+        return PyErr_Format(PyExc_ValueError, "dequant_sum: bad sizes (rows=%zd, block=%zd, out_itemsize=%d, "
+                            "q %zd bytes, scales %zd bytes, out %zd bytes)", rows, block, osize, qb.len, sb.len, ob.len);
+    }
+    Py_BEGIN_ALLOW_THREADS
+#ifdef HAVE_F16C_VARIANT
+    if (use_f16c) dequant_sum_avx2(qb.buf, sb.buf, ob.buf, rows, c, nsc, block, osize == 2); else
+#endif
+    dequant_sum_generic(qb.buf, sb.buf, ob.buf, rows, c, nsc, block, osize == 2);
+    Py_END_ALLOW_THREADS
+    PyBuffer_Release(&qb); PyBuffer_Release(&sb); PyBuffer_Release(&ob);
+    Py_RETURN_NONE;
+}
+
+/* dequant_sum into float32 and quantize_i8 of the result per block of qblock, tile by tile (whole
+ * blocks per tile), so that the float32 sums stay in cache instead of making a round trip to memory */
+static int dequant_sum_quantize(const int8_t *q, const float *sc, int8_t *qout, float *sout, Py_ssize_t rows,
+                                Py_ssize_t c, Py_ssize_t nsc, Py_ssize_t block, Py_ssize_t qblock) {
+    float stack[QTILE];
+    Py_ssize_t tile = (QTILE / qblock > 1 ? QTILE / qblock : 1) * qblock;
+    float *acc = tile <= QTILE ? stack : (float *)malloc((size_t)tile * sizeof(float));
+    if (!acc) return -1;
+    for (Py_ssize_t s0 = 0; s0 < c; s0 += tile) {
+        Py_ssize_t m = c - s0 < tile ? c - s0 : tile;
+#ifdef HAVE_F16C_VARIANT
+        if (use_f16c) {
+            dqs_tile_avx2(q, c, sc, nsc, rows, block, s0, m, acc);
+            quantize_avx2(acc, 0, qout + s0, sout + s0 / qblock, m, qblock);
+            continue;
+        }
+#endif
+        dqs_tile_generic(q, c, sc, nsc, rows, block, s0, m, acc);
+        quantize_generic(acc, 0, qout + s0, sout + s0 / qblock, m, qblock);
+    }
+    if (acc != stack) free(acc);
+    return 0;
+}
+
+static PyObject *py_dequant_sum_quantize(PyObject *self, PyObject *args) {
+    Py_buffer qb, sb, qo, so;
+    Py_ssize_t rows, block, qblock;
+    if (!PyArg_ParseTuple(args, "y*y*w*w*nnn", &qb, &sb, &qo, &so, &rows, &block, &qblock)) return NULL;
+    Py_ssize_t c = qo.len, nsc = block > 0 ? (c + block - 1) / block : 1;
+    int bad = rows < 1 || block < 0 || qblock < 1 || qb.len < rows * c || sb.len < rows * nsc * 4 ||
+              so.len < (c + qblock - 1) / qblock * 4, rc = 0;
+    if (!bad) {
+        Py_BEGIN_ALLOW_THREADS
+        rc = dequant_sum_quantize(qb.buf, sb.buf, qo.buf, so.buf, rows, c, nsc, block, qblock);
+        Py_END_ALLOW_THREADS
+    }
+    PyBuffer_Release(&qb); PyBuffer_Release(&sb); PyBuffer_Release(&qo); PyBuffer_Release(&so);
+    if (bad)
+        return PyErr_Format(PyExc_ValueError, "dequant_sum_quantize: bad sizes (rows=%zd, block=%zd, qblock=%zd)",
+                            rows, block, qblock);
+    if (rc) return PyErr_NoMemory();
+    Py_RETURN_NONE;
+}
+
+static PyObject *py_quantize_i8(PyObject *self, PyObject *args) {
+    Py_buffer xb, qb, sb;
+    Py_ssize_t block;
+    int isize;
+    if (!PyArg_ParseTuple(args, "y*w*w*ni", &xb, &qb, &sb, &block, &isize)) return NULL;
+    Py_ssize_t n = qb.len;
+    if (block < 1 || (isize != 2 && isize != 4) || xb.len < n * isize || sb.len < (n + block - 1) / block * 4) {
+        PyBuffer_Release(&xb); PyBuffer_Release(&qb); PyBuffer_Release(&sb);
+        return PyErr_Format(PyExc_ValueError, "quantize_i8: bad sizes (block=%zd, src_itemsize=%d, src %zd bytes, "
+                            "q %zd bytes, scales %zd bytes)", block, isize, xb.len, qb.len, sb.len);
+    }
+    Py_BEGIN_ALLOW_THREADS
+#ifdef HAVE_F16C_VARIANT
+    if (use_f16c) quantize_avx2(xb.buf, isize == 2, qb.buf, sb.buf, n, block); else
+#endif
+    quantize_generic(xb.buf, isize == 2, qb.buf, sb.buf, n, block);
+    Py_END_ALLOW_THREADS
+    PyBuffer_Release(&xb); PyBuffer_Release(&qb); PyBuffer_Release(&sb);
+    Py_RETURN_NONE;
+}
+
+static int have_f16c = 0;   /* what the CPU offers; use_f16c may be switched off for tests */
+
+static PyObject *py_use_simd(PyObject *self, PyObject *args) {
+    int on;
+    if (!PyArg_ParseTuple(args, "p", &on)) return NULL;
+    int before = use_f16c;
+    use_f16c = on && have_f16c;
+    return PyBool_FromLong(before);
+}
+
 static PyMethodDef methods[] = {
     {"reduce_bf16", py_reduce_bf16, METH_VARARGS,
      "reduce_bf16(parts, out, rows, op): float32-accumulated row reduction of bfloat16, rounded once"},
@@ -201,6 +491,16 @@ static PyMethodDef methods[] = {
     {"f32_to_f16", py_f32_to_f16, METH_VARARGS, "f32_to_f16(src, dst): float32 -> float16, round to nearest even"},
     {"reduce_f16", py_reduce_f16, METH_VARARGS,
      "reduce_f16(parts, out, rows, op): float32-accumulated row reduction of float16, rounded once"},
+    {"dequant_sum", py_dequant_sum, METH_VARARGS,
+     "dequant_sum(q, scales, out, rows, block, out_itemsize): float32 sum over int8 rows times their scales, rounded once"},
+    {"dequant_sum_quantize", py_dequant_sum_quantize, METH_VARARGS,
+     "dequant_sum_quantize(q, scales, qout, sout, rows, block, qblock): dequant_sum into float32, then "
+     "quantize_i8 of it per qblock, fused"},
+    {"quantize_i8", py_quantize_i8, METH_VARARGS,
+     "quantize_i8(src, q, scales, block, src_itemsize): symmetric absmax int8 quantization per block"},
+    {"use_simd", py_use_simd, METH_VARARGS,
+     "use_simd(on) -> bool: use the F16C/AVX2 loops (when the CPU has them) or the portable C ones; returns the "
+     "previous setting (for tests)"},
     {NULL, NULL, 0, NULL}};
 
 static struct PyModuleDef module = {PyModuleDef_HEAD_INIT, "_half", "float16 kernels (optional)", -1, methods};
@@ -212,6 +512,7 @@ PyMODINIT_FUNC PyInit__half(void) {
     __builtin_cpu_init();
     use_f16c = __builtin_cpu_supports("f16c") && __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma");
 #endif
+    have_f16c = use_f16c;
     PyModule_AddIntConstant(m, "F16C", use_f16c);
     return m;
 }

@@ -81,3 +81,19 @@ def test_numpy_fallback_path(monkeypatch, name):
         for case in spec.cases(SIZE):
             got, expected, exact = spec.run(case, dtype, "", RANK, SIZE, SEED)
             assert count_wrong(got, expected, exact=exact, n=SIZE) == 0, (dtype, case)
+
+
+@half
+@pytest.mark.skipif(not hasattr(_base.HALF, "use_simd"), reason="an older build without use_simd")
+def test_portable_loops_are_bit_identical_too():
+    """The loops used where the CPU lacks F16C/AVX2 (switched on here with use_simd(False))."""
+    before = _base.HALF.use_simd(False)
+    try:
+        assert _base.HALF.use_simd(False) is False
+        for op in range(4):
+            test_reduce_is_bit_identical_to_numpy(3, 1001, op)
+            test_bfloat16_reduce_is_bit_identical_to_ml_dtypes(op)
+        test_conversions_are_bit_identical_to_numpy()
+    finally:
+        _base.HALF.use_simd(before)
+    assert _base.HALF.use_simd(before) == bool(before and _base.HALF.F16C)

@@ -8,6 +8,9 @@ import pytest
 
 import mpicoll
 from mpicoll import CollectiveArgumentError, QuantAllReduceOperation, QuantAllReduceParam, dequantize, quantize
+from mpicoll import quant as Q
+from mpicoll._golden import CHECKS, SEED, count_wrong
+from mpicoll.ops import _base
 from mpicoll.quant import bytes_per_rank, plan_chunks
 
 from _mpi import RANK, SIZE, raises_everywhere
@@ -135,3 +138,165 @@ def test_int8_gather_of_an_overflowing_sum_does_not_hang():
 def test_non_int8_message_is_specific():
     raises_everywhere(lambda: QuantAllReduceOperation().execute(np.ones(4, np.complex64), 1.0),
                       CollectiveArgumentError, "x.dtype='complex64'", "must be int8")
+
+
+# ----------------------------------------------------------------------------- C kernels and numpy path
+
+kernels = pytest.mark.skipif(getattr(_base.HALF, "dequant_sum", None) is None,
+                             reason="the optional _half extension (with the int8 kernels) is not built")
+PATHS = ["numpy", pytest.param("c-portable", marks=kernels), pytest.param("c-simd", marks=kernels)]
+
+
+@pytest.fixture
+def path(request, monkeypatch):
+    """Run the test on one compute path: numpy (as without the C extension), the portable C loops,
+    or the F16C/AVX2 loops (the default where the CPU has them)."""
+    if request.param == "numpy":
+        monkeypatch.setattr(_base, "HALF", None)
+        yield request.param
+        return
+    before = _base.HALF.use_simd(request.param == "c-simd")
+    try:
+        yield request.param
+    finally:
+        _base.HALF.use_simd(before)
+
+
+def _same_bits(a, b):
+    if a.shape != b.shape or a.dtype != b.dtype:
+        return False
+    u = f"u{a.itemsize}"
+    return bool(((a.view(u) == b.view(u)) | (np.isnan(a) & np.isnan(b))).all())
+
+
+def _reference_sum(q, scales, block):
+    """The definition, row by row: sum_r float32(q[r]) * scale, in rank order, in float32."""
+    acc = None
+    for r in range(q.shape[0]):
+        per = np.repeat(scales[r], block)[:q.shape[1]] if block else np.full(q.shape[1], scales[r, 0], np.float32)
+        term = q[r].astype(np.float32) * per
+        acc = term if acc is None else acc + term
+    return acc
+
+
+@pytest.mark.parametrize("path", PATHS, indirect=True)
+@pytest.mark.parametrize("rows", [1, 2, 3, 4])
+@pytest.mark.parametrize("block", [0, 1, 3, 8, 100, 128, 5000])
+def test_dequant_sum_is_bit_identical_to_the_definition(path, rows, block):
+    rng = np.random.default_rng(rows * 10_000 + block)
+    for c in (1, 7, 4097, 70_001):
+        q = rng.integers(-128, 128, (rows, c), dtype=np.int8)
+        scales = rng.uniform(0.001, 10, (rows, -(-c // block) if block else 1)).astype(np.float32)
+        if rows > 1:      # IEEE corner cases: zero, huge (overflows), subnormal, inf, NaN, negative
+            scales[1, :6] = np.array([0, 3e38, 1e-42, np.inf, np.nan, -0.5], np.float32)[:scales.shape[1]]
+        with np.errstate(all="ignore"):
+            expected = _reference_sum(q, scales, block)
+            for dtype in (np.float16, np.float32):
+                got = Q._dequant_sum(q, scales, block, np.empty(c, dtype))
+                assert _same_bits(got, expected.astype(dtype)), (c, dtype)
+
+
+@pytest.mark.parametrize("path", PATHS, indirect=True)
+@pytest.mark.parametrize("block,qblock", [(0, 1), (0, 4097), (0, 70_001), (3, 3), (128, 128), (100, 100),
+                                          (8, 5000), (0, 8)])
+def test_fused_dequant_sum_quantize_equals_the_two_steps(path, block, qblock):
+    rng = np.random.default_rng(block * 7 + qblock)
+    for rows, c in ((1, 5), (3, 4097), (2, 70_001)):
+        q = rng.integers(-128, 128, (rows, c), dtype=np.int8)
+        scales = rng.uniform(0.001, 10, (rows, -(-c // block) if block else 1)).astype(np.float32)
+        scales[-1, 0] = 3e38                 # an overflowing sum: inf / NaN scales, q 0, as _quantize
+        nq = -(-c // qblock)
+        qout, sout = np.empty(c, np.int8), np.empty(nq, np.float32)
+        with np.errstate(all="ignore"):
+            Q._dequant_sum_quantize(q, scales, block, qblock, qout, sout)
+            rq, rs = Q._quantize(Q._dequant_sum(q, scales, block, np.empty(c, np.float32)), qblock)
+        assert np.array_equal(qout, rq) and _same_bits(sout, rs), (rows, c)
+
+
+@pytest.mark.parametrize("path", PATHS, indirect=True)
+def test_dequant_sum_keeps_the_sign_of_an_all_negative_zero_sum(path):
+    q = np.array([[-3, 2, 0, -1]] * 3, np.int8)          # q * 0.0 is -0.0 where q < 0
+    for dtype in (np.float16, np.float32):
+        got = Q._dequant_sum(q, np.zeros((3, 1), np.float32), 0, np.empty(4, dtype))
+        assert np.signbit(got).tolist() == [True, False, False, True]
+
+
+def _quantize_reference(x, block):
+    """The definition, block by block (float32)."""
+    qs, ss = [], []
+    for b in range(0, x.size, block):
+        v = x[b:b + block].astype(np.float32)
+        s = np.float32(np.abs(v).max() / np.float32(127))
+        inv = np.float32(1) / s if 0 < s < np.inf else np.float32(0)
+        t = v / s if np.isinf(inv) else v * inv
+        qs.append(np.clip(np.nan_to_num(np.rint(t)), -127, 127).astype(np.int8))
+        ss.append(s)
+    return np.concatenate(qs), np.array(ss, np.float32)
+
+
+@pytest.mark.parametrize("path", PATHS, indirect=True)
+@pytest.mark.parametrize("dtype", [np.float16, np.float32])
+@pytest.mark.parametrize("block", [1, 3, 8, 32, 100, 128, 4096])
+def test_quantize_kernel_is_bit_identical_to_the_definition(path, dtype, block):
+    rng = np.random.default_rng(block)
+    for size in (1, 5, 127, 1000, 9001):
+        x = (rng.standard_normal(size) * rng.choice([1e-3, 1, 100], size)).astype(dtype)
+        if size > 100:       # a zero block, specials (allowed inside the pipeline), a subnormal block
+            x[:block] = 0
+            x[rng.integers(0, size, 6)] = np.array([0, np.inf, -np.inf, np.nan, 0, 1], dtype)
+            if size >= 3 * block:                     # the last whole block: tiny values only
+                start = (size // block - 1) * block
+                x[start:start + block] = (np.arange(block) % 40 * (1e-42 if dtype == np.float32 else 6e-8)).astype(dtype)
+        with np.errstate(all="ignore"):
+            q, s = Q._quantize(np.ascontiguousarray(x), block)
+            rq, rs = _quantize_reference(x, block)
+        assert np.array_equal(q, rq) and _same_bits(s, rs), size
+
+
+@pytest.mark.parametrize("path", PATHS, indirect=True)
+def test_subnormal_scales_round_trip_within_half_a_step(path):
+    x = np.zeros(96, np.float32)
+    x[:32] = np.float32(1e-42) * np.arange(32)
+    x[40:42] = [1e-40, -3e-39]
+    for block in (5, 8, 32):
+        q, s = quantize(x, block)
+        back = dequantize(q, s, block, np.float32)
+        # half a step, up to float32 rounding (subnormal steps are coarse: allow 64 units of 2**-149)
+        assert np.all(np.abs(back - x) <= np.repeat(s, block)[:96] / 2 + 64 * 2.0 ** -149)
+
+
+@mpi1
+@pytest.mark.parametrize("path", PATHS, indirect=True)
+def test_every_check_case_on_every_path(path):
+    spec = CHECKS["QuantAllReduce"]
+    for validate in (True, False):
+        for case in spec.cases(SIZE):
+            got, expected, exact = spec.run(case, "int8", "", RANK, SIZE, SEED, validate)
+            assert exact and count_wrong(got, expected, exact=True, n=SIZE) == 0, (case, validate)
+            assert got.dtype == np.float16 and np.array_equal(np.signbit(got), np.signbit(expected)), case
+
+
+@mpi1
+def test_reused_scratch_buffers_give_fresh_results():
+    op = QuantAllReduceOperation(QuantAllReduceParam(block_size=16, allgather_dtype="int8"), validate=False)
+    for size, value in ((100, 1), (100, 2), (37, 3), (100, 4)):
+        x = np.full(size, value, np.int8)
+        got = op.execute(x, np.full(-(-size // 16), 0.5, np.float32))
+        assert got.tolist() == [0.5 * value * SIZE] * size
+
+
+@mpi1
+def test_validation_off_still_checks_the_scale_count():
+    op = QuantAllReduceOperation(QuantAllReduceParam(block_size=16), validate=False)
+    with pytest.raises(CollectiveArgumentError, match="must hold 4 value"):
+        op.execute(np.ones(64, np.int8), np.ones(3, np.float32))
+
+
+@mpi1
+def test_validation_off_still_checks_out_dtype_and_size():
+    op = QuantAllReduceOperation(QuantAllReduceParam(), validate=False)
+    for out in (np.empty(8, np.float32), np.empty(7, np.float16), np.empty(16, np.float16)[::2]):
+        with pytest.raises(CollectiveArgumentError, match="out="):
+            op.execute(np.ones(8, np.int8), 0.5, out=out)
+    out = np.empty((2, 4), np.float16)                  # same size, other shape: written flat
+    assert op.execute(np.ones(8, np.int8), 0.5, out=out) is out and out.ravel().tolist() == [0.5 * SIZE] * 8
