@@ -1,12 +1,14 @@
-"""THE dtype table and the reduce-op table: numpy dtype <-> MPI datatype, wire view, reduce path.
+"""THE dtype table and the reduce-op table: numpy dtype <-> MPI datatype, reduce path.
 
-Nothing else in mpicoll maps dtypes. Each entry says how an array of that dtype travels (``wire``:
-the numpy view handed to MPI, with ``mpi`` its MPI datatype) and how it is reduced:
+Nothing else in mpicoll maps dtypes. Each entry says how an array of that dtype travels (``mpi``:
+the MPI datatype handed to MPI with the array itself, always explicitly) and how it is reduced:
 
 * ``native``: by MPI itself (integers, float32, float64);
-* ``float32``: in numpy with float32 accumulation, rounded once (float16, bfloat16). MPICH has no
-  bfloat16 datatype and its float16 reductions are ~12x slower than float32 for the same bytes
-  (``shared/PERF.md``), so these travel as their 16-bit patterns and are summed in numpy.
+* ``float32``: in numpy (or the optional C kernels) with float32 accumulation, rounded once
+  (float16, bfloat16). MPICH has no bfloat16 datatype and its float16 reductions are ~12x slower
+  than float32 for the same bytes (``shared/PERF.md``), so these travel as their 16-bit patterns
+  (``UINT16_T``) and are reduced by mpicoll. No view is needed: given an explicit datatype, mpi4py
+  asks numpy for the raw bytes only, not for a buffer format (which bfloat16 has none of).
 """
 from __future__ import annotations
 
@@ -43,40 +45,34 @@ class DType:
 
     name: str
     np: np.dtype
-    wire: np.dtype
     mpi: MPI.Datatype
     reduce: str          # "native" | "float32"
     hccl: HcclDataType
     code: int            # small stable id used in cross-rank headers
 
     def __post_init__(self) -> None:
-        # Plain attributes, not properties: they are read on every execute, and a property call
-        # or a dtype comparison costs more than the MPI call's own Python overhead allows.
-        object.__setattr__(self, "viewed", self.wire != self.np)   # 16-bit floats travel as uint16
+        # a plain attribute, not a property: read on every execute, where a property call costs
+        # a noticeable part of the Python overhead allowed beside the MPI call
         object.__setattr__(self, "itemsize", self.np.itemsize)
 
-    def buf(self, x: np.ndarray) -> list:
-        """The MPI buffer spec ``[array or its wire view, datatype]`` of a contiguous array."""
-        return [x.view(self.wire), self.mpi] if self.viewed else [x, self.mpi]
 
-
-def _row(name, np_dtype, wire, mpi, reduce, hccl):
-    return name, np.dtype(np_dtype), np.dtype(wire), mpi, reduce, hccl
+def _row(name, np_dtype, mpi, reduce, hccl):
+    return name, np.dtype(np_dtype), mpi, reduce, hccl
 
 
 _ROWS = [
-    _row("int8", np.int8, np.int8, MPI.INT8_T, "native", HcclDataType.INT8),
-    _row("int16", np.int16, np.int16, MPI.INT16_T, "native", HcclDataType.INT16),
-    _row("int32", np.int32, np.int32, MPI.INT32_T, "native", HcclDataType.INT32),
-    _row("int64", np.int64, np.int64, MPI.INT64_T, "native", HcclDataType.INT64),
-    _row("uint8", np.uint8, np.uint8, MPI.UINT8_T, "native", HcclDataType.UINT8),
-    _row("uint16", np.uint16, np.uint16, MPI.UINT16_T, "native", HcclDataType.UINT16),
-    _row("uint32", np.uint32, np.uint32, MPI.UINT32_T, "native", HcclDataType.UINT32),
-    _row("uint64", np.uint64, np.uint64, MPI.UINT64_T, "native", HcclDataType.UINT64),
-    _row("float16", np.float16, np.uint16, MPI.UINT16_T, "float32", HcclDataType.FP16),
-    _row("bfloat16", ml_dtypes.bfloat16, np.uint16, MPI.UINT16_T, "float32", HcclDataType.BFP16),
-    _row("float32", np.float32, np.float32, MPI.FLOAT, "native", HcclDataType.FP32),
-    _row("float64", np.float64, np.float64, MPI.DOUBLE, "native", HcclDataType.FP64),
+    _row("int8", np.int8, MPI.INT8_T, "native", HcclDataType.INT8),
+    _row("int16", np.int16, MPI.INT16_T, "native", HcclDataType.INT16),
+    _row("int32", np.int32, MPI.INT32_T, "native", HcclDataType.INT32),
+    _row("int64", np.int64, MPI.INT64_T, "native", HcclDataType.INT64),
+    _row("uint8", np.uint8, MPI.UINT8_T, "native", HcclDataType.UINT8),
+    _row("uint16", np.uint16, MPI.UINT16_T, "native", HcclDataType.UINT16),
+    _row("uint32", np.uint32, MPI.UINT32_T, "native", HcclDataType.UINT32),
+    _row("uint64", np.uint64, MPI.UINT64_T, "native", HcclDataType.UINT64),
+    _row("float16", np.float16, MPI.UINT16_T, "float32", HcclDataType.FP16),
+    _row("bfloat16", ml_dtypes.bfloat16, MPI.UINT16_T, "float32", HcclDataType.BFP16),
+    _row("float32", np.float32, MPI.FLOAT, "native", HcclDataType.FP32),
+    _row("float64", np.float64, MPI.DOUBLE, "native", HcclDataType.FP64),
 ]
 
 DTYPES: dict[str, DType] = {r[0]: DType(*r, code=i + 1) for i, r in enumerate(_ROWS)}

@@ -123,11 +123,8 @@ class Operation:
         return reduce_op(self.param.reduce_type, op=self.NAME, rank=self.rank)
 
     def _data(self, x: Any) -> tuple[np.ndarray, DType]:
-        """The data array (made C-contiguous if it is not) and its dtype-table row."""
-        if type(x) is np.ndarray and x.flags.c_contiguous:     # the hot path: no copy, one lookup
-            dt = BY_NP.get(x.dtype)
-            if dt is not None:
-                return x, dt
+        """The data array (made C-contiguous if it is not) and its dtype-table row. Every ``_run``
+        first tries ``BY_NP.get(x.dtype)`` inline on a C-contiguous ndarray, the common case."""
         x = np.ascontiguousarray(x)
         return x, BY_NP.get(x.dtype) or V.check_array(self.NAME, "x", x, self.rank)
 
@@ -297,7 +294,7 @@ def reduce_chunks(parts: np.ndarray, dt: DType, rop: ReduceOp, out: np.ndarray |
         if n:
             rop.ufunc.reduce(parts, axis=0, out=out)
         return out
-    if HALF is not None and n and dt.viewed:      # float16 / bfloat16 in C
+    if HALF is not None and n:                   # float16 / bfloat16 in C
         kernel = HALF.reduce_f16 if dt.name == "float16" else HALF.reduce_bf16
         kernel(parts.view(np.uint16), out.view(np.uint16), n, rop.code - 1)
         return out
@@ -332,11 +329,9 @@ def reduce_scatter_alltoall(comm: MPI.Comm, flat: np.ndarray, dt: DType, rop: Re
     """
     n = comm.Get_size()
     recv = np.empty((n, recv_count), dtype=dt.np)
-    rw = recv.view(dt.wire)
-    sw = flat.view(dt.wire)
     if sdispls is None:
-        comm.Alltoall([sw, dt.mpi], [rw, dt.mpi])
+        comm.Alltoall([flat, dt.mpi], [recv, dt.mpi])
     else:
         rcounts = np.full(n, recv_count, dtype=np.int64)
-        comm.Alltoallv([sw, (send_counts, sdispls), dt.mpi], [rw, (rcounts, np.arange(n) * recv_count), dt.mpi])
+        comm.Alltoallv([flat, (send_counts, sdispls), dt.mpi], [recv, (rcounts, np.arange(n) * recv_count), dt.mpi])
     return reduce_chunks(recv, dt, rop, out)

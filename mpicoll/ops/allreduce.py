@@ -7,7 +7,7 @@ from dataclasses import dataclass
 import numpy as np
 from mpi4py import MPI
 
-from .._dtypes import DTYPES, reduce_op
+from .._dtypes import BY_NP, DTYPES, reduce_op
 from .._golden import (TORCH_OPS, BenchRun, BenchSpec, CheckSpec, bench_data, golden_reduce, rank_data,
                        raw_reduce_type, reduce_case_names, register_bench, register_check, torch_view)
 from .._params import ReduceParam
@@ -48,7 +48,9 @@ class AllReduceOperation(ReduceOperation):
         return (x,), {"out": out}
 
     def _run(self, x, out=None, _acc=None):
-        x, dt = self._data(x)
+        dt = BY_NP.get(x.dtype) if type(x) is np.ndarray and x.flags.c_contiguous else None
+        if dt is None:             # (the common case inline: a method call costs ~0.15 us)
+            x, dt = self._data(x)
         if out is None:
             out = np.empty_like(x)
         if _acc is None and dt.reduce == "native" and (
@@ -76,11 +78,11 @@ class AllReduceOperation(ReduceOperation):
         flat, oflat = x.reshape(-1), out.reshape(-1)
         if total % n == 0:
             chunk = reduce_scatter_alltoall(comm, flat, dt, rop, counts, None, int(counts[self.rank]))
-            comm.Allgather(dt.buf(chunk), dt.buf(oflat))
+            comm.Allgather([chunk, dt.mpi], [oflat, dt.mpi])
         else:
             displs = np.concatenate(([0], np.cumsum(counts[:-1])))
             chunk = reduce_scatter_alltoall(comm, flat, dt, rop, counts, displs, int(counts[self.rank]))
-            comm.Allgatherv(dt.buf(chunk), [oflat.view(dt.wire), (counts, displs), dt.mpi])
+            comm.Allgatherv([chunk, dt.mpi], [oflat, (counts, displs), dt.mpi])
         return out
 
 

@@ -6,7 +6,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from .. import _validate as V
-from .._dtypes import DTYPES, of_array
+from .._dtypes import BY_NP, DTYPES
 from .._golden import BenchRun, BenchSpec, CheckSpec, bench_data, rank_data, register_bench, register_check, torch_view
 from .._params import CommParam
 from ._base import Operation
@@ -47,8 +47,8 @@ class BroadcastOperation(Operation):
     def _run(self, x):
         if type(x) is not np.ndarray or not x.flags.c_contiguous:
             self._writable(x)
-        dt = of_array(x) or V.check_array(self.NAME, "x", x, self.rank)
-        self.comm.Bcast(dt.buf(x), self._root)
+        dt = BY_NP.get(x.dtype) or V.check_array(self.NAME, "x", x, self.rank)
+        self.comm.Bcast([x, dt.mpi], self._root)
         return x
 
 
@@ -89,7 +89,7 @@ def _bench(c) -> BenchRun:
         t = torch_view(torch, work)
         return lambda: dist.broadcast(t, group=group, group_src=c.root)
     return BenchRun(run=None, inplace=lambda: op.execute(work), reset=lambda: np.copyto(work, x), result=lambda: work,
-                    expected=bench_data(c.root, c.count, c.dtype), raw=lambda: c.comm.Bcast(dt.buf(work), c.root),
+                    expected=bench_data(c.root, c.count, c.dtype), raw=lambda: c.comm.Bcast([work, dt.mpi], c.root),
                     torch_call=torch_call)
 
 

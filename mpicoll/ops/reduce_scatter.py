@@ -7,7 +7,7 @@ import numpy as np
 from mpi4py import MPI
 
 from .. import _validate as V
-from .._dtypes import DTYPES, reduce_op
+from .._dtypes import BY_NP, DTYPES, reduce_op
 from .._errors import agree
 from .._golden import (TORCH_OPS, BenchRun, BenchSpec, CheckSpec, bench_data, counts_matrix, displs, golden_reduce,
                        rank_data, raw_reduce_type, reduce_case_names, register_bench, register_check, torch_view)
@@ -47,7 +47,9 @@ class ReduceScatterOperation(ReduceOperation):
         return (x,), {"out": out}
 
     def _run(self, x, out=None, _acc=None):
-        x, dt = self._data(x)
+        dt = BY_NP.get(x.dtype) if type(x) is np.ndarray and x.flags.c_contiguous else None
+        if dt is None:             # (the common case inline: a method call costs ~0.15 us)
+            x, dt = self._data(x)
         n = self.size
         if out is None:
             out = np.empty((x.shape[0] // n, *x.shape[1:]), dtype=x.dtype)
@@ -99,7 +101,9 @@ class ReduceScatterVOperation(ReduceOperation):
         return super()._cross(args, kwargs, table)
 
     def _run(self, x, send_counts, sdispls, recv_count, out=None, _acc=None):
-        x, dt = self._data(x)
+        dt = BY_NP.get(x.dtype) if type(x) is np.ndarray and x.flags.c_contiguous else None
+        if dt is None:             # (the common case inline: a method call costs ~0.15 us)
+            x, dt = self._data(x)
         if _acc is None and dt.reduce == "native":      # MPI's own reduction
             if out is None:
                 out = np.empty(int(recv_count), dtype=x.dtype)
