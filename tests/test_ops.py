@@ -104,3 +104,41 @@ def test_large_byte_allreduce_through_alltoall_matches_mpi(dtype, rname):
     with np.errstate(over="ignore"):
         expected = golden_reduce(xs, DTYPES[dtype], reduce_op(rname))
     assert np.array_equal(got, expected)
+
+
+@pytest.mark.mpi(min_size=1)
+@pytest.mark.parametrize("dtype", mpicoll.ALL_DTYPES)
+def test_large_allreduce_in_pieces(monkeypatch, dtype):
+    """From PIECED_BYTES up an AllReduce runs piece by piece (here with 48-byte pieces, so small
+    arrays take the path): the same results, out of place and in place, whatever the dtype's path."""
+    from mpicoll._dtypes import DTYPES, reduce_op
+    from mpicoll._golden import golden_reduce, rank_data
+    from mpicoll.ops import allreduce
+    monkeypatch.setattr(allreduce, "PIECE_BYTES", 48)
+    monkeypatch.setattr(allreduce, "PIECED_BYTES", 4 * 48)
+    monkeypatch.setattr(allreduce, "SMALL_F32_BYTES", 16)    # 16-bit floats: the AllToAll path in pieces
+    monkeypatch.setattr(allreduce, "BYTE_ALLTOALL_BYTES", 8)  # 8-bit ints too
+    dt = DTYPES[dtype]
+    for rname in ("sum", "max"):
+        for shape in ((7, 31), (1000,)):
+            xs = [rank_data(SEED, f"pieces/{dtype}/{rname}/{shape}", r, shape, dt) for r in range(SIZE)]
+            expected = golden_reduce(xs, dt, reduce_op(rname))
+            op = mpicoll.AllReduceOperation(mpicoll.AllReduceParam(reduce_type=rname), validate=False)
+            assert np.array_equal(op.execute(xs[RANK]).view(np.uint8), expected.view(np.uint8)), (rname, shape)
+            x = xs[RANK].copy()
+            assert op.execute(x, out=x) is x and np.array_equal(x.view(np.uint8), expected.view(np.uint8))
+            checked = mpicoll.AllReduceOperation(mpicoll.AllReduceParam(reduce_type=rname))   # validation on
+            assert np.array_equal(checked.execute(xs[RANK]).view(np.uint8), expected.view(np.uint8))
+
+
+@pytest.mark.mpi(min_size=2)
+def test_checked_sum_overflow_in_a_late_piece_leaves_out_untouched(monkeypatch):
+    from mpicoll.ops import allreduce
+    monkeypatch.setattr(allreduce, "PIECE_BYTES", 16)
+    monkeypatch.setattr(allreduce, "PIECED_BYTES", 64)
+    x = np.ones(100, np.int8)
+    x[90] = 100                                   # 100 * SIZE > 127 from 2 ranks up: element 90 overflows
+    out = np.full(100, 7, np.int8)
+    with pytest.raises(mpicoll.CollectiveArgumentError, match="element 90 sums to"):
+        mpicoll.AllReduceOperation().execute(x, out=out)
+    assert (out == 7).all()
