@@ -204,7 +204,8 @@ def _rs_bench(c, v=False) -> BenchRun:
 
     def torch_call(dist, torch, group):
         t, o, rop = torch_view(torch, x), torch_view(torch, out), getattr(dist.ReduceOp, TORCH_OPS[c.reduce.name])
-        return lambda: dist.reduce_scatter_tensor(o, t, rop, group=group)
+        scatter = getattr(dist, "reduce_scatter_single", None) or dist.reduce_scatter_tensor   # (renamed in torch 2.13)
+        return lambda: scatter(o, t, rop, group=group)
     return BenchRun(run=run, result=lambda: out, expected=full[c.rank * per:(c.rank + 1) * per], raw=raw,
                     torch_call=torch_call)
 
