@@ -271,10 +271,13 @@ def _point(spec, name, case, args, compare, gloo, reps, comm) -> Row:
         for _ in range(args.warmup_iters):
             fn()
     times: dict[str, list[float]] = {k: [] for k in live}
-    order = list(live)
+    order = [k for k in live if k != "gloo"]
     for rep in range(reps):        # interleaved, so drift on a shared machine hits every implementation alike,
-        for k in order[rep % len(order):] + order[:rep % len(order)]:   # each in turn first (and after gloo)
+        for k in order[rep % len(order):] + order[:rep % len(order)]:   # each in turn first
             times[k].append(_time(comm, live[k], args.iters))
+        if "gloo" in live:         # last, then a pause: whatever ran right after gloo measured 1.2-1.5x slower
+            times["gloo"].append(_time(comm, live["gloo"], args.iters))
+            _settle(comm)
     med = {k: statistics.median(v) for k, v in times.items()}
     factor = spec.bus_factor(n)
     for prefix, key in (("", "oop"), ("ip_", "ip")):
@@ -297,6 +300,13 @@ def _point(spec, name, case, args, compare, gloo, reps, comm) -> Row:
             wrong = count_wrong(b.result().reshape(-1), np.asarray(b.expected).reshape(-1), exact=b.exact, n=n)
             setattr(row, prefix + "wrong", int(comm.allreduce(wrong, op=MPI.SUM)))
     return row
+
+
+def _settle(comm: MPI.Comm, seconds: float = 0.05) -> None:
+    """Let torch/gloo's helper threads go idle before the next timed block."""
+    comm.Barrier()
+    time.sleep(seconds)
+    comm.Barrier()
 
 
 def _gloo_fn(b, gloo, comm: MPI.Comm):
@@ -371,30 +381,34 @@ def _plot(path: str, rows: list[Row], n: int, compare: list[str]) -> None:
     nrows = -(-len(ops) // cols)
     fig, axes = plt.subplots(nrows, cols, figsize=(5.2 * cols, 3.8 * nrows), squeeze=False)
     colors = {"mpicoll": "tab:blue", "mpicoll in-place": "tab:cyan", "mpi4py": "tab:orange", "gloo": "tab:green"}
-    markers = dict(zip(dtypes, "osD^vP*X"))
     for ax, op in zip(axes.flat, ops):
         mine = [r for r in rows if r.op == op and r.size > 0]
         factor = BENCHES[op].bus_factor(n)
-        for dt in dtypes:
-            pts = [r for r in mine if r.type == dt]
-            tag = f" {dt}" if len(dtypes) > 1 else ""
-            series = {"mpicoll": [(r.size, r.busbw) for r in pts if r.busbw is not None],
-                      "mpicoll in-place": [(r.size, r.ip_busbw) for r in pts if r.ip_busbw is not None]}
+        series: dict[str, dict[int, list[float]]] = {}      # implementation -> size -> busbw per dtype
+        for r in mine:
+            values = {"mpicoll": r.busbw, "mpicoll in-place": r.ip_busbw}
             for c in compare:
-                series[c] = [(r.size, r.size / (r.compare[c] * 1e-6) / 1e9 * factor) for r in pts
-                             if r.compare.get(c)]
-            for label, xy in series.items():
-                if xy:      # colour = implementation, marker = dtype
-                    ax.plot([p[0] for p in xy], [p[1] for p in xy], marker=markers[dt], ms=3, lw=1,
-                            color=colors.get(label), ls="--" if "in-place" in label else "-", label=label + tag)
+                t = r.compare.get(c)
+                values[c] = r.size / (t * 1e-6) / 1e9 * factor if t else None
+            for label, bw in values.items():
+                if bw is not None:
+                    series.setdefault(label, {}).setdefault(r.size, []).append(bw)
+        for label, by_size in series.items():
+            sizes = sorted(by_size)
+            kw = dict(color=colors.get(label), ls="--" if "in-place" in label else "-", lw=1.2, marker="o", ms=3)
+            ax.plot(sizes, [statistics.median(by_size[s]) for s in sizes], label=label, **kw)
+            if len(dtypes) > 1:   # one line per implementation: the median over the dtypes, their range shaded
+                ax.fill_between(sizes, [min(by_size[s]) for s in sizes], [max(by_size[s]) for s in sizes],
+                                color=colors.get(label), alpha=0.15, lw=0)
         ax.set_xscale("log", base=2)
         ax.set_title(op)
         ax.set_xlabel("size (bytes)")
         ax.set_ylabel("bus bandwidth (GB/s)")
         ax.grid(True, alpha=0.3)
-        ax.legend(fontsize=7)
+        ax.legend(fontsize=7, loc="upper left")
     for ax in list(axes.flat)[len(ops):]:
         ax.axis("off")
-    fig.suptitle(f"mpicoll busbw vs size, {n} ranks, {', '.join(dtypes)}")
+    what = dtypes[0] if len(dtypes) == 1 else f"median over {', '.join(dtypes)} (shaded: their range)"
+    fig.suptitle(f"mpicoll vs {', '.join(compare) or 'itself'}: bus bandwidth vs size, {n} ranks, {what}")
     fig.tight_layout()
     fig.savefig(path, dpi=110)
