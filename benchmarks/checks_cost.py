@@ -39,7 +39,9 @@ def main() -> None:
             os.environ["MPICOLL_DEBUG"] = "0"
             ops = {"off": cls(param, validate=False), "on": cls(param, validate=True), "debug": debug,
                    "timeout": cls(param, validate=True, timeout=600)}
-            impls = {"raw": raw, **{k: (lambda op=op: call(op, out)) for k, op in ops.items()}}
+            for op in ops.values():
+                call(op, out)()                 # binds: execute is then the operator's own _run
+            impls = {"raw": raw, **{k: call(op, out) for k, op in ops.items()}}
             for fn in impls.values():
                 fn()
             times = {k: [] for k in impls}

@@ -12,6 +12,7 @@ from __future__ import annotations
 import argparse
 import statistics
 import time
+from functools import partial
 
 import numpy as np
 from mpi4py import MPI
@@ -22,9 +23,12 @@ W = MPI.COMM_WORLD
 
 
 def cases(comm: MPI.Comm, nbytes: int):
-    """(name, raw callable, Operation class, Param, execute(op, out) callable) at ``nbytes`` per rank.
+    """(name, raw callable, Operation class, Param, out, call) at ``nbytes`` per rank; ``call(op, out)``
+    is ``execute(..., out=out)`` as a zero-argument callable with no Python frame of its own
+    (``functools.partial``), as the raw callable is one frame around the mpi4py call.
 
-    The raw call and ``execute(..., out=...)`` use the same input and output arrays.
+    The raw call and ``execute(..., out=...)`` use the same input and output arrays, and the raw call
+    names its MPI datatype (mpi4py's fastest form, as mpicoll's own calls).
     """
     n = comm.Get_size()
     count = max(nbytes // 4, n) // n * n            # divisible by n, >= n elements
@@ -35,26 +39,28 @@ def cases(comm: MPI.Comm, nbytes: int):
     same, gathered, block, row = (np.empty_like(x), np.empty(count * n, np.float32), np.empty(blk, np.float32),
                                   np.empty((1, count), np.float32))
     b = x.copy()
-    S = MPI.SUM
+    S, F = MPI.SUM, MPI.FLOAT
     P = mpicoll
-    yield ("AllReduce", lambda: comm.Allreduce(x, same, S), P.AllReduceOperation, None, same,
-           lambda op, out: op.execute(x, out=out))
-    yield ("AllGather", lambda: comm.Allgather(x, gathered), P.AllGatherOperation, None, gathered.reshape(n, count),
-           lambda op, out: op.execute(x, out=out))
-    yield ("AllGatherV", lambda: comm.Allgatherv(x, [gathered, (gcounts, gdispls)]), P.AllGatherVOperation, None,
-           gathered, lambda op, out: op.execute(x, count, gcounts, gdispls, out=out))
-    yield ("ReduceScatter", lambda: comm.Reduce_scatter_block(x, block, S), P.ReduceScatterOperation, None, block,
-           lambda op, out: op.execute(x, out=out))
-    yield ("ReduceScatterV", lambda: comm.Reduce_scatter(x, block, counts, S), P.ReduceScatterVOperation, None,
-           block, lambda op, out: op.execute(x, counts, displs, blk, out=out))
-    yield ("Broadcast", lambda: comm.Bcast(b, 0), P.BroadcastOperation, None, None, lambda op, out: op.execute(b))
-    yield ("AllToAll", lambda: comm.Alltoall(x, same), P.AllToAllOperation, None, same,
-           lambda op, out: op.execute(x, out=out))
+    yield ("AllReduce", lambda: comm.Allreduce([x, F], [same, F], S), P.AllReduceOperation, None, same,
+           lambda op, out: partial(op.execute, x, out=out))
+    yield ("AllGather", lambda: comm.Allgather([x, F], [gathered, F]), P.AllGatherOperation, None,
+           gathered.reshape(n, count), lambda op, out: partial(op.execute, x, out=out))
+    yield ("AllGatherV", lambda: comm.Allgatherv([x, F], [gathered, (gcounts, gdispls), F]), P.AllGatherVOperation,
+           None, gathered, lambda op, out: partial(op.execute, x, count, gcounts, gdispls, out=out))
+    yield ("ReduceScatter", lambda: comm.Reduce_scatter_block([x, F], [block, F], S), P.ReduceScatterOperation, None,
+           block, lambda op, out: partial(op.execute, x, out=out))
+    yield ("ReduceScatterV", lambda: comm.Reduce_scatter([x, F], [block, F], counts, S), P.ReduceScatterVOperation,
+           None, block, lambda op, out: partial(op.execute, x, counts, displs, blk, out=out))
+    yield ("Broadcast", lambda: comm.Bcast([b, F], 0), P.BroadcastOperation, None, None,
+           lambda op, out: partial(op.execute, b))
+    yield ("AllToAll", lambda: comm.Alltoall([x, F], [same, F]), P.AllToAllOperation, None, same,
+           lambda op, out: partial(op.execute, x, out=out))
     plan = P.AllToAllVParam(send_counts=counts, sdispls=displs, recv_counts=counts, rdispls=displs)
-    yield ("AllToAllV", lambda: comm.Alltoallv([x, (counts, displs)], [row, (counts, displs)]), P.AllToAllVOperation,
-           plan, row, lambda op, out: op.execute(x, out=out))
-    yield ("AllToAllVV2", lambda: comm.Alltoallv([x, (counts, displs)], [row, (counts, displs)]),
-           P.AllToAllVV2Operation, None, row, lambda op, out: op.execute(x, counts, displs, counts, displs, out=out))
+    yield ("AllToAllV", lambda: comm.Alltoallv([x, (counts, displs), F], [row, (counts, displs), F]),
+           P.AllToAllVOperation, plan, row, lambda op, out: partial(op.execute, x, out=out))
+    yield ("AllToAllVV2", lambda: comm.Alltoallv([x, (counts, displs), F], [row, (counts, displs), F]),
+           P.AllToAllVV2Operation, None, row, lambda op, out: partial(op.execute, x, counts, displs, counts, displs,
+                                                                      out=out))
 
 
 def block_time(comm: MPI.Comm, fn, iters: int) -> float:
@@ -82,8 +88,8 @@ def main() -> None:
             if wanted and name not in wanted:
                 continue
             off, on = cls(param, validate=False), cls(param, validate=True)
-            impls = {"raw": raw, "off": lambda: call(off, out), "on": lambda: call(on, out),
-                     "alloc": lambda: call(off, None)}
+            call(off, out)()                    # binds: execute is then the operator's own _run
+            impls = {"raw": raw, "off": call(off, out), "on": call(on, out), "alloc": call(off, None)}
             for fn in impls.values():
                 fn()
             times = {k: [] for k in impls}
