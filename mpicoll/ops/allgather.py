@@ -152,7 +152,8 @@ def _ag_run(case, dtype, comm_domain, rank, n, seed, validate=True):
 
 
 def _agv_plan(case, n):
-    """Per-rank send counts, and the receive displacements (permuted for "gapped")."""
+    """Per-rank send counts, and the receive displacements (in reverse rank order for "gapped" and
+    "permuted", the latter with equal counts: the Allgather path with blocks moved into place)."""
     sc = counts_matrix("uniform" if case == "permuted" else case, n)[:, 0]
     if case in ("gapped", "permuted"):
         order = np.arange(n)[::-1]
