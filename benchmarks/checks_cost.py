@@ -14,7 +14,7 @@ import statistics
 from mpi4py import MPI
 
 import mpicoll
-from overhead import block_time, cases   # same directory
+from overhead import block_time, cases, loop   # same directory
 
 W = MPI.COMM_WORLD
 
@@ -31,24 +31,22 @@ def main() -> None:
     rows = []
     for nbytes in (int(s) for s in args.sizes.split(",")):
         iters = max(3, min(1000, int(2e8 // max(nbytes, 1) // 50)))
-        for name, raw, cls, param, out, call in cases(raw_comm, nbytes):
-            if name not in wanted:
+        for c in cases(raw_comm, nbytes):
+            if c.name not in wanted:
                 continue
             os.environ["MPICOLL_DEBUG"] = "1"
-            debug = cls(param)
+            debug = c.cls(c.param)
             os.environ["MPICOLL_DEBUG"] = "0"
-            ops = {"off": cls(param, validate=False), "on": cls(param, validate=True), "debug": debug,
-                   "timeout": cls(param, validate=True, timeout=600)}
-            for op in ops.values():
-                call(op, out)()                 # binds: execute is then the operator's own _run
-            impls = {"raw": raw, **{k: call(op, out) for k, op in ops.items()}}
-            for fn in impls.values():
-                fn()
+            ops = {"off": c.cls(c.param, validate=False), "on": c.cls(c.param, validate=True), "debug": debug,
+                   "timeout": c.cls(c.param, validate=True, timeout=600)}
+            impls = {"raw": loop(c.raw, c.ns), **{k: loop(c.call, c.ns, op=op) for k, op in ops.items()}}
+            for t in impls.values():            # binds the ops; warms up
+                t.timeit(2)
             times = {k: [] for k in impls}
             for _ in range(args.reps):
-                for k, fn in impls.items():
-                    times[k].append(block_time(raw_comm, fn, iters))
-            rows.append((name, nbytes, {k: statistics.median(v) * 1e6 for k, v in times.items()}))
+                for k, t in impls.items():
+                    times[k].append(block_time(raw_comm, t, iters))
+            rows.append((c.name, nbytes, {k: statistics.median(v) * 1e6 for k, v in times.items()}))
     if W.Get_rank() == 0:
         print(f"# cost of the checks, {W.Get_size()} ranks, float32, us per call (median of {args.reps}), "
               "ratios to raw mpi4py")

@@ -1,18 +1,22 @@
 """Overhead of mpicoll's execute() over the raw mpi4py buffer call, same arrays, same run.
 
-    mpirun -np 2 python benchmarks/overhead.py [--sizes 8,65536,16777216] [--reps 15] [--ops AllReduce,...]
+    mpirun -np 2 python benchmarks/overhead.py [--sizes 8,65536,16777216] [--reps 21] [--ops AllReduce,...]
 
-For every primitive and size it interleaves blocks of raw calls and of execute() calls (validation
-off, then on), each block timed as the slowest rank's mean per call, and prints the median block
-time of each and the ratios. float32 data (the native MPI path, so raw and mpicoll make the same
-MPI call). The raw calls run on their own duplicate of the world; mpicoll on its own.
+Each implementation is timed as the loop a user writes: ``for ...: comm.Allreduce([x, F], [y, F], S)``
+against ``for ...: op.execute(x, out=y)``, the statement compiled inline into the loop (``timeit``),
+every name a local. For every primitive and size it interleaves blocks of raw calls and of
+execute() calls (validation off, on, and allocating its output), each in turn first, each block
+timed as the slowest rank's mean per call. It prints the median block time of each and the median
+of the ratios paired within a repetition, with their quartiles (the noise band). float32 data (the
+native MPI path, so raw and mpicoll make the same MPI call). The raw calls run on their own
+duplicate of the world; mpicoll on its own.
 """
 from __future__ import annotations
 
 import argparse
 import statistics
-import time
-from functools import partial
+import timeit
+from dataclasses import dataclass, field
 
 import numpy as np
 from mpi4py import MPI
@@ -22,60 +26,81 @@ import mpicoll
 W = MPI.COMM_WORLD
 
 
-def cases(comm: MPI.Comm, nbytes: int):
-    """(name, raw callable, Operation class, Param, out, call) at ``nbytes`` per rank; ``call(op, out)``
-    is ``execute(..., out=out)`` as a zero-argument callable with no Python frame of its own
-    (``functools.partial``), as the raw callable is one frame around the mpi4py call.
+@dataclass
+class Case:
+    """One primitive: the raw mpi4py statement and mpicoll's, over the names in ``ns``; ``op`` in
+    ``call``/``alloc`` is the Operation under test (``alloc``: execute allocating its output)."""
 
-    The raw call and ``execute(..., out=...)`` use the same input and output arrays, and the raw call
-    names its MPI datatype (mpi4py's fastest form, as mpicoll's own calls).
-    """
+    name: str
+    cls: type
+    raw: str
+    call: str
+    alloc: str
+    ns: dict = field(default_factory=dict)
+    param: object = None
+
+
+def cases(comm: MPI.Comm, nbytes: int) -> list[Case]:
+    """Every primitive at ``nbytes`` per rank. The raw call and ``execute(..., out=...)`` use the
+    same input and output arrays, and the raw call names its MPI datatype (mpi4py's fastest form,
+    as mpicoll's own calls)."""
     n = comm.Get_size()
     count = max(nbytes // 4, n) // n * n            # divisible by n, >= n elements
     x = np.ones(count, dtype=np.float32)
     blk = count // n
     counts, displs = np.full(n, blk), np.arange(n) * blk
-    gcounts, gdispls = np.full(n, count), np.arange(n) * count
-    same, gathered, block, row = (np.empty_like(x), np.empty(count * n, np.float32), np.empty(blk, np.float32),
-                                  np.empty((1, count), np.float32))
-    b = x.copy()
-    S, F = MPI.SUM, MPI.FLOAT
+    ns = dict(comm=comm, x=x, b=x.copy(), F=MPI.FLOAT, S=MPI.SUM, count=count, blk=blk, counts=counts, displs=displs,
+              gcounts=np.full(n, count), gdispls=np.arange(n) * count, same=np.empty_like(x),
+              gathered=np.empty(count * n, np.float32), block=np.empty(blk, np.float32),
+              row=np.empty((1, count), np.float32))
+    ns["stacked"] = ns["gathered"].reshape(n, count)
     P = mpicoll
-    yield ("AllReduce", lambda: comm.Allreduce([x, F], [same, F], S), P.AllReduceOperation, None, same,
-           lambda op, out: partial(op.execute, x, out=out))
-    yield ("AllGather", lambda: comm.Allgather([x, F], [gathered, F]), P.AllGatherOperation, None,
-           gathered.reshape(n, count), lambda op, out: partial(op.execute, x, out=out))
-    yield ("AllGatherV", lambda: comm.Allgatherv([x, F], [gathered, (gcounts, gdispls), F]), P.AllGatherVOperation,
-           None, gathered, lambda op, out: partial(op.execute, x, count, gcounts, gdispls, out=out))
-    yield ("ReduceScatter", lambda: comm.Reduce_scatter_block([x, F], [block, F], S), P.ReduceScatterOperation, None,
-           block, lambda op, out: partial(op.execute, x, out=out))
-    yield ("ReduceScatterV", lambda: comm.Reduce_scatter([x, F], [block, F], counts, S), P.ReduceScatterVOperation,
-           None, block, lambda op, out: partial(op.execute, x, counts, displs, blk, out=out))
-    yield ("Broadcast", lambda: comm.Bcast([b, F], 0), P.BroadcastOperation, None, None,
-           lambda op, out: partial(op.execute, b))
-    yield ("AllToAll", lambda: comm.Alltoall([x, F], [same, F]), P.AllToAllOperation, None, same,
-           lambda op, out: partial(op.execute, x, out=out))
-    plan = P.AllToAllVParam(send_counts=counts, sdispls=displs, recv_counts=counts, rdispls=displs)
-    yield ("AllToAllV", lambda: comm.Alltoallv([x, (counts, displs), F], [row, (counts, displs), F]),
-           P.AllToAllVOperation, plan, row, lambda op, out: partial(op.execute, x, out=out))
-    yield ("AllToAllVV2", lambda: comm.Alltoallv([x, (counts, displs), F], [row, (counts, displs), F]),
-           P.AllToAllVV2Operation, None, row, lambda op, out: partial(op.execute, x, counts, displs, counts, displs,
-                                                                      out=out))
+    vv = "x, counts, displs, counts, displs"
+    found = [
+        Case("AllReduce", P.AllReduceOperation, "comm.Allreduce([x, F], [same, F], S)", "op.execute(x, out=same)",
+             "op.execute(x)"),
+        Case("AllGather", P.AllGatherOperation, "comm.Allgather([x, F], [gathered, F])",
+             "op.execute(x, out=stacked)", "op.execute(x)"),
+        Case("AllGatherV", P.AllGatherVOperation, "comm.Allgatherv([x, F], [gathered, (gcounts, gdispls), F])",
+             "op.execute(x, count, gcounts, gdispls, out=gathered)", "op.execute(x, count, gcounts, gdispls)"),
+        Case("ReduceScatter", P.ReduceScatterOperation, "comm.Reduce_scatter_block([x, F], [block, F], S)",
+             "op.execute(x, out=block)", "op.execute(x)"),
+        Case("ReduceScatterV", P.ReduceScatterVOperation, "comm.Reduce_scatter([x, F], [block, F], counts, S)",
+             "op.execute(x, counts, displs, blk, out=block)", "op.execute(x, counts, displs, blk)"),
+        Case("Broadcast", P.BroadcastOperation, "comm.Bcast([b, F], 0)", "op.execute(b)", "op.execute(b)"),
+        Case("AllToAll", P.AllToAllOperation, "comm.Alltoall([x, F], [same, F])", "op.execute(x, out=same)",
+             "op.execute(x)"),
+        Case("AllToAllV", P.AllToAllVOperation,
+             "comm.Alltoallv([x, (counts, displs), F], [row, (counts, displs), F])", "op.execute(x, out=row)",
+             "op.execute(x)",
+             param=P.AllToAllVParam(send_counts=counts, sdispls=displs, recv_counts=counts, rdispls=displs)),
+        Case("AllToAllVV2", P.AllToAllVV2Operation,
+             "comm.Alltoallv([x, (counts, displs), F], [row, (counts, displs), F])", f"op.execute({vv}, out=row)",
+             f"op.execute({vv})"),
+    ]
+    for c in found:
+        c.ns = ns
+    return found
 
 
-def block_time(comm: MPI.Comm, fn, iters: int) -> float:
+def loop(stmt: str, ns: dict, **more) -> timeit.Timer:
+    """``stmt`` compiled inline into timeit's loop, every name in ``ns`` (and ``more``) a local."""
+    names = {**ns, **more}
+    setup = "\n".join(f"{k} = _ns[{k!r}]" for k in names)
+    return timeit.Timer(stmt, setup=setup, globals={"_ns": names})
+
+
+def block_time(comm: MPI.Comm, timer: timeit.Timer, iters: int) -> float:
+    """Mean time per call of ``iters`` calls, the slowest rank's."""
     comm.Barrier()
-    t0 = time.perf_counter()
-    for _ in range(iters):
-        fn()
-    t = (time.perf_counter() - t0) / iters
+    t = timer.timeit(iters) / iters
     return comm.allreduce(t, MPI.MAX)
 
 
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--sizes", default="8,65536,16777216")
-    ap.add_argument("--reps", type=int, default=15)
+    ap.add_argument("--reps", type=int, default=21)
     ap.add_argument("--ops", default="")
     args = ap.parse_args()
     raw_comm = W.Dup()
@@ -84,32 +109,37 @@ def main() -> None:
     rows = []
     for nbytes in (int(s) for s in args.sizes.split(",")):
         iters = max(5, min(4000, int(2e9 // max(nbytes, 1) // 100)))     # blocks of >= ~10 ms
-        for name, raw, cls, param, out, call in cases(raw_comm, nbytes):
-            if wanted and name not in wanted:
+        for c in cases(raw_comm, nbytes):
+            if wanted and c.name not in wanted:
                 continue
-            off, on = cls(param, validate=False), cls(param, validate=True)
-            call(off, out)()                    # binds: execute is then the operator's own _run
-            impls = {"raw": raw, "off": call(off, out), "on": call(on, out), "alloc": call(off, None)}
-            for fn in impls.values():
-                fn()
+            off, on = c.cls(c.param, validate=False), c.cls(c.param, validate=True)
+            impls = {"raw": loop(c.raw, c.ns), "off": loop(c.call, c.ns, op=off), "on": loop(c.call, c.ns, op=on),
+                     "alloc": loop(c.alloc, c.ns, op=off)}
+            for t in impls.values():            # binds the ops; warms up
+                t.timeit(2)
             times = {k: [] for k in impls}
             order = list(impls)
             for rep in range(args.reps):        # interleaved, each in turn first: drift hits all alike
                 for k in order[rep % len(order):] + order[:rep % len(order)]:
                     times[k].append(block_time(raw_comm, impls[k], iters))
             med = {k: statistics.median(v) for k, v in times.items()}
-            rows.append((name, nbytes, med))
+            # ratios paired within each repetition (the blocks compared ran back to back), then
+            # the median and the quartiles over the repetitions: the spread is the noise band
+            ratios = {k: statistics.quantiles([a / b for a, b in zip(times[k], times["raw"])], n=4)
+                      for k in ("off", "on", "alloc")}
+            rows.append((c.name, nbytes, med, ratios))
     if W.Get_rank() == 0:
-        print(f"# mpicoll overhead vs raw mpi4py, float32, {W.Get_size()} ranks, medians of {args.reps} interleaved "
-              "blocks (slowest rank)")
+        print(f"# mpicoll overhead vs raw mpi4py, float32, {W.Get_size()} ranks, {args.reps} interleaved "
+              "repetitions (blocks timed on the slowest rank)")
         print("# off/on: execute(..., out=buf) with validation off/on, on the raw call's arrays; alloc: execute()\n"
-              "# allocating its output (validation off)")
-        print(f"{'op':<15}{'bytes':>10}{'raw us':>11}{'off us':>11}{'on us':>11}{'alloc us':>11}"
-              f"{'off/raw':>9}{'on/raw':>9}{'alloc/raw':>10}")
-        for name, nbytes, m in rows:
-            r = m["raw"]
-            print(f"{name:<15}{nbytes:>10}{r * 1e6:>11.2f}{m['off'] * 1e6:>11.2f}{m['on'] * 1e6:>11.2f}"
-                  f"{m['alloc'] * 1e6:>11.2f}{m['off'] / r:>9.3f}{m['on'] / r:>9.3f}{m['alloc'] / r:>10.3f}")
+              "# allocating its output (validation off). us: median block time per call; x/raw: median of the\n"
+              "# ratios paired within a repetition; off q1-q3: their quartiles (the noise band)")
+        print(f"{'op':<15}{'bytes':>10}{'raw us':>10}{'off us':>10}{'on us':>10}{'alloc us':>10}"
+              f"{'off/raw':>9}{'off q1-q3':>13}{'on/raw':>8}{'alloc/raw':>10}")
+        for name, nbytes, m, q in rows:
+            print(f"{name:<15}{nbytes:>10}{m['raw'] * 1e6:>10.2f}{m['off'] * 1e6:>10.2f}{m['on'] * 1e6:>10.2f}"
+                  f"{m['alloc'] * 1e6:>10.2f}{q['off'][1]:>9.3f}{q['off'][0]:>7.3f}-{q['off'][2]:.3f}"
+                  f"{q['on'][1]:>8.3f}{q['alloc'][1]:>10.3f}")
 
 
 if __name__ == "__main__":

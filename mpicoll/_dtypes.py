@@ -78,6 +78,10 @@ _ROWS = [
 DTYPES: dict[str, DType] = {r[0]: DType(*r, code=i + 1) for i, r in enumerate(_ROWS)}
 #: numpy dtype -> row (execute paths look rows up here directly: one dict lookup, no call)
 BY_NP: dict[np.dtype, DType] = {d.np: d for d in DTYPES.values()}
+#: numpy dtype -> MPI datatype, and the same for the dtypes MPI reduces itself: the validation-off
+#: fast paths (``Operation._fast``) get what the MPI call needs in one lookup
+MPI_OF: dict[np.dtype, MPI.Datatype] = {d.np: d.mpi for d in DTYPES.values()}
+NATIVE_MPI_OF: dict[np.dtype, MPI.Datatype] = {d.np: d.mpi for d in DTYPES.values() if d.reduce == "native"}
 _BY_HCCL: dict[int, DType] = {int(d.hccl): d for d in DTYPES.values()}
 _BY_CODE: dict[int, DType] = {d.code: d for d in DTYPES.values()}
 

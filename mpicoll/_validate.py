@@ -229,12 +229,15 @@ def check_no_overlap(op: str, counts_name: str, c: list[int], displs_name: str, 
                             f"receive region of peer {j} overlaps that of peer {i} ([{d0}, {d0 + c[i]}))")
 
 
+_ndarray = np.ndarray
+
+
 def packed_total(c, d) -> int:
     """``sum(c)`` when the displacements ``d`` are the exclusive prefix sums of the counts ``c``
     (data packed in rank order), else -1. One pass over plain lists: on the execute path."""
-    if type(c) is np.ndarray:
+    if type(c) is _ndarray:
         c = c.tolist()
-    if type(d) is np.ndarray:
+    if type(d) is _ndarray:
         d = d.tolist()
     pos = 0
     for ci, di in zip(c, d):

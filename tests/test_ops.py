@@ -44,8 +44,80 @@ def test_split_domains(name, dtype):
 @pytest.mark.mpi(min_size=1)
 @pytest.mark.parametrize("name", list(CHECKS))
 def test_validation_off_same_results(name):
-    for dtype in ("int8", "float16", "bfloat16", "float64"):
+    # every dtype: the validation-off fast paths dispatch on the dtype (MPI_OF / NATIVE_MPI_OF)
+    for dtype in CHECKS[name].dtypes:
         _check_all_cases(name, dtype, "world", validate=False)
+
+
+def _x_only_calls():
+    """(name, make op, call) for the operators whose execute takes x alone: their validation-off
+    closures must hand every input they do not take (non-contiguous, Fortran-ordered, a list, a
+    Python scalar type) to the general path, with the same results as validation on."""
+    P = mpicoll
+    n = SIZE
+    plan = dict(send_counts=[3] * n, sdispls=[3 * j for j in range(n)], recv_counts=[3] * n,
+                rdispls=[3 * j for j in range(n)])
+    return [
+        ("AllReduce", lambda v: P.AllReduceOperation(validate=v), lambda op, x: op.execute(x)),
+        ("AllReduce-inplace", lambda v: P.AllReduceOperation(validate=v),
+         lambda op, x: op.execute(*(lambda c: (c, c))(np.array(x)))),
+        ("AllGather", lambda v: P.AllGatherOperation(validate=v), lambda op, x: op.execute(x)),
+        ("ReduceScatter", lambda v: P.ReduceScatterOperation(validate=v), lambda op, x: op.execute(x)),
+        ("AllToAll", lambda v: P.AllToAllOperation(validate=v), lambda op, x: op.execute(x)),
+        ("AllToAllV", lambda v: P.AllToAllVOperation(P.AllToAllVParam(**plan), validate=v), lambda op, x: op.execute(x)),
+        ("Broadcast", lambda v: P.BroadcastOperation(validate=v), lambda op, x: op.execute(np.array(x))),
+    ]
+
+
+@pytest.mark.mpi(min_size=1)
+@pytest.mark.parametrize("name,make,call", _x_only_calls(), ids=[c[0] for c in _x_only_calls()])
+@pytest.mark.parametrize("layout", ["contiguous", "strided", "fortran", "list", "int8", "float16"])
+def test_validation_off_fast_path_hands_over_what_it_does_not_take(name, make, call, layout):
+    base = (np.arange(SIZE * 3 * 2, dtype=np.float32).reshape(SIZE * 3, 2) + RANK)
+    x = {"contiguous": base, "strided": np.repeat(base, 2, axis=1)[:, ::2], "fortran": np.asfortranarray(base),
+         "list": base.tolist(), "int8": base.astype(np.int8), "float16": base.astype(np.float16)}[layout]
+    if layout == "strided":
+        assert not x.flags.c_contiguous
+    if name.endswith("inplace") and layout in ("strided", "fortran", "list"):
+        pytest.skip("out=x must be C-contiguous (validation on refuses it; off, as in raw MPI, it is the caller's)")
+    if name == "Broadcast" and layout in ("strided", "fortran"):
+        pytest.skip("x is filled in place: a non-contiguous x is refused (test_errors)")
+    want = call(make(True), np.ascontiguousarray(x))
+    off = make(False)
+    for _ in range(2):                       # the first call binds; the second runs the closure
+        got = call(off, x)
+        assert got.shape == want.shape and got.dtype == want.dtype and np.array_equal(got, want), (name, layout)
+    if layout == "contiguous":
+        assert off.execute is not off._run  # the closure is in place
+
+
+@pytest.mark.mpi(min_size=1)
+@pytest.mark.parametrize("kind", ["ndarray", "int32", "list", "tuple"])
+def test_validation_off_v_operators_take_any_count_container(kind):
+    """Counts as int64/int32 arrays, lists or tuples, packed or permuted: the same results as validated."""
+    P, n = mpicoll, SIZE
+    conv = {"ndarray": np.array, "int32": lambda v: np.array(v, dtype=np.int32), "list": list, "tuple": tuple}[kind]
+    counts = [j + 1 for j in range(n)]
+    packed = np.concatenate(([0], np.cumsum(counts)[:-1])).tolist()
+    permuted = list(reversed(np.concatenate(([0], np.cumsum(counts[::-1])[:-1])).tolist()))
+    x = np.arange(sum(counts) + 2, dtype=np.float64) * (RANK + 1)      # longer than the blocks: allowed
+    for displs in (packed, permuted):
+        for v in (True, False):
+            rsv = P.ReduceScatterVOperation(validate=v)
+            got = [rsv.execute(x, conv(counts), conv(displs), counts[RANK]) for _ in range(2)]
+            agv = P.AllGatherVOperation(validate=v)
+            mine = x[:counts[RANK]]
+            got += [agv.execute(mine, counts[RANK], conv(counts), conv(displs)) for _ in range(2)]
+            eq = np.full(n, 2).tolist()
+            got += [agv.execute(x[:2], 2, conv(eq), conv([2 * j for j in range(n)][::-1])) for _ in range(2)]
+            vv2 = P.AllToAllVV2Operation(validate=v)
+            got += [vv2.execute(x, conv(counts), conv(displs), conv([counts[RANK]] * n),
+                                conv([counts[RANK] * j for j in range(n)])) for _ in range(2)]
+            if v:
+                want = got
+            else:
+                for a, b in zip(got, want):
+                    assert np.array_equal(a, b), (kind, displs)
 
 
 @pytest.mark.mpi(min_size=1)

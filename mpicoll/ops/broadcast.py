@@ -6,7 +6,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from .. import _validate as V
-from .._dtypes import BY_NP, DTYPES
+from .._dtypes import BY_NP, DTYPES, MPI_OF
 from .._golden import BenchRun, BenchSpec, CheckSpec, bench_data, rank_data, register_bench, register_check, torch_view
 from .._params import CommParam
 from ._base import Operation
@@ -43,6 +43,18 @@ class BroadcastOperation(Operation):
             raise V.arg_error(self.NAME, "x", type(x).__name__ if not isinstance(x, np.ndarray) else "non-contiguous "
                               "or read-only array", self.rank, "must be a C-contiguous writable numpy array "
                               "(it is filled in place)")
+
+    def _fast(self):
+        call, root, slow, get, ndarray = self.comm.Bcast, self._root, self._run, MPI_OF.get, np.ndarray
+
+        def execute(x):
+            if type(x) is ndarray and x.flags.c_contiguous:
+                m = get(x.dtype)
+                if m is not None:
+                    call([x, m], root)
+                    return x
+            return slow(x)
+        return execute
 
     def _run(self, x):
         if type(x) is not np.ndarray or not x.flags.c_contiguous:
