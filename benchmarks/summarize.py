@@ -19,6 +19,15 @@ import json
 import statistics
 
 
+def _ratio(r, impl):
+    """mpicoll/raw (impl mpi4py) or gloo/mpicoll: the per-repetition paired median the harness
+    stores, or (older files) the ratio of the median times."""
+    paired = r.get("ratio", {}).get(impl)
+    if paired is not None:
+        return paired
+    return _mine(r) / r["compare"][impl] if impl == "mpi4py" else r["compare"][impl] / _mine(r)
+
+
 def _mine(r):
     return r["time_us"] if r["time_us"] is not None else r["ip_time_us"]
 
@@ -35,8 +44,8 @@ def summarize(doc: dict) -> str:
     for (op, dt, _), rs in groups.items():
         big = max(rs, key=lambda r: r["size"])
         bw = big["busbw"] if big["busbw"] is not None else big["ip_busbw"]
-        raw = [_mine(r) / r["compare"]["mpi4py"] for r in rs if r["size"] >= 65536 and r["compare"].get("mpi4py")]
-        gl = [(r["compare"]["gloo"] / _mine(r), r["size"]) for r in rs if r["compare"].get("gloo")]
+        raw = [_ratio(r, "mpi4py") for r in rs if r["size"] >= 65536 and r["compare"].get("mpi4py")]
+        gl = [(_ratio(r, "gloo"), r["size"]) for r in rs if r["compare"].get("gloo")]
         wrong = sum((r["wrong"] or 0) + (r["ip_wrong"] or 0) for r in rs)
         rtxt = f"{statistics.median(raw):.2f}, {max(raw):.2f}" if raw else "n/a (no raw MPI reduction)"
         g = min(gl) if gl else None
@@ -61,14 +70,14 @@ def compact(doc: dict) -> str:
         rs = [r for r in rows if r["op"] == op]
         cells = []
         for s in sizes:
-            v = [_mine(r) / r["compare"]["mpi4py"] for r in rs if r["size"] == s and r["compare"].get("mpi4py")
+            v = [_ratio(r, "mpi4py") for r in rs if r["size"] == s and r["compare"].get("mpi4py")
                  and r["type"] != "float16"]
             cells.append(f"{statistics.median(v):.2f}" if v else "n/a")
-        f16 = [_mine(r) / r["compare"]["mpi4py"] for r in rs if r["type"] == "float16" and r["size"] >= 65536
+        f16 = [_ratio(r, "mpi4py") for r in rs if r["type"] == "float16" and r["size"] >= 65536
                and r["compare"].get("mpi4py") and r["redop"] != "none"]
         cells.append(f"{min(f16):.2f}-{max(f16):.2f}" if f16 else "-")
         if has_gloo:
-            gl = [(r["compare"]["gloo"] / _mine(r), r["type"], r["size"]) for r in rs if r["compare"].get("gloo")]
+            gl = [(_ratio(r, "gloo"), r["type"], r["size"]) for r in rs if r["compare"].get("gloo")]
             cells.append(f"{min(gl)[0]:.2f} ({min(gl)[1]}, {_size(min(gl)[2])}), {statistics.median(g[0] for g in gl):.1f}"
                          if gl else "n/a")
         cells.append(str(sum((r["wrong"] or 0) + (r["ip_wrong"] or 0) for r in rs)))

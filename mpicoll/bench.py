@@ -105,6 +105,7 @@ class Row:
     ip_busbw: float | None = None
     ip_wrong: int | None = None
     compare: dict = field(default_factory=dict)      # impl -> time_us (None = not available)
+    ratio: dict = field(default_factory=dict)        # impl -> mpicoll/raw or gloo/mpicoll, paired per repetition
 
 
 def _select(value: str, known: list[str], what: str) -> list[str]:
@@ -287,8 +288,12 @@ def _point(spec, name, case, args, compare, gloo, reps, comm) -> Row:
             setattr(row, prefix + "time_us", t * 1e6)
             setattr(row, prefix + "algbw", alg)
             setattr(row, prefix + "busbw", alg * factor)
+    mine = times.get("oop") or times.get("ip")
     for c in compare:
         row.compare[c] = None if med.get(c) is None else med[c] * 1e6
+        if c in times and mine:   # the median of the ratios of one repetition's blocks, timed back to back
+            pairs = [m / t if c == "mpi4py" else t / m for m, t in zip(mine, times[c]) if m > 0 and t > 0]
+            row.ratio[c] = statistics.median(pairs) if pairs else None
     if args.check:
         for prefix, key in (("", "oop"), ("ip_", "ip")):
             fn = live.get(key)
@@ -347,13 +352,8 @@ def _format(r: Row, compare) -> str:
     s = (f"  {r.size:>10} {r.count:>12} {r.type:>8} {r.redop:>6} {r.root:>5} "
          f"{_f(r.time_us, '.2f', 9)} {_f(r.algbw, '.3f', 7)} {_f(r.busbw, '.3f', 7)} {_f(r.wrong, 'd', 6)} "
          f"{_f(r.ip_time_us, '.2f', 9)} {_f(r.ip_algbw, '.3f', 7)} {_f(r.ip_busbw, '.3f', 7)} {_f(r.ip_wrong, 'd', 6)}")
-    mine = r.time_us if r.time_us is not None else r.ip_time_us
     for c in compare:
-        t = r.compare.get(c)
-        ratio = None
-        if t is not None and mine:
-            ratio = mine / t if c == "mpi4py" else t / mine
-        s += f" {_f(t, '.2f', 11)} {_f(ratio, '.3f', 7)}"
+        s += f" {_f(r.compare.get(c), '.2f', 11)} {_f(r.ratio.get(c), '.3f', 7)}"
     return s
 
 

@@ -68,8 +68,13 @@ def test_table_and_json(tmp_path):
     assert doc["ranks"] == 3 and doc["compare"] == ["mpi4py"]
     row = doc["rows"][0]
     for key in ("op", "size", "count", "type", "redop", "root", "time_us", "algbw", "busbw", "wrong", "ip_time_us",
-                "ip_busbw", "ip_wrong", "compare"):
+                "ip_busbw", "ip_wrong", "compare", "ratio"):
         assert key in row
+    # the mpicoll/raw ratio is the median of ratios paired per repetition: with one repetition and
+    # the raw time present, it is that repetition's ratio (positive), else n/a
+    for r in doc["rows"]:
+        raw, ratio = r["compare"]["mpi4py"], r["ratio"].get("mpi4py")
+        assert (ratio is None) == (raw is None) and (ratio is None or ratio > 0), r
     assert all(r["wrong"] in (0, None) and r["ip_wrong"] in (0, None) for r in doc["rows"])
 
 

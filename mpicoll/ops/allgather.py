@@ -215,17 +215,17 @@ def _ag_bench(c, v=False) -> BenchRun:
     x = bench_data(c.rank, per, c.dtype)
     out = np.empty((c.n, per), dtype=x.dtype)
     expected = np.stack([bench_data(r, per, c.dtype) for r in range(c.n)])
-    dt = c.dtype
+    comm, t = c.comm, c.dtype.mpi         # locals in the raw calls, as a user's loop has them
     if v:
         rc, rd = np.full(c.n, per), np.arange(c.n) * per
         op = AllGatherVOperation(AllGatherVParam(comm_domain=c.comm_domain, rank_size=c.n), validate=c.validate)
         flat = out.reshape(-1)
         run = lambda: op.execute(x, per, rc, rd, out=flat)  # noqa: E731
-        raw = lambda: c.comm.Allgatherv([x, dt.mpi], [flat, (rc, rd), dt.mpi])  # noqa: E731
+        raw = lambda: comm.Allgatherv([x, t], [flat, (rc, rd), t])  # noqa: E731
     else:
         op = AllGatherOperation(AllGatherParam(comm_domain=c.comm_domain, rank_size=c.n), validate=c.validate)
         run = lambda: op.execute(x, out=out)  # noqa: E731
-        raw = lambda: c.comm.Allgather([x, dt.mpi], [out, dt.mpi])  # noqa: E731
+        raw = lambda: comm.Allgather([x, t], [out, t])  # noqa: E731
 
     def torch_call(dist, torch, group):
         t, o = torch_view(torch, x), torch_view(torch, out.reshape(-1))

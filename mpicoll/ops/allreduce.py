@@ -171,7 +171,8 @@ def _bench(c) -> BenchRun:
     op = AllReduceOperation(AllReduceParam(comm_domain=c.comm_domain, rank_size=c.n, reduce_type=c.reduce.name),
                             validate=c.validate)
     raw_t = raw_reduce_type(c.dtype)
-    raw = None if raw_t is None else (lambda: c.comm.Allreduce([x, raw_t], [out, raw_t], c.reduce.mpi))
+    comm, mop = c.comm, c.reduce.mpi      # locals in the raw call, as a user's loop has them
+    raw = None if raw_t is None else (lambda: comm.Allreduce([x, raw_t], [out, raw_t], mop))
 
     def torch_call(dist, torch, group):
         t, rop = torch_view(torch, work), getattr(dist.ReduceOp, TORCH_OPS[c.reduce.name])

@@ -291,7 +291,7 @@ register_check(CheckSpec("AllToAllVV2", _v_cases, lambda *a, **k: _a2av_run(*a, 
 def _a2a_bench(c, kind="AllToAll") -> BenchRun:
     per = c.count // c.n
     x = bench_data(c.rank, c.count, c.dtype)
-    dt = c.dtype
+    comm, t = c.comm, c.dtype.mpi         # locals in the raw calls, as a user's loop has them
     expected = np.concatenate([bench_data(r, c.count, c.dtype)[c.rank * per:(c.rank + 1) * per] for r in range(c.n)])
     cnt, dsp = np.full(c.n, per), np.arange(c.n) * per
     param = dict(comm_domain=c.comm_domain, rank_size=c.n)
@@ -299,7 +299,7 @@ def _a2a_bench(c, kind="AllToAll") -> BenchRun:
         out = np.empty_like(x)
         op = AllToAllOperation(AllToAllParam(**param), validate=c.validate)
         run = lambda: op.execute(x, out=out)  # noqa: E731
-        raw = lambda: c.comm.Alltoall([x, dt.mpi], [out, dt.mpi])  # noqa: E731
+        raw = lambda: comm.Alltoall([x, t], [out, t])  # noqa: E731
     else:
         out = np.empty((1, c.count), dtype=x.dtype)
         if kind == "AllToAllV":
@@ -309,7 +309,7 @@ def _a2a_bench(c, kind="AllToAll") -> BenchRun:
         else:
             op = AllToAllVV2Operation(AllToAllVV2Param(**param), validate=c.validate)
             run = lambda: op.execute(x, cnt, dsp, cnt, dsp, out=out)  # noqa: E731
-        raw = lambda: c.comm.Alltoallv([x, (cnt, dsp), dt.mpi], [out, (cnt, dsp), dt.mpi])  # noqa: E731
+        raw = lambda: comm.Alltoallv([x, (cnt, dsp), t], [out, (cnt, dsp), t])  # noqa: E731
 
     def torch_call(dist, torch, group):
         t, o = torch_view(torch, x), torch_view(torch, out.reshape(-1))

@@ -95,13 +95,13 @@ def _bench(c) -> BenchRun:
     work = x.copy()
     op = BroadcastOperation(BroadcastParam(comm_domain=c.comm_domain, rank_size=c.n, rank_root=c.root),
                             validate=c.validate)
-    dt = c.dtype
+    comm, t, root = c.comm, c.dtype.mpi, c.root    # locals in the raw call, as a user's loop has them
 
     def torch_call(dist, torch, group):
         t = torch_view(torch, work)
         return lambda: dist.broadcast(t, group=group, group_src=c.root)
     return BenchRun(run=None, inplace=lambda: op.execute(work), reset=lambda: np.copyto(work, x), result=lambda: work,
-                    expected=bench_data(c.root, c.count, c.dtype), raw=lambda: c.comm.Bcast([work, dt.mpi], c.root),
+                    expected=bench_data(c.root, c.count, c.dtype), raw=lambda: comm.Bcast([work, t], root),
                     torch_call=torch_call)
 
 

@@ -227,15 +227,16 @@ def _rs_bench(c, v=False) -> BenchRun:
     full = golden_reduce([bench_data(r, c.count, c.dtype) for r in range(c.n)], c.dtype, c.reduce)
     raw_t = raw_reduce_type(c.dtype)
     param = dict(comm_domain=c.comm_domain, rank_size=c.n, reduce_type=c.reduce.name)
+    comm, mop = c.comm, c.reduce.mpi      # locals in the raw calls, as a user's loop has them
     if v:
         sc, sd = np.full(c.n, per), np.arange(c.n) * per
         op = ReduceScatterVOperation(ReduceScatterVParam(**param), validate=c.validate)
         run = lambda: op.execute(x, sc, sd, per, out=out)  # noqa: E731
-        raw = None if raw_t is None else (lambda: c.comm.Reduce_scatter([x, raw_t], [out, raw_t], sc, c.reduce.mpi))
+        raw = None if raw_t is None else (lambda: comm.Reduce_scatter([x, raw_t], [out, raw_t], sc, mop))
     else:
         op = ReduceScatterOperation(ReduceScatterParam(**param), validate=c.validate)
         run = lambda: op.execute(x, out=out)  # noqa: E731
-        raw = None if raw_t is None else (lambda: c.comm.Reduce_scatter_block([x, raw_t], [out, raw_t], c.reduce.mpi))
+        raw = None if raw_t is None else (lambda: comm.Reduce_scatter_block([x, raw_t], [out, raw_t], mop))
 
     def torch_call(dist, torch, group):
         t, o, rop = torch_view(torch, x), torch_view(torch, out), getattr(dist.ReduceOp, TORCH_OPS[c.reduce.name])
