@@ -8,8 +8,8 @@ Per operator and dtype: busbw at the largest size, and over the sizes >= 64 KiB 
 ratio mpicoll/raw mpi4py (time; < 1 = mpicoll faster), and over all sizes the smallest gloo/mpicoll
 time ratio (> 1 = mpicoll faster) with the size where it happens.
 
-``--merge``: one run's rows with some operators re-measured by later runs (same rank count): every
-(operator, dtype, redop) that a later file has replaces the earlier file's rows. The merged document
+``--merge``: one run's rows with some points re-measured by later runs (same rank count): every
+(operator, dtype, redop, size) that a later file has replaces the earlier file's row. The merged document
 keeps every command; ``--plot`` draws it as the bench's ``--plot`` does.
 """
 from __future__ import annotations
@@ -92,8 +92,8 @@ def merge(docs: list[dict]) -> dict:
     for d in docs[1:]:
         if d["ranks"] != base["ranks"]:
             raise SystemExit(f"--merge: {d['command']!r} ran at {d['ranks']} ranks, the base at {base['ranks']}")
-        redone = {(r["op"], r["type"], r["redop"]) for r in d["rows"]}
-        rows = [r for r in rows if (r["op"], r["type"], r["redop"]) not in redone] + d["rows"]
+        redone = {(r["op"], r["type"], r["redop"], r["size"]) for r in d["rows"]}
+        rows = [r for r in rows if (r["op"], r["type"], r["redop"], r["size"]) not in redone] + d["rows"]
         commands.append(d["command"])
     order = list(dict.fromkeys(r["op"] for r in docs[0]["rows"]))
     rows.sort(key=lambda r: (order.index(r["op"]) if r["op"] in order else len(order), r["type"], r["redop"],
@@ -118,7 +118,8 @@ def _size(b: int) -> str:
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("files", nargs="+")
-    ap.add_argument("--merge", help="write the files merged (later ones replace operators) to this JSON")
+    ap.add_argument("--merge", help="write the files merged to this JSON (a later file's row replaces the row of the same "
+                    "operator, dtype, redop and size)")
     ap.add_argument("--plot", help="with --merge: draw the merged rows to this PNG")
     ap.add_argument("--compact", action="store_true", help="one line per operator (see compact())")
     args = ap.parse_args()
