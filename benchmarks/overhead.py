@@ -7,9 +7,11 @@ against ``for ...: op.execute(x, out=y)``, the statement compiled inline into th
 every name a local. For every primitive and size it interleaves blocks of raw calls and of
 execute() calls (validation off, on, and allocating its output), each in turn first, each block
 timed as the slowest rank's mean per call. It prints the median block time of each and the median
-of the ratios paired within a repetition, with their quartiles (the noise band). float32 data (the
-native MPI path, so raw and mpicoll make the same MPI call). The raw calls run on their own
-duplicate of the world; mpicoll on its own.
+of the ratios paired within a repetition, with their quartiles (the noise band). float32 data: the
+native MPI path, where mpicoll makes the raw row's MPI call, except AllGatherV with equal counts
+(mpicoll: ``Allgather``), and ReduceScatterV / AllToAllV hand their counts to mpi4py as lists
+where the raw rows pass integer arrays (as a user's code most often has them). The raw calls run on
+their own duplicate of the world; mpicoll on its own.
 """
 from __future__ import annotations
 
@@ -103,6 +105,8 @@ def main() -> None:
     ap.add_argument("--reps", type=int, default=21)
     ap.add_argument("--ops", default="")
     args = ap.parse_args()
+    if args.reps < 2:
+        ap.error("--reps must be >= 2 (the quartiles need two repetitions)")
     raw_comm = W.Dup()
     mpicoll.init()
     wanted = set(filter(None, args.ops.split(",")))

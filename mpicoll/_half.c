@@ -490,7 +490,15 @@ static PyObject *py_use_simd(PyObject *self, PyObject *args) {
 
 /* 1-D int32/int64 buffer element i as int64 */
 static inline long long int_at(const Py_buffer *v, Py_ssize_t i) {
-    return v->itemsize == 8 ? ((const int64_t *)v->buf)[i] : ((const int32_t *)v->buf)[i];
+    /* memcpy: the buffer may be unaligned (np.frombuffer at an odd offset) */
+    if (v->itemsize == 8) {
+        int64_t e;
+        memcpy(&e, (const char *)v->buf + 8 * i, 8);
+        return e;
+    }
+    int32_t e;
+    memcpy(&e, (const char *)v->buf + 4 * i, 4);
+    return e;
 }
 
 static int int_vector(PyObject *obj, Py_buffer *v) {
@@ -498,9 +506,9 @@ static int int_vector(PyObject *obj, Py_buffer *v) {
         PyErr_Clear();
         return 0;
     }
-    const char *f = v->format;
+    const char *f = v->format ? v->format : "";
     if (*f == '<' || *f == '=' || *f == '@') f++;
-    if (v->ndim == 1 && f[1] == '\0' &&
+    if (v->ndim == 1 && *f && f[1] == '\0' &&
         ((v->itemsize == 8 && (*f == 'l' || *f == 'q')) || (v->itemsize == 4 && *f == 'i')))
         return 1;
     PyBuffer_Release(v);

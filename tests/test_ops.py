@@ -214,3 +214,17 @@ def test_checked_sum_overflow_in_a_late_piece_leaves_out_untouched(monkeypatch):
     with pytest.raises(mpicoll.CollectiveArgumentError, match="element 90 sums to"):
         mpicoll.AllReduceOperation().execute(x, out=out)
     assert (out == 7).all()
+
+
+@pytest.mark.mpi(min_size=1)
+@pytest.mark.parametrize("validate", [True, False])
+def test_allgatherv_counts_as_any_iterable(validate):
+    """recv_counts / rdispls as generators (read once) on both paths, equal and unequal counts."""
+    op = mpicoll.AllGatherVOperation(validate=validate)
+    for counts in ([2] * SIZE, [j + 1 for j in range(SIZE)]):
+        displs = np.concatenate(([0], np.cumsum(counts)[:-1])).tolist()
+        want = np.concatenate([np.arange(counts[i], dtype=np.float32) + 10 * i for i in range(SIZE)])
+        for _ in range(2):
+            got = op.execute(np.arange(counts[RANK], dtype=np.float32) + 10 * RANK, counts[RANK],
+                             (c for c in counts), iter(displs))
+            assert np.array_equal(got, want), (counts, got)
