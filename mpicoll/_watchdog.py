@@ -100,6 +100,9 @@ def abort(message: str, code: int = 1) -> None:
     peers keep their mappings), and abort every rank."""
     sys.stderr.write(message.rstrip() + "\n")
     sys.stderr.flush()
+    # Give mpirun's output forwarder a moment: when two ranks time out together, the first Abort
+    # kills the job and a message still in the other's pipe was lost (seen once in CI).
+    time.sleep(0.2)
     for path in own_shm_segments():
         try:
             os.unlink(path)
