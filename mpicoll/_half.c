@@ -10,9 +10,10 @@
  *   f16_to_f32(src, dst), f32_to_f16(src, dst)
  *   dequant_sum, dequant_sum_quantize, quantize_i8   int8 quantization kernels of mpicoll.quant (below)
  *   use_simd(on) -> previous             switch the F16C/AVX2 loops off (tests of the portable loops)
- *   packed_total(counts, displs)         sum(counts) if displs are its exclusive prefix sums, else -1;
- *                                        -2 unless both are 1-D int32/int64 arrays of one length
- *                                        (a ReduceScatterV hot-path check: ~0.5 us in Python)
+ *   packed_layout(counts, displs)        (total, block): total = sum(counts) if displs are its exclusive
+ *                                        prefix sums, else -1; -2 unless both are 1-D int32/int64 arrays
+ *                                        of one length; block = the count every entry of counts equals,
+ *                                        else -1 (a ReduceScatterV hot-path check: ~0.5 us in Python)
  */
 #define PY_SSIZE_T_CLEAN
 #include <Python.h>
@@ -515,39 +516,49 @@ static int int_vector(PyObject *obj, Py_buffer *v) {
     return 0;
 }
 
-static PyObject *py_packed_total(PyObject *self, PyObject *const *args, Py_ssize_t nargs) {
+static PyObject *pair(long long a, long long b) {
+    PyObject *x = PyLong_FromLongLong(a), *y = PyLong_FromLongLong(b), *t = NULL;
+    if (x && y) t = PyTuple_Pack(2, x, y);
+    Py_XDECREF(x);
+    Py_XDECREF(y);
+    return t;
+}
+
+static PyObject *py_packed_layout(PyObject *self, PyObject *const *args, Py_ssize_t nargs) {
     if (nargs != 2) {
-        PyErr_SetString(PyExc_TypeError, "packed_total(counts, displs)");
+        PyErr_SetString(PyExc_TypeError, "packed_layout(counts, displs)");
         return NULL;
     }
     Py_buffer c, d;
-    if (!int_vector(args[0], &c)) return PyLong_FromLong(-2);
+    if (!int_vector(args[0], &c)) return pair(-2, -1);
     if (!int_vector(args[1], &d)) {
         PyBuffer_Release(&c);
-        return PyLong_FromLong(-2);
+        return pair(-2, -1);
     }
-    long long pos = -2;
+    long long pos = -2, block = -1;
     if (c.shape[0] == d.shape[0]) {
         uint64_t sum = 0;   /* unsigned: wraps instead of overflowing on absurd counts */
-        pos = 0;
+        int packed = 1, same = c.shape[0] > 0;
+        long long first = same ? int_at(&c, 0) : 0;
         for (Py_ssize_t i = 0; i < c.shape[0]; i++) {
-            if ((uint64_t)int_at(&d, i) != sum) {
-                pos = -1;
-                break;
-            }
-            sum += (uint64_t)int_at(&c, i);
+            long long ci = int_at(&c, i);
+            packed &= (uint64_t)int_at(&d, i) == sum;
+            same &= ci == first;
+            sum += (uint64_t)ci;
         }
-        if (pos == 0) pos = sum <= (uint64_t)LLONG_MAX ? (long long)sum : -1;
+        pos = packed && sum <= (uint64_t)LLONG_MAX ? (long long)sum : -1;
+        if (same) block = first;
     }
     PyBuffer_Release(&c);
     PyBuffer_Release(&d);
-    return PyLong_FromLongLong(pos);
+    return pair(pos, block);
 }
 
 static PyMethodDef methods[] = {
-    {"packed_total", (PyCFunction)(void (*)(void))py_packed_total, METH_FASTCALL,
-     "packed_total(counts, displs) -> sum(counts) when displs are its exclusive prefix sums, -1 when not, -2 "
-     "unless both are 1-D int32/int64 arrays of one length"},
+    {"packed_layout", (PyCFunction)(void (*)(void))py_packed_layout, METH_FASTCALL,
+     "packed_layout(counts, displs) -> (total, block): total is sum(counts) when displs are its exclusive prefix "
+     "sums, -1 when not, -2 unless both are 1-D int32/int64 arrays of one length; block is the count every "
+     "entry of counts equals, else -1 (and -1 with total -2)"},
     {"reduce_bf16", py_reduce_bf16, METH_VARARGS,
      "reduce_bf16(parts, out, rows, op): float32-accumulated row reduction of bfloat16, rounded once"},
     {"f16_to_f32", py_f16_to_f32, METH_VARARGS, "f16_to_f32(src, dst): float16 buffer -> float32 buffer"},

@@ -232,19 +232,24 @@ def check_no_overlap(op: str, counts_name: str, c: list[int], displs_name: str, 
 _ndarray = np.ndarray
 
 
-def packed_total(c, d) -> int:
-    """``sum(c)`` when the displacements ``d`` are the exclusive prefix sums of the counts ``c``
-    (data packed in rank order), else -1. One pass over plain lists: on the execute path."""
+def packed_layout(c, d) -> tuple[int, int]:
+    """``(total, block)``: ``total`` is ``sum(c)`` when the displacements ``d`` are the exclusive
+    prefix sums of the counts ``c`` (data packed in rank order), else -1; ``block`` is the count
+    every entry of ``c`` equals, else -1 (whatever ``d`` is). One pass over plain lists: on the
+    execute path (``_half.packed_layout`` is the same in C for integer arrays)."""
     if type(c) is _ndarray:
         c = c.tolist()
     if type(d) is _ndarray:
         d = d.tolist()
+    block = c[0] if c and c.count(c[0]) == len(c) else -1
+    if len(c) != len(d):
+        return -1, block
     pos = 0
     for ci, di in zip(c, d):
         if di != pos:
-            return -1
+            return -1, block
         pos += ci
-    return pos
+    return pos, block
 
 
 def total(c) -> int:

@@ -100,14 +100,15 @@ def test_portable_loops_are_bit_identical_too():
 
 
 @half
-@pytest.mark.skipif(not hasattr(_base.HALF, "packed_total"), reason="an older build without packed_total")
-def test_packed_total_in_c_agrees_with_python():
+@pytest.mark.skipif(not hasattr(_base.HALF, "packed_layout"), reason="an older build without packed_layout")
+def test_packed_layout_in_c_agrees_with_python():
     from hypothesis import given, settings, strategies as st
-    from mpicoll._validate import packed_total
+    from mpicoll._validate import packed_layout
 
     @settings(max_examples=300, deadline=None)
-    @given(st.lists(st.integers(0, 1 << 20), max_size=9), st.sampled_from(["packed", "shifted", "random"]),
-           st.sampled_from([np.int64, np.int32]), st.data())
+    @given(st.one_of(st.lists(st.integers(0, 1 << 20), max_size=9),
+                     st.tuples(st.integers(0, 1 << 20), st.integers(1, 9)).map(lambda t: [t[0]] * t[1])),
+           st.sampled_from(["packed", "shifted", "random"]), st.sampled_from([np.int64, np.int32]), st.data())
     def check(counts, layout, itype, data):
         displs = np.concatenate(([0], np.cumsum(counts)[:-1])).astype(np.int64)[:len(counts)].tolist()
         if layout == "shifted" and counts:
@@ -115,29 +116,33 @@ def test_packed_total_in_c_agrees_with_python():
         elif layout == "random":
             displs = data.draw(st.lists(st.integers(0, 1 << 21), min_size=len(counts), max_size=len(counts)))
         c, d = np.array(counts, dtype=itype), np.array(displs, dtype=itype)
-        assert _base.HALF.packed_total(c, d) == packed_total(counts, displs)
+        got = _base.HALF.packed_layout(c, d)
+        assert got == packed_layout(counts, displs) == packed_layout(c, d)
+        assert got[1] == (counts[0] if counts and len(set(counts)) == 1 else -1)
     check()
     c = np.array([2, 3])
     for other in ([0, 2], (0, 2), np.array([0.0, 2.0]), np.array([[0, 2]]), np.array([0, 2, 5]),
                   np.array([0, 9, 2, 9])[::2]):
-        want = -2 if not (isinstance(other, np.ndarray) and other.dtype.kind == "i" and other.ndim == 1
-                          and other.size == 2 and other.flags.c_contiguous) else packed_total(c, other)
-        assert _base.HALF.packed_total(c, other) == want, other
+        want = (-2, -1) if not (isinstance(other, np.ndarray) and other.dtype.kind == "i" and other.ndim == 1
+                                and other.size == 2 and other.flags.c_contiguous) else packed_layout(c, other)
+        assert _base.HALF.packed_layout(c, other) == want, other
+    assert packed_layout([2, 2], [0, 2, 4]) == (-1, 2)      # (lengths differ: not packed)
 
 
 @pytest.mark.mpi(min_size=1)
 def test_reduce_scatter_v_fast_path_without_the_c_check(monkeypatch):
-    """Validation off without the C extension: the Python packed check takes over."""
+    """Validation off without the C extension: the Python layout check takes over (equal counts: the
+    block call)."""
     import mpicoll
     import mpicoll.ops.reduce_scatter as rs
     monkeypatch.setattr(rs, "HALF", None)
-    counts = [j + 2 for j in range(SIZE)]
-    x = np.arange(sum(counts), dtype=np.int32) + RANK
-    packed = np.concatenate(([0], np.cumsum(counts)[:-1]))
-    want_sum = sum(np.arange(sum(counts), dtype=np.int32) + r for r in range(SIZE))
-    for displs in (packed, packed[::-1].copy() if SIZE > 1 else packed):
-        op = mpicoll.ReduceScatterVOperation(validate=False)
-        for _ in range(2):
-            got = op.execute(x, np.array(counts), displs, counts[RANK])
-            d = int(displs[RANK])          # every rank's block RANK starts at the same displacement
-            assert np.array_equal(got, want_sum[d:d + counts[RANK]])
+    for counts in ([j + 2 for j in range(SIZE)], [3] * SIZE):
+        x = np.arange(sum(counts), dtype=np.int32) + RANK
+        packed = np.concatenate(([0], np.cumsum(counts)[:-1]))
+        want_sum = sum(np.arange(sum(counts), dtype=np.int32) + r for r in range(SIZE))
+        for displs in (packed, packed[::-1].copy() if SIZE > 1 else packed):
+            op = mpicoll.ReduceScatterVOperation(validate=False)
+            for _ in range(2):
+                got = op.execute(x, np.array(counts), displs, counts[RANK])
+                d = int(displs[RANK])          # every rank's block RANK starts at the same displacement
+                assert np.array_equal(got, want_sum[d:d + counts[RANK]])

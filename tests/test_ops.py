@@ -93,11 +93,13 @@ def test_validation_off_fast_path_hands_over_what_it_does_not_take(name, make, c
 
 @pytest.mark.mpi(min_size=1)
 @pytest.mark.parametrize("kind", ["ndarray", "int32", "list", "tuple"])
-def test_validation_off_v_operators_take_any_count_container(kind):
-    """Counts as int64/int32 arrays, lists or tuples, packed or permuted: the same results as validated."""
+@pytest.mark.parametrize("equal", [False, True], ids=["unequal", "equal"])
+def test_validation_off_v_operators_take_any_count_container(kind, equal):
+    """Counts as int64/int32 arrays, lists or tuples, equal (ReduceScatterV: the block call) or not,
+    packed or permuted: the same results as validated."""
     P, n = mpicoll, SIZE
     conv = {"ndarray": np.array, "int32": lambda v: np.array(v, dtype=np.int32), "list": list, "tuple": tuple}[kind]
-    counts = [j + 1 for j in range(n)]
+    counts = [3] * n if equal else [j + 1 for j in range(n)]
     packed = np.concatenate(([0], np.cumsum(counts)[:-1])).tolist()
     permuted = list(reversed(np.concatenate(([0], np.cumsum(counts[::-1])[:-1])).tolist()))
     x = np.arange(sum(counts) + 2, dtype=np.float64) * (RANK + 1)      # longer than the blocks: allowed

@@ -100,7 +100,7 @@ class _AllToAllVBase(Operation):
         check_out(op, out, (1, total), x.dtype, r, x)
         V.vec_a(h, n)[:] = sc
         V.vec_b(h, n)[:] = rc
-        h[V.H_BITS] = V.BIT_CONTIGUOUS if V.packed_total(sc, sd) >= 0 and V.packed_total(rc, rd) >= 0 else 0
+        h[V.H_BITS] = V.BIT_CONTIGUOUS if V.packed_layout(sc, sd)[0] >= 0 and V.packed_layout(rc, rd)[0] >= 0 else 0
         return x, sc, sd, rc, rd
 
     def _cross(self, args, kwargs, table):

@@ -114,25 +114,28 @@ class ReduceScatterVOperation(ReduceOperation):
         return super()._cross(args, kwargs, table)
 
     def _fast(self):
-        call, mop, slow, packed_py = self.comm.Reduce_scatter, self._mpi_op, self._run, V.packed_total
-        get, ndarray, empty = NATIVE_MPI_OF.get, np.ndarray, np.empty
-        # the packed-layout check in C for integer arrays (-2: anything else), ~0.1 vs ~0.5 us
-        packed_c = getattr(HALF, "packed_total", None) or (lambda c, d: -2)
+        rs, rsb, mop, slow, packed_py = (self.comm.Reduce_scatter, self.comm.Reduce_scatter_block, self._mpi_op,
+                                         self._run, V.packed_layout)
+        get, ndarray, empty, n = NATIVE_MPI_OF.get, np.ndarray, np.empty, self.size
+        # the layout check in C for integer arrays (total -2: anything else), ~0.1 vs ~0.5 us
+        packed_c = getattr(HALF, "packed_layout", None) or (lambda c, d: (-2, -1))
 
         def execute(x, send_counts, sdispls, recv_count, out=None):
             if type(x) is ndarray and x.flags.c_contiguous:
                 m = get(x.dtype)
                 if m is not None:
-                    total = packed_c(send_counts, sdispls)
+                    total, block = packed_c(send_counts, sdispls)
                     if total == -2:
-                        total = packed_py(send_counts, sdispls)
+                        total, block = packed_py(send_counts, sdispls)
                     if total >= 0:        # packed in rank order: x itself is the send buffer
                         if out is None:
                             out = empty(int(recv_count), dtype=x.dtype)
                         size = x.size
-                        # a list: mpi4py reads it faster than an integer array (net ~0.1 us)
-                        call([x, total if total < size else size, m], [out, m],
-                             send_counts.tolist() if type(send_counts) is ndarray else send_counts, mop)
+                        if block >= 0 and block * n <= size:      # equal counts: the block call (as _run)
+                            rsb([x, block, m], [out, m], mop)
+                        else:             # a list: mpi4py reads it faster than an integer array
+                            rs([x, total if total < size else size, m], [out, m],
+                               send_counts.tolist() if type(send_counts) is ndarray else send_counts, mop)
                         return out
             return slow(x, send_counts, sdispls, recv_count, out)
         return execute
@@ -142,32 +145,37 @@ class ReduceScatterVOperation(ReduceOperation):
         if _acc is None and dt.reduce == "native":      # MPI's own reduction
             if out is None:
                 out = np.empty(int(recv_count), dtype=x.dtype)
-            blocks, count = _blocks(x, send_counts, sdispls)
-            self.comm.Reduce_scatter([blocks, count, dt.mpi], [out, dt.mpi], send_counts, self._mpi_op)
+            blocks, count, block = _blocks(x, send_counts, sdispls)
+            if block >= 0 and block * self.size <= count:       # equal counts (count: per block)
+                self.comm.Reduce_scatter_block([blocks, block, dt.mpi], [out, dt.mpi], self._mpi_op)
+            else:
+                self.comm.Reduce_scatter([blocks, count, dt.mpi], [out, dt.mpi], send_counts, self._mpi_op)
             return out
         flat = x.reshape(-1)
         recv_count = int(recv_count)
         if _acc is not None:      # a checked integer sum (validation on): exact in a wider dtype
             wide = np.empty(recv_count, dtype=_acc.np)
-            blocks, count = _blocks(x, send_counts, sdispls)
+            blocks, count, _ = _blocks(x, send_counts, sdispls)
             self.comm.Reduce_scatter([blocks.reshape(-1)[:count].astype(_acc.np), _acc.mpi], [wide, _acc.mpi],
                                      send_counts, MPI.SUM)
             return _narrow(self, dt, _acc, wide, np.empty(recv_count, x.dtype) if out is None else out, 0)
         return reduce_scatter_alltoall(self.comm, flat, dt, self._rop, send_counts, sdispls, recv_count, out)
 
 
-def _blocks(x: np.ndarray, send_counts, sdispls) -> tuple[np.ndarray, int]:
-    """The blocks in rank order, contiguous, as MPI's Reduce_scatter wants them, and their element
-    count: x itself when this rank's layout is packed (MPI reads its first ``sum(send_counts)``
-    elements), a packed copy when it has gaps or permutes the blocks. Every rank makes the same MPI
-    call either way."""
-    total = V.packed_total(send_counts, sdispls)
+def _blocks(x: np.ndarray, send_counts, sdispls) -> tuple[np.ndarray, int, int]:
+    """The blocks in rank order, contiguous, as MPI's reduce-scatter wants them; their element
+    count; and the count every block has, -1 when they differ (equal counts take
+    ``Reduce_scatter_block``, which MPICH runs faster than ``Reduce_scatter``: the choice depends on
+    the counts alone, which agree on every rank, so every rank makes the same MPI call).
+    x itself when this rank's layout is packed (MPI reads its first ``sum(send_counts)`` elements),
+    a packed copy when it has gaps or permutes the blocks."""
+    total, block = V.packed_layout(send_counts, sdispls)
     if total >= 0:
-        return x, min(total, x.size)      # (never past the end of x, even unvalidated)
+        return x, min(total, x.size), block      # (never past the end of x, even unvalidated)
     flat = x.reshape(-1)
     pairs = zip(np.asarray(send_counts).tolist(), np.asarray(sdispls).tolist())
     packed = np.concatenate([flat[d:d + c] for c, d in pairs] or [flat[:0]])
-    return packed, packed.size
+    return packed, packed.size, block
 
 
 def _narrow(op, dt, acc, wide: np.ndarray, out: np.ndarray, first: int) -> np.ndarray:
