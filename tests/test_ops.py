@@ -230,3 +230,26 @@ def test_allgatherv_counts_as_any_iterable(validate):
             got = op.execute(np.arange(counts[RANK], dtype=np.float32) + 10 * RANK, counts[RANK],
                              (c for c in counts), iter(displs))
             assert np.array_equal(got, want), (counts, got)
+
+
+@pytest.mark.mpi(min_size=1)
+@pytest.mark.parametrize("total_bytes", [64, 1 << 20])
+def test_allgatherv_equal_counts_closure_and_general_path_meet(total_bytes):
+    """Equal counts: ranks alternate between a contiguous x (validation off: the closure) and a
+    strided one (``_run``), packed and permuted; both make the same MPI call (Allgather), with the
+    same result as validated."""
+    c = max(total_bytes // 8 // SIZE, 1)
+    counts = [c] * SIZE
+    packed = [c * j for j in range(SIZE)]
+    want_rows = [np.arange(c, dtype=np.float64) + 1000 * r for r in range(SIZE)]
+    mine = want_rows[RANK]
+    x = mine if RANK % 2 == 0 else np.repeat(mine, 2)[::2]
+    for displs in (packed, packed[::-1]):
+        want = np.empty(c * SIZE)
+        for r in range(SIZE):
+            want[displs[r]:displs[r] + c] = want_rows[r]
+        for validate in (True, False):
+            op = mpicoll.AllGatherVOperation(validate=validate)
+            for _ in range(2):
+                got = op.execute(x, c, np.array(counts), np.array(displs))
+                assert np.array_equal(got, want), (validate, displs)
