@@ -170,6 +170,7 @@ def run_bench(argv: list[str] | None = None) -> int:
     reps = args.reps or (3 if compare else 1)
     validate = validate_default() if args.validate is None else bool(args.validate)
     colors, dom = _layout(args, me, nworld)
+    placement = _placement(world)
     active = colors[me] >= 0
     raw_comm = MPI.COMM_WORLD.Split(colors[me] if active else MPI.UNDEFINED, me)
     comm = (domain(dom) if dom else runtime().world) if active else None
@@ -184,6 +185,11 @@ def run_bench(argv: list[str] | None = None) -> int:
                                  "(torch==2.13.0, CPU build)\n")
             compare.remove("gloo")
     rows: list[Row] = []
+    if printer and placement["oversubscribed"] and not placement["bound"]:
+        print(f"# note: {placement['local_ranks']} ranks share {placement['cores']} cores here and are not bound "
+              "to cores: the scheduler moves them between calls, so the timings (and the ratios of synchronizing "
+              "calls) change from run to run; bind them (MPICH: mpirun -bind-to core, Open MPI: --bind-to core)",
+              flush=True)
     if active:
         rows = _sweep(args, ops, dtypes, redops, compare, reps, validate, comm, raw_comm, dom, gloo, printer)
     any_wrong = sum((r.wrong or 0) + (r.ip_wrong or 0) for r in rows)
@@ -193,7 +199,7 @@ def run_bench(argv: list[str] | None = None) -> int:
         print(f"# Avg bus bandwidth    : {statistics.fmean(bws) if bws else 0:.4g}")
         print("#", flush=True)
         if args.json:
-            _write_json(args, rows, comm.Get_size(), compare, validate)
+            _write_json(args, rows, comm.Get_size(), compare, validate, placement)
         if args.plot:
             _plot(args.plot, rows, comm.Get_size(), compare)
     if gloo is not None:
@@ -329,6 +335,19 @@ def _gloo_fn(b, gloo, comm: MPI.Comm):
     return None
 
 
+def _placement(world: MPI.Comm) -> dict:
+    """How the ranks sit on this rank's node (collective over ``world``): how many share it, the
+    cores one rank may run on, whether the ranks are bound (each allowed fewer than all the
+    node's cores, as ``mpirun -bind-to core`` does) and whether they outnumber the cores."""
+    local = world.Split_type(MPI.COMM_TYPE_SHARED)
+    ranks = local.Get_size()
+    total = os.cpu_count() or 1
+    mine = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else total
+    bound = local.allreduce(int(mine < total), op=MPI.MIN) == 1
+    local.Free()
+    return {"local_ranks": ranks, "cores": total, "bound": bound, "oversubscribed": ranks > total}
+
+
 def _header(name, n, dtype, redop, compare, validate, args) -> str:
     extra = "".join(f" {c + '(us)':>11} {'ratio':>7}" for c in compare)
     lines = [f"# {name}: {n} rank(s), dtype {dtype}, redop {redop}, validation {'on' if validate else 'off'}, "
@@ -357,9 +376,9 @@ def _format(r: Row, compare) -> str:
     return s
 
 
-def _write_json(args, rows, n, compare, validate) -> None:
+def _write_json(args, rows, n, compare, validate, placement) -> None:
     import mpi4py
-    doc = {"command": args.command_line, "ranks": n, "validate": validate, "compare": compare,
+    doc = {"command": args.command_line, "ranks": n, "validate": validate, "compare": compare, "placement": placement,
            "mpi": MPI.Get_library_version().splitlines()[0], "mpi4py": mpi4py.__version__, "numpy": np.__version__,
            "python": platform.python_version(), "host": platform.node(), "cpus": os.cpu_count(),
            "rows": [r.__dict__ for r in rows]}

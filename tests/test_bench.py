@@ -66,6 +66,12 @@ def test_table_and_json(tmp_path):
     assert "# Out of bounds values : 0 OK" in res.stdout and "# Avg bus bandwidth" in res.stdout
     doc = json.loads(out.read_text())
     assert doc["ranks"] == 3 and doc["compare"] == ["mpi4py"]
+    # where the ranks sit: 3 on this node, unbound (plain mpirun); the note says so when they
+    # outnumber the cores
+    place = doc["placement"]
+    assert place["local_ranks"] == 3 and place["cores"] >= 1 and place["bound"] is False
+    assert place["oversubscribed"] == (place["cores"] < 3)
+    assert ("# note: 3 ranks share" in res.stdout) == place["oversubscribed"]
     row = doc["rows"][0]
     for key in ("op", "size", "count", "type", "redop", "root", "time_us", "algbw", "busbw", "wrong", "ip_time_us",
                 "ip_busbw", "ip_wrong", "compare", "ratio"):
