@@ -11,9 +11,10 @@
  *   dequant_sum, dequant_sum_quantize, quantize_i8   int8 quantization kernels of mpicoll.quant (below)
  *   use_simd(on) -> previous             switch the F16C/AVX2 loops off (tests of the portable loops)
  *   packed_layout(counts, displs)        (total, block): total = sum(counts) if displs are its exclusive
- *                                        prefix sums, else -1; -2 unless both are 1-D int32/int64 arrays
- *                                        of one length; block = the count every entry of counts equals,
- *                                        else -1 (a ReduceScatterV hot-path check: ~0.5 us in Python)
+ *                                        prefix sums, else -1; block = the count every entry of counts
+ *                                        equals, else -1; (-2, -1) unless both are 1-D int32/int64 arrays
+ *                                        of one length with entries >= 0 summing below 2**63 (the
+ *                                        ReduceScatterV/AllGatherV hot-path check: ~0.5 us in Python)
  */
 #define PY_SSIZE_T_CLEAN
 #include <Python.h>
@@ -537,17 +538,22 @@ static PyObject *py_packed_layout(PyObject *self, PyObject *const *args, Py_ssiz
     }
     long long pos = -2, block = -1;
     if (c.shape[0] == d.shape[0]) {
-        uint64_t sum = 0;   /* unsigned: wraps instead of overflowing on absurd counts */
-        int packed = 1, same = c.shape[0] > 0;
+        /* sums stay below 2**63 - 1 while the entries are >= 0; a negative entry or a sum past it
+           (input no caller means) is left to the Python twin: -2 */
+        long long sum = 0;
+        int packed = 1, same = c.shape[0] > 0, odd = 0;
         long long first = same ? int_at(&c, 0) : 0;
-        for (Py_ssize_t i = 0; i < c.shape[0]; i++) {
-            long long ci = int_at(&c, i);
-            packed &= (uint64_t)int_at(&d, i) == sum;
+        for (Py_ssize_t i = 0; i < c.shape[0] && !odd; i++) {
+            long long ci = int_at(&c, i), di = int_at(&d, i);
+            odd = ci < 0 || di < 0 || ci > LLONG_MAX - sum;
+            packed &= di == sum;
             same &= ci == first;
-            sum += (uint64_t)ci;
+            sum += odd ? 0 : ci;
         }
-        pos = packed && sum <= (uint64_t)LLONG_MAX ? (long long)sum : -1;
-        if (same) block = first;
+        if (!odd) {
+            pos = packed ? sum : -1;
+            block = same ? first : -1;
+        }
     }
     PyBuffer_Release(&c);
     PyBuffer_Release(&d);
@@ -557,8 +563,8 @@ static PyObject *py_packed_layout(PyObject *self, PyObject *const *args, Py_ssiz
 static PyMethodDef methods[] = {
     {"packed_layout", (PyCFunction)(void (*)(void))py_packed_layout, METH_FASTCALL,
      "packed_layout(counts, displs) -> (total, block): total is sum(counts) when displs are its exclusive prefix "
-     "sums, -1 when not, -2 unless both are 1-D int32/int64 arrays of one length; block is the count every "
-     "entry of counts equals, else -1 (and -1 with total -2)"},
+     "sums, -1 when not; block is the count every entry of counts equals, else -1; (-2, -1) unless both are "
+     "1-D int32/int64 arrays of one length with entries >= 0 summing below 2**63"},
     {"reduce_bf16", py_reduce_bf16, METH_VARARGS,
      "reduce_bf16(parts, out, rows, op): float32-accumulated row reduction of bfloat16, rounded once"},
     {"f16_to_f32", py_f16_to_f32, METH_VARARGS, "f16_to_f32(src, dst): float16 buffer -> float32 buffer"},

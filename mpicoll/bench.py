@@ -336,16 +336,20 @@ def _gloo_fn(b, gloo, comm: MPI.Comm):
 
 
 def _placement(world: MPI.Comm) -> dict:
-    """How the ranks sit on this rank's node (collective over ``world``): how many share it, the
-    cores one rank may run on, whether the ranks are bound (each allowed fewer than all the
-    node's cores, as ``mpirun -bind-to core`` does) and whether they outnumber the cores."""
+    """How the ranks sit on this rank's node (collective over ``world``): how many share it, how many
+    cores they may run on together (the union of their CPU affinities, so taskset and cpusets
+    count), whether each rank is bound (allowed fewer than those cores, as ``mpirun -bind-to core``
+    does) and whether the ranks outnumber the cores."""
     local = world.Split_type(MPI.COMM_TYPE_SHARED)
-    ranks = local.Get_size()
-    total = os.cpu_count() or 1
-    mine = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else total
-    bound = local.allreduce(int(mine < total), op=MPI.MIN) == 1
+    if hasattr(os, "sched_getaffinity"):
+        mine = sorted(os.sched_getaffinity(0))
+    else:
+        mine = list(range(os.cpu_count() or 1))
+    sets = [set(s) for s in local.allgather(mine)]
     local.Free()
-    return {"local_ranks": ranks, "cores": total, "bound": bound, "oversubscribed": ranks > total}
+    cores = set().union(*sets)
+    bound = all(len(s) < len(cores) for s in sets)
+    return {"local_ranks": len(sets), "cores": len(cores), "bound": bound, "oversubscribed": len(sets) > len(cores)}
 
 
 def _header(name, n, dtype, redop, compare, validate, args) -> str:

@@ -127,6 +127,11 @@ def test_packed_layout_in_c_agrees_with_python():
                                 and other.size == 2 and other.flags.c_contiguous) else packed_layout(c, other)
         assert _base.HALF.packed_layout(c, other) == want, other
     assert packed_layout([2, 2], [0, 2, 4]) == (-1, 2)      # (lengths differ: not packed)
+    # negative entries and sums past 2**63 - 1 are left to the Python twin
+    big = 2 ** 62
+    for counts, displs in (([-1, 1], [0, -1]), ([1, 1], [0, -1]), ([big] * 4, [0, big, 2 * big - 1, 0]),
+                           ([2 ** 63 - 1, 2 ** 63 - 1], [0, 2 ** 63 - 1])):
+        assert _base.HALF.packed_layout(np.array(counts, np.int64), np.array(displs, np.int64)) == (-2, -1)
 
 
 @pytest.mark.mpi(min_size=1)

@@ -220,6 +220,20 @@ def test_checked_sum_overflow_in_a_late_piece_leaves_out_untouched(monkeypatch):
 
 @pytest.mark.mpi(min_size=1)
 @pytest.mark.parametrize("validate", [True, False])
+def test_reduce_scatter_v_counts_as_any_iterable(validate):
+    """send_counts / sdispls as iterators (read once) on both paths, contiguous and strided x."""
+    op = mpicoll.ReduceScatterVOperation(validate=validate)
+    for counts in ([2] * SIZE, [j + 1 for j in range(SIZE)]):
+        displs = np.concatenate(([0], np.cumsum(counts)[:-1])).tolist()
+        base = np.arange(sum(counts), dtype=np.float64)
+        want = SIZE * base[displs[RANK]:displs[RANK] + counts[RANK]] + sum(range(SIZE))
+        for x in (base + RANK, np.repeat(base + RANK, 2)[::2]):
+            got = op.execute(x, iter(counts), iter(displs), counts[RANK])
+            assert np.array_equal(got, want), (counts, got)
+
+
+@pytest.mark.mpi(min_size=1)
+@pytest.mark.parametrize("validate", [True, False])
 def test_allgatherv_counts_as_any_iterable(validate):
     """recv_counts / rdispls as generators (read once) on both paths, equal and unequal counts."""
     op = mpicoll.AllGatherVOperation(validate=validate)
@@ -253,3 +267,64 @@ def test_allgatherv_equal_counts_closure_and_general_path_meet(total_bytes):
             for _ in range(2):
                 got = op.execute(x, c, np.array(counts), np.array(displs))
                 assert np.array_equal(got, want), (validate, displs)
+
+
+class _Spy:
+    """A communicator stand-in that records which collective the operation calls."""
+
+    CALLS = ("Reduce_scatter", "Reduce_scatter_block", "Allgather", "Allgatherv")
+
+    def __init__(self, comm):
+        self._comm, self.log = comm, []
+
+    def __getattr__(self, name):
+        attr = getattr(self._comm, name)
+        if name not in self.CALLS:
+            return attr
+
+        def call(*args):
+            self.log.append(name)
+            return attr(*args)
+        return call
+
+
+def _spied(cls, validate):
+    op = cls(validate=True)
+    op._bind()
+    op.comm = _Spy(op.comm)
+    op.validate = validate          # (re)builds the validation-off closure over the spy's methods
+    return op
+
+
+@pytest.mark.mpi(min_size=1)
+@pytest.mark.parametrize("equal", [True, False], ids=["equal", "unequal"])
+@pytest.mark.parametrize("validate", [True, False])
+def test_v_operators_make_the_same_mpi_call_on_every_rank(equal, validate):
+    """Ranks alternate between a contiguous x (the validation-off closure) and a strided one (the
+    general path), and between packed and permuted displacements: every rank calls the same MPI
+    collective (the block form for equal counts) and gets the golden result."""
+    counts = [3] * SIZE if equal else [j + 1 for j in range(SIZE)]
+    packed = np.concatenate(([0], np.cumsum(counts)[:-1])).tolist()
+    displs = packed if RANK % 2 == 0 else \
+        list(reversed(np.concatenate(([0], np.cumsum(counts[::-1])[:-1])).tolist()))
+    base = np.arange(sum(counts) + 2, dtype=np.float64) + 100 * RANK
+    x = base if RANK % 3 != 1 else np.repeat(base, 2)[::2]
+    every = WORLD.allgather(displs)
+    rsv = _spied(mpicoll.ReduceScatterVOperation, validate)
+    got = rsv.execute(x, np.array(counts), np.array(displs), counts[RANK])
+    want = sum(np.arange(sum(counts) + 2, dtype=np.float64)[every[r][RANK]:every[r][RANK] + counts[RANK]] + 100 * r
+               for r in range(SIZE))
+    assert np.array_equal(got, want)
+    agv = _spied(mpicoll.AllGatherVOperation, validate)
+    mine = x[:counts[RANK]]
+    got = agv.execute(mine, counts[RANK], np.array(counts), np.array(displs))
+    want = np.empty(sum(counts))
+    for r in range(SIZE):
+        want[displs[r]:displs[r] + counts[r]] = np.arange(counts[r], dtype=np.float64) + 100 * r
+    assert np.array_equal(got, want)
+    logs = WORLD.allgather((rsv.comm.log, agv.comm.log))
+    assert all(log == logs[0] for log in logs), logs
+    block = equal or SIZE == 1
+    # (with validation on, the header agreement's Allgather comes first)
+    assert (logs[0][0][-1], logs[0][1][-1]) == (("Reduce_scatter_block", "Allgather") if block
+                                                 else ("Reduce_scatter", "Allgatherv"))

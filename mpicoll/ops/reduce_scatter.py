@@ -126,6 +126,10 @@ class ReduceScatterVOperation(ReduceOperation):
                 if m is not None:
                     total, block = packed_c(send_counts, sdispls)
                     if total == -2:
+                        if type(send_counts) not in (list, tuple, ndarray):    # (a generator, ...: read once)
+                            send_counts = list(send_counts)
+                        if type(sdispls) not in (list, tuple, ndarray):
+                            sdispls = list(sdispls)
                         total, block = packed_py(send_counts, sdispls)
                     if total >= 0:        # packed in rank order: x itself is the send buffer
                         if out is None:
@@ -142,6 +146,10 @@ class ReduceScatterVOperation(ReduceOperation):
 
     def _run(self, x, send_counts, sdispls, recv_count, out=None, _acc=None):
         x, dt = self._data(x)
+        if type(send_counts) not in (list, tuple, np.ndarray):      # (a generator, ...: read once)
+            send_counts = list(send_counts)
+        if type(sdispls) not in (list, tuple, np.ndarray):
+            sdispls = list(sdispls)
         if _acc is None and dt.reduce == "native":      # MPI's own reduction
             if out is None:
                 out = np.empty(int(recv_count), dtype=x.dtype)
