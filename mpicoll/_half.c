@@ -14,7 +14,7 @@
  *                                        prefix sums, else -1; block = the count every entry of counts
  *                                        equals, else -1; (-2, -1) unless both are 1-D int32/int64 arrays
  *                                        of one length with entries >= 0 summing below 2**63 (the
- *                                        ReduceScatterV/AllGatherV hot-path check: ~0.5 us in Python)
+ *                                        ReduceScatterV/AllGatherV hot-path check: ~0.2 us, ~0.9 us in Python)
  */
 #define PY_SSIZE_T_CLEAN
 #include <Python.h>

@@ -113,7 +113,7 @@ class AllGatherVOperation(Operation):
         ag, agv, slow, get, ndarray, empty = (self.comm.Allgather, self.comm.Allgatherv, self._run, MPI_OF.get,
                                               np.ndarray, np.empty)
         packed_py = V.packed_layout
-        packed_c = getattr(HALF, "packed_layout", None) or (lambda c, d: (-2, -1))   # ~0.1 us for int arrays
+        packed_c = getattr(HALF, "packed_layout", None) or (lambda c, d: (-2, -1))   # int arrays: ~0.2 vs ~0.9 us
 
         def execute(x, send_count, recv_counts, rdispls, shape=None, out=None):
             # the common case, recv_counts packed in rank order: one Allgather or Allgatherv (see _run)
