@@ -1,6 +1,9 @@
 """Overhead of mpicoll's execute() over the raw mpi4py buffer call, same arrays, same run.
 
-    mpirun -np 2 python benchmarks/overhead.py [--sizes 8,65536,16777216] [--reps 21] [--ops AllReduce,...]
+    mpirun -bind-to core -np 2 python benchmarks/overhead.py [--sizes 8,65536,16777216] [--reps 21] [--ops AllReduce,...]
+
+(``-bind-to core``, Open MPI ``--bind-to core``: unbound, more ranks than cores are moved by the
+scheduler and synchronizing calls change speed from run to run; docs/benchmark.md.)
 
 Each implementation is timed as the loop a user writes: ``for ...: comm.Allreduce([x, F], [y, F], S)``
 against ``for ...: op.execute(x, out=y)``, the statement compiled inline into the loop (``timeit``),
