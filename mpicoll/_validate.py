@@ -252,6 +252,27 @@ def packed_layout(c, d) -> tuple[int, int]:
     return pos, block
 
 
+_SEQUENCES = (list, tuple, np.ndarray)
+
+
+def read_once(values):
+    """``values`` itself when it is a list, tuple or array; any other iterable (a generator, ...)
+    read once into a list, so that it can be checked and then handed to MPI."""
+    return values if type(values) in _SEQUENCES else list(values)
+
+
+def layout_read_once(c, d) -> tuple:
+    """The Python side of a validation-off layout check, for what the C check does not take:
+    ``(c, d, total, block)`` with ``c`` and ``d`` read once (:func:`read_once`) and
+    :func:`packed_layout` of them."""
+    if type(c) not in _SEQUENCES:       # (read_once inline: this runs beside every such call)
+        c = list(c)
+    if type(d) not in _SEQUENCES:
+        d = list(d)
+    total, block = packed_layout(c, d)
+    return c, d, total, block
+
+
 def total(c) -> int:
     """``sum(counts)`` for a list or an integer array, without numpy's per-call cost on tiny arrays."""
     return sum(c.tolist()) if isinstance(c, np.ndarray) else sum(c)

@@ -139,8 +139,7 @@ def test_reduce_scatter_v_fast_path_without_the_c_check(monkeypatch):
     """Validation off without the C extension: the Python layout check takes over (equal counts: the
     block call)."""
     import mpicoll
-    import mpicoll.ops.reduce_scatter as rs
-    monkeypatch.setattr(rs, "HALF", None)
+    monkeypatch.setattr(_base, "HALF", None)
     for counts in ([j + 2 for j in range(SIZE)], [3] * SIZE):
         x = np.arange(sum(counts), dtype=np.int32) + RANK
         packed = np.concatenate(([0], np.cumsum(counts)[:-1]))

@@ -273,6 +273,13 @@ def _load_half():
 HALF = _load_half()
 
 
+def packed_layout_c() -> Callable[[Any, Any], tuple[int, int]]:
+    """``_half.packed_layout`` (the count-layout check in C for integer arrays, ~0.2 us against
+    ~0.9 us in Python), or a stand-in answering ``(-2, -1)`` ("not mine": the caller falls back to
+    :func:`mpicoll._validate.layout_read_once`) when the C kernels are absent. Read at bind time."""
+    return getattr(HALF, "packed_layout", None) or (lambda c, d: (-2, -1))
+
+
 def to_f32(x: np.ndarray) -> np.ndarray:
     """float32 copy of a contiguous 16-bit float array (the C kernel for float16 when built)."""
     if HALF is not None and x.dtype == np.float16:

@@ -10,7 +10,7 @@ from .._dtypes import DTYPES, MPI_OF
 from .._golden import (BenchRun, BenchSpec, CheckSpec, bench_data, counts_matrix, displs, rank_data, register_bench,
                        register_check, torch_view)
 from .._params import CommParam
-from ._base import HALF, Operation, check_out, x_out
+from ._base import Operation, check_out, packed_layout_c, x_out
 
 
 @dataclass
@@ -112,8 +112,7 @@ class AllGatherVOperation(Operation):
     def _fast(self):
         ag, agv, slow, get, ndarray, empty = (self.comm.Allgather, self.comm.Allgatherv, self._run, MPI_OF.get,
                                               np.ndarray, np.empty)
-        packed_py = V.packed_layout
-        packed_c = getattr(HALF, "packed_layout", None) or (lambda c, d: (-2, -1))   # int arrays: ~0.2 vs ~0.9 us
+        packed_c, packed_py = packed_layout_c(), V.layout_read_once
 
         def execute(x, send_count, recv_counts, rdispls, shape=None, out=None):
             # the common case, recv_counts packed in rank order: one Allgather or Allgatherv (see _run)
@@ -121,12 +120,8 @@ class AllGatherVOperation(Operation):
                 m = get(x.dtype)
                 if m is not None:
                     total, c = packed_c(recv_counts, rdispls)
-                    if total == -2:
-                        if type(recv_counts) not in (list, ndarray):   # (a tuple, a generator, ...: read once)
-                            recv_counts = list(recv_counts)
-                        if type(rdispls) not in (list, ndarray):
-                            rdispls = list(rdispls)
-                        total, c = packed_py(recv_counts, rdispls)
+                    if total == -2:           # (lists, tuples, generators, ...)
+                        recv_counts, rdispls, total, c = packed_py(recv_counts, rdispls)
                     if total >= 0:
                         if out is None:
                             out = empty(_dims(shape, total), dtype=x.dtype)

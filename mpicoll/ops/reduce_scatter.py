@@ -12,7 +12,7 @@ from .._errors import agree
 from .._golden import (TORCH_OPS, BenchRun, BenchSpec, CheckSpec, bench_data, counts_matrix, displs, golden_reduce,
                        rank_data, raw_reduce_type, reduce_case_names, register_bench, register_check, torch_view)
 from .._params import ReduceParam
-from ._base import HALF, ReduceOperation, check_out, reduce_scatter_alltoall, x_out
+from ._base import ReduceOperation, check_out, packed_layout_c, reduce_scatter_alltoall, x_out
 
 
 @dataclass
@@ -114,23 +114,17 @@ class ReduceScatterVOperation(ReduceOperation):
         return super()._cross(args, kwargs, table)
 
     def _fast(self):
-        rs, rsb, mop, slow, packed_py = (self.comm.Reduce_scatter, self.comm.Reduce_scatter_block, self._mpi_op,
-                                         self._run, V.packed_layout)
+        rs, rsb, mop, slow = self.comm.Reduce_scatter, self.comm.Reduce_scatter_block, self._mpi_op, self._run
         get, ndarray, empty, n = NATIVE_MPI_OF.get, np.ndarray, np.empty, self.size
-        # the layout check in C for integer arrays (total -2: anything else), ~0.2 vs ~0.9 us
-        packed_c = getattr(HALF, "packed_layout", None) or (lambda c, d: (-2, -1))
+        packed_c, packed_py = packed_layout_c(), V.layout_read_once
 
         def execute(x, send_counts, sdispls, recv_count, out=None):
             if type(x) is ndarray and x.flags.c_contiguous:
                 m = get(x.dtype)
                 if m is not None:
                     total, block = packed_c(send_counts, sdispls)
-                    if total == -2:
-                        if type(send_counts) not in (list, tuple, ndarray):    # (a generator, ...: read once)
-                            send_counts = list(send_counts)
-                        if type(sdispls) not in (list, tuple, ndarray):
-                            sdispls = list(sdispls)
-                        total, block = packed_py(send_counts, sdispls)
+                    if total == -2:           # (lists, tuples, generators, ...)
+                        send_counts, sdispls, total, block = packed_py(send_counts, sdispls)
                     if total >= 0:        # packed in rank order: x itself is the send buffer
                         if out is None:
                             out = empty(int(recv_count), dtype=x.dtype)
@@ -146,10 +140,7 @@ class ReduceScatterVOperation(ReduceOperation):
 
     def _run(self, x, send_counts, sdispls, recv_count, out=None, _acc=None):
         x, dt = self._data(x)
-        if type(send_counts) not in (list, tuple, np.ndarray):      # (a generator, ...: read once)
-            send_counts = list(send_counts)
-        if type(sdispls) not in (list, tuple, np.ndarray):
-            sdispls = list(sdispls)
+        send_counts, sdispls = V.read_once(send_counts), V.read_once(sdispls)
         if _acc is None and dt.reduce == "native":      # MPI's own reduction
             if out is None:
                 out = np.empty(int(recv_count), dtype=x.dtype)
