@@ -150,3 +150,30 @@ def test_reduce_scatter_v_fast_path_without_the_c_check(monkeypatch):
                 got = op.execute(x, np.array(counts), displs, counts[RANK])
                 d = int(displs[RANK])          # every rank's block RANK starts at the same displacement
                 assert np.array_equal(got, want_sum[d:d + counts[RANK]])
+
+
+def test_mpi_of_agrees_with_the_dtype_table():
+    """The validation-off entry test, in C and its Python twin, maps exactly what the dtype table's
+    dtype equality maps: every numpy type code in every byte order, ml_dtypes types, structured and
+    metadata-carrying dtypes; anything but a C-contiguous plain ndarray gives None."""
+    import ml_dtypes
+    from mpicoll import _dtypes as D
+    twins = [D.mpi_of] + ([_base.HALF.mpi_of] if hasattr(_base.HALF, "mpi_of") else [])
+    tables = [(D.MPI_BY_NUM, {d.np: d.mpi for d in D.DTYPES.values()}),
+              (D.NATIVE_MPI_BY_NUM, {d.np: d.mpi for d in D.DTYPES.values() if d.reduce == "native"})]
+    dtypes = [np.dtype(c).newbyteorder(b) for c in np.typecodes["All"] for b in "<>=|"]
+    dtypes += [np.dtype(t) for t in (ml_dtypes.bfloat16, ml_dtypes.float8_e4m3fn, [("a", "f4")])]
+    dtypes += [np.dtype("f4", metadata={"a": 1})]
+    for dt in dtypes:
+        x = np.zeros((2, 3), dt)
+        for table, by_dtype in tables:
+            want = by_dtype.get(dt)
+            for mpi_of in twins:
+                assert mpi_of(x, table) is want, (dt, mpi_of)
+                assert mpi_of(x[0], table) is want and mpi_of(x[:, 0], table) is None, (dt, mpi_of)
+                assert mpi_of(x.T, table) is (want if x.T.flags.c_contiguous else None), (dt, mpi_of)
+    x = np.zeros(4, np.float32)
+    for mpi_of in twins:
+        for other in (x.view(np.matrix), x.tolist(), np.float32(1), memoryview(x), None):
+            assert mpi_of(other, D.MPI_BY_NUM) is None, (other, mpi_of)
+        assert mpi_of(x, ()) is None                      # (a number past the table's end)

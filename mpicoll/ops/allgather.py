@@ -6,11 +6,11 @@ from dataclasses import dataclass
 import numpy as np
 
 from .. import _validate as V
-from .._dtypes import DTYPES, MPI_OF
+from .._dtypes import DTYPES, MPI_BY_NUM
 from .._golden import (BenchRun, BenchSpec, CheckSpec, bench_data, counts_matrix, displs, rank_data, register_bench,
                        register_check, torch_view)
 from .._params import CommParam
-from ._base import Operation, check_out, packed_layout_c, x_out
+from ._base import Operation, check_out, mpi_of_c, packed_layout_c, x_out
 
 
 @dataclass
@@ -44,16 +44,16 @@ class AllGatherOperation(Operation):
         return (x,), {"out": out}
 
     def _fast(self):
-        call, slow, n, get, ndarray, empty = self.comm.Allgather, self._run, self.size, MPI_OF.get, np.ndarray, np.empty
+        call, slow, n, empty = self.comm.Allgather, self._run, self.size, np.empty
+        mpi_of, table = mpi_of_c(), MPI_BY_NUM
 
         def execute(x, out=None):
-            if type(x) is ndarray and x.flags.c_contiguous:
-                m = get(x.dtype)
-                if m is not None:
-                    if out is None:
-                        out = empty((n, *x.shape), dtype=x.dtype)
-                    call([x, m], [out, m])
-                    return out
+            m = mpi_of(x, table)
+            if m is not None:
+                if out is None:
+                    out = empty((n, *x.shape), dtype=x.dtype)
+                call([x, m], [out, m])
+                return out
             return slow(x, out)
         return execute
 
@@ -110,29 +110,28 @@ class AllGatherVOperation(Operation):
         return kwargs
 
     def _fast(self):
-        ag, agv, slow, get, ndarray, empty = (self.comm.Allgather, self.comm.Allgatherv, self._run, MPI_OF.get,
-                                              np.ndarray, np.empty)
+        ag, agv, slow, ndarray, empty = self.comm.Allgather, self.comm.Allgatherv, self._run, np.ndarray, np.empty
+        mpi_of, table = mpi_of_c(), MPI_BY_NUM
         packed_c, packed_py = packed_layout_c(), V.layout_read_once
 
         def execute(x, send_count, recv_counts, rdispls, shape=None, out=None):
             # the common case, recv_counts packed in rank order: one Allgather or Allgatherv (see _run)
-            if type(x) is ndarray and x.flags.c_contiguous:
-                m = get(x.dtype)
-                if m is not None:
-                    total, c = packed_c(recv_counts, rdispls)
-                    if total == -2:           # (lists, tuples, generators, ...)
-                        recv_counts, rdispls, total, c = packed_py(recv_counts, rdispls)
-                    if total >= 0:
-                        if out is None:
-                            out = empty(_dims(shape, total), dtype=x.dtype)
-                        size = int(send_count)
-                        send = [x, size if size < x.size else x.size, m]
-                        if c >= 0:        # equal counts: Allgather, as _run
-                            ag(send, [out, m])
-                        else:
-                            agv(send, [out, (recv_counts.tolist() if type(recv_counts) is ndarray else recv_counts,
-                                             rdispls.tolist() if type(rdispls) is ndarray else rdispls), m])
-                        return out
+            m = mpi_of(x, table)
+            if m is not None:
+                total, c = packed_c(recv_counts, rdispls)
+                if total == -2:           # (lists, tuples, generators, ...)
+                    recv_counts, rdispls, total, c = packed_py(recv_counts, rdispls)
+                if total >= 0:
+                    if out is None:
+                        out = empty(_dims(shape, total), dtype=x.dtype)
+                    size = int(send_count)
+                    send = [x, size if size < x.size else x.size, m]
+                    if c >= 0:        # equal counts: Allgather, as _run
+                        ag(send, [out, m])
+                    else:
+                        agv(send, [out, (recv_counts.tolist() if type(recv_counts) is ndarray else recv_counts,
+                                         rdispls.tolist() if type(rdispls) is ndarray else rdispls), m])
+                    return out
             return slow(x, send_count, recv_counts, rdispls, shape, out)
         return execute
 

@@ -7,12 +7,12 @@ from dataclasses import dataclass
 import numpy as np
 from mpi4py import MPI
 
-from .._dtypes import DTYPES, NATIVE_MPI_OF, reduce_op
+from .._dtypes import DTYPES, NATIVE_MPI_BY_NUM, reduce_op
 from .._golden import (TORCH_OPS, BenchRun, BenchSpec, CheckSpec, bench_data, golden_reduce, rank_data,
                        raw_reduce_type, reduce_case_names, register_bench, register_check, torch_view)
 from .._params import ReduceParam
 from .. import _validate as V
-from ._base import ReduceOperation, check_out, from_f32, reduce_scatter_alltoall, split_even, to_f32, x_out
+from ._base import ReduceOperation, check_out, from_f32, mpi_of_c, reduce_scatter_alltoall, split_even, to_f32, x_out
 
 #: float16/bfloat16 AllReduce of at most this many bytes: cast to float32, one native float32
 #: Allreduce, cast back (one collective beats two at small sizes); above: the AllToAll path.
@@ -55,22 +55,21 @@ class AllReduceOperation(ReduceOperation):
         return (x,), {"out": out}
 
     def _fast(self):
-        call, mop, slow, get, ndarray, empty_like = (self.comm.Allreduce, self._mpi_op, self._run,
-                                                     NATIVE_MPI_OF.get, np.ndarray, np.empty_like)
+        call, mop, slow, empty_like = self.comm.Allreduce, self._mpi_op, self._run, np.empty_like
+        mpi_of, table = mpi_of_c(), NATIVE_MPI_BY_NUM
         in_place = MPI.IN_PLACE
         limit = min(PIECED_BYTES, BYTE_ALLTOALL_BYTES)   # one MPI call for every native dtype below it
 
         def execute(x, out=None):
-            if type(x) is ndarray and x.flags.c_contiguous:
-                m = get(x.dtype)
-                if m is not None and x.nbytes < limit:
-                    if out is None:
-                        out = empty_like(x)
-                    elif out is x:
-                        call(in_place, [out, m], mop)
-                        return out
-                    call([x, m], [out, m], mop)
+            m = mpi_of(x, table)
+            if m is not None and x.nbytes < limit:
+                if out is None:
+                    out = empty_like(x)
+                elif out is x:
+                    call(in_place, [out, m], mop)
                     return out
+                call([x, m], [out, m], mop)
+                return out
             return slow(x, out)
         return execute
 

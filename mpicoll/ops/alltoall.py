@@ -6,12 +6,12 @@ from dataclasses import dataclass
 import numpy as np
 
 from .. import _validate as V
-from .._dtypes import DTYPES, MPI_OF
+from .._dtypes import DTYPES, MPI_BY_NUM
 from .._errors import CollectiveArgumentError
 from .._golden import (PLAN_FAMILIES, BenchRun, BenchSpec, CheckSpec, bench_data, counts_matrix, displs, rank_data,
                        register_bench, register_check, torch_view)
 from .._params import CommParam
-from ._base import Operation, check_out, x_out
+from ._base import Operation, check_out, mpi_of_c, x_out
 
 
 @dataclass
@@ -56,16 +56,15 @@ class AllToAllOperation(Operation):
         return (x,), {"out": out}
 
     def _fast(self):
-        call, slow, get, ndarray, empty_like = self.comm.Alltoall, self._run, MPI_OF.get, np.ndarray, np.empty_like
+        call, slow, mpi_of, table, empty_like = self.comm.Alltoall, self._run, mpi_of_c(), MPI_BY_NUM, np.empty_like
 
         def execute(x, out=None):
-            if type(x) is ndarray and x.flags.c_contiguous:
-                m = get(x.dtype)
-                if m is not None:
-                    if out is None:
-                        out = empty_like(x)
-                    call([x, m], [out, m])
-                    return out
+            m = mpi_of(x, table)
+            if m is not None:
+                if out is None:
+                    out = empty_like(x)
+                call([x, m], [out, m])
+                return out
             return slow(x, out)
         return execute
 
@@ -153,18 +152,17 @@ class AllToAllVOperation(_AllToAllVBase):
         return (plan[0],), {"out": out}
 
     def _fast(self):
-        call, slow, get, ndarray, empty = self.comm.Alltoallv, self._run, MPI_OF.get, np.ndarray, np.empty
+        call, slow, mpi_of, table, empty = self.comm.Alltoallv, self._run, mpi_of_c(), MPI_BY_NUM, np.empty
         sc, sd, rc, rd = (a.tolist() for a in self._plan)     # plain lists: mpi4py reads them fastest
         send, recv, shape = (sc, sd), (rc, rd), (1, sum(rc))
 
         def execute(x, out=None):
-            if type(x) is ndarray and x.flags.c_contiguous:
-                m = get(x.dtype)
-                if m is not None:
-                    if out is None:
-                        out = empty(shape, dtype=x.dtype)
-                    call([x, send, m], [out, recv, m])
-                    return out
+            m = mpi_of(x, table)
+            if m is not None:
+                if out is None:
+                    out = empty(shape, dtype=x.dtype)
+                call([x, send, m], [out, recv, m])
+                return out
             return slow(x, out)
         return execute
 
@@ -197,17 +195,16 @@ class AllToAllVV2Operation(_AllToAllVBase):
         return (x, sc, sd, rc, rd), {"out": out}
 
     def _fast(self):
-        call, slow, get, ndarray, empty, total = (self.comm.Alltoallv, self._run, MPI_OF.get, np.ndarray, np.empty,
-                                                  V.total)
+        call, slow, empty, total = self.comm.Alltoallv, self._run, np.empty, V.total
+        mpi_of, table = mpi_of_c(), MPI_BY_NUM
 
         def execute(x, send_counts, sdispls, recv_counts, rdispls, infer_shape=None, out=None):
-            if type(x) is ndarray and x.flags.c_contiguous:
-                m = get(x.dtype)
-                if m is not None:
-                    if out is None:
-                        out = empty((1, total(recv_counts)), dtype=x.dtype)
-                    call([x, (send_counts, sdispls), m], [out, (recv_counts, rdispls), m])
-                    return out
+            m = mpi_of(x, table)
+            if m is not None:
+                if out is None:
+                    out = empty((1, total(recv_counts)), dtype=x.dtype)
+                call([x, (send_counts, sdispls), m], [out, (recv_counts, rdispls), m])
+                return out
             return slow(x, send_counts, sdispls, recv_counts, rdispls, infer_shape, out)
         return execute
 

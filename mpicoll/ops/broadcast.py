@@ -6,10 +6,10 @@ from dataclasses import dataclass
 import numpy as np
 
 from .. import _validate as V
-from .._dtypes import BY_NP, DTYPES, MPI_OF
+from .._dtypes import BY_NP, DTYPES, MPI_BY_NUM
 from .._golden import BenchRun, BenchSpec, CheckSpec, bench_data, rank_data, register_bench, register_check, torch_view
 from .._params import CommParam
-from ._base import Operation
+from ._base import Operation, mpi_of_c
 
 
 @dataclass
@@ -45,14 +45,13 @@ class BroadcastOperation(Operation):
                               "(it is filled in place)")
 
     def _fast(self):
-        call, root, slow, get, ndarray = self.comm.Bcast, self._root, self._run, MPI_OF.get, np.ndarray
+        call, root, slow, mpi_of, table = self.comm.Bcast, self._root, self._run, mpi_of_c(), MPI_BY_NUM
 
         def execute(x):
-            if type(x) is ndarray and x.flags.c_contiguous:
-                m = get(x.dtype)
-                if m is not None:
-                    call([x, m], root)
-                    return x
+            m = mpi_of(x, table)
+            if m is not None:
+                call([x, m], root)
+                return x
             return slow(x)
         return execute
 

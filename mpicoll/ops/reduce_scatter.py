@@ -7,12 +7,12 @@ import numpy as np
 from mpi4py import MPI
 
 from .. import _validate as V
-from .._dtypes import DTYPES, NATIVE_MPI_OF, reduce_op
+from .._dtypes import DTYPES, NATIVE_MPI_BY_NUM, reduce_op
 from .._errors import agree
 from .._golden import (TORCH_OPS, BenchRun, BenchSpec, CheckSpec, bench_data, counts_matrix, displs, golden_reduce,
                        rank_data, raw_reduce_type, reduce_case_names, register_bench, register_check, torch_view)
 from .._params import ReduceParam
-from ._base import ReduceOperation, check_out, packed_layout_c, reduce_scatter_alltoall, x_out
+from ._base import ReduceOperation, check_out, mpi_of_c, packed_layout_c, reduce_scatter_alltoall, x_out
 
 
 @dataclass
@@ -48,16 +48,15 @@ class ReduceScatterOperation(ReduceOperation):
 
     def _fast(self):
         call, mop, slow, n = self.comm.Reduce_scatter_block, self._mpi_op, self._run, self.size
-        get, ndarray, empty = NATIVE_MPI_OF.get, np.ndarray, np.empty
+        mpi_of, table, empty = mpi_of_c(), NATIVE_MPI_BY_NUM, np.empty
 
         def execute(x, out=None):
-            if type(x) is ndarray and x.flags.c_contiguous:
-                m = get(x.dtype)
-                if m is not None:
-                    if out is None:
-                        out = empty((x.shape[0] // n, *x.shape[1:]), dtype=x.dtype)
-                    call([x, m], [out, m], mop)
-                    return out
+            m = mpi_of(x, table)
+            if m is not None:
+                if out is None:
+                    out = empty((x.shape[0] // n, *x.shape[1:]), dtype=x.dtype)
+                call([x, m], [out, m], mop)
+                return out
             return slow(x, out)
         return execute
 
@@ -115,26 +114,25 @@ class ReduceScatterVOperation(ReduceOperation):
 
     def _fast(self):
         rs, rsb, mop, slow = self.comm.Reduce_scatter, self.comm.Reduce_scatter_block, self._mpi_op, self._run
-        get, ndarray, empty, n = NATIVE_MPI_OF.get, np.ndarray, np.empty, self.size
+        mpi_of, table, ndarray, empty, n = mpi_of_c(), NATIVE_MPI_BY_NUM, np.ndarray, np.empty, self.size
         packed_c, packed_py = packed_layout_c(), V.layout_read_once
 
         def execute(x, send_counts, sdispls, recv_count, out=None):
-            if type(x) is ndarray and x.flags.c_contiguous:
-                m = get(x.dtype)
-                if m is not None:
-                    total, block = packed_c(send_counts, sdispls)
-                    if total == -2:           # (lists, tuples, generators, ...)
-                        send_counts, sdispls, total, block = packed_py(send_counts, sdispls)
-                    if total >= 0:        # packed in rank order: x itself is the send buffer
-                        if out is None:
-                            out = empty(int(recv_count), dtype=x.dtype)
-                        size = x.size
-                        if block >= 0 and block * n <= size:      # equal counts: the block call (as _run)
-                            rsb([x, block, m], [out, m], mop)
-                        else:             # a list: mpi4py reads it faster than an integer array
-                            rs([x, total if total < size else size, m], [out, m],
-                               send_counts.tolist() if type(send_counts) is ndarray else send_counts, mop)
-                        return out
+            m = mpi_of(x, table)
+            if m is not None:
+                total, block = packed_c(send_counts, sdispls)
+                if total == -2:           # (lists, tuples, generators, ...)
+                    send_counts, sdispls, total, block = packed_py(send_counts, sdispls)
+                if total >= 0:        # packed in rank order: x itself is the send buffer
+                    if out is None:
+                        out = empty(int(recv_count), dtype=x.dtype)
+                    size = x.size
+                    if block >= 0 and block * n <= size:      # equal counts: the block call (as _run)
+                        rsb([x, block, m], [out, m], mop)
+                    else:             # a list: mpi4py reads it faster than an integer array
+                        rs([x, total if total < size else size, m], [out, m],
+                           send_counts.tolist() if type(send_counts) is ndarray else send_counts, mop)
+                    return out
             return slow(x, send_counts, sdispls, recv_count, out)
         return execute
 
