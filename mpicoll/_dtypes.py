@@ -102,10 +102,11 @@ NATIVE_MPI_BY_NUM = _by_num(d for d in DTYPES.values() if d.reduce == "native")
 
 def mpi_of(x, table: tuple) -> MPI.Datatype | None:
     """``table[x.dtype.num]`` for a C-contiguous ``numpy.ndarray`` (not a subclass) of native byte
-    order, else None: the Python twin of ``_half.mpi_of`` (used when the C extension is absent)."""
+    order and without fields, else None: the Python twin of ``_half.mpi_of`` (used when the C
+    extension is absent)."""
     if type(x) is np.ndarray and x.flags.c_contiguous:
         d = x.dtype
-        if d.num < len(table) and d.isnative:
+        if d.num < len(table) and d.isnative and d.names is None:    # (fields: not the base type)
             return table[d.num]
     return None
 _BY_HCCL: dict[int, DType] = {int(d.hccl): d for d in DTYPES.values()}

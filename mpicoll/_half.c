@@ -16,7 +16,7 @@
  *                                        of one length with entries >= 0 summing below 2**63 (the
  *                                        ReduceScatterV/AllGatherV hot-path check: ~0.1 us, ~0.9 us in Python)
  *   mpi_of(x, table)                     table[x.dtype.num] for a C-contiguous numpy.ndarray (exact type)
- *                                        of native byte order, else None (the validation-off entry test
+ *                                        of native byte order without fields, else None (the validation-off entry test
  *                                        of every operator: ~30 ns, ~150 ns in Python)
  *
  * The last two read numpy arrays through numpy's C API (headers at build time, pyproject.toml).
@@ -569,7 +569,10 @@ static PyObject *py_mpi_of(PyObject *self, PyObject *const *args, Py_ssize_t nar
     PyObject *x = args[0];
     if (Py_TYPE(x) == &PyArray_Type && PyArray_IS_C_CONTIGUOUS((PyArrayObject *)x)) {
         PyArray_Descr *d = PyArray_DESCR((PyArrayObject *)x);
-        if (d->type_num >= 0 && d->type_num < PyTuple_GET_SIZE(args[1]) && PyArray_ISNBO(d->byteorder))
+        /* (no fields: a "union" dtype such as ("i4", [("lo", "i2"), ("hi", "i2")]) has its base
+           type's number but is not that type) */
+        if (d->type_num >= 0 && d->type_num < PyTuple_GET_SIZE(args[1]) && PyArray_ISNBO(d->byteorder) &&
+            !PyDataType_HASFIELDS(d))
             return Py_NewRef(PyTuple_GET_ITEM(args[1], d->type_num));
     }
     Py_RETURN_NONE;

@@ -163,7 +163,8 @@ def test_mpi_of_agrees_with_the_dtype_table():
               (D.NATIVE_MPI_BY_NUM, {d.np: d.mpi for d in D.DTYPES.values() if d.reduce == "native"})]
     dtypes = [np.dtype(c).newbyteorder(b) for c in np.typecodes["All"] for b in "<>=|"]
     dtypes += [np.dtype(t) for t in (ml_dtypes.bfloat16, ml_dtypes.float8_e4m3fn, [("a", "f4")])]
-    dtypes += [np.dtype("f4", metadata={"a": 1})]
+    dtypes += [np.dtype("f4", metadata={"a": 1}), np.dtype(("i4", [("lo", "i2"), ("hi", "i2")])),
+               np.dtype(("i2", [("x", ">u2")]))]          # (unions: the base type's number, not the base type)
     for dt in dtypes:
         x = np.zeros((2, 3), dt)
         for table, by_dtype in tables:
