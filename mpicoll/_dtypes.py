@@ -109,6 +109,8 @@ def mpi_of(x, table: tuple) -> MPI.Datatype | None:
         if d.num < len(table) and d.isnative and d.names is None:    # (fields: not the base type)
             return table[d.num]
     return None
+
+
 _BY_HCCL: dict[int, DType] = {int(d.hccl): d for d in DTYPES.values()}
 _BY_CODE: dict[int, DType] = {d.code: d for d in DTYPES.values()}
 

@@ -498,15 +498,15 @@ static PyObject *py_use_simd(PyObject *self, PyObject *args) {
 }
 
 /* element i of a 1-D int32/int64 array as int64 */
-static inline long long int_at(const char *p, Py_ssize_t stride, int itemsize, Py_ssize_t i) {
+static inline long long int_at(const char *p, int itemsize, Py_ssize_t i) {
     /* memcpy: the array may be unaligned (np.frombuffer at an odd offset) */
     if (itemsize == 8) {
         int64_t e;
-        memcpy(&e, p + stride * i, 8);
+        memcpy(&e, p + 8 * i, 8);
         return e;
     }
     int32_t e;
-    memcpy(&e, p + stride * i, 4);
+    memcpy(&e, p + 4 * i, 4);
     return e;
 }
 
@@ -545,9 +545,9 @@ static PyObject *py_packed_layout(PyObject *self, PyObject *const *args, Py_ssiz
            (input no caller means) is left to the Python twin: -2 */
         long long sum = 0;
         int packed = 1, same = n > 0, odd = 0;
-        long long first = same ? int_at(cp, cs, cs, 0) : 0;
+        long long first = same ? int_at(cp, cs, 0) : 0;
         for (Py_ssize_t i = 0; i < n && !odd; i++) {
-            long long ci = int_at(cp, cs, cs, i), di = int_at(dp, ds, ds, i);
+            long long ci = int_at(cp, cs, i), di = int_at(dp, ds, i);
             odd = ci < 0 || di < 0 || ci > LLONG_MAX - sum;
             packed &= di == sum;
             same &= ci == first;
@@ -585,7 +585,7 @@ static PyMethodDef methods[] = {
      "1-D int32/int64 arrays of one length with entries >= 0 summing below 2**63"},
     {"mpi_of", (PyCFunction)(void (*)(void))py_mpi_of, METH_FASTCALL,
      "mpi_of(x, table) -> table[x.dtype.num] for a C-contiguous numpy.ndarray (not a subclass) of native byte "
-     "order whose dtype number indexes the tuple table, else None"},
+     "order, without fields, whose dtype number indexes the tuple table, else None"},
     {"reduce_bf16", py_reduce_bf16, METH_VARARGS,
      "reduce_bf16(parts, out, rows, op): float32-accumulated row reduction of bfloat16, rounded once"},
     {"f16_to_f32", py_f16_to_f32, METH_VARARGS, "f16_to_f32(src, dst): float16 buffer -> float32 buffer"},

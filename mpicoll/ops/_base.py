@@ -189,9 +189,9 @@ class Operation:
         A closure over the bound MPI method, the reduce op and a dtype-number -> MPI datatype table
         (``_dtypes.MPI_BY_NUM`` / ``NATIVE_MPI_BY_NUM``, read by :func:`mpi_of_c`), for the common
         case only: a C-contiguous ndarray of a table dtype taking the operator's plain MPI call;
-        anything else goes to ``_run``. Local
-        names instead of attribute lookups: this Python runs beside every MPI call in a hot loop,
-        where a few hundred nanoseconds show at 64 KiB (docs/benchmark.md, overhead).
+        anything else goes to ``_run``. Local names instead of attribute lookups: this Python runs
+        beside every MPI call in a hot loop, where a few hundred nanoseconds show at 64 KiB
+        (docs/benchmark.md, overhead).
         """
         return None
 
