@@ -1,6 +1,7 @@
 """Overhead of mpicoll's execute() over the raw mpi4py buffer call, same arrays, same run.
 
     mpirun -bind-to core -np 2 python benchmarks/overhead.py [--sizes 8,65536,16777216] [--reps 21] [--ops AllReduce,...]
+                                                               [--min-iters 10]
 
 (``-bind-to core``, Open MPI ``--bind-to core``: unbound, more ranks than cores are moved by the
 scheduler and synchronizing calls change speed from run to run; docs/benchmark.md.)
@@ -107,6 +108,8 @@ def main() -> None:
     ap.add_argument("--sizes", default="8,65536,16777216")
     ap.add_argument("--reps", type=int, default=21)
     ap.add_argument("--ops", default="")
+    ap.add_argument("--min-iters", type=int, default=10,
+                    help="calls per timed block at least (16 MiB: 10 calls, blocks of 50-400 ms)")
     args = ap.parse_args()
     if args.reps < 2:
         ap.error("--reps must be >= 2 (the quartiles need two repetitions)")
@@ -115,7 +118,7 @@ def main() -> None:
     wanted = set(filter(None, args.ops.split(",")))
     rows = []
     for nbytes in (int(s) for s in args.sizes.split(",")):
-        iters = max(5, min(4000, int(2e9 // max(nbytes, 1) // 100)))     # blocks of >= ~10 ms
+        iters = max(args.min_iters, min(4000, int(2e9 // max(nbytes, 1) // 100)))     # blocks of >= ~10 ms
         for c in cases(raw_comm, nbytes):
             if wanted and c.name not in wanted:
                 continue

@@ -80,16 +80,17 @@ DTYPES: dict[str, DType] = {r[0]: DType(*r, code=i + 1) for i, r in enumerate(_R
 BY_NP: dict[np.dtype, DType] = {d.np: d for d in DTYPES.values()}
 
 
-def _by_num(rows) -> tuple[MPI.Datatype | None, ...]:
-    """The MPI datatype of each row, in a tuple indexed by numpy's dtype number (``dtype.num``),
-    None elsewhere. Every numpy type code gets its number's entry, so two numbers for one dtype
-    (``long`` and ``long long`` are both int64 on LP64) both map, as dtype equality would."""
-    mpi = {d.np: d.mpi for d in rows}
-    dtypes = [np.dtype(c) for c in np.typecodes["All"]] + list(mpi)     # (a list: a set would merge l and q)
-    table: list[MPI.Datatype | None] = [None] * (max(d.num for d in dtypes) + 1)
+def _by_num(rows, value=lambda d: d.mpi) -> tuple:
+    """``value(row)`` (default: its MPI datatype) of each row, in a tuple indexed by numpy's dtype
+    number (``dtype.num``), None elsewhere. Every numpy type code gets its number's entry, so two
+    numbers for one dtype (``long`` and ``long long`` are both int64 on LP64) both map, as dtype
+    equality would."""
+    by_np = {d.np: value(d) for d in rows}
+    dtypes = [np.dtype(c) for c in np.typecodes["All"]] + list(by_np)     # (a list: a set would merge l and q)
+    table: list = [None] * (max(d.num for d in dtypes) + 1)
     for d in dtypes:
         if table[d.num] is None:
-            table[d.num] = mpi.get(d)
+            table[d.num] = by_np.get(d)
     return tuple(table)
 
 
@@ -98,6 +99,9 @@ def _by_num(rows) -> tuple[MPI.Datatype | None, ...]:
 #: ``mpi_of(x, table)`` (``_base.mpi_of_c``: ~30 ns in C)
 MPI_BY_NUM = _by_num(DTYPES.values())
 NATIVE_MPI_BY_NUM = _by_num(d for d in DTYPES.values() if d.reduce == "native")
+#: dtype number -> the row's header code (``DType.code``): the validated path's header
+#: (``_validate.plain_header``)
+CODE_BY_NUM = _by_num(DTYPES.values(), lambda d: d.code)
 
 
 def mpi_of(x, table: tuple) -> MPI.Datatype | None:

@@ -75,8 +75,20 @@ def agree(comm: MPI.Comm, header: np.ndarray, error: BaseException | None) -> np
         The gathered ``(comm.size, len(header))`` int64 matrix, identical on every rank.
     """
     header[0] = 1 if error is not None else 0
+    table = gather(comm, header)
+    settle(comm, table, error)
+    return table
+
+
+def gather(comm: MPI.Comm, header: np.ndarray) -> np.ndarray:
+    """The one ``Allgather`` of :func:`agree`: every rank's header as a row of an int64 matrix."""
     table = np.empty((comm.Get_size(), header.size), dtype=np.int64)
     comm.Allgather([header, MPI.INT64_T], [table, MPI.INT64_T])
+    return table
+
+
+def settle(comm: MPI.Comm, table: np.ndarray, error: BaseException | None) -> None:
+    """The rest of :func:`agree`: if any row carries the error flag, every rank raises the same error."""
     if any(table[:, 0].tolist()):
         mine = None if error is None else (type(error).__name__, str(error), getattr(error, "op", None),
                                            getattr(error, "param", None), getattr(error, "rank", None))
@@ -87,4 +99,3 @@ def agree(comm: MPI.Comm, header: np.ndarray, error: BaseException | None) -> np
         if others:
             message += " (also: " + "; ".join(others) + ")"
         raise _CLASSES.get(cls_name, CollectiveArgumentError)(message, op=op, param=param, rank=rank)
-    return table

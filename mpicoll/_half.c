@@ -561,21 +561,158 @@ static PyObject *py_packed_layout(PyObject *self, PyObject *const *args, Py_ssiz
     return pair(pos, block);
 }
 
+/* a C-contiguous numpy array of int64 in native byte order with ndim dimensions */
+static int int64_array(PyObject *obj, int ndim) {
+    if (!PyArray_Check(obj)) return 0;
+    PyArrayObject *a = (PyArrayObject *)obj;
+    PyArray_Descr *d = PyArray_DESCR(a);
+    return PyArray_NDIM(a) == ndim && PyArray_IS_C_CONTIGUOUS(a) && PyArray_ISNBO(d->byteorder) &&
+           (d->type_num == NPY_LONG || d->type_num == NPY_LONGLONG) && PyArray_ITEMSIZE(a) == 8 &&
+           !PyDataType_HASFIELDS(d);
+}
+
+/* first_diff_row(table, lo, hi[, lo2, hi2]): the header-table test of check_common */
+static PyObject *py_first_diff_row(PyObject *self, PyObject *const *args, Py_ssize_t nargs) {
+    if (nargs != 3 && nargs != 5) {
+        PyErr_SetString(PyExc_TypeError, "first_diff_row(table, lo, hi[, lo2, hi2])");
+        return NULL;
+    }
+    Py_ssize_t r[4] = {0, 0, 0, 0};
+    for (Py_ssize_t k = 1; k < nargs; k++) {
+        r[k - 1] = PyLong_AsSsize_t(args[k]);
+        if (r[k - 1] == -1 && PyErr_Occurred()) return NULL;
+    }
+    if (!int64_array(args[0], 2)) return PyLong_FromLong(-2);
+    PyArrayObject *t = (PyArrayObject *)args[0];
+    Py_ssize_t rows = PyArray_DIM(t, 0), cols = PyArray_DIM(t, 1);
+    for (int k = 0; k < 4; k += 2)
+        if (r[k] < 0 || r[k] > r[k + 1] || r[k + 1] > cols) return PyLong_FromLong(-2);
+    const int64_t *p = (const int64_t *)PyArray_DATA(t);
+    for (Py_ssize_t i = 1; i < rows; i++)
+        for (int k = 0; k < 4; k += 2)
+            if (memcmp(p + i * cols + r[k], p + r[k], (size_t)(r[k + 1] - r[k]) * 8))
+                return PyLong_FromSsize_t(i);
+    return PyLong_FromLong(-1);
+}
+
+/* pair_mismatch(table, s_off, s_step, e_off, e_step): the pairwise count test of check_pairs */
+static PyObject *py_pair_mismatch(PyObject *self, PyObject *const *args, Py_ssize_t nargs) {
+    if (nargs != 5) {
+        PyErr_SetString(PyExc_TypeError, "pair_mismatch(table, s_off, s_step, e_off, e_step)");
+        return NULL;
+    }
+    Py_ssize_t v[4];
+    for (int k = 0; k < 4; k++) {
+        v[k] = PyLong_AsSsize_t(args[k + 1]);
+        if (v[k] == -1 && PyErr_Occurred()) return NULL;
+    }
+    if (!int64_array(args[0], 2)) return PyLong_FromLong(-2);
+    PyArrayObject *t = (PyArrayObject *)args[0];
+    Py_ssize_t n = PyArray_DIM(t, 0), cols = PyArray_DIM(t, 1);
+    Py_ssize_t so = v[0], ss = v[1], eo = v[2], es = v[3];
+    if (n == 0) return PyLong_FromLong(-1);
+    if (so < 0 || ss < 0 || eo < 0 || es < 0 || so + (n - 1) * ss >= cols || eo + (n - 1) * es >= cols)
+        return PyLong_FromLong(-2);
+    const int64_t *p = (const int64_t *)PyArray_DATA(t);
+    for (Py_ssize_t j = 0; j < n; j++)
+        for (Py_ssize_t i = 0; i < n; i++)
+            if (p[j * cols + eo + i * es] != p[i * cols + so + j * ss]) return PyLong_FromSsize_t(j * n + i);
+    return PyLong_FromLong(-1);
+}
+
+/* fill_shape(h, x, at, max_dims): the shape part of a header */
+static PyObject *py_fill_shape(PyObject *self, PyObject *const *args, Py_ssize_t nargs) {
+    if (nargs != 4) {
+        PyErr_SetString(PyExc_TypeError, "fill_shape(h, x, at, max_dims)");
+        return NULL;
+    }
+    Py_ssize_t at = PyLong_AsSsize_t(args[2]), max_dims = PyLong_AsSsize_t(args[3]);
+    if ((at == -1 || max_dims == -1) && PyErr_Occurred()) return NULL;
+    if (!int64_array(args[0], 1) || !PyArray_Check(args[1])) Py_RETURN_FALSE;
+    PyArrayObject *h = (PyArrayObject *)args[0], *x = (PyArrayObject *)args[1];
+    int nd = PyArray_NDIM(x);
+    if (at < 0 || nd > max_dims || at + 2 + max_dims > PyArray_DIM(h, 0) || !PyArray_ISWRITEABLE(h)) Py_RETURN_FALSE;
+    int64_t *p = (int64_t *)PyArray_DATA(h) + at;
+    p[0] = (int64_t)PyArray_SIZE(x);
+    p[1] = nd;
+    for (int k = 0; k < nd; k++) p[2 + k] = (int64_t)PyArray_DIM(x, k);
+    Py_RETURN_TRUE;
+}
+
+/* table[x.dtype.num] for an exact ndarray (not a subclass), C-contiguous, of native byte order and without
+   fields (a "union" dtype such as ("i4", [("lo", "i2"), ("hi", "i2")]) has its base type's number but is not
+   that type), else None (borrowed) */
+static PyObject *table_entry(PyObject *x, PyObject *table) {
+    if (Py_TYPE(x) != &PyArray_Type || !PyArray_IS_C_CONTIGUOUS((PyArrayObject *)x)) return Py_None;
+    PyArray_Descr *d = PyArray_DESCR((PyArrayObject *)x);
+    if (d->type_num < 0 || d->type_num >= PyTuple_GET_SIZE(table) || !PyArray_ISNBO(d->byteorder) ||
+        PyDataType_HASFIELDS(d))
+        return Py_None;
+    return PyTuple_GET_ITEM(table, d->type_num);
+}
+
 static PyObject *py_mpi_of(PyObject *self, PyObject *const *args, Py_ssize_t nargs) {
     if (nargs != 2 || !PyTuple_Check(args[1])) {
         PyErr_SetString(PyExc_TypeError, "mpi_of(x, table: tuple)");
         return NULL;
     }
-    PyObject *x = args[0];
-    if (Py_TYPE(x) == &PyArray_Type && PyArray_IS_C_CONTIGUOUS((PyArrayObject *)x)) {
-        PyArray_Descr *d = PyArray_DESCR((PyArrayObject *)x);
-        /* (no fields: a "union" dtype such as ("i4", [("lo", "i2"), ("hi", "i2")]) has its base
-           type's number but is not that type) */
-        if (d->type_num >= 0 && d->type_num < PyTuple_GET_SIZE(args[1]) && PyArray_ISNBO(d->byteorder) &&
-            !PyDataType_HASFIELDS(d))
-            return Py_NewRef(PyTuple_GET_ITEM(args[1], d->type_num));
+    return Py_NewRef(table_entry(args[0], args[1]));
+}
+
+/* plain_header(x, tmpl, codes, dtype_at, shape_at, max_dims): the validated path's header */
+static PyObject *py_plain_header(PyObject *self, PyObject *const *args, Py_ssize_t nargs) {
+    if (nargs != 6 || !PyTuple_Check(args[2])) {
+        PyErr_SetString(PyExc_TypeError, "plain_header(x, tmpl, codes: tuple, dtype_at, shape_at, max_dims)");
+        return NULL;
     }
-    Py_RETURN_NONE;
+    Py_ssize_t dtype_at = PyLong_AsSsize_t(args[3]), shape_at = PyLong_AsSsize_t(args[4]);
+    Py_ssize_t max_dims = PyLong_AsSsize_t(args[5]);
+    if (PyErr_Occurred()) return NULL;
+    PyObject *code = table_entry(args[0], args[2]);
+    if (code == Py_None || !PyLong_Check(code) || !int64_array(args[1], 1)) Py_RETURN_NONE;
+    long long c = PyLong_AsLongLong(code);
+    if (c == -1 && PyErr_Occurred()) return NULL;
+    PyArrayObject *x = (PyArrayObject *)args[0], *t = (PyArrayObject *)args[1];
+    Py_ssize_t len = PyArray_DIM(t, 0);
+    int nd = PyArray_NDIM(x);
+    if (dtype_at < 0 || dtype_at >= len) Py_RETURN_NONE;
+    if (shape_at >= 0 && (nd > max_dims || shape_at + 2 + max_dims > len)) Py_RETURN_NONE;
+    PyObject *h = PyArray_NewCopy(t, NPY_CORDER);
+    if (!h) return NULL;
+    int64_t *p = (int64_t *)PyArray_DATA((PyArrayObject *)h);
+    p[dtype_at] = c;
+    if (shape_at >= 0) {
+        p[shape_at] = (int64_t)PyArray_SIZE(x);
+        p[shape_at + 1] = nd;
+        for (int k = 0; k < nd; k++) p[shape_at + 2 + k] = (int64_t)PyArray_DIM(x, k);
+    }
+    return h;
+}
+
+/* plain_out(out, x, shape): out is a fresh-enough output for x */
+static PyObject *py_plain_out(PyObject *self, PyObject *const *args, Py_ssize_t nargs) {
+    if (nargs != 3 || !PyTuple_Check(args[2])) {
+        PyErr_SetString(PyExc_TypeError, "plain_out(out, x, shape: tuple)");
+        return NULL;
+    }
+    PyObject *o = args[0], *x = args[1], *shape = args[2];
+    if (Py_TYPE(o) != &PyArray_Type || !PyArray_Check(x)) Py_RETURN_FALSE;
+    PyArrayObject *out = (PyArrayObject *)o, *xa = (PyArrayObject *)x;
+    int nd = PyArray_NDIM(out);
+    if (!PyArray_IS_C_CONTIGUOUS(out) || !PyArray_ISWRITEABLE(out) || !PyArray_IS_C_CONTIGUOUS(xa) ||
+        PyTuple_GET_SIZE(shape) != nd || !PyArray_EquivTypes(PyArray_DESCR(out), PyArray_DESCR(xa)))
+        Py_RETURN_FALSE;
+    for (int k = 0; k < nd; k++) {
+        PyObject *e = PyTuple_GET_ITEM(shape, k);
+        if (!PyLong_Check(e)) Py_RETURN_FALSE;
+        Py_ssize_t v = PyLong_AsSsize_t(e);
+        if (v == -1 && PyErr_Occurred()) return NULL;
+        if (v != PyArray_DIM(out, k)) Py_RETURN_FALSE;
+    }
+    const char *a = PyArray_BYTES(out), *b = PyArray_BYTES(xa);
+    Py_ssize_t an = PyArray_NBYTES(out), bn = PyArray_NBYTES(xa);
+    if (an > 0 && bn > 0 && a < b + bn && b < a + an) Py_RETURN_FALSE;      /* overlap */
+    Py_RETURN_TRUE;
 }
 
 static PyMethodDef methods[] = {
@@ -586,6 +723,25 @@ static PyMethodDef methods[] = {
     {"mpi_of", (PyCFunction)(void (*)(void))py_mpi_of, METH_FASTCALL,
      "mpi_of(x, table) -> table[x.dtype.num] for a C-contiguous numpy.ndarray (not a subclass) of native byte "
      "order, without fields, whose dtype number indexes the tuple table, else None"},
+    {"first_diff_row", (PyCFunction)(void (*)(void))py_first_diff_row, METH_FASTCALL,
+     "first_diff_row(table, lo, hi[, lo2, hi2]) -> the first row i >= 1 of a 2-D int64 table whose columns "
+     "[lo, hi) (and [lo2, hi2)) differ from row 0's, -1 when none, -2 when table is not a C-contiguous native "
+     "int64 matrix or a range does not fit"},
+    {"pair_mismatch", (PyCFunction)(void (*)(void))py_pair_mismatch, METH_FASTCALL,
+     "pair_mismatch(table, s_off, s_step, e_off, e_step) -> j * n + i for the first (j, i), j-major, with "
+     "table[j, e_off + i * e_step] != table[i, s_off + j * s_step] (n = rows), -1 when none, -2 when table is "
+     "not a C-contiguous native int64 matrix or a column falls outside it"},
+    {"fill_shape", (PyCFunction)(void (*)(void))py_fill_shape, METH_FASTCALL,
+     "fill_shape(h, x, at, max_dims) -> bool: h[at] = x.size, h[at + 1] = x.ndim, h[at + 2:] = x.shape for a "
+     "numpy array x of at most max_dims dims and a writable C-contiguous native int64 vector h with room; "
+     "False (h untouched) otherwise"},
+    {"plain_header", (PyCFunction)(void (*)(void))py_plain_header, METH_FASTCALL,
+     "plain_header(x, tmpl, codes, dtype_at, shape_at, max_dims) -> a copy of the int64 vector tmpl with "
+     "h[dtype_at] = codes[x.dtype.num] and, when shape_at >= 0, h[shape_at:] = size, ndim, *shape; None unless "
+     "x passes mpi_of's test, codes has an int there and (shape_at >= 0) x has at most max_dims dims"},
+    {"plain_out", (PyCFunction)(void (*)(void))py_plain_out, METH_FASTCALL,
+     "plain_out(out, x, shape) -> bool: out is a C-contiguous writable numpy.ndarray (not a subclass) of this "
+     "shape and x's dtype, and x is C-contiguous, and their memory does not overlap"},
     {"reduce_bf16", py_reduce_bf16, METH_VARARGS,
      "reduce_bf16(parts, out, rows, op): float32-accumulated row reduction of bfloat16, rounded once"},
     {"f16_to_f32", py_f16_to_f32, METH_VARARGS, "f16_to_f32(src, dst): float16 buffer -> float32 buffer"},

@@ -16,6 +16,7 @@ from mpi4py import MPI
 
 from ._dtypes import DType, by_code, of_array, reduce_by_code
 from ._errors import CollectiveArgumentError, arg_error, mismatch_error
+from ._native import HALF
 
 H_FLAG, H_OP, H_DTYPE, H_REDUCE, H_ROOT, H_SIZE, H_NDIM, H_DIMS = 0, 1, 2, 3, 4, 5, 6, 7
 MAX_DIMS = 8
@@ -157,6 +158,8 @@ def check_array(op: str, name: str, x: object, rank: int) -> DType:
 def fill_shape(h: np.ndarray, x: np.ndarray) -> None:
     """Size, ndim and up to MAX_DIMS dims; beyond that the last slot holds a digest of the trailing
     dims (not their product: ``(.., 2, 3)`` and ``(.., 3, 2)`` must still differ)."""
+    if _fill_shape_c is not None and _fill_shape_c(h, x, H_SIZE, MAX_DIMS):
+        return
     shape = x.shape
     h[H_SIZE] = x.size
     h[H_NDIM] = len(shape)
@@ -310,6 +313,8 @@ def check_common(op: str, table: np.ndarray) -> None:
     The header holds only the fields this operator uses (the others stay 0), so the common case
     is one comparison of the rows' fixed part; the field-by-field diagnosis runs only on a mismatch.
     """
+    if _first_diff_row is not None and _first_diff_row(table, H_OP, H_SCALAR, H_SEQ, H_EXTRA + 1) == -1:
+        return        # (the same fields equal on every row, sequence numbers included: in C, ~0.1 us)
     rows = [r[H_OP:H_SCALAR] + [r[H_EXTRA], r[H_SEQ] > 0] for r in table.tolist()]
     first = rows[0]
     if all(r == first for r in rows):
@@ -339,20 +344,38 @@ def describe_extra(op: str, value: int) -> str:
     return EXTRA_DESCRIBERS.get(op, str)(value)
 
 
-def check_pairs(op: str, sent: np.ndarray, send_name: str, expected: np.ndarray, recv_name: str) -> None:
-    """``expected[j, i]`` (what rank j expects from rank i) equals ``sent[i, j]`` (what i sends to j)."""
-    n = sent.shape[0]
+def check_pairs(op: str, table: np.ndarray, sent_at: tuple[int, int], send_name: str,
+                expected_at: tuple[int, int], recv_name: str) -> None:
+    """What rank j expects from rank i equals what rank i sends to rank j, for every pair.
+
+    Both are read from the header table at ``(offset, step)``: rank i sends ``table[i, s_off + j *
+    s_step]`` to rank j, and rank j expects ``table[j, e_off + i * e_step]`` from rank i (step 0: one
+    scalar column, the same for every peer).
+    """
+    n = table.shape[0]
+    (so, ss), (eo, es) = sent_at, expected_at
+    hit = -2 if _pair_mismatch_c is None else _pair_mismatch_c(table, so, ss, eo, es)
+    if hit == -2:
+        hit = pair_mismatch(table, so, ss, eo, es)
+    if hit < 0:
+        return
+    j, i = divmod(hit, n)
+    sent, expected = int(table[i, so + j * ss]), int(table[j, eo + i * es])
+    raise mismatch_error(op, recv_name.format(i=i), f"{recv_name.format(i=i)}={expected} on rank {j} but "
+                         f"rank {i} has {send_name.format(j=j)}={sent}: what rank {j} receives "
+                         f"from rank {i} must equal what rank {i} sends to rank {j}", j)
+
+
+def pair_mismatch(table: np.ndarray, so: int, ss: int, eo: int, es: int) -> int:
+    """The Python twin of ``_half.pair_mismatch``: ``j * n + i`` for the first pair (j-major) with
+    ``table[j, eo + i * es] != table[i, so + j * ss]``, -1 when there is none."""
+    n = table.shape[0]
     if n <= 32:   # plain Python beats numpy's per-call cost on small tables
-        s, e = sent.tolist(), expected.tolist()
-        bad = next(((j, i) for j in range(n) for i in range(n) if e[j][i] != s[i][j]), None)
-    else:
-        where = np.argwhere(expected != sent.T)
-        bad = tuple(int(v) for v in where[0]) if where.size else None
-    if bad is not None:
-        j, i = bad
-        raise mismatch_error(op, recv_name.format(i=i), f"{recv_name.format(i=i)}={int(expected[j, i])} on rank {j} but "
-                             f"rank {i} has {send_name.format(j=j)}={int(sent[i, j])}: what rank {j} receives "
-                             f"from rank {i} must equal what rank {i} sends to rank {j}", j)
+        t = table.tolist()
+        return next((j * n + i for j in range(n) for i in range(n) if t[j][eo + i * es] != t[i][so + j * ss]), -1)
+    idx = np.arange(n)
+    where = np.argwhere(table[:, eo + idx * es] != table[:, so + idx * ss].T)
+    return int(where[0, 0]) * n + int(where[0, 1]) if where.size else -1
 
 
 def overflow_error(op: str, dt, acc, values: np.ndarray, rank: int | None, first_index: int = 0):
@@ -368,3 +391,54 @@ def overflow_error(op: str, dt, acc, values: np.ndarray, rank: int | None, first
         f"outside [{info.min}, {info.max}] ({bad.size} element(s) in all). With validation on, {dt.name} sums are "
         f"accumulated in {acc.name} and never wrap: use a wider dtype, or validation off to wrap as MPI does",
         op=op, param="reduce_type", rank=rank)
+
+
+# ----------------------------------------------------------------------------- the plain case
+#
+# The validated ``execute`` of the common operators first asks whether a call is *plain*: x an
+# exact, C-contiguous, native ndarray of a table dtype, out absent or a fresh C-contiguous array of
+# the right shape and dtype, counts packed in rank order. A plain call fills its header in one step
+# (the header ``_check`` would fill for it, no other) and skips ``_check``; every other call takes
+# the general path. Both make the same one ``Allgather``, so ranks may mix them. The table is then
+# tested in one step; anything but agreement goes through the general path's rules
+# (``settle``, ``check_common``), and ``_cross`` always runs (Operation._checked).
+
+def plain_header(x, tmpl: np.ndarray, codes: tuple, dtype_at: int, shape_at: int, max_dims: int):
+    """A copy of ``tmpl`` with x's dtype code (and, when ``shape_at >= 0``, its size, ndim and
+    shape), or None when x is not plain: the Python twin of ``_half.plain_header``."""
+    if type(x) is not np.ndarray or not x.flags.c_contiguous:
+        return None
+    d = x.dtype
+    if d.num >= len(codes) or not d.isnative or d.names is not None or codes[d.num] is None:
+        return None
+    if shape_at >= 0 and (x.ndim > max_dims or shape_at + 2 + max_dims > tmpl.size):
+        return None
+    h = tmpl.copy()
+    h[dtype_at] = codes[d.num]
+    if shape_at >= 0:
+        h[shape_at], h[shape_at + 1] = x.size, x.ndim
+        h[shape_at + 2:shape_at + 2 + x.ndim] = x.shape
+    return h
+
+
+def plain_out(out, x: np.ndarray, shape: tuple) -> bool:
+    """``out`` is an exact, C-contiguous, writable ndarray of ``shape`` and x's dtype, not
+    overlapping the C-contiguous x: the Python twin of ``_half.plain_out``."""
+    return (type(out) is np.ndarray and out.flags.c_contiguous and out.flags.writeable and x.flags.c_contiguous
+            and out.shape == shape and out.dtype == x.dtype and not np.may_share_memory(out, x))
+
+
+def table_agrees(table: np.ndarray) -> bool:
+    """Every row equals row 0 in the error flag and the fields ``check_common`` compares (a plain
+    rank's own flag is 0, so no rank has an error either); False sends the table to the general
+    path's rules, which name what differs. Without the C kernels: always False (those rules run)."""
+    return _first_diff_row is not None and _first_diff_row(table, H_FLAG, H_SCALAR, H_SEQ, H_EXTRA + 1) == -1
+
+
+#: the header-table tests in C (None without the extension: the Python code above then runs alone)
+_first_diff_row = getattr(HALF, "first_diff_row", None)
+_pair_mismatch_c = getattr(HALF, "pair_mismatch", None)
+_fill_shape_c = getattr(HALF, "fill_shape", None)
+#: the plain-case tests, in C or their Python twins
+plain_header_fn = getattr(HALF, "plain_header", None) or plain_header
+plain_out_fn = getattr(HALF, "plain_out", None) or plain_out

@@ -8,17 +8,18 @@ validation-off ``execute``, a closure for the common case that hands every other
 """
 from __future__ import annotations
 
-import os
 import zlib
+from functools import partial
 from typing import Any, Callable, ClassVar
 
 import numpy as np
 from mpi4py import MPI
 
-from .. import _validate as V
+from .. import _errors, _validate as V
 from .._domains import domain, library_comm, rank_table, runtime
-from .._dtypes import BY_NP, DType, ReduceOp, mpi_of, of_array, reduce_op, sum_accumulator
+from .._dtypes import BY_NP, CODE_BY_NUM, DType, ReduceOp, mpi_of, of_array, reduce_op, sum_accumulator
 from .._errors import CollectiveArgumentError, agree, arg_error, as_collective_error
+from .._native import HALF
 from .._params import CommParam
 from .._watchdog import TimedComm, action_default, timeout_default
 
@@ -79,12 +80,15 @@ class Operation:
     @validate.setter
     def validate(self, value: bool) -> None:
         self._validate = bool(value)
-        # Once bound with validation off, ``execute`` *is* the operator's ``_fast`` closure (or
-        # ``_run``): an instance attribute shadowing the method, so a hot loop pays no dispatch.
-        if self.comm is not None and not self._validate and self._param_error is None:
-            self.execute = self._fast() or self._run
-        else:
-            self.__dict__.pop("execute", None)
+        # Once bound, ``execute`` *is* the operator's ``_fast`` closure (or ``_run``) with
+        # validation off, its ``_checked`` closure with validation on: an instance attribute
+        # shadowing the method, so a hot loop pays no dispatch.
+        self.__dict__.pop("execute", None)
+        if self.comm is not None and self._param_error is None:
+            if not self._validate:
+                self.execute = self._fast() or self._run
+            elif not self._debug and (checked := self._checked()) is not None:
+                self.execute = checked
 
     # -- binding -------------------------------------------------------------------------------------
     def _bind(self) -> None:
@@ -151,6 +155,70 @@ class Operation:
             V.check_fingerprint(self.NAME, table, self.comm)
         V.check_common(self.NAME, table)
         return self._run(*args, **self._cross(args, kwargs, table))
+
+    def _checked(self) -> Callable[..., Any] | None:
+        """The validated ``execute``, built once at bind, or None to use the method above.
+
+        A closure that takes *plain* calls (``_validate.plain_header``: what most hot loops pass)
+        through :meth:`_plain_finish`, with their header filled in one step instead of ``_check``,
+        and hands every other call to :meth:`Operation.execute`. The same checks run, with the
+        same errors; they cost about a third of the general path's Python time (docs/benchmark.md).
+        """
+        return None
+
+    def _plain_template(self) -> np.ndarray:
+        """The header of this operator's plain calls before x's dtype and shape: what ``_check_x``
+        fills from the bound param (root, reduce type)."""
+        h = V.header(self.size, self.CODE)
+        if self.USES_ROOT:
+            h[V.H_ROOT] = self._root
+        if self.USES_REDUCE:
+            h[V.H_REDUCE] = self._rop.code
+        return h
+
+    def _plain_finish(self) -> Callable[[tuple, dict, np.ndarray], Any]:
+        """``finish(args, kwargs, h)`` for a plain call: ``args``/``kwargs`` as ``_check`` would
+        return them and ``h`` the header it would fill. Makes the one ``Allgather``; a table that
+        is not in plain agreement goes through the general path's rules (an error flag on any rank,
+        ``check_common``); then ``_cross`` and ``_run``, as ``execute`` does."""
+        comm, name, cross, run = self.comm, self.NAME, self._cross, self._run
+        gather, agrees = _errors.gather, V.table_agrees
+
+        def finish(args: tuple, kwargs: dict, h: np.ndarray) -> Any:
+            table = gather(comm, h)
+            if not agrees(table):
+                _errors.settle(comm, table, None)
+                V.check_common(name, table)
+            return run(*args, **cross(args, kwargs, table))
+        return finish
+
+    def _plain_kit(self) -> tuple:
+        """What every ``_checked`` closure binds: the general ``execute``, ``finish``, the
+        template, the dtype-code table and the two plain tests."""
+        return (partial(Operation.execute, self), self._plain_finish(), self._plain_template(), CODE_BY_NUM,
+                V.plain_header_fn, V.plain_out_fn)
+
+    def _checked_x_out(self, out_shape: Callable[[np.ndarray], tuple | None]) -> Callable[..., Any]:
+        """``_checked`` for an ``execute(x, out=None)`` operator: a call is plain when x is,
+        ``out_shape(x)`` is not None (x's shape keeps the operator's rule) and out is absent or a
+        plain output of that shape."""
+        general, finish, tmpl, codes, plain, out_ok = self._plain_kit()
+        dtype_at, shape_at, max_dims = V.H_DTYPE, V.H_SIZE if self.SAME_SHAPE else -1, V.MAX_DIMS
+
+        def execute(*args: Any, **kwargs: Any) -> Any:
+            if kwargs:
+                simple, out = len(args) == 1 and len(kwargs) == 1 and "out" in kwargs, kwargs.get("out")
+            else:
+                simple, out = 1 <= len(args) <= 2, args[1] if len(args) == 2 else None
+            if simple:
+                x = args[0]
+                h = plain(x, tmpl, codes, dtype_at, shape_at, max_dims)
+                if h is not None:
+                    shape = out_shape(x)
+                    if shape is not None and (out is None or out_ok(out, x, shape)):
+                        return finish((x,), {"out": out}, h)
+            return general(*args, **kwargs)
+        return execute
 
     def _check(self, args: tuple, kwargs: dict, h: np.ndarray) -> tuple[tuple, dict]:
         """Local rules on one rank's arguments; fill the header; return normalised arguments."""
@@ -258,20 +326,6 @@ def split_even(total: int, n: int) -> np.ndarray:
 TILE = 1 << 16
 
 
-def _load_half():
-    """The optional C float16 kernels (mpicoll/_half.c), unless absent or MPICOLL_HALF_KERNELS=0."""
-    if os.environ.get("MPICOLL_HALF_KERNELS", "1").strip().lower() in ("0", "false", "off", "no"):
-        return None
-    try:
-        from .. import _half
-    except ImportError:
-        return None
-    return _half
-
-
-#: float16 <-> float32 conversions and row reductions in C (F16C where the CPU has it): numpy's
-#: float16 casts run one element at a time and dominate float16 reductions. None = numpy path.
-HALF = _load_half()
 
 
 def packed_layout_c() -> Callable[[Any, Any], tuple[int, int]]:

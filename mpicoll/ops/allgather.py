@@ -43,6 +43,10 @@ class AllGatherOperation(Operation):
         check_out(self.NAME, out, (self.size, *x.shape), x.dtype, self.rank, x)
         return (x,), {"out": out}
 
+    def _checked(self):
+        n = self.size
+        return self._checked_x_out(lambda x: (n, *x.shape))
+
     def _fast(self):
         call, slow, n, empty = self.comm.Allgather, self._run, self.size, np.empty
         mpi_of, table = mpi_of_c(), MPI_BY_NUM
@@ -104,9 +108,7 @@ class AllGatherVOperation(Operation):
         return (x, sc, rc, rd, shape), {"out": out}
 
     def _cross(self, args, kwargs, table):
-        n = self.size
-        sent = np.repeat(table[:, V.H_SCALAR][:, None], n, axis=1)
-        V.check_pairs(self.NAME, sent, "send_count", table[:, V.H_LEN:V.H_LEN + n], "recv_counts[{i}]")
+        V.check_pairs(self.NAME, table, (V.H_SCALAR, 0), "send_count", (V.H_LEN, 1), "recv_counts[{i}]")
         return kwargs
 
     def _fast(self):

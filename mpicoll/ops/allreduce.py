@@ -54,6 +54,9 @@ class AllReduceOperation(ReduceOperation):
         check_out(self.NAME, out, x.shape, x.dtype, self.rank, x, in_place_ok=True)
         return (x,), {"out": out}
 
+    def _checked(self):
+        return self._checked_x_out(lambda x: x.shape)
+
     def _fast(self):
         call, mop, slow, empty_like = self.comm.Allreduce, self._mpi_op, self._run, np.empty_like
         mpi_of, table = mpi_of_c(), NATIVE_MPI_BY_NUM

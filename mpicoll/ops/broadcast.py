@@ -44,6 +44,19 @@ class BroadcastOperation(Operation):
                               "or read-only array", self.rank, "must be a C-contiguous writable numpy array "
                               "(it is filled in place)")
 
+    def _checked(self):
+        general, finish, tmpl, codes, plain, _ = self._plain_kit()
+        dtype_at, shape_at, max_dims = V.H_DTYPE, V.H_SIZE, V.MAX_DIMS
+
+        def execute(*args, **kwargs):
+            if len(args) == 1 and not kwargs:
+                x = args[0]
+                h = plain(x, tmpl, codes, dtype_at, shape_at, max_dims)
+                if h is not None and x.flags.writeable:
+                    return finish((x,), {}, h)
+            return general(*args, **kwargs)
+        return execute
+
     def _fast(self):
         call, root, slow, mpi_of, table = self.comm.Bcast, self._root, self._run, mpi_of_c(), MPI_BY_NUM
 

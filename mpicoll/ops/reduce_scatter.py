@@ -46,6 +46,10 @@ class ReduceScatterOperation(ReduceOperation):
         check_out(self.NAME, out, (x.shape[0] // self.size, *x.shape[1:]), x.dtype, self.rank, x)
         return (x,), {"out": out}
 
+    def _checked(self):
+        n = self.size
+        return self._checked_x_out(lambda x: (x.shape[0] // n, *x.shape[1:]) if x.ndim and not x.shape[0] % n else None)
+
     def _fast(self):
         call, mop, slow, n = self.comm.Reduce_scatter_block, self._mpi_op, self._run, self.size
         mpi_of, table, empty = mpi_of_c(), NATIVE_MPI_BY_NUM, np.empty
@@ -107,10 +111,29 @@ class ReduceScatterVOperation(ReduceOperation):
         return (x, sc, sd, recv_count), {"out": out}
 
     def _cross(self, args, kwargs, table):
-        n = self.size
-        expected = np.repeat(table[:, V.H_SCALAR][:, None], n, axis=1)
-        V.check_pairs(self.NAME, table[:, V.H_LEN:V.H_LEN + n], "send_counts[{j}]", expected, "recv_count")
+        V.check_pairs(self.NAME, table, (V.H_LEN, 1), "send_counts[{j}]", (V.H_SCALAR, 0), "recv_count")
         return super()._cross(args, kwargs, table)
+
+    def _checked(self):
+        general, finish, tmpl, codes, plain, out_ok = self._plain_kit()
+        n, packed_c, dtype_at, max_dims = self.size, packed_layout_c(), V.H_DTYPE, V.MAX_DIMS
+        count_at, vec_at = V.H_SCALAR, V.H_LEN
+
+        def execute(*args, **kwargs):
+            # plain: (x, send_counts, sdispls, recv_count[, out]) with integer-array counts packed
+            # in rank order inside x and a Python int recv_count
+            if len(args) == 4 and (not kwargs or len(kwargs) == 1 and "out" in kwargs) or len(args) == 5 and not kwargs:
+                x, sc, sd, rc = args[:4]
+                out = args[4] if len(args) == 5 else kwargs.get("out")
+                h = plain(x, tmpl, codes, dtype_at, -1, max_dims)
+                if h is not None and type(rc) is int and rc >= 0 and (out is None or out_ok(out, x, (rc,))):
+                    total, _ = packed_c(sc, sd)
+                    if 0 <= total <= x.size and len(sc) == n:
+                        h[count_at] = rc
+                        h[vec_at:vec_at + n] = sc
+                        return finish((x, sc, sd, rc), {"out": out}, h)
+            return general(*args, **kwargs)
+        return execute
 
     def _fast(self):
         rs, rsb, mop, slow = self.comm.Reduce_scatter, self.comm.Reduce_scatter_block, self._mpi_op, self._run
