@@ -561,13 +561,14 @@ static PyObject *py_packed_layout(PyObject *self, PyObject *const *args, Py_ssiz
     return pair(pos, block);
 }
 
-/* a C-contiguous numpy array of int64 in native byte order with ndim dimensions */
+/* an aligned C-contiguous numpy array of int64 in native byte order with ndim dimensions */
 static int int64_array(PyObject *obj, int ndim) {
     if (!PyArray_Check(obj)) return 0;
     PyArrayObject *a = (PyArrayObject *)obj;
     PyArray_Descr *d = PyArray_DESCR(a);
-    return PyArray_NDIM(a) == ndim && PyArray_IS_C_CONTIGUOUS(a) && PyArray_ISNBO(d->byteorder) &&
-           (d->type_num == NPY_LONG || d->type_num == NPY_LONGLONG) && PyArray_ITEMSIZE(a) == 8 &&
+    return PyArray_NDIM(a) == ndim && PyArray_IS_C_CONTIGUOUS(a) && PyArray_ISALIGNED(a) &&
+           PyArray_ISNBO(d->byteorder) && (d->type_num == NPY_LONG || d->type_num == NPY_LONGLONG) &&
+           PyArray_ITEMSIZE(a) == 8 &&
            !PyDataType_HASFIELDS(d);
 }
 
@@ -706,7 +707,10 @@ static PyObject *py_plain_out(PyObject *self, PyObject *const *args, Py_ssize_t 
         PyObject *e = PyTuple_GET_ITEM(shape, k);
         if (!PyLong_Check(e)) Py_RETURN_FALSE;
         Py_ssize_t v = PyLong_AsSsize_t(e);
-        if (v == -1 && PyErr_Occurred()) return NULL;
+        if (v == -1 && PyErr_Occurred()) {     /* (past ssize_t: no array has that shape) */
+            PyErr_Clear();
+            Py_RETURN_FALSE;
+        }
         if (v != PyArray_DIM(out, k)) Py_RETURN_FALSE;
     }
     const char *a = PyArray_BYTES(out), *b = PyArray_BYTES(xa);

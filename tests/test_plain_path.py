@@ -241,3 +241,36 @@ def test_plain_tests_in_c_agree_with_their_twins():
     h = np.zeros(V.H_LEN, np.int64)
     assert H.fill_shape(h, np.zeros((1,) * 9), V.H_SIZE, V.MAX_DIMS) is False and not h.any()
     assert H.fill_shape(h[::2], np.zeros(3), V.H_SIZE, V.MAX_DIMS) is False
+
+
+@pytest.mark.mpi(min_size=2)
+@pytest.mark.parametrize("with_out", [False, True])
+def test_recv_count_past_int64_on_one_rank_is_agreed(with_out):
+    """A Python int recv_count >= 2**63 does not fit the header: the plain test passes it to the
+    general path, whose error every rank raises (it must not raise on that rank alone)."""
+    counts = np.full(n, 2)
+    x = np.ones(2 * n, np.float32)
+    rc = 2 ** 63 if RANK == n - 1 else 2
+    kw = {"out": np.zeros(2, np.float32)} if with_out else {}
+    op = P.ReduceScatterVOperation()
+    assert np.array_equal(op.execute(x, counts, _packed(counts), 2, **kw), np.full(2, n, np.float32))
+    raises_everywhere(lambda: op.execute(x, counts, _packed(counts), rc, **kw), CollectiveArgumentError,
+                      f"on rank {n - 1}")
+
+
+@pytest.mark.mpi(min_size=1)
+def test_a_subclass_overriding_check_keeps_its_rules():
+    """The plain closure stands in for ``_check``: a subclass with its own ``_check`` runs it."""
+    class Strict(P.AllReduceOperation):
+        def _check(self, args, kwargs, h):
+            if args[0].size > 3:
+                raise ValueError("at most 3 elements")
+            return super()._check(args, kwargs, h)
+    op = Strict()
+    for _ in range(2):
+        raises_everywhere(lambda: op.execute(np.ones(4)), CollectiveArgumentError, "at most 3 elements")
+    assert "execute" not in op.__dict__
+    plain = P.AllReduceOperation()
+    plain.execute(np.ones(4))
+    assert "execute" in plain.__dict__
+    assert mpicoll.OPERATIONS["AllReduce"] is P.AllReduceOperation      # (the registry keeps the operator)

@@ -122,16 +122,27 @@ class ReduceScatterVOperation(ReduceOperation):
         def execute(*args, **kwargs):
             # plain: (x, send_counts, sdispls, recv_count[, out]) with integer-array counts packed
             # in rank order inside x and a Python int recv_count
-            if len(args) == 4 and (not kwargs or len(kwargs) == 1 and "out" in kwargs) or len(args) == 5 and not kwargs:
-                x, sc, sd, rc = args[:4]
-                out = args[4] if len(args) == 5 else kwargs.get("out")
-                h = plain(x, tmpl, codes, dtype_at, -1, max_dims)
-                if h is not None and type(rc) is int and rc >= 0 and (out is None or out_ok(out, x, (rc,))):
-                    total, _ = packed_c(sc, sd)
-                    if 0 <= total <= x.size and len(sc) == n:
-                        h[count_at] = rc
-                        h[vec_at:vec_at + n] = sc
-                        return finish((x, sc, sd, rc), {"out": out}, h)
+            h = None
+            try:          # (nothing here may raise on one rank alone: anything odd goes to the general path)
+                if len(args) == 4 and (not kwargs or len(kwargs) == 1 and "out" in kwargs) or \
+                        len(args) == 5 and not kwargs:
+                    x, sc, sd, rc = args[:4]
+                    out = args[4] if len(args) == 5 else kwargs.get("out")
+                    h = plain(x, tmpl, codes, dtype_at, -1, max_dims)
+                    if h is not None and type(rc) is int and 0 <= rc < INT64_END and (
+                            out is None or out_ok(out, x, (rc,))) and len(sc) == n:
+                        total, _ = packed_c(sc, sd)
+                        if 0 <= total <= x.size:
+                            h[count_at] = rc
+                            h[vec_at:vec_at + n] = sc
+                        else:
+                            h = None
+                    else:
+                        h = None
+            except Exception:  # noqa: BLE001
+                h = None
+            if h is not None:
+                return finish((x, sc, sd, rc), {"out": out}, h)
             return general(*args, **kwargs)
         return execute
 
@@ -180,6 +191,9 @@ class ReduceScatterVOperation(ReduceOperation):
                                      send_counts, MPI.SUM)
             return _narrow(self, dt, _acc, wide, np.empty(recv_count, x.dtype) if out is None else out, 0)
         return reduce_scatter_alltoall(self.comm, flat, dt, self._rop, send_counts, sdispls, recv_count, out)
+
+
+INT64_END = 1 << 63      # (a recv_count at or past it does not fit the int64 header: the general path says so)
 
 
 def _blocks(x: np.ndarray, send_counts, sdispls) -> tuple[np.ndarray, int, int]:
