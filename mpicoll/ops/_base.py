@@ -343,8 +343,6 @@ def split_even(total: int, n: int) -> np.ndarray:
 TILE = 1 << 16
 
 
-
-
 def packed_layout_c() -> Callable[[Any, Any], tuple[int, int]]:
     """``_half.packed_layout`` (the count-layout check in C for integer arrays, ~0.2 us against
     ~0.9 us in Python), or a stand-in answering ``(-2, -1)`` ("not mine": the caller falls back to
