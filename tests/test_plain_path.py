@@ -106,6 +106,8 @@ def test_plain_header_is_the_header_check_fills(label, make, call, plain, monkey
         assert sent, label          # (a checked integer sum agrees once more, on overflow)
         assert op.execute is not None and "execute" in op.__dict__, label
         if plain is not None:
+            if label.startswith("ReduceScatterV") and not hasattr(_base.HALF, "packed_layout"):
+                plain = False         # (its count-layout test is in C only: without it, the general path)
             assert (not checks) == plain, (label, "plain" if plain else "general")
         # what _check fills for these arguments, on a fresh header
         args, kwargs = _args_of(label, call, op)
