@@ -622,6 +622,14 @@ static PyObject *py_pair_mismatch(PyObject *self, PyObject *const *args, Py_ssiz
 }
 
 /* fill_shape(h, x, at, max_dims): the shape part of a header */
+/* p[0] = x.size, p[1] = x.ndim, p[2:] = x.shape: the shape part of a header */
+static void put_shape(int64_t *p, PyArrayObject *x) {
+    int nd = PyArray_NDIM(x);
+    p[0] = (int64_t)PyArray_SIZE(x);
+    p[1] = nd;
+    for (int k = 0; k < nd; k++) p[2 + k] = (int64_t)PyArray_DIM(x, k);
+}
+
 static PyObject *py_fill_shape(PyObject *self, PyObject *const *args, Py_ssize_t nargs) {
     if (nargs != 4) {
         PyErr_SetString(PyExc_TypeError, "fill_shape(h, x, at, max_dims)");
@@ -633,10 +641,7 @@ static PyObject *py_fill_shape(PyObject *self, PyObject *const *args, Py_ssize_t
     PyArrayObject *h = (PyArrayObject *)args[0], *x = (PyArrayObject *)args[1];
     int nd = PyArray_NDIM(x);
     if (at < 0 || nd > max_dims || at + 2 + max_dims > PyArray_DIM(h, 0) || !PyArray_ISWRITEABLE(h)) Py_RETURN_FALSE;
-    int64_t *p = (int64_t *)PyArray_DATA(h) + at;
-    p[0] = (int64_t)PyArray_SIZE(x);
-    p[1] = nd;
-    for (int k = 0; k < nd; k++) p[2 + k] = (int64_t)PyArray_DIM(x, k);
+    put_shape((int64_t *)PyArray_DATA(h) + at, x);
     Py_RETURN_TRUE;
 }
 
@@ -682,11 +687,7 @@ static PyObject *py_plain_header(PyObject *self, PyObject *const *args, Py_ssize
     if (!h) return NULL;
     int64_t *p = (int64_t *)PyArray_DATA((PyArrayObject *)h);
     p[dtype_at] = c;
-    if (shape_at >= 0) {
-        p[shape_at] = (int64_t)PyArray_SIZE(x);
-        p[shape_at + 1] = nd;
-        for (int k = 0; k < nd; k++) p[shape_at + 2 + k] = (int64_t)PyArray_DIM(x, k);
-    }
+    if (shape_at >= 0) put_shape(p + shape_at, x);
     return h;
 }
 

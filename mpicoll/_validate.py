@@ -161,11 +161,16 @@ def fill_shape(h: np.ndarray, x: np.ndarray) -> None:
     if _fill_shape_c is not None and _fill_shape_c(h, x, H_SIZE, MAX_DIMS):
         return
     shape = x.shape
-    h[H_SIZE] = x.size
-    h[H_NDIM] = len(shape)
     if len(shape) > MAX_DIMS:
         shape = (*shape[:MAX_DIMS - 1], zlib.crc32(np.asarray(shape[MAX_DIMS - 1:], dtype=np.int64).tobytes()))
-    h[H_DIMS:H_DIMS + len(shape)] = shape
+    _put_shape(h, H_SIZE, x.size, x.ndim, shape)
+
+
+def _put_shape(h: np.ndarray, at: int, size: int, ndim: int, dims: tuple) -> None:
+    """``h[at] = size``, ``h[at + 1] = ndim``, then the dims: the shape part of a header (the Python
+    twin of ``put_shape`` in ``_half.c``)."""
+    h[at], h[at + 1] = size, ndim
+    h[at + 2:at + 2 + len(dims)] = dims
 
 
 def check_dim0(op: str, x: np.ndarray, n: int, rank: int) -> None:
@@ -416,8 +421,7 @@ def plain_header(x, tmpl: np.ndarray, codes: tuple, dtype_at: int, shape_at: int
     h = tmpl.copy()
     h[dtype_at] = codes[d.num]
     if shape_at >= 0:
-        h[shape_at], h[shape_at + 1] = x.size, x.ndim
-        h[shape_at + 2:shape_at + 2 + x.ndim] = x.shape
+        _put_shape(h, shape_at, x.size, x.ndim, x.shape)
     return h
 
 
