@@ -7,24 +7,16 @@ from ._domains import (Mesh, RankTable, declare_domains, domain, domain_members,
 from ._dtypes import ALL_DTYPES, HcclDataType, HcclReduceOp
 from ._errors import CollectiveArgumentError, CollectiveError, CollectiveMismatchError, CollectiveTimeout
 from ._params import CommMode, CommParam
-from .ops import OPERATIONS, Operation
-from .ops.allgather import AllGatherOperation, AllGatherParam, AllGatherVOperation, AllGatherVParam
-from .ops.allreduce import AllReduceOperation, AllReduceParam
-from .ops.alltoall import (AllToAllOperation, AllToAllParam, AllToAllVOperation, AllToAllVParam,
-                           AllToAllVV2Operation, AllToAllVV2Param)
-from .ops.broadcast import BroadcastOperation, BroadcastParam
+from ._plan import Handle, Plan
+from .ops import *  # noqa: F401,F403 - every operator module's public names (ops.__all__)
+from .ops import __all__ as _ops_all
 from .quant import QuantAllReduceOperation, QuantAllReduceParam, dequantize, quantize
-from .ops.reduce_scatter import (ReduceScatterOperation, ReduceScatterParam, ReduceScatterVOperation,
-                                 ReduceScatterVParam)
 
 __version__ = "0.1.0"
 
 __all__ = [
-    "ALL_DTYPES", "AllGatherOperation", "AllGatherParam", "AllGatherVOperation", "AllGatherVParam",
-    "AllReduceOperation", "AllReduceParam", "AllToAllOperation", "AllToAllParam", "AllToAllVOperation",
-    "AllToAllVParam", "AllToAllVV2Operation", "AllToAllVV2Param", "BroadcastOperation", "BroadcastParam",
-    "CollectiveArgumentError", "CollectiveError", "CollectiveMismatchError", "CollectiveTimeout", "CommMode",
-    "CommParam", "HcclDataType", "HcclReduceOp", "Mesh", "OPERATIONS", "Operation", "RankTable",
-    "QuantAllReduceOperation", "QuantAllReduceParam", "ReduceScatterOperation", "ReduceScatterParam",
-    "ReduceScatterVOperation", "ReduceScatterVParam", "declare_domains", "dequantize", "quantize", "domain", "domain_members", "init", "load_rank_table", "mesh", "rank_table",
+    "ALL_DTYPES", "CollectiveArgumentError", "CollectiveError", "CollectiveMismatchError", "CollectiveTimeout",
+    "CommMode", "CommParam", "Handle", "HcclDataType", "HcclReduceOp", "Mesh", "Plan", "QuantAllReduceOperation",
+    "QuantAllReduceParam", "RankTable", "declare_domains", "dequantize", "domain", "domain_members", "init",
+    "load_rank_table", "mesh", "quantize", "rank_table", *_ops_all,
 ]

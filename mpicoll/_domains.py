@@ -1,36 +1,40 @@
-"""THE comm-domain registry: names -> cached sub-communicators, meshes, rank tables.
+"""THE comm-domain registry: names -> cached library communicators, meshes, rank tables.
 
-Library traffic never runs on a user's communicator: the world is duplicated once
-(:func:`runtime`) and a user ``comm`` is duplicated once, the duplicate cached on it as an MPI
-attribute (freed with it).
+Library traffic never runs on a user's communicator: the world is duplicated once (:func:`world`)
+and a user ``comm`` is duplicated once, the duplicate cached on it as an MPI attribute (freed with
+it). Each is a :class:`~mpicoll._comm.LibComm`.
 
-Domains are formed by their members only, as HCCL's are: a member looks the name up in a small
-table held in an RMA window on world rank 0 (created once, in :func:`init`), under an exclusive
-lock. The first member to arrive becomes the domain's leader; the others send it their world rank;
-the leader answers each with the sorted member list, and the members call ``Comm.Create_group``,
-which involves nobody else. So ranks 0 and 1 can form domain "x" while ranks 2 and 3 form "y", or
-do nothing at all. A name-keyed cache in front of a world-collective ``Comm.Split`` would deadlock
-here as soon as some ranks form a new domain while others reuse a cached one.
+Domains are formed by their members only, as HCCL's are, and nothing runs on any other rank, not
+even a set-up: ranks 0 and 1 can form domain "x" and run on it while ranks 2 and 3 never touch
+mpicoll. The members meet on the domain's name in the process manager's name service
+(``MPI_Publish_name`` / ``MPI_Lookup_name``, which hydra, the launcher of the MPICH wheel, keeps
+for the job; see :func:`_rendezvous`), then call ``Comm.Create_group``, which involves nobody
+else. No message goes to a rank that might never read it (MPICH refuses to finalize a
+communicator holding an unread message).
+
+A name-keyed cache in front of a world-collective ``Comm.Split`` would deadlock here as soon as some
+ranks form a new domain while others reuse a cached one.
 """
 from __future__ import annotations
 
-import atexit
 import hashlib
 import ipaddress
 import json
 import os
-import sys
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 import numpy as np
 from mpi4py import MPI
 
+from ._comm import LOCK, LibComm
 from ._errors import CollectiveArgumentError, CollectiveError, CollectiveTimeout
+from ._watchdog import timeout_default
 
-_SLOT = 4                      # int64 words per table slot: key, size, leader + 1, state
-_FORMING, _FORMED, _FAILED, _DECLARED, _TIMED_OUT = 0, 1, 2, 3, 4
-_TAG_BASE = 7000               # rendezvous p2p tags on the library world: _TAG_BASE + 2 * slot (+1 for replies)
+_WORLD: LibComm | None = None
+_DOMAINS: dict[str, LibComm] = {}
+_DECLARED: dict[str, tuple[int, ...]] = {}
+_KEYVAL: int | None = None
 
 
 def _env_float(name: str, default: float) -> float:
@@ -41,224 +45,95 @@ def _env_float(name: str, default: float) -> float:
                                       param=name) from None
 
 
-@dataclass
-class _Runtime:
-    world: MPI.Comm
-    group: MPI.Group
-    win: MPI.Win
-    slots: int
-    arrivals_win: MPI.Win   # the watchdog's arrival mark: 2 int64 on every rank, read remotely on a timeout
-    domains: dict[str, MPI.Comm] = field(default_factory=dict)
-    declared: dict[str, tuple[int, ...]] = field(default_factory=dict)
-
-
-_RT: _Runtime | None = None
-_KEYVAL: int | None = None
-
-
 def init() -> None:
-    """Set mpicoll up: a collective over ``MPI.COMM_WORLD``, done once.
+    """Set up mpicoll's duplicate of the world (collective over ``MPI.COMM_WORLD``).
 
-    The first mpicoll call on every rank (any operation, domain or this) does it implicitly, so
-    call it explicitly only when some ranks may form comm domains before the others touch mpicoll.
-    Domain table size: ``MPICOLL_MAX_DOMAINS`` (default 1024).
+    Optional: the first operation on the world does it, and comm domains never need it.
     """
-    runtime()
+    world()
 
 
-def runtime() -> _Runtime:
-    """The library's world duplicate and rendezvous window (created on first use)."""
-    global _RT
-    if _RT is None:
-        world = MPI.COMM_WORLD.Dup()
-        world.Set_name("mpicoll.world")
-        slots = int(_env_float("MPICOLL_MAX_DOMAINS", 1024))
-        size = slots * _SLOT * 8 if world.Get_rank() == 0 else 0
-        win = MPI.Win.Allocate(size, 8, comm=world)
-        marks = MPI.Win.Allocate(2 * 8, 8, comm=world)
-        np.frombuffer(marks.tomemory(), dtype=np.int64)[:] = 0
-        if world.Get_rank() == 0:
-            np.frombuffer(win.tomemory(), dtype=np.int64)[:] = 0
-        world.Barrier()
-        marks.Lock_all()
-        _RT = _Runtime(world, world.Get_group(), win, slots, marks)
-        # Runs before mpi4py's own finalizer (atexit is LIFO): free the window (a collective, as
-        # MPI_Finalize itself is) so that MPI does not finalize with it still exposed.
-        atexit.register(_shutdown)
-        _watch_mpi4py_exit()
-    return _RT
+def world() -> LibComm:
+    """mpicoll's duplicate of ``MPI.COMM_WORLD`` (made by the first operation on the world)."""
+    global _WORLD
+    if _WORLD is None:
+        comm = _dup(MPI.COMM_WORLD, "the world")
+        comm.Set_name("mpicoll.world")
+        _WORLD = LibComm.make(comm, "the world (mpicoll.world)")
+    return _WORLD
 
 
-#: the exit status ``python -m mpi4py`` decided on (it aborts the job at exit when non-zero)
-_EXIT: list = []
+def _dup(comm: MPI.Comm, what: str) -> MPI.Comm:
+    new, req = comm.Idup()
+    timeout = timeout_default()
+    if timeout is None:
+        req.Wait()
+    else:
+        from ._watchdog import wait
+        wait([req], timeout, lambda: CollectiveTimeout(f"duplicating {what}: timed out after {timeout:g} s",
+                                                      param="timeout"))
+    return new
 
 
-def _watch_mpi4py_exit() -> None:
-    """Record the status mpi4py's ``-m`` runner passes to ``set_abort_status`` (if it is running)."""
-    runner = sys.modules.get("mpi4py.run")
-    original = getattr(runner, "set_abort_status", None)
-    if original is None or getattr(original, "_mpicoll", False):
-        return
-
-    def set_abort_status(status):
-        _EXIT.append(status)
-        return original(status)
-    set_abort_status._mpicoll = True
-    runner.set_abort_status = set_abort_status
-
-
-def _failing_exit() -> bool:
-    if getattr(sys, "last_value", None) is not None or getattr(sys, "last_exc", None) is not None:
-        return True                          # an unhandled exception was printed
-    for status in _EXIT:
-        code = status.code if isinstance(status, SystemExit) else status
-        if isinstance(status, BaseException) and not isinstance(status, SystemExit):
-            return True
-        if code not in (0, None):
-            return True
-    return False
-
-
-def _shutdown() -> None:
-    """Free the window at a clean exit. After an unhandled exception or a non-zero exit (``python -m
-    mpi4py`` then aborts the job) skip it: freeing is collective and would wait for ranks that are
-    still inside some collective, turning a prompt abort into a hang."""
-    global _RT
-    rt, _RT = _RT, None
-    if rt is None or MPI.Is_finalized() or _failing_exit():
-        return
-    rt.arrivals_win.Unlock_all()
-    rt.arrivals_win.Free()
-    rt.win.Free()
-
-
-def library_comm(comm: MPI.Comm) -> MPI.Comm:
+def user_comm(comm: MPI.Comm) -> LibComm:
     """mpicoll's private duplicate of a user communicator (collective over it on first use only)."""
     global _KEYVAL
     if comm == MPI.COMM_WORLD:
-        return runtime().world
-    if _KEYVAL is None:
-        _KEYVAL = MPI.Comm.Create_keyval(delete_fn=lambda _c, _k, dup: dup.Free())
-    dup = comm.Get_attr(_KEYVAL)
-    if dup is None:
-        runtime()
-        dup = comm.Dup()
-        dup.Set_name(f"mpicoll.user.{comm.Get_name() or 'comm'}")
-        comm.Set_attr(_KEYVAL, dup)
-    return dup
+        return world()
+    with LOCK:
+        if _KEYVAL is None:
+            _KEYVAL = MPI.Comm.Create_keyval(delete_fn=lambda _c, _k, lib: lib.free())
+    lib = comm.Get_attr(_KEYVAL)
+    if lib is None:
+        name = comm.Get_name() or "comm"
+        dup = _dup(comm, f"user comm {name!r}")
+        dup.Set_name(f"mpicoll.user.{name}")
+        lib = LibComm.make(dup, f"user comm {name!r}")
+        comm.Set_attr(_KEYVAL, lib)
+    return lib
 
 
-def _key(name: str) -> int:
-    key = int.from_bytes(hashlib.blake2b(name.encode(), digest_size=8).digest(), "little", signed=True)
-    return key or 1
+def lookup(name: str) -> LibComm | None:
+    """The library communicator of a domain this rank has formed (or the world for ""), else None."""
+    if not name:
+        return world()
+    return _DOMAINS.get(name)
 
 
-def _claim(rt: _Runtime, name: str, size: int, leader: int, state: int) -> tuple[int, np.ndarray]:
-    """Find the slot of ``name`` in the shared table, or take a free one; returns (slot, entry)."""
-    key = _key(name)
-    table = np.empty((rt.slots, _SLOT), dtype=np.int64)
-    rt.win.Lock(0, MPI.LOCK_EXCLUSIVE)
-    try:
-        rt.win.Get([table, MPI.INT64_T], 0)
-        rt.win.Flush(0)
-        hit = np.flatnonzero(table[:, 0] == key)
-        if hit.size:
-            slot = int(hit[0])
-            entry = table[slot].copy()
-        else:
-            free = np.flatnonzero(table[:, 0] == 0)
-            if not free.size:
-                raise CollectiveError(f"comm domain {name!r}: the domain table is full ({rt.slots} names); "
-                                      "raise MPICOLL_MAX_DOMAINS", param="comm_domain")
-            slot = int(free[0])
-            entry = np.array([key, size, leader + 1, state], dtype=np.int64)
-            rt.win.Put([entry, MPI.INT64_T], 0, target=(slot * _SLOT, _SLOT, MPI.INT64_T))
-    finally:
-        rt.win.Unlock(0)
-    return slot, entry
-
-
-def _set_state(rt: _Runtime, slot: int, state: int) -> None:
-    value = np.array([state], dtype=np.int64)
-    rt.win.Lock(0, MPI.LOCK_EXCLUSIVE)
-    rt.win.Put([value, MPI.INT64_T], 0, target=(slot * _SLOT + 3, 1, MPI.INT64_T))
-    rt.win.Unlock(0)
-
-
-def _recv(rt: _Runtime, source: int, tag: int, deadline: float, what: str) -> tuple[np.ndarray, int]:
-    """Receive a small int64 message, polling with back-off so a missing peer becomes a timeout."""
-    status = MPI.Status()
-    pause = 1e-5
-    while not rt.world.Iprobe(source, tag, status):
-        if time.monotonic() > deadline:
-            raise CollectiveTimeout(f"{what}: timed out (MPICOLL_DOMAIN_TIMEOUT)", param="comm_domain")
-        time.sleep(pause)
-        pause = min(pause * 2, 1e-2)
-    buf = np.empty(status.Get_count(MPI.INT64_T), dtype=np.int64)
-    rt.world.Recv([buf, MPI.INT64_T], status.Get_source(), tag)
-    return buf, status.Get_source()
-
-
-def _rendezvous(rt: _Runtime, name: str, size: int) -> tuple[int, tuple[int, ...]]:
-    """Meet the other members of an undeclared domain; returns (slot, sorted world ranks)."""
-    me = rt.world.Get_rank()
-    deadline = time.monotonic() + _env_float("MPICOLL_DOMAIN_TIMEOUT", 300)
-    slot, entry = _claim(rt, name, size, me, _FORMING)
-    tsize, leader, state = int(entry[1]), int(entry[2]) - 1, int(entry[3])
-    where = f"comm domain {name!r} (world rank {me})"
-    if state == _FORMED:
-        raise CollectiveArgumentError(
-            f"{where}: the name is already formed with rank_size {tsize} and world rank {me} is not a "
-            "member: reusing a domain name for a different membership is an error", param="comm_domain")
-    if state == _FAILED:
-        raise CollectiveArgumentError(f"{where}: forming this domain already failed (rank_size disagreement)",
-                                      param="rank_size")
-    if state == _TIMED_OUT:
-        raise CollectiveTimeout(f"{where}: forming this domain already timed out (its leader gave up waiting "
-                                "for members; MPICOLL_DOMAIN_TIMEOUT)", param="comm_domain")
-    tag = _TAG_BASE + 2 * slot
-    if leader != me:
-        rt.world.Send([np.array([me, size], dtype=np.int64), MPI.INT64_T], leader, tag)
-        reply, _ = _recv(rt, leader, tag + 1, deadline, f"{where}: waiting for leader world rank {leader}")
-        if reply[0] == -2:
-            raise CollectiveTimeout(f"{where}: timed out (MPICOLL_DOMAIN_TIMEOUT): only {int(reply[1])} of "
-                                    f"rank_size {int(reply[2])} members arrived", param="comm_domain")
-        if reply[0] < 0:
+def lib_domain(name: str, rank_size: int | None = None) -> LibComm:
+    """The :class:`LibComm` of comm domain ``name``, formed on first use (see :func:`domain`)."""
+    comm = lookup(name)
+    me = MPI.COMM_WORLD.Get_rank()
+    if comm is not None:
+        return comm
+    declared = _DECLARED.get(name)
+    if declared is not None:
+        if me not in declared:
+            raise CollectiveArgumentError(f"comm domain {name!r}: world rank {me} is not a member (declared members "
+                                          f"{list(declared)})", param="comm_domain", rank=me)
+        if rank_size is not None and rank_size != len(declared):
+            raise CollectiveArgumentError(f"comm domain {name!r}: rank_size={rank_size!r} on world rank {me}: the "
+                                          f"domain is declared with {len(declared)} members", param="rank_size", rank=me)
+        members = _rendezvous(name, len(declared), declared)
+    else:
+        if rank_size is None:
             raise CollectiveArgumentError(
-                f"{where}: rank_size disagrees between members: world rank {int(reply[1])} says "
-                f"{int(reply[2])}, world rank {leader} says {tsize}", param="rank_size")
-        return slot, tuple(int(r) for r in reply[1:])
-    members, bad = [me], None
-    while len(members) < size:
-        try:
-            msg, src = _recv(rt, MPI.ANY_SOURCE, tag, deadline, f"{where}: leader waiting for members")
-        except CollectiveTimeout as exc:
-            # tell the members that did arrive, so that they fail now rather than at their own deadline
-            _set_state(rt, slot, _TIMED_OUT)
-            notice = np.array([-2, len(members), size], dtype=np.int64)
-            for r in members[1:]:
-                rt.world.Send([notice, MPI.INT64_T], r, tag + 1)
-            raise CollectiveTimeout(f"{exc}: {len(members)} of rank_size {size} arrived (world ranks "
-                                    f"{sorted(members)})", param="comm_domain") from None
-        members.append(src)
-        if int(msg[1]) != size:
-            bad = (src, int(msg[1]))
-            break
-    if bad is not None:
-        _set_state(rt, slot, _FAILED)
-        notice = np.array([-1, bad[0], bad[1]], dtype=np.int64)
-        for r in members[1:]:
-            rt.world.Send([notice, MPI.INT64_T], r, tag + 1)
-        raise CollectiveArgumentError(
-            f"{where}: rank_size disagrees between members: world rank {bad[0]} says {bad[1]}, "
-            f"world rank {me} says {size}", param="rank_size")
-    _set_state(rt, slot, _FORMED)
-    members.sort()
-    reply = np.array([0, *members], dtype=np.int64)
-    for r in members:
-        if r != me:
-            rt.world.Send([reply, MPI.INT64_T], r, tag + 1)
-    return slot, tuple(members)
+                f"comm domain {name!r}: rank_size is required on world rank {me} to form an undeclared domain "
+                "(members rendezvous by count)", param="rank_size", rank=me)
+        if isinstance(rank_size, bool) or not isinstance(rank_size, (int, np.integer)) or rank_size < 1:
+            raise CollectiveArgumentError(f"comm domain {name!r}: rank_size={rank_size!r} on world rank {me}: must "
+                                          "be an int >= 1", param="rank_size", rank=me)
+        members = _rendezvous(name, int(rank_size), None)
+    group = MPI.COMM_WORLD.Get_group()
+    sub = group.Incl(list(members))
+    comm = MPI.COMM_WORLD.Create_group(sub, tag=_key(name) % _tag())
+    sub.Free()
+    group.Free()
+    comm.Set_name(f"mpicoll.domain.{name}")
+    lib = LibComm.make(comm, f"domain {name!r}")
+    with LOCK:
+        _DOMAINS[name] = lib
+    return lib
 
 
 def domain(name: str, rank_size: int | None = None) -> MPI.Comm:
@@ -273,65 +148,35 @@ def domain(name: str, rank_size: int | None = None) -> MPI.Comm:
 
     Raises:
         CollectiveArgumentError: no rank_size for a new domain, this rank not a member of a declared
-            domain, a name reused for another membership, or members disagreeing on rank_size.
+            domain, a name reused for another membership, members disagreeing on rank_size or on
+            the member list.
         CollectiveTimeout: members did not all arrive within ``MPICOLL_DOMAIN_TIMEOUT`` seconds.
     """
-    rt = runtime()
-    if not name:
-        comm = rt.world
-    else:
-        comm = rt.domains.get(name)
-    me = rt.world.Get_rank()
-    if comm is not None and rank_size is not None and rank_size != comm.Get_size():
+    comm = lookup(name)
+    if comm is not None and rank_size is not None and rank_size != comm.size:
+        me = MPI.COMM_WORLD.Get_rank()
         raise CollectiveArgumentError(f"comm domain {name!r}: rank_size={rank_size!r} on world rank {me}: the domain "
-                                      f"has {comm.Get_size()} members", param="rank_size", rank=me)
-    if comm is None:
-        declared = rt.declared.get(name)
-        if declared is not None:
-            if me not in declared:
-                raise CollectiveArgumentError(
-                    f"comm domain {name!r}: world rank {me} is not a member (declared members "
-                    f"{list(declared)})", param="comm_domain", rank=me)
-            slot, entry = _claim(rt, name, len(declared), -1, _DECLARED)
-            if int(entry[1]) != len(declared):
-                raise CollectiveArgumentError(
-                    f"comm domain {name!r}: declared with {len(declared)} members but already formed with "
-                    f"rank_size {int(entry[1])}", param="comm_domain", rank=me)
-            members = declared
-        else:
-            if rank_size is None:
-                raise CollectiveArgumentError(
-                    f"comm domain {name!r}: rank_size is required on world rank {me} to form an undeclared "
-                    "domain (members rendezvous by count)", param="rank_size", rank=me)
-            if isinstance(rank_size, bool) or not isinstance(rank_size, (int, np.integer)) or rank_size < 1:
-                raise CollectiveArgumentError(
-                    f"comm domain {name!r}: rank_size={rank_size!r} on world rank {me}: must be an int >= 1",
-                    param="rank_size", rank=me)
-            slot, members = _rendezvous(rt, name, int(rank_size))
-        comm = rt.world.Create_group(rt.group.Incl(list(members)), tag=_TAG_BASE + 2 * slot)
-        comm.Set_name(f"mpicoll.domain.{name}")
-        rt.domains[name] = comm
-    return comm
+                                      f"has {comm.size} members", param="rank_size", rank=me)
+    return (comm or lib_domain(name, rank_size)).mpi
 
 
 def domain_members(name: str) -> tuple[int, ...]:
     """World ranks of a domain this rank has formed or declared."""
-    rt = runtime()
-    if name in rt.declared:
-        return rt.declared[name]
-    comm = rt.domains.get(name) if name else rt.world
+    if name in _DECLARED:
+        return _DECLARED[name]
+    comm = lookup(name)
     if comm is None:
         raise CollectiveArgumentError(f"comm domain {name!r} is neither formed on this rank nor declared",
                                       param="comm_domain")
-    return tuple(MPI.Group.Translate_ranks(comm.Get_group(), list(range(comm.Get_size())), rt.group))
+    return comm.world_ranks
 
 
 def declare_domains(table: dict[str, list[int]] | str) -> None:
     """Declare domains up front: ``{name: [world ranks]}`` or a JSON file of that object.
 
-    Declared domains need no rendezvous and no ``rank_size``. Declaring a name again with another
-    membership is an error. Not collective, except that it sets mpicoll up (:func:`init`) if this is
-    the rank's first mpicoll call.
+    Declared domains need no ``rank_size``; their members compare their member lists when they
+    form the domain. Declaring a name again with another membership is an error. Local: no
+    communication.
     """
     if isinstance(table, (str, os.PathLike)):
         with open(table, encoding="utf-8") as fh:
@@ -339,8 +184,7 @@ def declare_domains(table: dict[str, list[int]] | str) -> None:
     if not isinstance(table, dict):
         raise CollectiveArgumentError(f"declare_domains: expected a dict name -> world ranks, got "
                                       f"{type(table).__name__}", param="table")
-    rt = runtime()
-    world = rt.world.Get_size()
+    world_size = MPI.COMM_WORLD.Get_size()
     for name, ranks in table.items():
         if not isinstance(name, str) or not name:
             raise CollectiveArgumentError(f"declare_domains: domain name {name!r}: must be a non-empty str",
@@ -350,16 +194,186 @@ def declare_domains(table: dict[str, list[int]] | str) -> None:
         except (TypeError, ValueError):
             raise CollectiveArgumentError(f"declare_domains: {name!r}={ranks!r}: must be a list of world ranks",
                                           param=name) from None
-        if not members or len(set(members)) != len(members) or members[0] < 0 or members[-1] >= world:
+        if not members or len(set(members)) != len(members) or members[0] < 0 or members[-1] >= world_size:
             raise CollectiveArgumentError(
                 f"declare_domains: {name!r}={list(ranks)!r}: members must be distinct world ranks in "
-                f"[0, {world})", param=name)
-        old = rt.declared.get(name)
-        if old is not None and old != members:
+                f"[0, {world_size})", param=name)
+        old = _DECLARED.get(name)
+        formed = _DOMAINS.get(name)
+        if (old is not None and old != members) or (formed is not None and formed.world_ranks != members):
             raise CollectiveArgumentError(
-                f"declare_domains: {name!r} is already declared as {list(old)}; reusing a domain name "
-                f"for a different membership ({list(members)}) is an error", param=name)
-        rt.declared[name] = members
+                f"declare_domains: {name!r} is already declared as {list(old or formed.world_ranks)}; reusing a "
+                f"domain name for a different membership ({list(members)}) is an error", param=name)
+        with LOCK:
+            _DECLARED[name] = members
+            _DECLARED_BY_FP[_fingerprint(members)] = list(members)
+
+
+# ----------------------------------------------------------------------------- the rendezvous
+
+def _key(name: str) -> int:
+    return int.from_bytes(hashlib.blake2b(name.encode(), digest_size=8).digest(), "little") >> 2
+
+
+def _tag() -> int:
+    """The ``Create_group`` tag range on ``MPI.COMM_WORLD``."""
+    return MPI.COMM_WORLD.Get_attr(MPI.TAG_UB)
+
+
+def _fingerprint(members) -> int:
+    return _key(",".join(map(str, members)))
+
+
+def _job() -> str:
+    """A token naming this job, for a name server shared by several jobs (hydra_nameserver)."""
+    for var in ("PMIX_NAMESPACE", "SLURM_JOB_ID", "PMI_KVSNAME", "OMPI_MCA_ess_base_jobid"):
+        if os.environ.get(var):
+            return os.environ[var] + os.environ.get("SLURM_STEP_ID", "")
+    return "job"
+
+
+def _publish(service: str, value: str) -> bool:
+    """Publish ``service`` (False when another rank already has)."""
+    try:
+        MPI.Publish_name(service, value)
+        return True
+    except MPI.Exception as exc:
+        if exc.Get_error_class() in (MPI.ERR_SERVICE, MPI.ERR_NAME):
+            return False
+        raise CollectiveError(f"comm domains need the process manager's name service (MPI_Publish_name), which "
+                              f"failed here: {exc}. Use a user communicator instead (Param comm=...)",
+                              param="comm_domain") from None
+
+
+def _lookup(service: str) -> str | None:
+    try:
+        return MPI.Lookup_name(service)
+    except MPI.Exception:
+        return None
+
+
+def _rendezvous(name: str, size: int, declared: tuple[int, ...] | None) -> tuple[int, ...]:
+    """Meet the other members of domain ``name`` through the process manager's name service
+    (``MPI_Publish_name`` / ``MPI_Lookup_name``: local calls that never involve another rank);
+    returns the sorted world ranks of its members.
+
+    The first member to publish the name's leader entry leads; every other member publishes a
+    member entry (world rank, rank_size, member-list fingerprint) in one of ``2 * rank_size``
+    slots. The leader reads the slots until ``rank_size - 1`` members are there, reads every
+    slot once more, and only then publishes its verdict: the member list, or the error every
+    member raises (a rank_size or member list that disagrees, a name in use by other ranks, a
+    timeout). The entries stay published, so a later use of the name by other ranks is an error.
+    """
+    me = MPI.COMM_WORLD.Get_rank()
+    if size == 1 and (declared is None or declared == (me,)):
+        return (me,)
+    fp = _fingerprint(declared) if declared else 0
+    base = f"mpicoll-{_job()}-{_key(name):x}"
+    where = f"comm domain {name!r}"
+    timeout = _env_float("MPICOLL_DOMAIN_TIMEOUT", 300)
+    deadline = time.monotonic() + timeout
+    mine = f"{me}:{size}:{fp}"
+    if _publish(f"{base}-L", mine):
+        return _lead(base, where, me, size, fp, declared, deadline, timeout)
+    leader = _lookup(f"{base}-L")
+    lsize = int(leader.split(":")[1]) if leader else size
+    start = me % (2 * lsize)
+    for k in range(2 * lsize):          # a free member slot (linear probing from this rank's own)
+        if _publish(f"{base}-m{(start + k) % (2 * lsize)}", mine):
+            break
+    else:
+        raise CollectiveArgumentError(f"{where}: more ranks name it than its rank_size {lsize} allows: a name names "
+                                      "one membership", param="comm_domain")
+    pause = 1e-4
+    while (verdict := _lookup(f"{base}-V")) is None:
+        if time.monotonic() > deadline:
+            raise CollectiveTimeout(f"{where}: timed out after {timeout:g} s (MPICOLL_DOMAIN_TIMEOUT) waiting for "
+                                    f"the leader, world rank {leader.split(':')[0] if leader else '?'}",
+                                    param="comm_domain")
+        time.sleep(pause)
+        pause = min(pause * 2, 0.05)
+    kind, text = _verdict(base, verdict)
+    if kind == "ok":
+        members = tuple(int(r) for r in text.split(","))
+        if me in members:
+            return members
+        raise CollectiveArgumentError(f"{where}: already formed by world ranks {list(members)}; world rank {me} is "
+                                      "not a member: a name names one membership", param="comm_domain")
+    raise (CollectiveTimeout if kind == "timeout" else CollectiveArgumentError)(text, param="comm_domain")
+
+
+def _lead(base: str, where: str, me: int, size: int, fp: int, declared, deadline: float, timeout: float
+          ) -> tuple[int, ...]:
+    """The leader's side of :func:`_rendezvous`: read the member slots, then publish the verdict."""
+    slots = 2 * size
+    seen: dict[int, tuple[int, int]] = {}          # slot -> (world rank, its rank_size, fingerprint)
+    pause = 1e-4
+
+    def scan() -> None:
+        for k in range(slots):
+            if k not in seen and (v := _lookup(f"{base}-m{k}")) is not None:
+                r, s, f = (int(t) for t in v.split(":"))
+                seen[k] = (r, s, f)
+
+    def says(s: int, f: int) -> str:
+        return f"declares members {_DECLARED_BY_FP.get(f, '(another list)')}" if f else f"says rank_size {s}"
+
+    error: tuple[str, str] | None = None
+    while True:
+        scan()
+        bad = [(r, s, f) for r, s, f in seen.values() if (s, f) != (size, fp)]
+        if bad:
+            r, s, f = bad[0]
+            what = "member list" if f or fp else "rank_size"
+            error = ("fail", f"{where}: {what} disagrees between members: world rank {r} {says(s, f)}, world rank "
+                             f"{me} {says(size, fp)}")
+            break
+        if len(seen) >= size - 1:
+            scan()                       # read every slot once more before deciding
+            break
+        if time.monotonic() > deadline:
+            got = sorted([me] + [r for r, _, _ in seen.values()])
+            error = ("timeout", f"{where}: timed out after {timeout:g} s (MPICOLL_DOMAIN_TIMEOUT) waiting for "
+                                f"members: {len(got)} of {size} arrived (world ranks {got})")
+            break
+        time.sleep(pause)
+        pause = min(pause * 2, 0.05)
+    members = tuple(sorted([me] + [r for r, _, _ in seen.values()]))
+    if error is None and len(members) > size:
+        error = ("fail", f"{where}: world ranks {list(members)} all name it, more than rank_size {size}: a name names "
+                         "one membership")
+    if error is None and declared is not None and members != declared:
+        error = ("fail", f"{where}: world ranks {list(members)} name it, but the declared members are "
+                         f"{list(declared)}")
+    _publish_verdict(base, *(error if error else ("ok", ",".join(map(str, members)))))
+    if error:
+        raise (CollectiveTimeout if error[0] == "timeout" else CollectiveArgumentError)(error[1], param="comm_domain")
+    return members
+
+
+_CHUNK = 900      # characters per published value (MPICH's name service keeps at most 1023)
+
+
+def _publish_verdict(base: str, kind: str, text: str) -> None:
+    """Publish the verdict: its chunks first, then ``<base>-V`` = ``kind:chunks`` (so that a member
+    seeing the verdict finds every chunk). An error's text goes hex-encoded (the name service
+    splits values at spaces)."""
+    payload = text if kind == "ok" else text.encode().hex()
+    chunks = [payload[i:i + _CHUNK] for i in range(0, len(payload), _CHUNK)] or [""]
+    for i, chunk in enumerate(chunks):
+        _publish(f"{base}-V{i}", chunk)
+    _publish(f"{base}-V", f"{kind}:{len(chunks)}")
+
+
+def _verdict(base: str, head: str) -> tuple[str, str]:
+    """``(kind, text)`` of a published verdict whose head entry is ``head``."""
+    kind, _, count = head.partition(":")
+    payload = "".join(_lookup(f"{base}-V{i}") or "" for i in range(int(count)))
+    return kind, payload if kind == "ok" else bytes.fromhex(payload).decode()
+
+
+#: fingerprint -> the member list it stands for (this rank's declarations), for messages
+_DECLARED_BY_FP: dict[int, list[int]] = {}
 
 
 @dataclass(frozen=True)

@@ -7,6 +7,8 @@ collective that their peers never join.
 """
 from __future__ import annotations
 
+import json
+
 import numpy as np
 from mpi4py import MPI
 
@@ -64,38 +66,43 @@ def as_collective_error(exc: BaseException, op: str, rank: int) -> CollectiveErr
                                    op=op, rank=rank)
 
 
-def agree(comm: MPI.Comm, header: np.ndarray, error: BaseException | None) -> np.ndarray:
-    """Allgather every rank's fixed-length int64 ``header``; raise the same error on all ranks.
+def agree(comm, header: np.ndarray, error: BaseException | None, timeout: float | None, op: str,
+          number: int) -> np.ndarray:
+    """Allgather every rank's fixed-length int64 ``header`` over ``comm`` (a LibComm); raise the same
+    error on all ranks.
 
     ``header[0]`` is set to 1 on a rank that has a local ``error``. If any rank has one, the
-    messages are exchanged (pickled, on the error path only) and every rank raises the error of the
-    lowest failing rank, with the other failing ranks' messages appended.
+    messages are exchanged (on the error path only) and every rank raises the error of the lowest
+    failing rank, with the other failing ranks' messages appended. ``op`` and ``number`` (its call
+    number on ``comm``) name the call for the watchdog.
 
     Returns:
         The gathered ``(comm.size, len(header))`` int64 matrix, identical on every rank.
     """
     header[0] = 1 if error is not None else 0
-    table = gather(comm, header)
-    settle(comm, table, error)
+    table = np.empty((comm.size, header.size), dtype=np.int64)
+    comm.call("Allgather", ([header, MPI.INT64_T], [table, MPI.INT64_T]), timeout,
+              (op, number, "its header agreement (an internal MPI Allgather)"))
+    if table[:, 0].any():
+        settle(comm, error, timeout, (op, number, "the exchange of an error (internal MPI Allgather/Allgatherv)"))
     return table
 
 
-def gather(comm: MPI.Comm, header: np.ndarray) -> np.ndarray:
-    """The one ``Allgather`` of :func:`agree`: every rank's header as a row of an int64 matrix."""
-    table = np.empty((comm.Get_size(), header.size), dtype=np.int64)
-    comm.Allgather([header, MPI.INT64_T], [table, MPI.INT64_T])
-    return table
-
-
-def settle(comm: MPI.Comm, table: np.ndarray, error: BaseException | None) -> None:
-    """The rest of :func:`agree`: if any row carries the error flag, every rank raises the same error."""
-    if any(table[:, 0].tolist()):
-        mine = None if error is None else (type(error).__name__, str(error), getattr(error, "op", None),
-                                           getattr(error, "param", None), getattr(error, "rank", None))
-        reports = [r for r in comm.allgather(mine) if r is not None]
-        cls_name, first, op, param, rank = reports[0]
-        message = first
-        others = [r[1] for r in reports[1:] if r[1] != first]
-        if others:
-            message += " (also: " + "; ".join(others) + ")"
-        raise _CLASSES.get(cls_name, CollectiveArgumentError)(message, op=op, param=param, rank=rank)
+def settle(comm, error: BaseException | None, timeout: float | None, where: tuple) -> None:
+    """Every rank raises the same error: the lowest failing rank's, the others' messages appended
+    (collective over ``comm``; called when a gathered error flag is set)."""
+    mine = b"" if error is None else json.dumps(
+        [type(error).__name__, str(error), getattr(error, "op", None), getattr(error, "param", None),
+         getattr(error, "rank", None)]).encode()
+    sizes = np.empty(comm.size, dtype=np.int64)
+    comm.call("Allgather", ([np.array([len(mine)], dtype=np.int64), MPI.INT64_T], [sizes, MPI.INT64_T]), timeout,
+              where)
+    data = np.empty(int(sizes.sum()), dtype=np.uint8)
+    displs = np.concatenate(([0], np.cumsum(sizes)[:-1]))
+    comm.call("Allgatherv", ([np.frombuffer(mine, dtype=np.uint8), MPI.BYTE], [data, (sizes, displs), MPI.BYTE]),
+              timeout, where)
+    reports = [json.loads(data[d:d + c].tobytes()) for c, d in zip(sizes.tolist(), displs.tolist()) if c]
+    cls_name, first, op, param, rank = reports[0]
+    others = [r[1] for r in reports[1:] if r[1] != first]
+    message = first + (" (also: " + "; ".join(others) + ")" if others else "")
+    raise _CLASSES.get(cls_name, CollectiveArgumentError)(message, op=op, param=param, rank=rank)

@@ -8,7 +8,7 @@ name an operator.
 from __future__ import annotations
 
 import zlib
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Callable
 
 import numpy as np
@@ -57,12 +57,20 @@ def _ordered16(a: np.ndarray) -> np.ndarray:
     return np.where(u & 0x8000, 0x8000 - u, u)
 
 
-def count_wrong(got: object, expected: np.ndarray, *, exact: bool = True, n: int = 1) -> int:
+def count_wrong(got: object, expected: object, *, exact: bool = True, n: int = 1) -> int:
     """Elements of ``got`` that differ from ``expected``.
 
-    Exact: bit-for-bit (NaN equal to NaN). Inexact: float16/bfloat16 within 1 ulp; float32/float64
-    within a relative 1e-5 / 1e-12 of the value plus an absolute ``n * eps``.
+    ``expected`` is an array, a tuple of them (an operator with several outputs: summed over
+    them) or None (a root-only output on another rank: ``got`` must be None too). Exact:
+    bit-for-bit (NaN equal to NaN). Inexact: float16/bfloat16 within 1 ulp; float32/float64 within
+    a relative 1e-5 / 1e-12 of the value plus an absolute ``n * eps``.
     """
+    if expected is None:
+        return 0 if got is None else max(int(np.size(got)), 1)
+    if isinstance(expected, tuple):
+        if not isinstance(got, tuple) or len(got) != len(expected):
+            return max(sum(int(np.size(e)) for e in expected if e is not None), 1)
+        return sum(count_wrong(g, e, exact=exact, n=n) for g, e in zip(got, expected))
     if not isinstance(got, np.ndarray) or got.shape != expected.shape or got.dtype != expected.dtype:
         return max(int(expected.size), 1)
     if got.size == 0:
@@ -80,17 +88,34 @@ def count_wrong(got: object, expected: np.ndarray, *, exact: bool = True, n: int
     return int(got.size - np.count_nonzero(ok))
 
 
+@dataclass
+class Case:
+    """One golden check: ``op.execute(*args, **kwargs)`` must give ``expected`` (an array, a tuple
+    of them, or None for a root-only output on another rank), bit for bit when ``exact``."""
+
+    op: object
+    args: tuple
+    kwargs: dict
+    expected: object
+    exact: bool = True
+
+    def execute(self) -> object:
+        return self.op.execute(*self.args, **self.kwargs)
+
+
 @dataclass(frozen=True)
 class CheckSpec:
-    """How to check one operator: case families and a function giving ``(got, expected)``.
+    """How to check one operator: case families and a function building one :class:`Case`.
 
-    ``run(case, dtype, comm_domain, rank, n, seed)`` builds the operator on ``comm_domain`` (of
-    ``n`` ranks, this one being ``rank``), runs it and returns ``(got, expected, exact)``.
+    ``make(case, dtype, comm_domain, rank, n, seed, validate=True)`` builds the operator on
+    ``comm_domain`` (of ``n`` ranks, this one being ``rank``; "" = the world) and its inputs, and
+    computes the expected output without any communication (every rank can rebuild every
+    rank's input from the seed).
     """
 
     name: str
     cases: Callable[[int], list[str]]
-    run: Callable[..., tuple]
+    make: Callable[..., Case]
     dtypes: tuple[str, ...] = tuple(DTYPES)
 
 
@@ -165,23 +190,27 @@ class BenchCase:
     comm_domain: str
     validate: bool
     comm: object          # a raw mpi4py communicator over the same ranks, for the raw baseline
+    world_rank: int = 0   # this rank in MPI.COMM_WORLD (to name sub-domains alike on every member)
 
 
 @dataclass
 class BenchRun:
     """The buffers and calls of one benchmark point.
 
-    ``run`` executes out of place into preallocated buffers; ``inplace`` likewise in place (or None);
-    ``result()`` is the output of the latest call, ``expected`` its golden; ``raw`` makes the same
-    collective with the plain mpi4py buffer call on the same arrays; ``torch_call(dist, torch, group)``
-    returns the torch.distributed equivalent on the same memory (or None); ``reset`` restores the
-    input an in-place call overwrote."""
+    ``op.execute(*args, **kwargs)`` runs out of place into preallocated buffers (``args`` None: no
+    such form); ``inplace`` is the ``(args, kwargs)`` of the in-place form (or None), ``reset``
+    restores the input it overwrote. The harness times ``execute`` or, with ``--plan``, a plan
+    prepared from the same arguments. ``expected`` is the golden of what the call returns (an
+    array, a tuple of them, or None on a rank without a root-only output); ``raw`` makes the same collective with the plain mpi4py buffer call on the same arrays;
+    ``torch_call(dist, torch, group)`` returns the torch.distributed equivalent on the same memory
+    (or None)."""
 
-    run: Callable[[], object]
-    result: Callable[[], np.ndarray]
-    expected: np.ndarray
+    op: object
+    args: tuple | None
+    expected: object
+    kwargs: dict = field(default_factory=dict)
     raw: Callable[[], object] | None = None
-    inplace: Callable[[], object] | None = None
+    inplace: tuple | None = None
     reset: Callable[[], object] | None = None
     torch_call: Callable[..., Callable[[], object] | None] | None = None
     exact: bool = True

@@ -33,21 +33,18 @@ class CommMode(IntEnum):
             f"comm_mode={value!r}: must be CommMode.MULTI_PROCESS (0) or MULTI_THREAD (1)", param="comm_mode")
 
 
-#: camelCase key in the accelerator stacks' documents -> Python field name. One table for all Params.
+#: The accelerator stacks' keys that are not the camelCase of a field name (every field also loads
+#: from its camelCase, ``rankSize`` -> ``rank_size``). One table for all Params.
 ALIASES: dict[str, str] = {
-    "rankSize": "rank_size",
-    "rankRoot": "rank_root",
     "hcclComm": "comm",
-    "commMode": "comm_mode",
-    "rankTableFile": "rank_table_file",
-    "commDomain": "comm_domain",
     "allReduceType": "reduce_type",
-    "reduceType": "reduce_type",
-    "sendCounts": "send_counts",
-    "recvCounts": "recv_counts",
-    "blockSize": "block_size",
-    "allgatherDtype": "allgather_dtype",
 }
+
+
+def camel(name: str) -> str:
+    """``rank_size`` -> ``rankSize``."""
+    head, *rest = name.split("_")
+    return head + "".join(w.capitalize() for w in rest)
 #: Documented keys that carry nothing for mpicoll (the C structs' reserved bytes).
 IGNORED_KEYS = frozenset({"rsv"})
 
@@ -92,16 +89,15 @@ class CommParam:
             raise CollectiveArgumentError(f"{cls.__name__}.from_dict: expected a dict, got {type(d).__name__}",
                                           param="param")
         names = {f.name for f in dataclasses.fields(cls)}
+        keys = {camel(n): n for n in names} | {k: v for k, v in ALIASES.items() if v in names} | {n: n for n in names}
         kwargs: dict[str, Any] = {}
         for key, value in d.items():
             if key in IGNORED_KEYS:
                 continue
-            name = ALIASES.get(key, key)
-            if name not in names:
+            name = keys.get(key)
+            if name is None:
                 raise CollectiveArgumentError(
-                    f"{cls.__name__}: unknown key {key!r}; known keys: "
-                    f"{', '.join(sorted(names | {k for k, v in ALIASES.items() if v in names}))}",
-                    param=key)
+                    f"{cls.__name__}: unknown key {key!r}; known keys: {', '.join(sorted(keys))}", param=key)
             if name == "comm" and value is not None:
                 raise CollectiveArgumentError(
                     f"{cls.__name__}: key {key!r} must be null in JSON; pass an mpi4py Comm as comm=",
@@ -123,18 +119,17 @@ class CommParam:
 
     def to_dict(self) -> dict:
         """camelCase dict of the JSON-representable fields (``comm`` is left out)."""
-        back = {v: k for k, v in ALIASES.items() if k != "allReduceType"}
         out = {}
         for f in dataclasses.fields(self):
             if f.name == "comm":
                 continue
             value = getattr(self, f.name)
-            out[back.get(f.name, f.name)] = int(value) if isinstance(value, IntEnum) else value
+            out[camel(f.name)] = int(value) if isinstance(value, IntEnum) else value
         return out
 
 
 @dataclass
-class ReduceParam(CommParam):
+class ReduceTypeParam(CommParam):
     """Adds ``reduce_type``: "sum" | "prod" | "max" | "min"."""
 
     reduce_type: str = "sum"

@@ -1,36 +1,34 @@
-"""THE validation rules: local checks on one rank's arguments and cross-rank checks on the header
-table that :func:`mpicoll._errors.agree` gathers.
+"""THE validation rules: local checks on one rank's arguments, and the cross-rank rules over the
+header table that :func:`mpicoll._errors.agree` gathers.
 
-Header layout (int64, identical length on every rank of a communicator, whatever the operator, so
+Header layout (int64, the same length on every rank of a communicator whatever the operator, so
 that different operators called on different ranks still meet in one ``Allgather`` and are told
-apart instead of deadlocking): see the ``H_*`` offsets; the two per-peer vectors ``vec_a`` and
-``vec_b`` (``n`` entries each) hold counts for the V operators.
+apart instead of deadlocking): the fields ``H_OP`` up to ``H_AGREED`` must be equal on every rank
+(a numpy row comparison); ``H_INFO`` carries facts about each rank that the issuer may read (its
+layout bits); then two per-peer vectors of ``n`` entries: what this rank sends to each peer and
+what it expects from each (the count-pair rule of the V operators).
 """
 from __future__ import annotations
 
 import os
 import zlib
+from typing import Any
 
 import numpy as np
 from mpi4py import MPI
 
-from ._dtypes import DType, by_code, of_array, reduce_by_code
-from ._errors import CollectiveArgumentError, arg_error, mismatch_error
-from ._native import HALF
+from ._comm import OP_NAMES
+from ._dtypes import ALL_DTYPES, DType, by_code, of_array, reduce_by_code
+from ._errors import arg_error, mismatch_error
 
-H_FLAG, H_OP, H_DTYPE, H_REDUCE, H_ROOT, H_SIZE, H_NDIM, H_DIMS = 0, 1, 2, 3, 4, 5, 6, 7
+H_FLAG, H_OP, H_DTYPE, H_REDUCE, H_ROOT, H_PARAMS, H_SEQ, H_SIZE, H_NDIM, H_DIMS = range(10)
 MAX_DIMS = 8
-H_SCALAR = H_DIMS + MAX_DIMS       # one op-specific scalar (send_count, recv_count, ...)
-H_BITS = H_SCALAR + 1              # op-specific flag bits
-H_SEQ = H_BITS + 1                 # debug mode: this communicator's collective sequence number
-H_EXTRA = H_SEQ + 1                # operator-specific parameters that must agree (QuantAllReduce)
-H_LEN = 20
-BIT_CONTIGUOUS = 1                 # displacements are the packed prefix sums of the counts
+H_AGREED = H_DIMS + MAX_DIMS       # [H_OP, H_AGREED) must agree on every rank
+H_INFO = H_AGREED                  # per-rank facts, not compared (BIT_PACKED: counts packed in rank order)
+H_LEN = H_INFO + 1
+BIT_PACKED = 1
 
 _BACKENDS = ("mpi", "hccl", "lccl", "nccl")
-
-#: operator code -> name, filled by Operation subclasses (for "rank 0 called X, rank 1 called Y").
-OP_NAMES: dict[int, str] = {}
 
 
 def validate_default() -> bool:
@@ -39,97 +37,133 @@ def validate_default() -> bool:
 
 
 def debug_default() -> bool:
-    """``MPICOLL_DEBUG=1``: fingerprint every collective (sequence number included) and report a
-    field-by-field diff naming the disagreeing ranks. Implies validation."""
+    """``MPICOLL_DEBUG=1``: carry the communicator's collective sequence number in every header, so
+    that ranks out of step are named. Implies validation."""
     return os.environ.get("MPICOLL_DEBUG", "0").strip().lower() in ("1", "true", "on", "yes")
 
 
-#: per library communicator (by handle): how many mpicoll collectives this rank started on it
-_SEQ: dict[int, int] = {}
+# ----------------------------------------------------------------------------- the header
 
-
-def next_seq(comm: MPI.Comm) -> int:
-    key = MPI._handleof(comm)
-    _SEQ[key] = seq = _SEQ.get(key, 0) + 1
-    return seq
-
-
-_FIELDS = (("sequence number", H_SEQ, str), ("operation", H_OP, lambda c: OP_NAMES.get(c, f"op#{c}")),
-           ("dtype", H_DTYPE, lambda c: by_code(c).name if c else "-"),
-           ("reduce_type", H_REDUCE, lambda c: reduce_by_code(c).name if c else "-"), ("rank_root", H_ROOT, str))
-
-
-def check_fingerprint(op: str, table: np.ndarray, comm: MPI.Comm) -> None:
-    """Debug mode: every rank's fingerprint must match; the error names the communicator and the
-    sequence number, and lists each differing field with the ranks holding each value
-    (``dtype: float32 on ranks [0, 2, 3], float16 on rank [1]``)."""
-    rows = table.tolist()
-    keys = [r[H_OP:H_SCALAR] + [r[H_SEQ], r[H_EXTRA]] for r in rows]
-    if all(k == keys[0] for k in keys):
-        return
-    check_debug_everywhere(table)
-    comm_name = comm.Get_name()
-    diffs = []
-    for name, col, show in _FIELDS:
-        _group(diffs, name, [show(int(r[col])) for r in rows])
-    _group(diffs, "x.shape", [_shape(np.asarray(r)) for r in rows])
-    _group(diffs, "operator parameters", [str(r[H_EXTRA]) for r in rows])
-    if diffs:   # (per-rank counts legitimately differ: the V operators' pair rules judge them)
-        first = OP_NAMES.get(int(rows[0][H_OP]), op)
-        seqs = {r[H_SEQ] for r in rows}
-        where = f"on {comm_name}" + (f" (sequence number {rows[0][H_SEQ]})" if len(seqs) == 1 else "")
-        raise mismatch_error(first, "fingerprint", f"{where}: " + "; ".join(diffs), None)
-
-
-def check_debug_everywhere(table: np.ndarray) -> None:
-    """``MPICOLL_DEBUG`` must be set alike on every rank: a debugging rank carries a sequence number
-    (>= 1), the others 0. Run on every rank (debugging or not), so that all raise the same error
-    instead of the debugging ranks alone."""
-    seqs = table[:, H_SEQ].tolist()
-    if all(seqs) or not any(seqs):
-        return
-    on = [r for r, s in enumerate(seqs) if s]
-    off = [r for r, s in enumerate(seqs) if not s]
-    first = OP_NAMES.get(int(table[0, H_OP]), f"op#{int(table[0, H_OP])}")
-    raise mismatch_error(first, "MPICOLL_DEBUG", f"set on rank{'s' if len(on) > 1 else ''} {on} but not on "
-                         f"rank{'s' if len(off) > 1 else ''} {off}: set it alike on every rank", off[0])
-
-
-def _group(diffs: list[str], name: str, values: list[str]) -> None:
-    if len(set(values)) > 1:
-        by: dict[str, list[int]] = {}
-        for r, v in enumerate(values):
-            by.setdefault(v, []).append(r)
-        diffs.append(f"{name}: " + ", ".join(f"{v} on rank{'s' if len(rs) > 1 else ''} {rs}" for v, rs in by.items()))
-
-
-def header(n: int, op_code: int) -> np.ndarray:
+def header(n: int, code: int, call: Any, seq: int) -> np.ndarray:
+    """This rank's header for one call: the fields of ``call`` (a :class:`~mpicoll._plan.Call`, or
+    None when describing failed), ``seq`` (debug mode's sequence number, else 0)."""
     h = np.zeros(H_LEN + 2 * n, dtype=np.int64)
-    h[H_OP] = op_code
+    h[H_OP], h[H_SEQ] = code, seq
+    if call is None:
+        return h
+    if call.dt is not None:
+        h[H_DTYPE] = call.dt.code
+    if call.reduce is not None:
+        h[H_REDUCE] = call.reduce.code
+    h[H_ROOT], h[H_PARAMS], h[H_INFO] = call.root, call.params, call.info
+    shape = call.shape
+    if shape is not None:
+        ndim = len(shape)
+        if ndim > MAX_DIMS:   # the last slot: a digest of the trailing dims ((.., 2, 3) and (.., 3, 2) differ)
+            shape = (*shape[:MAX_DIMS - 1], zlib.crc32(np.asarray(shape[MAX_DIMS - 1:], dtype=np.int64).tobytes()))
+        h[H_SIZE], h[H_NDIM] = int(np.prod(call.shape, dtype=np.int64)), ndim
+        h[H_DIMS:H_DIMS + len(shape)] = shape
+    if call.send is not None:
+        h[H_LEN:H_LEN + n] = call.send
+        h[H_LEN + n:] = call.recv
     return h
 
 
-def vec_a(h: np.ndarray, n: int) -> np.ndarray:
-    return h[H_LEN:H_LEN + n]
+def sent(table: np.ndarray) -> np.ndarray:
+    """``[i, j]``: what rank i sends to rank j, from a header table."""
+    n = table.shape[0]
+    return table[:, H_LEN:H_LEN + n]
 
 
-def vec_b(h: np.ndarray, n: int) -> np.ndarray:
-    return h[H_LEN + n:H_LEN + 2 * n]
+def expected(table: np.ndarray) -> np.ndarray:
+    """``[j, i]``: what rank j expects from rank i, from a header table."""
+    n = table.shape[0]
+    return table[:, H_LEN + n:H_LEN + 2 * n]
+
+
+def check_table(op: str, table: np.ndarray, pair_names: tuple[str, str] | None, where: str) -> None:
+    """The cross-rank rules, identical on every rank: the agreed fields are equal on every row;
+    with ``pair_names`` (how to name the two per-peer vectors), what rank j expects from rank i
+    equals what rank i sends to rank j, for every pair."""
+    agreed = table[:, H_OP:H_AGREED]
+    if not (agreed == agreed[0]).all():
+        raise _diagnose(op, table, where)
+    if pair_names is not None:
+        send, recv = sent(table), expected(table)
+        bad = np.argwhere(recv != send.T)
+        if bad.size:
+            j, i = (int(v) for v in bad[0])
+            send_name, recv_name = (name.format(i=i, j=j) for name in pair_names)
+            raise mismatch_error(op, recv_name, f"{recv_name}={int(recv[j, i])} on rank {j} but rank {i} has "
+                                 f"{send_name}={int(send[i, j])}: what rank {j} receives from rank {i} must equal "
+                                 f"what rank {i} sends to rank {j}", j)
+
+
+def _shape(row: np.ndarray) -> str:
+    """The shape in a header row, as text: ``(2, 3)``; beyond MAX_DIMS the leading dims, the number
+    of dims, the size and the digest of the trailing dims (all the header holds of them)."""
+    ndim = int(row[H_NDIM])
+    if ndim > MAX_DIMS:
+        lead = ", ".join(str(int(v)) for v in row[H_DIMS:H_DIMS + MAX_DIMS - 1])
+        digest = int(row[H_DIMS + MAX_DIMS - 1])
+        return f"({lead}, ...) [{ndim} dims, {int(row[H_SIZE])} elements, trailing dims #{digest:08x}]"
+    return str(tuple(int(v) for v in row[H_DIMS:H_DIMS + ndim]))
+
+
+#: operator name -> how to show its H_PARAMS value in a mismatch message
+PARAM_DESCRIBERS: dict = {}
+
+_FIELDS = (
+    ("operation", lambda r: OP_NAMES.get(int(r[H_OP]), f"operator #{int(r[H_OP])}")),
+    ("sequence number (MPICOLL_DEBUG)", lambda r: str(int(r[H_SEQ]))),
+    ("dtype", lambda r: by_code(int(r[H_DTYPE])).name if r[H_DTYPE] else "-"),
+    ("reduce_type", lambda r: repr(reduce_by_code(int(r[H_REDUCE])).name) if r[H_REDUCE] else "-"),
+    ("rank_root", lambda r: str(int(r[H_ROOT]))),
+    ("x.shape", _shape),
+)
+
+
+def _ranks(rs: list[int]) -> str:
+    return f"rank {rs[0]}" if len(rs) == 1 else f"ranks {rs}"
+
+
+def _diagnose(op: str, table: np.ndarray, where: str) -> Exception:
+    """The error for a table whose agreed fields differ: the first field that differs, with each
+    value and the ranks holding it (``dtype differs across ranks: float32 on ranks [0, 2],
+    float64 on rank 1``)."""
+    rows = list(table)
+    fields = _FIELDS[:5] + (("operator parameters", lambda r: PARAM_DESCRIBERS.get(op, str)(int(r[H_PARAMS]))),
+                            _FIELDS[5])
+    for name, show in fields:
+        values = [show(r) for r in rows]
+        if len(set(values)) == 1:
+            continue
+        by: dict[str, list[int]] = {}
+        for r, v in enumerate(values):
+            by.setdefault(v, []).append(r)
+        detail = ", ".join(f"{v} on {_ranks(rs)}" for v, rs in by.items())
+        first_odd = next(r for r, v in enumerate(values) if v != values[0])
+        if name == "operation":
+            ops = " vs ".join(by)
+            return mismatch_error(ops, name, f"{detail} {where}: every rank must call the same collective, in the "
+                                  "same order", first_odd)
+        if name.startswith("sequence"):
+            detail += f" {where}: a rank skipped or added a call"
+        return mismatch_error(op, name, detail, first_odd)
+    raise AssertionError("rows differ in no named field")    # (every agreed column has a name above)
 
 
 # ----------------------------------------------------------------------------- local rules
 
-def check_param(op: str, param, comm: MPI.Comm) -> None:
+def check_param(op: str, param, size: int, rank: int) -> None:
     """rank / rank_size / rank_root / backend / comm_mode against the communicator the op runs on."""
-    rank, size = comm.Get_rank(), comm.Get_size()
     if param.rank is not None and param.rank != -1 and param.rank != rank:
         raise arg_error(op, "rank", param.rank, rank, f"must equal the rank in the communicator ({rank}) or be -1")
     if param.rank_size is not None:
         if param.rank_size == 0:
             raise arg_error(op, "rank_size", 0, rank, "cannot be 0")
         if param.rank_size != size:
-            raise arg_error(op, "rank_size", param.rank_size, rank,
-                            f"must equal the communicator size ({size})")
+            raise arg_error(op, "rank_size", param.rank_size, rank, f"must equal the communicator size ({size})")
     root = param.rank_root
     if isinstance(root, bool) or not isinstance(root, (int, np.integer)) or not 0 <= root < size:
         raise arg_error(op, "rank_root", root, rank, f"must be in [0, rank_size={size})")
@@ -144,33 +178,33 @@ def check_param(op: str, param, comm: MPI.Comm) -> None:
         raise arg_error(op, "comm_mode", param.comm_mode, rank, "must be MULTI_PROCESS or MULTI_THREAD")
 
 
-def check_array(op: str, name: str, x: object, rank: int) -> DType:
-    """An ndarray of a supported dtype; returns its dtype row."""
+def array(op: str, name: str, x: object, rank: int) -> tuple[np.ndarray, DType]:
+    """``x`` as an array of a supported dtype (a list becomes one) and its dtype row."""
     if not isinstance(x, np.ndarray):
-        raise arg_error(op, name, type(x).__name__, rank, "must be a numpy array")
+        try:
+            x = np.asarray(x)
+        except Exception:  # noqa: BLE001 - anything numpy cannot take
+            raise arg_error(op, name, type(x).__name__, rank, "must be a numpy array") from None
     dt = of_array(x)
     if dt is None:
-        from ._dtypes import ALL_DTYPES
         raise arg_error(op, name + ".dtype", str(x.dtype), rank, f"unsupported; supported: {', '.join(ALL_DTYPES)}")
-    return dt
+    return x, dt
 
 
-def fill_shape(h: np.ndarray, x: np.ndarray) -> None:
-    """Size, ndim and up to MAX_DIMS dims; beyond that the last slot holds a digest of the trailing
-    dims (not their product: ``(.., 2, 3)`` and ``(.., 3, 2)`` must still differ)."""
-    if _fill_shape_c is not None and _fill_shape_c(h, x, H_SIZE, MAX_DIMS):
-        return
-    shape = x.shape
-    if len(shape) > MAX_DIMS:
-        shape = (*shape[:MAX_DIMS - 1], zlib.crc32(np.asarray(shape[MAX_DIMS - 1:], dtype=np.int64).tobytes()))
-    _put_shape(h, H_SIZE, x.size, x.ndim, shape)
-
-
-def _put_shape(h: np.ndarray, at: int, size: int, ndim: int, dims: tuple) -> None:
-    """``h[at] = size``, ``h[at + 1] = ndim``, then the dims: the shape part of a header (the Python
-    twin of ``put_shape`` in ``_half.c``)."""
-    h[at], h[at + 1] = size, ndim
-    h[at + 2:at + 2 + len(dims)] = dims
+def check_out(op: str, out: Any, shape: tuple, dtype: np.dtype, rank: int, x: np.ndarray | None = None,
+              in_place_ok: bool = False) -> np.ndarray:
+    """A caller-supplied output buffer: right shape and dtype, C-contiguous, writable, not
+    overlapping x (``in_place_ok``: ``out`` may be x itself). Returns it."""
+    if not isinstance(out, np.ndarray):
+        raise arg_error(op, "out", type(out).__name__, rank, "must be a numpy array")
+    if out.shape != tuple(shape) or out.dtype != dtype:
+        raise arg_error(op, "out", f"{out.dtype}{list(out.shape)}", rank, f"must be {dtype}{list(shape)}")
+    if not out.flags.c_contiguous or not out.flags.writeable:
+        raise arg_error(op, "out", "non-contiguous or read-only", rank, "must be C-contiguous and writable")
+    if x is not None and np.may_share_memory(out, x) and not (in_place_ok and out is x) and np.shares_memory(out, x):
+        raise arg_error(op, "out", "aliases x", rank,
+                        "must not overlap the input" + (" (pass out=x itself for in-place)" if in_place_ok else ""))
+    return out
 
 
 def check_dim0(op: str, x: np.ndarray, n: int, rank: int) -> None:
@@ -181,11 +215,8 @@ def check_dim0(op: str, x: np.ndarray, n: int, rank: int) -> None:
 
 
 def counts(op: str, name: str, values: object, n: int, rank: int) -> list[int]:
-    """A length-n vector of non-negative integers (list, tuple or integer array) as a list.
-
-    Plain Python over n entries: for the rank counts collectives run at, this is several times
-    faster than a chain of numpy calls on tiny arrays.
-    """
+    """A length-n vector of non-negative integers (list, tuple, integer array or any iterable,
+    read once) as a list of ints."""
     if isinstance(values, np.ndarray):
         if values.ndim != 1 or values.size != n:
             raise arg_error(op, name, _short(values), rank, f"must hold exactly rank_size={n} entries")
@@ -198,7 +229,7 @@ def counts(op: str, name: str, values: object, n: int, rank: int) -> list[int]:
         except TypeError:
             raise arg_error(op, name, values, rank, "must be a sequence of integers") from None
         if len(lst) != n:
-            raise arg_error(op, name, _short(values), rank, f"must hold exactly rank_size={n} entries")
+            raise arg_error(op, name, _short(lst), rank, f"must hold exactly rank_size={n} entries")
         for i, v in enumerate(lst):
             if isinstance(v, bool) or not isinstance(v, (int, np.integer)):
                 raise arg_error(op, f"{name}[{i}]", v, rank, "entries must be integers")
@@ -206,6 +237,9 @@ def counts(op: str, name: str, values: object, n: int, rank: int) -> list[int]:
     if lst and min(lst) < 0:
         i = next(i for i, v in enumerate(lst) if v < 0)
         raise arg_error(op, f"{name}[{i}]", lst[i], rank, "must be >= 0")
+    if lst and max(lst) >= 1 << 62:
+        i = next(i for i, v in enumerate(lst) if v >= 1 << 62)
+        raise arg_error(op, f"{name}[{i}]", lst[i], rank, "must be < 2**62")
     return lst
 
 
@@ -214,8 +248,8 @@ def scalar_count(op: str, name: str, value: object, rank: int) -> int:
         value = value.reshape(-1)[0]
     if isinstance(value, bool) or not isinstance(value, (int, np.integer)):
         raise arg_error(op, name, value, rank, "must be an integer")
-    if value < 0:
-        raise arg_error(op, name, int(value), rank, "must be >= 0")
+    if not 0 <= value < 1 << 62:
+        raise arg_error(op, name, int(value), rank, "must be >= 0" if value < 0 else "must be < 2**62")
     return int(value)
 
 
@@ -237,53 +271,15 @@ def check_no_overlap(op: str, counts_name: str, c: list[int], displs_name: str, 
                             f"receive region of peer {j} overlaps that of peer {i} ([{d0}, {d0 + c[i]}))")
 
 
-_ndarray = np.ndarray
-
-
-def packed_layout(c, d) -> tuple[int, int]:
-    """``(total, block)``: ``total`` is ``sum(c)`` when the displacements ``d`` are the exclusive
-    prefix sums of the counts ``c`` (data packed in rank order), else -1; ``block`` is the count
-    every entry of ``c`` equals, else -1 (whatever ``d`` is). One pass over plain lists: on the
-    execute path (``_half.packed_layout`` is the same in C for integer arrays)."""
-    if type(c) is _ndarray:
-        c = c.tolist()
-    if type(d) is _ndarray:
-        d = d.tolist()
-    block = c[0] if c and c.count(c[0]) == len(c) else -1
-    if len(c) != len(d):
-        return -1, block
+def packed(c: list[int], d: list[int]) -> bool:
+    """The displacements ``d`` are the exclusive prefix sums of the counts ``c``: blocks packed in
+    rank order."""
     pos = 0
     for ci, di in zip(c, d):
         if di != pos:
-            return -1, block
+            return False
         pos += ci
-    return pos, block
-
-
-_SEQUENCES = (list, tuple, np.ndarray)
-
-
-def read_once(values):
-    """``values`` itself when it is a list, tuple or array; any other iterable (a generator, ...)
-    read once into a list, so that it can be checked and then handed to MPI."""
-    return values if type(values) in _SEQUENCES else list(values)
-
-
-def layout_read_once(c, d) -> tuple:
-    """The Python side of a validation-off layout check, for what the C check does not take:
-    ``(c, d, total, block)`` with ``c`` and ``d`` read once (:func:`read_once`) and
-    :func:`packed_layout` of them."""
-    if type(c) not in _SEQUENCES:       # (read_once inline: this runs beside every such call)
-        c = list(c)
-    if type(d) not in _SEQUENCES:
-        d = list(d)
-    total, block = packed_layout(c, d)
-    return c, d, total, block
-
-
-def total(c) -> int:
-    """``sum(counts)`` for a list or an integer array, without numpy's per-call cost on tiny arrays."""
-    return sum(c.tolist()) if isinstance(c, np.ndarray) else sum(c)
+    return True
 
 
 def _short(values: object) -> object:
@@ -291,158 +287,3 @@ def _short(values: object) -> object:
         return list(np.asarray(values).reshape(-1)[:16].tolist())
     except Exception:  # noqa: BLE001 - only for an error message
         return values
-
-
-# ----------------------------------------------------------------------------- cross-rank rules
-
-def _first_diff(col: np.ndarray) -> int | None:
-    diff = np.flatnonzero(col != col[0])
-    return int(diff[0]) if diff.size else None
-
-
-def _shape(row: np.ndarray) -> str:
-    """The shape in a header row, as text: ``(2, 3)``; beyond MAX_DIMS the leading dims, the number
-    of dims, the size and the digest of the trailing dims (all the header holds of them)."""
-    ndim = int(row[H_NDIM])
-    if ndim > MAX_DIMS:
-        lead = ", ".join(str(int(v)) for v in row[H_DIMS:H_DIMS + MAX_DIMS - 1])
-        digest = int(row[H_DIMS + MAX_DIMS - 1])
-        return f"({lead}, ...) [{ndim} dims, {int(row[H_SIZE])} elements, trailing dims #{digest:08x}]"
-    return str(tuple(int(v) for v in row[H_DIMS:H_DIMS + ndim]))
-
-
-def check_common(op: str, table: np.ndarray) -> None:
-    """Operator, dtype, reduce type, root and (optionally) shape agree on every rank, and so does
-    ``MPICOLL_DEBUG``.
-
-    The header holds only the fields this operator uses (the others stay 0), so the common case
-    is one comparison of the rows' fixed part; the field-by-field diagnosis runs only on a mismatch.
-    """
-    if _first_diff_row is not None and _first_diff_row(table, H_OP, H_SCALAR, H_SEQ, H_EXTRA + 1) == -1:
-        return        # (the same fields equal on every row, sequence numbers included: in C, ~0.1 us)
-    rows = [r[H_OP:H_SCALAR] + [r[H_EXTRA], r[H_SEQ] > 0] for r in table.tolist()]
-    first = rows[0]
-    if all(r == first for r in rows):
-        return
-    check_debug_everywhere(table)
-    r = _first_diff(table[:, H_OP])
-    if r is not None:
-        names = [OP_NAMES.get(int(c), f"op#{int(c)}") for c in table[:, H_OP]]
-        calls = ", ".join(f"rank {i} called {nm}" for i, nm in enumerate(names))
-        raise mismatch_error(names[0], "operation", f"{calls}: every rank must call the same collective", r)
-    shows = (("dtype", H_DTYPE, lambda c: by_code(c).name), ("reduce_type", H_REDUCE, lambda c: repr(reduce_by_code(c).name)),
-             ("rank_root", H_ROOT, str), ("operator parameters", H_EXTRA, lambda c: describe_extra(op, c)))
-    for name, col, show in shows:
-        r = _first_diff(table[:, col])
-        if r is not None:
-            raise mismatch_error(op, name, f"{show(int(table[0, col]))} on rank 0 but {show(int(table[r, col]))} "
-                                 f"on rank {r}", r)
-    r = next(i for i, row in enumerate(rows) if row != first)
-    raise mismatch_error(op, "x.shape", f"{_shape(table[0])} on rank 0 but {_shape(table[r])} on rank {r}", r)
-
-
-#: operator name -> how to show its H_EXTRA value in a mismatch message
-EXTRA_DESCRIBERS: dict = {}
-
-
-def describe_extra(op: str, value: int) -> str:
-    return EXTRA_DESCRIBERS.get(op, str)(value)
-
-
-def check_pairs(op: str, table: np.ndarray, sent_at: tuple[int, int], send_name: str,
-                expected_at: tuple[int, int], recv_name: str) -> None:
-    """What rank j expects from rank i equals what rank i sends to rank j, for every pair.
-
-    Both are read from the header table at ``(offset, step)``: rank i sends ``table[i, s_off + j *
-    s_step]`` to rank j, and rank j expects ``table[j, e_off + i * e_step]`` from rank i (step 0: one
-    scalar column, the same for every peer).
-    """
-    n = table.shape[0]
-    (so, ss), (eo, es) = sent_at, expected_at
-    hit = -2 if _pair_mismatch_c is None else _pair_mismatch_c(table, so, ss, eo, es)
-    if hit == -2:
-        hit = pair_mismatch(table, so, ss, eo, es)
-    if hit < 0:
-        return
-    j, i = divmod(hit, n)
-    sent, expected = int(table[i, so + j * ss]), int(table[j, eo + i * es])
-    raise mismatch_error(op, recv_name.format(i=i), f"{recv_name.format(i=i)}={expected} on rank {j} but "
-                         f"rank {i} has {send_name.format(j=j)}={sent}: what rank {j} receives "
-                         f"from rank {i} must equal what rank {i} sends to rank {j}", j)
-
-
-def pair_mismatch(table: np.ndarray, so: int, ss: int, eo: int, es: int) -> int:
-    """The Python twin of ``_half.pair_mismatch``: ``j * n + i`` for the first pair (j-major) with
-    ``table[j, eo + i * es] != table[i, so + j * ss]``, -1 when there is none."""
-    n = table.shape[0]
-    if n <= 32:   # plain Python beats numpy's per-call cost on small tables
-        t = table.tolist()
-        return next((j * n + i for j in range(n) for i in range(n) if t[j][eo + i * es] != t[i][so + j * ss]), -1)
-    idx = np.arange(n)
-    where = np.argwhere(table[:, eo + idx * es] != table[:, so + idx * ss].T)
-    return int(where[0, 0]) * n + int(where[0, 1]) if where.size else -1
-
-
-def overflow_error(op: str, dt, acc, values: np.ndarray, rank: int | None, first_index: int = 0):
-    """None, or the error for a checked integer SUM whose exact result leaves ``dt``'s range."""
-    info = np.iinfo(dt.np)
-    bad = np.flatnonzero((values < info.min) | (values > info.max))
-    if not bad.size:
-        return None
-    i = int(bad[0])
-    where = f" (rank {rank}'s block)" if rank is not None else ""
-    return CollectiveArgumentError(
-        f"{op}: reduce_type='sum' overflows {dt.name}{where}: element {first_index + i} sums to {int(values[i])}, "
-        f"outside [{info.min}, {info.max}] ({bad.size} element(s) in all). With validation on, {dt.name} sums are "
-        f"accumulated in {acc.name} and never wrap: use a wider dtype, or validation off to wrap as MPI does",
-        op=op, param="reduce_type", rank=rank)
-
-
-# ----------------------------------------------------------------------------- the plain case
-#
-# The validated ``execute`` of the common operators first asks whether a call is *plain*: x an
-# exact, C-contiguous, native ndarray of a table dtype, out absent or a fresh C-contiguous array of
-# the right shape and dtype, counts packed in rank order. A plain call fills its header in one step
-# (the header ``_check`` would fill for it, no other) and skips ``_check``; every other call takes
-# the general path. Both make the same one ``Allgather``, so ranks may mix them. The table is then
-# tested in one step; anything but agreement goes through the general path's rules
-# (``settle``, ``check_common``), and ``_cross`` always runs (Operation._checked).
-
-def plain_header(x, tmpl: np.ndarray, codes: tuple, dtype_at: int, shape_at: int, max_dims: int):
-    """A copy of ``tmpl`` with x's dtype code (and, when ``shape_at >= 0``, its size, ndim and
-    shape), or None when x is not plain: the Python twin of ``_half.plain_header``."""
-    if type(x) is not np.ndarray or not x.flags.c_contiguous:
-        return None
-    d = x.dtype
-    if d.num >= len(codes) or not d.isnative or d.names is not None or codes[d.num] is None:
-        return None
-    if shape_at >= 0 and (x.ndim > max_dims or shape_at + 2 + max_dims > tmpl.size):
-        return None
-    h = tmpl.copy()
-    h[dtype_at] = codes[d.num]
-    if shape_at >= 0:
-        _put_shape(h, shape_at, x.size, x.ndim, x.shape)
-    return h
-
-
-def plain_out(out, x: np.ndarray, shape: tuple) -> bool:
-    """``out`` is an exact, C-contiguous, writable ndarray of ``shape`` and x's dtype, not
-    overlapping the C-contiguous x: the Python twin of ``_half.plain_out``."""
-    return (type(out) is np.ndarray and out.flags.c_contiguous and out.flags.writeable and x.flags.c_contiguous
-            and out.shape == shape and out.dtype == x.dtype and not np.may_share_memory(out, x))
-
-
-def table_agrees(table: np.ndarray) -> bool:
-    """Every row equals row 0 in the error flag and the fields ``check_common`` compares (a plain
-    rank's own flag is 0, so no rank has an error either); False sends the table to the general
-    path's rules, which name what differs. Without the C kernels: always False (those rules run)."""
-    return _first_diff_row is not None and _first_diff_row(table, H_FLAG, H_SCALAR, H_SEQ, H_EXTRA + 1) == -1
-
-
-#: the header-table tests in C (None without the extension: the Python code above then runs alone)
-_first_diff_row = getattr(HALF, "first_diff_row", None)
-_pair_mismatch_c = getattr(HALF, "pair_mismatch", None)
-_fill_shape_c = getattr(HALF, "fill_shape", None)
-#: the plain-case tests, in C or their Python twins
-plain_header_fn = getattr(HALF, "plain_header", None) or plain_header
-plain_out_fn = getattr(HALF, "plain_out", None) or plain_out

@@ -22,7 +22,7 @@ import numpy as np
 from mpi4py import MPI
 
 from . import ops as _ops, quant as _quant  # noqa: F401 - registers the operators
-from ._domains import declare_domains, domain, runtime
+from ._domains import declare_domains, domain, world as lib_world
 from ._dtypes import DTYPES, REDUCE_OPS
 from ._golden import BENCHES, BenchCase, count_wrong
 from ._validate import validate_default
@@ -79,6 +79,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--split", default="", help='split the world like nccl-tests: "MOD k" or "DIV k"')
     p.add_argument("--validate", type=int, choices=(0, 1), default=None,
                    help="mpicoll's cross-rank checks (default: MPICOLL_VALIDATE, on)")
+    p.add_argument("--plan", action="store_true",
+                   help="time prepared plans (op.prepare(...).run()) instead of execute()")
     p.add_argument("--compare", default="", help="also time mpi4py and/or gloo: e.g. mpi4py,gloo")
     p.add_argument("--reps", type=int, default=None,
                    help="interleaved repetitions per point (median kept; default 1, or 3 with --compare)")
@@ -158,7 +160,7 @@ def run_bench(argv: list[str] | None = None) -> int:
     """Run the sweep; returns the exit status (1 if any result was wrong)."""
     args = build_parser().parse_args(argv)
     args.command_line = "python -m mpicoll.run bench " + " ".join(sys.argv[2:] if argv is None else argv)
-    world = runtime().world
+    world = lib_world().mpi
     me, nworld = world.Get_rank(), world.Get_size()
     ops = _select(args.op, list(BENCHES), "operator")
     dtypes = _select(args.datatype, list(DTYPES), "dtype")
@@ -173,7 +175,7 @@ def run_bench(argv: list[str] | None = None) -> int:
     placement = _placement(world)
     active = colors[me] >= 0
     raw_comm = MPI.COMM_WORLD.Split(colors[me] if active else MPI.UNDEFINED, me)
-    comm = (domain(dom) if dom else runtime().world) if active else None
+    comm = (domain(dom) if dom else world) if active else None
     printer = active and comm.Get_rank() == 0 and colors[me] == min(c for c in colors if c >= 0)
     gloo = None
     if "gloo" in compare:
@@ -253,7 +255,8 @@ def _sweep(args, ops, dtypes, redops, compare, reps, validate, comm, raw_comm, d
                     if progress:
                         sys.stderr.write(f"\r[{name} {dname} {rname} {size} B]   ")
                         sys.stderr.flush()
-                    case = BenchCase(count, dt, REDUCE_OPS.get(rname), args.root, n, rank, dom, validate, raw_comm)
+                    case = BenchCase(count, dt, REDUCE_OPS.get(rname), args.root, n, rank, dom, validate, raw_comm,
+                                     MPI.COMM_WORLD.Get_rank())
                     row = _point(spec, name, case, args, compare, gloo, reps, comm)
                     rows.append(row)
                     if printer:
@@ -268,7 +271,17 @@ def _point(spec, name, case, args, compare, gloo, reps, comm) -> Row:
     row = Row(name, case.count * dt.itemsize, case.count, dt.name, case.reduce.name if case.reduce else "none",
               args.root if spec.uses_root else -1)
     b = spec.setup(case)
-    impls = {"oop": b.run, "ip": b.inplace}
+    plans = []
+
+    def form(call):               # execute(...) or, with --plan, a plan's run()
+        if call is None:
+            return None
+        c_args, c_kwargs = call
+        if args.plan:
+            plans.append(b.op.prepare(*c_args, **c_kwargs))
+            return plans[-1].run
+        return lambda: b.op.execute(*c_args, **c_kwargs)
+    impls = {"oop": form(None if b.args is None else (b.args, b.kwargs)), "ip": form(b.inplace)}
     if "mpi4py" in compare:
         impls["mpi4py"] = b.raw
     if "gloo" in compare:
@@ -307,10 +320,18 @@ def _point(spec, name, case, args, compare, gloo, reps, comm) -> Row:
                 continue
             if key == "ip" and b.reset is not None:
                 b.reset()
-            fn()
-            wrong = count_wrong(b.result().reshape(-1), np.asarray(b.expected).reshape(-1), exact=b.exact, n=n)
+            wrong = count_wrong(_flat(fn()), _flat(b.expected), exact=b.exact, n=n)
             setattr(row, prefix + "wrong", int(comm.allreduce(wrong, op=MPI.SUM)))
+    for plan in plans:
+        plan.free()
     return row
+
+
+def _flat(value):
+    """An output (an array, a tuple of them, None) with each array flattened."""
+    if isinstance(value, tuple):
+        return tuple(_flat(v) for v in value)
+    return None if value is None else np.asarray(value).reshape(-1)
 
 
 def _settle(comm: MPI.Comm, seconds: float = 0.05) -> None:
@@ -355,6 +376,7 @@ def _placement(world: MPI.Comm) -> dict:
 def _header(name, n, dtype, redop, compare, validate, args) -> str:
     extra = "".join(f" {c + '(us)':>11} {'ratio':>7}" for c in compare)
     lines = [f"# {name}: {n} rank(s), dtype {dtype}, redop {redop}, validation {'on' if validate else 'off'}, "
+             f"{'plan.run()' if args.plan else 'execute()'}, "
              f"iters {args.iters}, warmup {args.warmup_iters}"
              + (f", compare {','.join(compare)} (mpi4py ratio = mpicoll/raw, gloo ratio = gloo/mpicoll)"
                 if compare else ""),
@@ -382,7 +404,8 @@ def _format(r: Row, compare) -> str:
 
 def _write_json(args, rows, n, compare, validate, placement) -> None:
     import mpi4py
-    doc = {"command": args.command_line, "ranks": n, "validate": validate, "compare": compare, "placement": placement,
+    doc = {"command": args.command_line, "ranks": n, "validate": validate, "plan": args.plan, "compare": compare,
+           "placement": placement,
            "mpi": MPI.Get_library_version().splitlines()[0], "mpi4py": mpi4py.__version__, "numpy": np.__version__,
            "python": platform.python_version(), "host": platform.node(), "cpus": os.cpu_count(),
            "rows": [r.__dict__ for r in rows]}

@@ -10,7 +10,7 @@ import numpy as np
 from mpi4py import MPI
 
 from . import ops as _ops, quant as _quant  # noqa: F401 - registers the operators and their check specs
-from ._domains import runtime
+from ._domains import world as lib_world
 from ._dtypes import DTYPES
 from ._golden import CHECKS, SEED, count_wrong
 
@@ -59,7 +59,7 @@ def run_checks(ops: list[str] | None = None, dtypes: list[str] | None = None, *,
         One :class:`CheckRow` per operator, identical on every rank (counts summed over ranks,
         time = slowest rank).
     """
-    world = runtime().world
+    world = lib_world().mpi
     me, nworld = world.Get_rank(), world.Get_size()
     rows = []
     wanted = select(dtypes, list(DTYPES), "dtype")
@@ -81,8 +81,8 @@ def run_checks(ops: list[str] | None = None, dtypes: list[str] | None = None, *,
             for dtype in dts:
                 for case in cases:
                     c0 = time.perf_counter()
-                    got, expected, exact = spec.run(case, dtype, dom, rank, n, seed, validate=validate)
-                    wrong = count_wrong(got, expected, exact=exact, n=n)
+                    c = spec.make(case, dtype, dom, rank, n, seed, validate=validate)
+                    wrong = count_wrong(c.execute(), c.expected, exact=c.exact, n=n)
                     local += (1, wrong)
                     if wrong:
                         failures.append(f"{name} {dtype} {label}:{case} rank {me}: {wrong} wrong")

@@ -6,7 +6,7 @@ from typing import TextIO
 
 import numpy as np
 
-from ._domains import runtime
+from ._domains import world as lib_world
 from .ops.allgather import AllGatherOperation, AllGatherParam
 from .ops.allreduce import AllReduceOperation, AllReduceParam
 from .ops.alltoall import AllToAllVV2Operation, AllToAllVV2Param
@@ -43,7 +43,7 @@ def _examples(rank: int, n: int) -> list[tuple[str, str, object]]:
 
 def run_demo(log: TextIO | None = None) -> int:
     """Run the examples on every rank; rank 0 prints each example's per-rank outputs in rank order."""
-    world = runtime().world
+    world = lib_world().mpi
     rank, n = world.Get_rank(), world.Get_size()
     mine = [(t, code, " ".join(np.array2string(np.asarray(o), separator=", ").split()), tuple(np.shape(o)), str(np.asarray(o).dtype))
             for t, code, o in _examples(rank, n)]

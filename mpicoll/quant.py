@@ -19,10 +19,11 @@ from mpi4py import MPI
 from . import _validate as V
 from ._dtypes import DTYPES
 from ._errors import CollectiveArgumentError, arg_error
-from ._golden import BenchRun, BenchSpec, CheckSpec, bench_data, rank_data, register_bench, register_check, rng_for
+from ._golden import BenchRun, BenchSpec, Case, CheckSpec, bench_data, rank_data, register_bench, register_check, rng_for
+from . import _native
 from ._params import CommParam
-from .ops import _base
-from .ops._base import TILE, Operation, check_out, from_f32, split_even
+from ._plan import Call, Plan
+from .ops._base import TILE, Operation, from_f32, split_even
 
 _INT8 = DTYPES["int8"]
 _F16 = DTYPES["float16"]
@@ -76,9 +77,9 @@ def quantize(x: np.ndarray, block_size: int) -> tuple[np.ndarray, np.ndarray]:
 
 
 def _kernel(name: str):
-    """The C kernel ``name`` from mpicoll/_half.c, or None (not built, an older build, or
-    MPICOLL_HALF_KERNELS=0): the numpy path then gives the same bits, more slowly."""
-    return getattr(_base.HALF, name, None)
+    """The C kernel ``name`` from mpicoll/_kernels.c, or None (not built, or MPICOLL_KERNELS=0):
+    the numpy path then gives the same bits, more slowly. Read at each use, so tests can switch."""
+    return getattr(_native.KERNELS, name, None)
 
 
 def _quantize(flat: np.ndarray, block_size: int, q: np.ndarray | None = None,
@@ -280,7 +281,7 @@ class QuantAllReduceParam(CommParam):
 
 
 @dataclass(frozen=True)
-class _Plan:
+class _Chunks:
     """Everything about the exchange that depends only on the element count (cached per size)."""
 
     counts: np.ndarray             # elements of chunk j
@@ -299,9 +300,7 @@ class _Plan:
 class QuantAllReduceOperation(Operation):
     """int8 AllToAll -> float32 dequantize-and-sum -> float16 AllGather.
 
-    ``execute(x, scale, out=None)``: ``x`` int8 (any shape, same on every rank), ``scale`` a scalar
-    (block_size 0) or ``ceil(x.size / block_size)`` float32 per-block scales. Returns float16 of
-    x's shape: ``float16(sum_r float32(x_r) * scale_r)``, summed in rank order.
+    Every rank gets ``float16(sum_r float32(x_r) * scale_r)``, summed in rank order.
 
     Example (2 ranks, rank r: ``x = np.full(4, r + 1, np.int8)``, ``scale = 0.5``)::
 
@@ -311,125 +310,128 @@ class QuantAllReduceOperation(Operation):
     NAME = "QuantAllReduce"
     PARAM = QuantAllReduceParam
 
+    def execute(self, x: np.ndarray, scale, out: np.ndarray | None = None) -> np.ndarray:
+        """Sum the dequantized ``x`` of every rank.
+
+        Args:
+            x: int8, any shape, the same on every rank.
+            scale: a scalar (``block_size`` 0) or ``ceil(x.size / block_size)`` float32 per-block
+                scales (a plan re-reads a float32 array of scales on every run).
+            out: a preallocated float16 output of x's shape.
+
+        Returns:
+            ``out``, or a new float16 array of x's shape.
+        """
+        return self._execute(x, scale, out)
+
+    def prepare(self, x: np.ndarray, scale, out: np.ndarray | None = None) -> Plan:
+        """A :class:`~mpicoll.Plan` of ``execute(x, scale, out)``."""
+        return self._prepare(x, scale, out)
+
     def _bind_param(self) -> None:
         p = self.param
         self._block = _check_block_size(p.block_size, op=self.NAME, rank=self.rank, allow_zero=True)
         if p.allgather_dtype not in _GATHER_DTYPES:
             raise arg_error(self.NAME, "allgather_dtype", p.allgather_dtype, self.rank, f"must be one of {_GATHER_DTYPES}")
         self._int8_gather = p.allgather_dtype == "int8"
-        self._plans: dict[int, _Plan] = {}
+        self._chunks: dict[int, _Chunks] = {}
         self._scratch: tuple | None = None
 
-    def _check(self, args, kwargs, h):
-        x, scale, out = _args(*args, **kwargs)
-        x = np.asarray(x)
-        if x.dtype != np.int8:
-            raise arg_error(self.NAME, "x.dtype", str(x.dtype), self.rank, "must be int8")
-        x = self._check_x(x, h)
+    def describe(self, x, scale, out=None) -> Call:
+        if np.asarray(x).dtype != np.int8:
+            raise arg_error(self.NAME, "x.dtype", str(np.asarray(x).dtype), self.rank, "must be int8")
+        x, dt, src = self._data(x)
         s = _scales(self.NAME, scale, x.size, self._block, self.rank)
-        check_out(self.NAME, out, x.shape, np.dtype(np.float16), self.rank)
-        h[V.H_EXTRA] = self._block * 2 + self._int8_gather   # must agree across ranks
-        return (x, s), {"out": out}
+        out = self._out(out, x.shape, np.dtype(np.float16))
+        return Call(dt, x, out, src=src, shape=x.shape, params=self._block * 2 + self._int8_gather, args=(s,))
 
-    def _plan(self, size: int) -> _Plan:
-        plan = self._plans.get(size)
+    def _plan_of(self, size: int) -> _Chunks:
+        plan = self._chunks.get(size)
         if plan is None:
             n, me = self.size, self.rank
             counts, displs, bcounts, bdispls = plan_chunks(size, n, self._block)
             c, nb = int(counts[me]), int(bcounts[me])
-            plan = self._plans[size] = _Plan(
+            plan = self._chunks[size] = _Chunks(
                 counts, displs, bcounts, bdispls, c, nb, int(displs[me]), bool((counts == counts[0]).all()),
                 bool((bcounts == bcounts[0]).all()), (np.full(n, c), np.arange(n) * c),
                 (np.full(n, nb), np.arange(n) * nb))
         return plan
 
-    def _work(self, p: _Plan, size: int) -> tuple:
-        """Scratch buffers for the element count ``size``, kept until the count changes (a fresh
-        large array costs page faults on every call): the received int8 rows and their scales; for
-        the int8 gather also the gathered int8 data and scales."""
+    def _work(self, p: _Chunks, size: int) -> tuple:
+        """Scratch buffers for ``size`` elements: the received int8 rows and their scales; for the
+        int8 gather also the gathered int8 data and scales."""
         n, block = self.size, self._block
         w = (size, np.empty((n, p.c), dtype=np.int8), np.empty((n, p.nb if block else 1), dtype=np.float32),
              None, None)
         if self._int8_gather:
             w = w[:3] + (np.empty(size, dtype=np.int8), np.zeros(-(-size // block) if block else n, dtype=np.float32))
-        self._scratch = w
         return w
 
-    def _run(self, x, scale, out=None):
-        if type(x) is not np.ndarray or not x.flags.c_contiguous:
-            x = np.ascontiguousarray(x)
-        if x.dtype != np.int8:
-            raise arg_error(self.NAME, "x.dtype", str(x.dtype), self.rank, "must be int8")
-        block = self._block
-        # validated by _check already, or validation is off: then only what keeps MPI inside the
-        # arrays is checked here (the number of scales, out's dtype and size), not the scale values
-        s = scale if type(scale) is np.ndarray and scale.dtype == np.float32 and scale.ndim == 1 and \
-            scale.flags.c_contiguous and scale.size == (-(-x.size // block) if block else 1) else \
-            _scales(self.NAME, scale, x.size, block, self.rank)
-        if out is not None and (type(out) is not np.ndarray or out.dtype != np.float16 or out.size != x.size
-                                or not out.flags.c_contiguous or not out.flags.writeable):
-            check_out(self.NAME, out, x.shape, np.dtype(np.float16), self.rank)   # raises
-        comm, n, p = self.comm, self.size, self._plan(x.size)
+    def issue(self, call, table, go) -> None:
+        x, out, (s,), comm, n = call.x, call.out, call.args, self._lib, self.size
+        block, p = self._block, self._plan_of(x.size)
         c, start = p.c, p.start
-        w = self._scratch
-        if w is None or w[0] != x.size:
+        if go is self._runner:      # execute reuses its scratch (a fresh large array page-faults every call)
+            if self._scratch is None or self._scratch[0] != x.size:
+                self._scratch = self._work(p, x.size)
+            w = self._scratch
+        else:                       # a plan owns its own
             w = self._work(p, x.size)
         _, recv, rscales, allq, alls = w
-        flat = x.reshape(-1)
+        flat, oflat = x.reshape(-1), out.reshape(-1)
         # 1. int8 on the wire: chunk j of every rank goes to rank j ...
         if p.even:
-            comm.Alltoall([flat, MPI.INT8_T], [recv, MPI.INT8_T])
+            go.mpi(comm, "Alltoall", [flat, MPI.INT8_T], [recv, MPI.INT8_T])
         else:
-            comm.Alltoallv([flat, (p.counts, p.displs), MPI.INT8_T], [recv, p.recv_counts, MPI.INT8_T])
+            go.mpi(comm, "Alltoallv", [flat, (p.counts, p.displs), MPI.INT8_T], [recv, p.recv_counts, MPI.INT8_T])
         # ... with the scales of exactly those elements
         if block == 0:
-            comm.Allgather([s, MPI.FLOAT], [rscales, MPI.FLOAT])
+            go.mpi(comm, "Allgather", [s, MPI.FLOAT], [rscales, MPI.FLOAT])
         elif p.beven:
-            comm.Alltoall([s, MPI.FLOAT], [rscales, MPI.FLOAT])
+            go.mpi(comm, "Alltoall", [s, MPI.FLOAT], [rscales, MPI.FLOAT])
         else:
-            comm.Alltoallv([s, (p.bcounts, p.bdispls), MPI.FLOAT], [rscales, p.recv_bcounts, MPI.FLOAT])
-        if out is None:
-            out = np.empty(x.shape, dtype=np.float16)
-        oflat = out.reshape(-1)
+            go.mpi(comm, "Alltoallv", [s, (p.bcounts, p.bdispls), MPI.FLOAT], [rscales, p.recv_bcounts, MPI.FLOAT])
         if allq is None:
             # 2. dequantize and sum in float32, rank order, rounded once to float16 straight into
             # this rank's slot of out; 3. gather the float16 chunks in place
-            _dequant_sum(recv, rscales, block, oflat[start:start + c])
+            go.local(_dequant_sum, recv, rscales, block, oflat[start:start + c])
+            o16 = oflat.view(np.uint16)
             if p.even:
-                comm.Allgather(MPI.IN_PLACE, [oflat.view(np.uint16), MPI.UINT16_T])
+                go.mpi(comm, "Allgather", MPI.IN_PLACE, [o16, MPI.UINT16_T])
             else:
-                comm.Allgatherv(MPI.IN_PLACE, [oflat.view(np.uint16), (p.counts, p.displs), MPI.UINT16_T])
-            return out
+                go.mpi(comm, "Allgatherv", MPI.IN_PLACE, [o16, (p.counts, p.displs), MPI.UINT16_T])
+            return
         # 2'. the float32 sum, re-quantized (per block; block 0: one scale for the chunk) straight
         # into this rank's slots of the gathered arrays; 3'. gather int8 + scales in place
         if block:
             b0 = int(p.bdispls[self.rank])
-            _dequant_sum_quantize(recv, rscales, block, block, allq[start:start + c], alls[b0:b0 + p.nb])
+            go.local(_dequant_sum_quantize, recv, rscales, block, block, allq[start:start + c], alls[b0:b0 + p.nb])
             if p.even and p.beven:
-                comm.Allgather(MPI.IN_PLACE, [allq, MPI.INT8_T])
-                comm.Allgather(MPI.IN_PLACE, [alls, MPI.FLOAT])
+                go.mpi(comm, "Allgather", MPI.IN_PLACE, [allq, MPI.INT8_T])
+                go.mpi(comm, "Allgather", MPI.IN_PLACE, [alls, MPI.FLOAT])
             else:
-                comm.Allgatherv(MPI.IN_PLACE, [allq, (p.counts, p.displs), MPI.INT8_T])
-                comm.Allgatherv(MPI.IN_PLACE, [alls, (p.bcounts, p.bdispls), MPI.FLOAT])
-            _dequant_sum(allq.reshape(1, -1), alls.reshape(1, -1), block, oflat)
-            return out
-        _dequant_sum_quantize(recv, rscales, 0, max(c, 1), allq[start:start + c], alls[self.rank:self.rank + 1])
+                go.mpi(comm, "Allgatherv", MPI.IN_PLACE, [allq, (p.counts, p.displs), MPI.INT8_T])
+                go.mpi(comm, "Allgatherv", MPI.IN_PLACE, [alls, (p.bcounts, p.bdispls), MPI.FLOAT])
+            go.local(_dequant_sum, allq.reshape(1, -1), alls.reshape(1, -1), block, oflat)
+            return
+        go.local(_dequant_sum_quantize, recv, rscales, 0, max(c, 1), allq[start:start + c],
+                 alls[self.rank:self.rank + 1])
         if p.even:
-            comm.Allgather(MPI.IN_PLACE, [allq, MPI.INT8_T])
+            go.mpi(comm, "Allgather", MPI.IN_PLACE, [allq, MPI.INT8_T])
         else:
-            comm.Allgatherv(MPI.IN_PLACE, [allq, (p.counts, p.displs), MPI.INT8_T])
-        comm.Allgather(MPI.IN_PLACE, [alls, MPI.FLOAT])
-        # one scale per chunk; split_even's chunks: `small + 1` elements for the first `rem`, then `small`
-        small, rem = divmod(x.size, n)
-        head = rem * (small + 1)
-        _dequant_sum(allq[:head].reshape(1, -1), alls[:rem].reshape(1, -1), small + 1, oflat[:head])
-        if small:
-            _dequant_sum(allq[head:].reshape(1, -1), alls[rem:].reshape(1, -1), small, oflat[head:])
-        return out
+            go.mpi(comm, "Allgatherv", MPI.IN_PLACE, [allq, (p.counts, p.displs), MPI.INT8_T])
+        go.mpi(comm, "Allgather", MPI.IN_PLACE, [alls, MPI.FLOAT])
+        go.local(_gathered_chunks, allq, alls, x.size, n, oflat)
 
 
-def _args(x, scale, out=None):
-    return x, scale, out
+def _gathered_chunks(allq: np.ndarray, alls: np.ndarray, size: int, n: int, oflat: np.ndarray) -> None:
+    """Dequantize the gathered int8 chunks of :func:`split_even` (one scale each: the first
+    ``size % n`` chunks hold one element more)."""
+    small, rem = divmod(size, n)
+    head = rem * (small + 1)
+    _dequant_sum(allq[:head].reshape(1, -1), alls[:rem].reshape(1, -1), small + 1, oflat[:head])
+    if small:
+        _dequant_sum(allq[head:].reshape(1, -1), alls[rem:].reshape(1, -1), small, oflat[head:])
 
 
 def bytes_per_rank(size: int, n: int, block_size: int, allgather_dtype: str = "float16") -> int:
@@ -468,7 +470,7 @@ def golden(xs: list[np.ndarray], scales: list[np.ndarray], block: int) -> np.nda
     return golden_f32(xs, scales, block).astype(np.float16).reshape(xs[0].shape)
 
 
-def _run_case(case, dtype, comm_domain, rank, n, seed, validate=True):
+def _case(case, dtype, comm_domain, rank, n, seed, validate=True) -> Case:
     block, size_of = _CASES[case]
     size = size_of(n)
     xs = [rank_data(seed, f"Quant/{case}", r, size, _INT8) * 30 for r in range(n)]
@@ -480,10 +482,8 @@ def _run_case(case, dtype, comm_domain, rank, n, seed, validate=True):
     gather = "int8" if case.startswith("int8-gather") else "float16"
     op = QuantAllReduceOperation(QuantAllReduceParam(comm_domain=comm_domain, rank_size=n, block_size=block,
                                                      allgather_dtype=gather), validate=validate)
-    got = op.execute(xs[rank], scales[rank] if block else float(scales[rank][0]))
-    if gather == "int8":
-        return got, golden_int8_gather(xs, scales, block, n), True
-    return got, golden(xs, scales, block), True
+    expected = golden_int8_gather(xs, scales, block, n) if gather == "int8" else golden(xs, scales, block)
+    return Case(op, (xs[rank], scales[rank] if block else float(scales[rank][0])), {}, expected)
 
 
 def golden_int8_gather(xs: list[np.ndarray], scales: list[np.ndarray], block: int, n: int) -> np.ndarray:
@@ -497,8 +497,8 @@ def golden_int8_gather(xs: list[np.ndarray], scales: list[np.ndarray], block: in
     return np.concatenate(pieces or [np.zeros(0, np.float16)]).reshape(xs[0].shape)
 
 
-register_check(CheckSpec("QuantAllReduce", lambda n: list(_CASES), _run_case, dtypes=("int8",)))
-V.EXTRA_DESCRIBERS["QuantAllReduce"] = lambda v: f"block_size={v // 2}, allgather_dtype={'int8' if v & 1 else 'float16'}"
+register_check(CheckSpec("QuantAllReduce", lambda n: list(_CASES), _case, dtypes=("int8",)))
+V.PARAM_DESCRIBERS["QuantAllReduce"] = lambda v: f"block_size={v // 2}, allgather_dtype={'int8' if v & 1 else 'float16'}"
 
 
 def _bench(c) -> BenchRun:
@@ -507,8 +507,7 @@ def _bench(c) -> BenchRun:
     scales = [np.full(1, 0.01 * (r + 1), np.float32) for r in range(c.n)]
     out = np.empty(c.count, dtype=np.float16)
     op = QuantAllReduceOperation(QuantAllReduceParam(comm_domain=c.comm_domain, rank_size=c.n), validate=c.validate)
-    return BenchRun(run=lambda: op.execute(xs[c.rank], scales[c.rank], out=out), result=lambda: out,
-                    expected=golden(xs, scales, 0), exact=True)
+    return BenchRun(op, (xs[c.rank], scales[c.rank]), golden(xs, scales, 0), kwargs={"out": out})
 
 
 register_bench(BenchSpec("QuantAllReduce", _bench, lambda n: 2 * (n - 1) / n if n else 0, dtypes=("int8",)))

@@ -27,3 +27,19 @@ def raises_on(comm, fn, cls, *fragments):
     for f in fragments:
         assert f in message, f"{f!r} not in {message!r}"
     return message
+
+
+def agreed(fn, comm=WORLD):
+    """Run ``fn`` on every rank of ``comm``; if it fails on any rank, every rank raises the same
+    AssertionError naming the failing ranks. Used inside hypothesis properties, so that every rank
+    sees the same verdict for every example and shrinks in lockstep (a property failing on one
+    rank alone would make that rank shrink alone, its collectives never joined: a hang)."""
+    try:
+        fn()
+        mine = None
+    except Exception as exc:  # noqa: BLE001 - reported on every rank below
+        mine = f"{type(exc).__name__}: {exc}"
+    everyone = comm.allgather(mine)
+    failed = {r: e for r, e in enumerate(everyone) if e is not None}
+    if failed:
+        raise AssertionError("failed on " + "; ".join(f"rank {r}: {e}"[:2000] for r, e in failed.items()))

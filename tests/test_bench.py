@@ -89,11 +89,15 @@ BROKEN = textwrap.dedent("""
     import mpicoll.run as run
     from mpicoll._golden import BenchRun, BenchSpec, register_bench
 
+    class Zeros:
+        def execute(self, out):
+            return out
+
     def setup(c):
         out = np.zeros(max(c.count, 1), np.int32)
         expected = out.copy()
         expected[0] = c.rank + 1          # wrong on every rank
-        return BenchRun(run=lambda: None, result=lambda: out, expected=expected)
+        return BenchRun(Zeros(), (out,), expected)
 
     register_bench(BenchSpec("BrokenForTest", setup, lambda n: 1.0, dtypes=("int32",)))
     import sys

@@ -61,7 +61,7 @@ SCRIPT = textwrap.dedent("""
     import numpy as np
     from mpi4py import MPI
     import mpicoll.run as run
-    from mpicoll._golden import CHECKS, CheckSpec, register_check
+    from mpicoll._golden import CHECKS, Case, CheckSpec, register_check
 
     mode = sys.argv[1]
     if mode == "raise":
@@ -73,12 +73,15 @@ SCRIPT = textwrap.dedent("""
         run.main = boom
         run.entry([])
     else:
+        class Zeros:
+            def execute(self):
+                return np.zeros(4, np.int32)
+
         def broken(case, dtype, dom, rank, n, seed, validate=True):
-            got = np.zeros(4, np.int32)
-            exp = got.copy()
+            exp = np.zeros(4, np.int32)
             if rank == 0:
                 exp[1] = 1
-            return got, exp, True
+            return Case(Zeros(), (), {}, exp)
         register_check(CheckSpec("Broken", lambda n: ["one"], broken, dtypes=("int32",)))
         run.entry(["--op", "Broken"])
 """)

@@ -60,13 +60,16 @@ def test_overlapping_domains_in_different_orders():
 
 
 @mpi2
-def test_reusing_a_name_for_another_membership():
+@pytest.mark.parametrize("size", [2, 3])
+def test_reusing_a_name_for_another_membership(size):
+    """Ranks 0 and 1 form a name; later the last rank names it too, with the same rank_size or
+    another: it raises, naming the members the name has."""
     if RANK < 2:
-        _gather("t4.x", 2, RANK)
+        _gather(f"t4.x{size}", 2, RANK)
     WORLD.Barrier()
     if RANK == SIZE - 1 and SIZE > 2:
-        with pytest.raises(CollectiveArgumentError, match="not a member"):
-            mpicoll.domain("t4.x", 3)
+        with pytest.raises(CollectiveArgumentError, match=r"already formed by world ranks \[0, 1\].*not a member"):
+            mpicoll.domain(f"t4.x{size}", size)
     WORLD.Barrier()
 
 
@@ -227,3 +230,123 @@ def test_first_mpicoll_call_forms_domains(tmp_path_factory):
     assert res.returncode == 0, res.stderr
     lines = res.stdout.strip().split(" | ")
     assert lines == ["rank 0 lo 1", "rank 1 lo 1", "rank 2 hi 5", "rank 3 hi 5"]
+
+
+# ----------------------------------------------------------------------------- agreement fixes
+
+NOTHING_ELSEWHERE = textwrap.dedent("""
+    from mpi4py import MPI
+    r = MPI.COMM_WORLD.Get_rank()
+    if r < 2:          # ranks 2 and 3 never import mpicoll, let alone call it
+        import numpy as np, mpicoll
+        out = mpicoll.AllReduceOperation(mpicoll.AllReduceParam(comm_domain="x", rank_size=2)).execute(np.array([r + 1]))
+        plan = mpicoll.AllGatherOperation(mpicoll.AllGatherParam(comm_domain="x")).prepare(np.array([r]))
+        print(f"rank {r} {int(out[0])} {plan.run().reshape(-1).tolist()}", flush=True)
+        plan.free()
+""")
+
+
+@pytest.mark.mpi(min_size=1)
+@pytest.mark.parametrize("timeout", ["", "5"], ids=["plain", "watchdog"])
+def test_domain_formed_by_its_members_alone_in_a_fresh_job(tmp_path_factory, timeout):
+    """Nothing runs on the other ranks, not even a set-up: no world collective, no message to them
+    (MPICH refuses to finalize a world holding an unread message), with or without the watchdog."""
+    if SIZE != 1:
+        pytest.skip("runs its own 4-rank job once")
+    script = tmp_path_factory.mktemp("alone") / "alone.py"
+    script.write_text(NOTHING_ELSEWHERE)
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("PMI_", "HYD", "MPI_LOCAL", "MPICOLL_"))}
+    env["MPICOLL_TIMEOUT"] = timeout
+    for _ in range(3):                 # (an unread message failed the finalize only now and then)
+        res = subprocess.run(["mpirun", "-np", "4", sys.executable, str(script)], capture_output=True, text=True,
+                             timeout=60, env=env)
+        assert res.returncode == 0, res.stdout + res.stderr
+        assert "rank 0 3 [0, 1]" in res.stdout and "rank 1 3 [0, 1]" in res.stdout, res.stdout
+
+
+@mpi2
+def test_rank_size_contradicting_a_formed_domain_is_agreed():
+    """One rank's Param says rank_size 3 for a formed 2-member domain: every member raises the same
+    error at the call (the peer is not left waiting in the collective)."""
+    if RANK < 2:
+        pair = mpicoll.domain("tA.pair", 2)
+        p = mpicoll.AllReduceParam(comm_domain="tA.pair", rank_size=3 if RANK == 1 else 2)
+        from _mpi import raises_on
+        raises_on(pair, lambda: mpicoll.AllReduceOperation(p).execute(np.ones(2)), CollectiveArgumentError,
+                  "rank_size=3 on rank 1", "must equal the communicator size (2)")
+        assert mpicoll.AllReduceOperation(mpicoll.AllReduceParam(comm_domain="tA.pair")).execute(
+            np.ones(1)).tolist() == [2]
+    WORLD.Barrier()
+
+
+@pytest.mark.mpi(min_size=3)
+def test_declared_domains_compare_member_lists():
+    """Rank 0 declares a name as [0, 1], rank 1 as [0, 1, 2] (rank 2 never forms it): both raise at
+    once, naming both lists."""
+    if RANK < 2:
+        mpicoll.declare_domains({"tB.x": [0, 1] if RANK == 0 else [0, 1, 2]})
+        with pytest.raises(CollectiveArgumentError, match=r"member list disagrees between members.*declares members"):
+            mpicoll.domain("tB.x")
+    WORLD.Barrier()
+
+
+@mpi4
+def test_declared_domains_same_count_other_members():
+    """Ranks 0 and 1 declare and form "tC.x" as [0, 1]; then ranks 2 and 3 declare it as [2, 3]
+    (the same count, other members): they raise, naming the members it has; 0 and 1 are fine."""
+    mine = [0, 1] if RANK < 2 else [2, 3]
+    mpicoll.declare_domains({"tC.x": mine})
+    if RANK < 2:
+        assert _gather("tC.x", 2, RANK) == [0, 1]
+    WORLD.Barrier()
+    if RANK >= 2:
+        with pytest.raises(CollectiveArgumentError, match=r"already formed by world ranks \[0, 1\]"):
+            mpicoll.domain("tC.x")
+    WORLD.Barrier()
+
+
+@pytest.mark.mpi(min_size=3)
+def test_leader_reads_every_member_before_deciding(monkeypatch):
+    """Three ranks name a domain, one with another rank_size: whoever leads sees the disagreement
+    and every one of them raises at once (the timeout is 20 s; nobody waits it out)."""
+    import time
+    monkeypatch.setenv("MPICOLL_DOMAIN_TIMEOUT", "20")
+    if RANK < 3:
+        t0 = time.monotonic()
+        with pytest.raises(CollectiveArgumentError, match="rank_size disagrees between members"):
+            mpicoll.domain("tD.x", 2 if RANK == 2 else 3)
+        assert time.monotonic() - t0 < 10
+    WORLD.Barrier()
+
+
+@mpi1
+def test_multi_thread_mode_runs_one_communicator_per_thread():
+    """CommMode.MULTI_THREAD (thread level MULTIPLE): each thread drives its own user communicator
+    (duplicated in the same order on every rank); the library's shared state is guarded."""
+    import threading
+    from mpi4py import MPI
+    if MPI.Query_thread() != MPI.THREAD_MULTIPLE:
+        pytest.skip("needs MPI thread level MULTIPLE")
+    comms = [WORLD.Dup() for _ in range(2)]
+    results, errors = {}, []
+
+    def work(k):
+        try:
+            p = mpicoll.AllReduceParam(comm=comms[k], comm_mode=mpicoll.CommMode.MULTI_THREAD)
+            op = mpicoll.AllReduceOperation(p)
+            got = [op.execute(np.full(3, RANK + k, np.int64)).tolist() for _ in range(50)]
+            with op.prepare(np.full(2, k, np.int64)) as plan:
+                got.append(plan.start().wait().tolist())
+            results[k] = got
+        except Exception as exc:  # noqa: BLE001
+            errors.append(exc)
+    threads = [threading.Thread(target=work, args=(k,)) for k in range(2)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert not errors, errors
+    for k in range(2):
+        assert results[k][0] == [sum(range(SIZE)) + k * SIZE] * 3 and results[k][-1] == [k * SIZE] * 2
+    for c in comms:
+        c.Free()

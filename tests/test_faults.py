@@ -98,7 +98,8 @@ def test_watchdog_raise_mode(tmp_path):
     assert res.returncode == 3, res.stderr[-2000:]
     # the first rank to exit(3) aborts the job (python -m mpi4py), so at least one of them reports
     assert any(f"rank {r}: AllReduce: timed out after 1.5 s on rank {r}" in res.stdout for r in (0, 2))
-    assert "ranks that did not arrive: [1]" in res.stdout and "collective call #3" in res.stdout
+    assert "ranks that did not arrive: [1]" in res.stdout and "in its 2nd AllReduce call there, waiting in its " \
+        "header agreement" in res.stdout
 
 
 def test_cli_exception_aborts_and_cleans_up(tmp_path):
@@ -128,7 +129,7 @@ ELSEWHERE = """
     world = MPI.COMM_WORLD
     rank = world.Get_rank()
     sub = world.Split(0 if rank < 2 else 1, rank)           # ranks {0, 1} and {2}
-    op_w = mpicoll.AllReduceOperation(timeout=2)            # per-operation timeouts, no MPICOLL_TIMEOUT
+    op_w = mpicoll.AllReduceOperation(timeout=2)            # per-operation timeouts (MPICOLL_TIMEOUT=60)
     op_s = mpicoll.AllReduceOperation(mpicoll.AllReduceParam(comm=sub), timeout=2)
     op_s.execute(np.ones(2))
     op_w.execute(np.ones(2))
@@ -148,22 +149,23 @@ ELSEWHERE = """
 
 
 def test_watchdog_per_operation_names_ranks_on_another_communicator(tmp_path):
-    """Per-operation timeouts (no MPICOLL_TIMEOUT), raise mode: rank 1 waits on a sub-communicator
-    for rank 0, which waits on the world for rank 1; each names the other as being elsewhere. The
-    waiting ranks poll with back-off: far less CPU than wall-clock time."""
-    res, seconds, left = _job(tmp_path, ELSEWHERE, env={"MPICOLL_TIMEOUT_ACTION": "raise"})
+    """Per-operation timeouts, raise mode: rank 1 waits on a sub-communicator for rank 0, which
+    waits on the world for rank 1; each names the other as missing, and where it last was on that
+    communicator. The waiting ranks poll with back-off: far less CPU than wall-clock time."""
+    res, seconds, left = _job(tmp_path, ELSEWHERE, env={"MPICOLL_TIMEOUT_ACTION": "raise", "MPICOLL_TIMEOUT": "60"})
     _remove(left)
     out = res.stdout
     assert res.returncode == 3 and seconds < 20, (seconds, out, res.stderr[-2000:])
     # (the ranks print at the same moment: their lines can run together, so split on the pattern)
     lines = {int(m[1]): m[0] for m in re.finditer(r"rank (\d): .*?cpu=\d+\.\d+", out)}
     assert sorted(lines) == [0, 1, 2], out
-    assert "rank 0: AllReduce: timed out after 2 s on rank 0 of mpicoll.world (collective call #3 on it, " \
-           "MPI Allgather); ranks [1] last entered a collective on another communicator" in lines[0], out
-    assert "ranks [1] last entered a collective on another communicator" in lines[2], out
-    assert "rank 1: AllReduce: timed out after 2 s on rank 1 of mpicoll.user.comm (collective call #3 on it" \
-           in lines[1] and "ranks [0] last entered a collective on another communicator" in lines[1], out
-    assert all("op=AllReduce param=timeout rank=None" in line for line in lines.values()), out
+    assert "rank 0: AllReduce: timed out after 2 s on rank 0 of the world (mpicoll.world), in its 2nd AllReduce " \
+           "call there, waiting in its header agreement (an internal MPI Allgather); ranks that did not arrive: [1] " \
+           "(rank 1 is in or after its 1st AllReduce call there)" in lines[0], out
+    assert "ranks that did not arrive: [1]" in lines[2], out
+    assert "rank 1: AllReduce: timed out after 2 s on rank 1 of user comm 'comm', in its 2nd AllReduce call " \
+           "there" in lines[1] and "ranks that did not arrive: [0]" in lines[1], out
+    assert all("op=AllReduce param=timeout rank=" in line for line in lines.values()), out
     for line in lines.values():
         wall, cpu = (float(v.split("=")[1]) for v in line.split()[-2:])
         assert 1.9 < wall < 10 and cpu < 0.5 * wall, line   # a 0.2 s yielding spin, then sleeps
@@ -225,13 +227,3 @@ def test_allgatherv_bad_shape_on_one_rank_is_agreed(tmp_path):
     # (counted, not split into lines: the two ranks' prints can interleave mid-line through mpirun)
     out = res.stdout
     assert out.count("CollectiveArgumentError: AllGatherV: shape=") == 2 and "rank 0:" in out and "rank 1:" in out, out
-
-
-def test_watchdog_keys_user_communicators_by_members():
-    """Two user communicators share the name ``mpicoll.user.comm`` when the user named neither: the
-    arrival marks tell them apart by their members, so a peer on the other one is not taken for
-    one that arrived."""
-    from mpicoll._watchdog import comm_key
-    world = MPI.COMM_WORLD
-    assert comm_key(world, [0, 1]) != comm_key(world, [0, 2])
-    assert comm_key(world, [0, 1]) == comm_key(world, [0, 1]) > 0

@@ -4,12 +4,17 @@ Every valid plan (random counts with zeros and skew, gapped and permuted displac
 dtype) must match the numpy golden; every plan with one defect on one rank (a negative, non-integer,
 short or out-of-range count or displacement, overlapping receive regions, a count mismatch in either
 direction, a different dtype) must raise the same CollectiveError on every rank, naming the
-operator and the rank. Hypothesis runs derandomized (the same examples on every rank);
+operator and the rank. Hypothesis runs derandomized (the same examples on every rank), and every
+property's verdict is agreed across ranks (``_mpi.agreed``), so that every rank shrinks in lockstep;
 ``MPICOLL_FUZZ_EXAMPLES`` sets the examples per property (CI: 25; ``scripts/fuzz``: thousands).
 """
 from __future__ import annotations
 
 import os
+import subprocess
+import sys
+import textwrap
+import time
 
 import numpy as np
 import pytest
@@ -22,7 +27,7 @@ from mpicoll._dtypes import DTYPES
 from mpicoll._golden import count_wrong, golden_reduce
 from mpicoll.ops.alltoall import alltoallv_golden
 
-from _mpi import RANK, SIZE, WORLD
+from _mpi import RANK, SIZE, WORLD, agreed
 
 EXAMPLES = int(os.environ.get("MPICOLL_FUZZ_EXAMPLES", "25"))
 FUZZ = settings(max_examples=EXAMPLES, derandomize=True, database=None, deadline=None,
@@ -75,18 +80,26 @@ def _data(dtype, length, rank, salt):
         if DTYPES[dtype].np.kind != "u" else rng.integers(0, 9, size=length).astype(DTYPES[dtype].np)
 
 
+def _expect(ok: bool, detail: object = "") -> None:
+    if not ok:
+        raise AssertionError(detail)
+
+
 def _check_all_ranks_agree(fn, op, bad_rank):
     """Every rank raises the same CollectiveError, whose message names the operator and the rank
-    that broke the plan."""
+    that broke the plan. The verdict is the same on every rank (gathered: an unexpected exception
+    on one rank is reported, not raised alone)."""
     try:
         fn()
         seen = None
     except CollectiveError as exc:
         seen = (type(exc).__name__, str(exc), exc.op, exc.param, exc.rank)
+    except Exception as exc:  # noqa: BLE001 - a bug: gathered like any other outcome
+        seen = ("unexpected " + type(exc).__name__, str(exc), None, None, None)
     everyone = WORLD.allgather(seen)
-    assert seen is not None and len(set(everyone)) == 1, everyone
-    message = seen[1]
-    assert message.startswith(f"{op}: ") and f"rank {bad_rank}" in message, (bad_rank, message)
+    ok = seen is not None and len(set(everyone)) == 1 and seen[1].startswith(f"{op}: ") and \
+        f"rank {bad_rank}" in seen[1]
+    _expect(WORLD.allreduce(int(not ok)) == 0, (bad_rank, everyone))
 
 
 def _one_off(c):
@@ -139,12 +152,16 @@ def test_alltoallv_valid_plans_match_the_golden(case, use_param):
     dtype, plans, lengths = case
     xs = [_data(dtype, lengths[r], r, 7) for r in range(SIZE)]
     sc, sd, rc, rd = plans[RANK]
-    if use_param:
-        op = mpicoll.AllToAllVOperation(mpicoll.AllToAllVParam(send_counts=sc, sdispls=sd, recv_counts=rc, rdispls=rd))
-        got = op.execute(xs[RANK])
-    else:
-        got = mpicoll.AllToAllVV2Operation().execute(xs[RANK], np.array(sc), sd, np.array(rc, np.int32), rd)
-    assert count_wrong(got, alltoallv_golden(xs, [tuple(np.array(v) for v in p) for p in plans], RANK)) == 0
+
+    def check():
+        if use_param:
+            op = mpicoll.AllToAllVOperation(mpicoll.AllToAllVParam(send_counts=sc, sdispls=sd, recv_counts=rc,
+                                                                   rdispls=rd))
+            got = op.execute(xs[RANK])
+        else:
+            got = mpicoll.AllToAllVV2Operation().execute(xs[RANK], np.array(sc), sd, np.array(rc, np.int32), rd)
+        assert count_wrong(got, alltoallv_golden(xs, [tuple(np.array(v) for v in p) for p in plans], RANK)) == 0
+    agreed(check)
     TRIED["valid"] += 1
 
 
@@ -182,7 +199,7 @@ def test_allgatherv_plans(send_counts, data, dtype, defect):
     for i in range(SIZE):
         expected[rd[i]:rd[i] + send_counts[i]] = xs[i][:send_counts[i]]
     op = mpicoll.AllGatherVOperation()
-    assert count_wrong(op.execute(xs[RANK], send_counts[RANK], send_counts, rd), expected) == 0
+    agreed(lambda: _expect(count_wrong(op.execute(xs[RANK], send_counts[RANK], send_counts, rd), expected) == 0))
     TRIED["valid"] += 1
     # one defect on one rank
     bad_rank = data.draw(st.integers(0, SIZE - 1))
@@ -227,8 +244,9 @@ def test_reduce_scatterv_plans(send_counts, data, dtype, rname, defect):
     xs = [_data(dtype, layouts_[r][1], r, 10) for r in range(SIZE)]
     blocks = [xs[r][layouts_[r][0][RANK]:layouts_[r][0][RANK] + send_counts[RANK]] for r in range(SIZE)]
     op = mpicoll.ReduceScatterVOperation(mpicoll.ReduceScatterVParam(reduce_type=rname))
-    got = op.execute(xs[RANK], send_counts, layouts_[RANK][0], send_counts[RANK])
-    assert count_wrong(got, golden_reduce(blocks, DTYPES[dtype], mpicoll._dtypes.REDUCE_OPS[rname])) == 0
+    golden = golden_reduce(blocks, DTYPES[dtype], mpicoll._dtypes.REDUCE_OPS[rname])
+    agreed(lambda: _expect(count_wrong(op.execute(xs[RANK], send_counts, layouts_[RANK][0], send_counts[RANK]),
+                                       golden) == 0))
     TRIED["valid"] += 1
     # one defect on one rank
     bad_rank = data.draw(st.integers(0, SIZE - 1))
@@ -265,3 +283,40 @@ def test_report_plans_tried(capsys):
         if RANK == 0:
             print(f"\nfuzz: {TRIED['valid']} valid and {TRIED['invalid']} invalid plans per rank "
                   f"({total} checks over {SIZE} rank(s), {EXAMPLES} examples per property)")
+
+
+FAILING = textwrap.dedent("""
+    import pytest
+    from hypothesis import given, settings, strategies as st
+    from mpi4py import MPI
+    from _mpi import agreed
+
+    @pytest.mark.mpi(min_size=1)
+    @settings(max_examples=50, derandomize=True, database=None, deadline=None)
+    @given(st.integers(0, 100))
+    def test_fails_on_rank_one_only(v):
+        def check():
+            MPI.COMM_WORLD.Barrier()            # a collective in every example, as the real properties have
+            assert not (MPI.COMM_WORLD.Get_rank() == 1 and v > 10), v
+        agreed(check)
+""")
+
+
+@pytest.mark.mpi(min_size=1)
+@pytest.mark.skipif(SIZE != 1, reason="runs its own 2-rank job once")
+def test_a_failing_example_on_one_rank_never_hangs(tmp_path):
+    """The property fails on rank 1 only: with the verdict agreed, both ranks fail every shrinking
+    step together, and the run ends with hypothesis's falsifying example (not at the watchdog)."""
+    (tmp_path / "test_failing.py").write_text(FAILING)
+    here = os.path.dirname(os.path.abspath(__file__))
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("PMI_", "HYD", "MPI_LOCAL"))}
+    env["PYTHONPATH"] = here + os.pathsep + env.get("PYTHONPATH", "")
+    env["MPICOLL_TEST_TIMEOUT"] = "40"
+    t0 = time.monotonic()
+    res = subprocess.run(["mpirun", "-np", "2", sys.executable, "-m", "mpi4py", "-m", "pytest", "--with-mpi", "-q",
+                          "-p", "no:cacheprovider", "--rootdir", str(tmp_path), "-c", os.devnull,
+                          str(tmp_path / "test_failing.py")],
+                         capture_output=True, text=True, timeout=90, env=env, cwd=tmp_path)
+    out = res.stdout + res.stderr
+    assert res.returncode != 0 and time.monotonic() - t0 < 35, out[-3000:]
+    assert "v=11" in out and "failed on rank 1: AssertionError: 11" in out, out[-3000:]

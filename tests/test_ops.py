@@ -6,6 +6,7 @@ import numpy as np
 import pytest
 
 import mpicoll
+from mpicoll._comm import LibComm
 from mpicoll._golden import CHECKS, SEED, count_wrong
 from mpicoll.check import layouts
 from mpicoll.ops import _base
@@ -23,10 +24,11 @@ def _check_all_cases(name, dtype, label, validate=True):
     n, rank = len(members), members.index(RANK)
     failures = []
     for case in spec.cases(n):
-        got, expected, exact = spec.run(case, dtype, dom, rank, n, SEED, validate=validate)
-        wrong = count_wrong(got, expected, exact=exact, n=n)
+        c = spec.make(case, dtype, dom, rank, n, SEED, validate=validate)
+        got = c.execute()
+        wrong = count_wrong(got, c.expected, exact=c.exact, n=n)
         if wrong:
-            failures.append(f"{case}: {wrong} wrong of {expected.size} (got {got!r:.200}, expected {expected!r:.200})")
+            failures.append(f"{case}: {wrong} wrong (got {got!r:.200}, expected {c.expected!r:.200})")
     assert not failures, f"{name} {dtype} on {label} rank {RANK}: " + "; ".join(failures)
 
 
@@ -43,23 +45,15 @@ def test_split_domains(name, dtype):
 
 
 @pytest.mark.mpi(min_size=1)
-@pytest.mark.parametrize("c_entry", [True, False], ids=["c", "python"])
 @pytest.mark.parametrize("name", list(CHECKS))
-def test_validation_off_same_results(name, c_entry, monkeypatch):
-    # every dtype: the validation-off fast paths dispatch on the dtype (MPI_BY_NUM / NATIVE_MPI_BY_NUM),
-    # through the C entry test or, without the extension, its Python twin (read when the op binds)
-    if not c_entry:
-        monkeypatch.setattr(_base, "HALF", None)
-    elif _base.HALF is None:
-        pytest.skip("the optional _half extension is not built")
+def test_validation_off_same_results(name):
     for dtype in CHECKS[name].dtypes:
         _check_all_cases(name, dtype, "world", validate=False)
 
 
 def _x_only_calls():
-    """(name, make op, call) for the operators whose execute takes x alone: their validation-off
-    closures must hand every input they do not take (non-contiguous, Fortran-ordered, a list, a
-    Python scalar type) to the general path, with the same results as validation on."""
+    """(name, make op, call) for operators whose execute takes x alone: any array layout (or a
+    list) gives the same result as a C-contiguous array, validation on and off."""
     P = mpicoll
     n = SIZE
     plan = dict(send_counts=[3] * n, sdispls=[3 * j for j in range(n)], recv_counts=[3] * n,
@@ -73,29 +67,31 @@ def _x_only_calls():
         ("AllToAll", lambda v: P.AllToAllOperation(validate=v), lambda op, x: op.execute(x)),
         ("AllToAllV", lambda v: P.AllToAllVOperation(P.AllToAllVParam(**plan), validate=v), lambda op, x: op.execute(x)),
         ("Broadcast", lambda v: P.BroadcastOperation(validate=v), lambda op, x: op.execute(np.array(x))),
+        ("Reduce", lambda v: P.ReduceOperation(validate=v), lambda op, x: op.execute(x)),
+        ("Gather", lambda v: P.GatherOperation(validate=v), lambda op, x: op.execute(x)),
     ]
 
 
 @pytest.mark.mpi(min_size=1)
 @pytest.mark.parametrize("name,make,call", _x_only_calls(), ids=[c[0] for c in _x_only_calls()])
 @pytest.mark.parametrize("layout", ["contiguous", "strided", "fortran", "list", "int8", "float16"])
-def test_validation_off_fast_path_hands_over_what_it_does_not_take(name, make, call, layout):
+def test_any_input_layout(name, make, call, layout):
     base = (np.arange(SIZE * 3 * 2, dtype=np.float32).reshape(SIZE * 3, 2) + RANK)
     x = {"contiguous": base, "strided": np.repeat(base, 2, axis=1)[:, ::2], "fortran": np.asfortranarray(base),
          "list": base.tolist(), "int8": base.astype(np.int8), "float16": base.astype(np.float16)}[layout]
     if layout == "strided":
         assert not x.flags.c_contiguous
-    if name.endswith("inplace") and layout in ("strided", "fortran", "list"):
-        pytest.skip("out=x must be C-contiguous (validation on refuses it; off, as in raw MPI, it is the caller's)")
-    if name == "Broadcast" and layout in ("strided", "fortran"):
-        pytest.skip("x is filled in place: a non-contiguous x is refused (test_errors)")
+    if name in ("AllReduce-inplace", "Broadcast") and layout == "fortran":
+        pytest.skip("an array written in place must be C-contiguous (test_errors)")
     want = call(make(True), np.ascontiguousarray(x))
-    off = make(False)
-    for _ in range(2):                       # the first call binds; the second runs the closure
-        got = call(off, x)
-        assert got.shape == want.shape and got.dtype == want.dtype and np.array_equal(got, want), (name, layout)
-    if layout == "contiguous":
-        assert off.execute is not off._run  # the closure is in place
+    for validate in (True, False):
+        op = make(validate)
+        for _ in range(2):
+            got = call(op, x)
+            if want is None:
+                assert got is None
+            else:
+                assert got.shape == want.shape and got.dtype == want.dtype and np.array_equal(got, want), (name, layout)
 
 
 @pytest.mark.mpi(min_size=1)
@@ -195,7 +191,7 @@ def test_large_allreduce_in_pieces(monkeypatch, dtype):
     from mpicoll._dtypes import DTYPES, reduce_op
     from mpicoll._golden import golden_reduce, rank_data
     from mpicoll.ops import allreduce
-    monkeypatch.setattr(allreduce, "PIECE_BYTES", 48)
+    monkeypatch.setattr(allreduce, "PIECE_BYTES", 48)      # (alike on every rank: they pick the MPI calls)
     monkeypatch.setattr(allreduce, "PIECED_BYTES", 4 * 48)
     monkeypatch.setattr(allreduce, "SMALL_F32_BYTES", 16)    # 16-bit floats: the AllToAll path in pieces
     monkeypatch.setattr(allreduce, "BYTE_ALLTOALL_BYTES", 8)  # 8-bit ints too
@@ -212,17 +208,26 @@ def test_large_allreduce_in_pieces(monkeypatch, dtype):
             assert np.array_equal(checked.execute(xs[RANK]).view(np.uint8), expected.view(np.uint8))
 
 
-@pytest.mark.mpi(min_size=2)
-def test_checked_sum_overflow_in_a_late_piece_leaves_out_untouched(monkeypatch):
-    from mpicoll.ops import allreduce
-    monkeypatch.setattr(allreduce, "PIECE_BYTES", 16)
-    monkeypatch.setattr(allreduce, "PIECED_BYTES", 64)
-    x = np.ones(100, np.int8)
-    x[90] = 100                                   # 100 * SIZE > 127 from 2 ranks up: element 90 overflows
-    out = np.full(100, 7, np.int8)
-    with pytest.raises(mpicoll.CollectiveArgumentError, match="element 90 sums to"):
-        mpicoll.AllReduceOperation().execute(x, out=out)
-    assert (out == 7).all()
+@pytest.mark.mpi(min_size=1)
+@pytest.mark.parametrize("dtype", ["int8", "uint8", "int16", "int32"])
+@pytest.mark.parametrize("n", [3, (2 << 20) + 5])
+def test_integer_sum_wraps_as_mpi_does_with_validation_on_and_off(dtype, n):
+    """Results never depend on MPICOLL_VALIDATE: an overflowing integer SUM wraps, bit-identical to
+    MPI's own Allreduce, on the native path and on the 8-bit AllToAll path (n >= 1 MiB)."""
+    from mpi4py import MPI
+
+    from mpicoll._dtypes import DTYPES
+    info = np.iinfo(dtype)
+    x = np.full(n, info.max // 2 + 1 + RANK, dtype=dtype)
+    raw = np.empty_like(x)
+    WORLD.Allreduce([x, DTYPES[dtype].mpi], [raw, DTYPES[dtype].mpi], MPI.SUM)
+    for validate in (True, False):
+        got = mpicoll.AllReduceOperation(validate=validate).execute(x)
+        assert np.array_equal(got, raw), validate
+    for cls in (mpicoll.ReduceScatterOperation, mpicoll.ReduceOperation):
+        y = x[:n // SIZE * SIZE] if cls is mpicoll.ReduceScatterOperation else x
+        a, b = (cls(validate=v).execute(y) for v in (True, False))
+        assert (a is None and b is None) or np.array_equal(a, b)
 
 
 @pytest.mark.mpi(min_size=1)
@@ -255,10 +260,9 @@ def test_allgatherv_counts_as_any_iterable(validate):
 
 @pytest.mark.mpi(min_size=1)
 @pytest.mark.parametrize("total_bytes", [64, 1 << 20])
-def test_allgatherv_equal_counts_closure_and_general_path_meet(total_bytes):
-    """Equal counts: ranks alternate between a contiguous x (validation off: the closure) and a
-    strided one (``_run``), packed and permuted; both make the same MPI call (Allgather), with the
-    same result as validated."""
+def test_allgatherv_equal_counts_any_layout(total_bytes):
+    """Equal counts: ranks alternate between a contiguous x and a strided one, packed and permuted
+    displacements, validation on and off: the same result."""
     c = max(total_bytes // 8 // SIZE, 1)
     counts = [c] * SIZE
     packed = [c * j for j in range(SIZE)]
@@ -276,40 +280,26 @@ def test_allgatherv_equal_counts_closure_and_general_path_meet(total_bytes):
                 assert np.array_equal(got, want), (validate, displs)
 
 
-class _Spy:
-    """A communicator stand-in that records which collective the operation calls."""
+def _spy_calls(monkeypatch) -> list:
+    """Record the name of every MPI collective mpicoll makes on this rank."""
+    log = []
+    original = LibComm.call
 
-    CALLS = ("Reduce_scatter", "Reduce_scatter_block", "Allgather", "Allgatherv")
-
-    def __init__(self, comm):
-        self._comm, self.log = comm, []
-
-    def __getattr__(self, name):
-        attr = getattr(self._comm, name)
-        if name not in self.CALLS:
-            return attr
-
-        def call(*args):
-            self.log.append(name)
-            return attr(*args)
-        return call
-
-
-def _spied(cls, validate):
-    op = cls(validate=True)
-    op._bind()
-    op.comm = _Spy(op.comm)
-    op.validate = validate          # (re)builds the validation-off closure over the spy's methods
-    return op
+    def call(self, name, args, timeout, where):
+        log.append(name)
+        return original(self, name, args, timeout, where)
+    monkeypatch.setattr(LibComm, "call", call)
+    return log
 
 
 @pytest.mark.mpi(min_size=1)
 @pytest.mark.parametrize("equal", [True, False], ids=["equal", "unequal"])
 @pytest.mark.parametrize("validate", [True, False])
-def test_v_operators_make_the_same_mpi_call_on_every_rank(equal, validate):
-    """Ranks alternate between a contiguous x (the validation-off closure) and a strided one (the
-    general path), and between packed and permuted displacements: every rank calls the same MPI
-    collective (the block form for equal counts) and gets the golden result."""
+def test_v_operators_make_the_same_mpi_call_on_every_rank(equal, validate, monkeypatch):
+    """Ranks alternate between a contiguous x and a strided one, and between packed and permuted
+    displacements: every rank calls the same MPI collective (the block form for equal counts) and
+    gets the golden result."""
+    log = _spy_calls(monkeypatch)
     counts = [3] * SIZE if equal else [j + 1 for j in range(SIZE)]
     packed = np.concatenate(([0], np.cumsum(counts)[:-1])).tolist()
     displs = packed if RANK % 2 == 0 else \
@@ -317,21 +307,50 @@ def test_v_operators_make_the_same_mpi_call_on_every_rank(equal, validate):
     base = np.arange(sum(counts) + 2, dtype=np.float64) + 100 * RANK
     x = base if RANK % 3 != 1 else np.repeat(base, 2)[::2]
     every = WORLD.allgather(displs)
-    rsv = _spied(mpicoll.ReduceScatterVOperation, validate)
-    got = rsv.execute(x, np.array(counts), np.array(displs), counts[RANK])
+    got = mpicoll.ReduceScatterVOperation(validate=validate).execute(x, np.array(counts), np.array(displs),
+                                                                    counts[RANK])
     want = sum(np.arange(sum(counts) + 2, dtype=np.float64)[every[r][RANK]:every[r][RANK] + counts[RANK]] + 100 * r
                for r in range(SIZE))
     assert np.array_equal(got, want)
-    agv = _spied(mpicoll.AllGatherVOperation, validate)
+    rsv_log = list(log)
     mine = x[:counts[RANK]]
-    got = agv.execute(mine, counts[RANK], np.array(counts), np.array(displs))
+    got = mpicoll.AllGatherVOperation(validate=validate).execute(mine, counts[RANK], np.array(counts),
+                                                                 np.array(displs))
     want = np.empty(sum(counts))
     for r in range(SIZE):
         want[displs[r]:displs[r] + counts[r]] = np.arange(counts[r], dtype=np.float64) + 100 * r
     assert np.array_equal(got, want)
-    logs = WORLD.allgather((rsv.comm.log, agv.comm.log))
-    assert all(log == logs[0] for log in logs), logs
+    logs = WORLD.allgather((rsv_log, log[len(rsv_log):]))
+    assert all(entry == logs[0] for entry in logs), logs
     block = equal or SIZE == 1
     # (with validation on, the header agreement's Allgather comes first)
     assert (logs[0][0][-1], logs[0][1][-1]) == (("Reduce_scatter_block", "Allgather") if block
                                                  else ("Reduce_scatter", "Allgatherv"))
+
+
+@pytest.mark.mpi(min_size=1)
+def test_uniform_v_counts_keep_the_regular_call(monkeypatch):
+    """Validated AllToAllV/VV2 with uniform packed counts (and their plans) run Alltoall; validation
+    off, where no rank knows the others' counts, Alltoallv."""
+    log = _spy_calls(monkeypatch)
+    n, c = SIZE, 3
+    x = np.arange(n * c, dtype=np.float32) + 100 * RANK
+    want = np.concatenate([np.arange(RANK * c, RANK * c + c, dtype=np.float32) + 100 * r for r in range(n)])
+    plan = ([c] * n, [c * j for j in range(n)], [c] * n, [c * j for j in range(n)])
+    for validate, call in ((True, "Alltoall"), (False, "Alltoallv")):
+        del log[:]
+        op = mpicoll.AllToAllVV2Operation(validate=validate)
+        assert np.array_equal(op.execute(x, *plan).reshape(-1), want)
+        assert log[-1] == call, (validate, log)
+        v = mpicoll.AllToAllVOperation(mpicoll.AllToAllVParam(
+            send_counts=plan[0], sdispls=plan[1], recv_counts=plan[2], rdispls=plan[3]), validate=validate)
+        assert np.array_equal(v.execute(x).reshape(-1), want) and log[-1] == call
+        for o in (op, v):                   # plans always agree: the regular call either way
+            args = (x, *plan) if o is op else (x,)
+            with o.prepare(*args) as p:
+                assert [s.name for s in p._steps] == ["Alltoall"]
+                assert np.array_equal(p.run().reshape(-1), want)
+    if SIZE > 1:                      # one rank's layout permuted: not uniform on every rank
+        sd = plan[1][::-1] if RANK == 0 else plan[1]
+        mpicoll.AllToAllVV2Operation().execute(np.arange(n * c, dtype=np.float32), plan[0], sd, plan[2], plan[3])
+        assert log[-1] == "Alltoallv"

@@ -5,8 +5,8 @@
 import numpy as np
 from mpi4py import MPI
 
-from mpicoll import (AllReduceOperation, AllReduceParam, AllToAllVV2Operation, AllToAllVV2Param,
-                     CollectiveArgumentError, CollectiveMismatchError)
+from mpicoll import (AllGatherOperation, AllGatherParam, AllReduceOperation, AllReduceParam, AllToAllVV2Operation,
+                     AllToAllVV2Param, CollectiveArgumentError, CollectiveMismatchError)
 
 world = MPI.COMM_WORLD
 rank, n = world.Get_rank(), world.Get_size()
@@ -50,11 +50,12 @@ except CollectiveMismatchError as exc:
     assert exc.rank == 0
     same_everywhere(exc)
 
-# 4. An integer sum out of range: computed exactly in int16, then raised on every rank instead of wrapping.
+# 4. Different operators on different ranks: every rank names both, and the ranks that called each.
 try:
-    AllReduceOperation(AllReduceParam()).execute(np.array([100, -100], dtype=np.int8))
-except CollectiveArgumentError as exc:
-    assert exc.param == "reduce_type" and exc.rank is None
+    x = np.ones(2 * n, np.float32)
+    (AllGatherOperation(AllGatherParam()) if rank == n - 1 else AllReduceOperation(AllReduceParam())).execute(x)
+except CollectiveMismatchError as exc:
+    assert n == 1 or "AllReduce vs AllGather: operation differs" in str(exc)
     same_everywhere(exc)
 
 # Every rank raised the same errors, so the ranks are still in step: the next collective is fine.

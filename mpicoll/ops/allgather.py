@@ -6,11 +6,15 @@ from dataclasses import dataclass
 import numpy as np
 
 from .. import _validate as V
-from .._dtypes import DTYPES, MPI_BY_NUM
-from .._golden import (BenchRun, BenchSpec, CheckSpec, bench_data, counts_matrix, displs, rank_data, register_bench,
-                       register_check, torch_view)
+from .._dtypes import DTYPES
+from .._golden import (BenchRun, BenchSpec, Case, CheckSpec, bench_data, counts_matrix, displs, rank_data,
+                       register_bench, register_check, torch_view)
 from .._params import CommParam
-from ._base import Operation, check_out, mpi_of_c, packed_layout_c, x_out
+from .._plan import Call, Plan
+from ._base import Operation
+
+
+__all__ = ["AllGatherOperation", "AllGatherParam", "AllGatherVOperation", "AllGatherVParam"]
 
 
 @dataclass
@@ -26,9 +30,6 @@ class AllGatherVParam(CommParam):
 class AllGatherOperation(Operation):
     """Gather every rank's ``x`` to every rank, stacked on a new leading axis (as ATB).
 
-    ``execute(x, out=None)`` -> ``[rank_size, *x.shape]``; row i is rank i's x. Shapes and dtypes
-    must agree across ranks.
-
     Example (4 ranks, ``x = np.array([[rank]], np.float32)``)::
 
         AllGatherOperation(AllGatherParam()).execute(x)   # shape (4, 1, 1): [[[0.]], [[1.]], [[2.]], [[3.]]]
@@ -37,45 +38,39 @@ class AllGatherOperation(Operation):
     NAME = "AllGather"
     PARAM = AllGatherParam
 
-    def _check(self, args, kwargs, h):
-        x, out = x_out(*args, **kwargs)
-        x = self._check_x(x, h)
-        check_out(self.NAME, out, (self.size, *x.shape), x.dtype, self.rank, x)
-        return (x,), {"out": out}
+    def execute(self, x: np.ndarray, out: np.ndarray | None = None) -> np.ndarray:
+        """Gather ``x`` from every rank.
 
-    def _checked(self):
-        n = self.size
-        return self._checked_x_out(lambda x: (n, *x.shape))
+        Args:
+            x: this rank's input; the same shape and dtype on every rank.
+            out: a preallocated output of shape ``[rank_size, *x.shape]``.
 
-    def _fast(self):
-        call, slow, n, empty = self.comm.Allgather, self._run, self.size, np.empty
-        mpi_of, table = mpi_of_c(), MPI_BY_NUM
+        Returns:
+            ``out``, or a new array of that shape; row i is rank i's x.
+        """
+        return self._execute(x, out)
 
-        def execute(x, out=None):
-            m = mpi_of(x, table)
-            if m is not None:
-                if out is None:
-                    out = empty((n, *x.shape), dtype=x.dtype)
-                call([x, m], [out, m])
-                return out
-            return slow(x, out)
-        return execute
+    def prepare(self, x: np.ndarray, out: np.ndarray | None = None) -> Plan:
+        """A :class:`~mpicoll.Plan` of ``execute(x, out)``."""
+        return self._prepare(x, out)
 
-    def _run(self, x, out=None):
-        x, dt = self._data(x)
-        if out is None:
-            out = np.empty((self.size, *x.shape), dtype=x.dtype)
-        self.comm.Allgather([x, dt.mpi], [out, dt.mpi])
-        return out
+    def describe(self, x, out=None) -> Call:
+        x, dt, src = self._data(x)
+        out = self._out(out, (self.size, *x.shape), x.dtype, x if src is None else src)
+        return Call(dt, x, out, src=src, shape=x.shape)
+
+    def issue(self, call, table, go) -> None:
+        m = call.dt.mpi
+        go.mpi(self._lib, "Allgather", [call.x, m], [call.out, m])
 
 
 class AllGatherVOperation(Operation):
     """Gather a different number of elements from every rank.
 
-    ``execute(x, send_count, recv_counts, rdispls, shape=None)``: this rank sends
-    ``x.flat[:send_count]``; rank i's elements land at ``out[rdispls[i] : rdispls[i] + recv_counts[i]]``.
-    Returns a 1-D array of ``sum(recv_counts)`` elements, or that array reshaped to ``shape`` (a
-    tuple, or an array whose shape is used). ``recv_counts[i]`` must equal rank i's ``send_count``.
+    This rank sends ``x.flat[:send_count]``; rank i's elements land at ``out[rdispls[i] :
+    rdispls[i] + recv_counts[i]]``. ``recv_counts[i]`` must equal rank i's ``send_count``. Equal
+    counts run MPI's ``Allgather`` (faster than its ``Allgatherv`` in MPICH), whatever the
+    displacements.
 
     Example (2 ranks; rank 0 sends [0, 1], rank 1 sends [7])::
 
@@ -84,17 +79,39 @@ class AllGatherVOperation(Operation):
 
     NAME = "AllGatherV"
     PARAM = AllGatherVParam
-    SAME_SHAPE = False
+    PAIR_NAMES = ("send_count", "recv_counts[{i}]")
 
-    def _check(self, args, kwargs, h):
-        x, send_count, rc, rd, shape, out = _agv_args(*args, **kwargs)
-        x = self._check_x(x, h)
+    def execute(self, x: np.ndarray, send_count: int, recv_counts, rdispls, shape=None,
+                out: np.ndarray | None = None) -> np.ndarray:
+        """Gather ``send_count`` elements from every rank.
+
+        Args:
+            x: this rank's input; its first ``send_count`` elements (flattened) are sent.
+            send_count: how many elements this rank sends (<= x.size).
+            recv_counts, rdispls: ``rank_size`` integers each (lists, tuples, integer arrays or any
+                iterable, read once): where rank i's elements land in the output.
+            shape: the output's shape (a tuple, or an array whose shape is used), holding
+                ``sum(recv_counts)`` elements; default 1-D.
+            out: a preallocated output of that shape.
+
+        Returns:
+            ``out``, or a new array of ``sum(recv_counts)`` elements.
+        """
+        return self._execute(x, send_count, recv_counts, rdispls, shape, out)
+
+    def prepare(self, x: np.ndarray, send_count: int, recv_counts, rdispls, shape=None,
+                out: np.ndarray | None = None) -> Plan:
+        """A :class:`~mpicoll.Plan` of ``execute(x, send_count, recv_counts, rdispls, shape, out)``."""
+        return self._prepare(x, send_count, recv_counts, rdispls, shape, out)
+
+    def describe(self, x, send_count, recv_counts, rdispls, shape=None, out=None) -> Call:
+        x, dt, src = self._data(x)
         op, r, n = self.NAME, self.rank, self.size
         sc = V.scalar_count(op, "send_count", send_count, r)
         if sc > x.size:
             raise V.arg_error(op, "send_count", sc, r, f"must be <= x.size={x.size}")
-        rc = V.counts(op, "recv_counts", rc, n, r)
-        rd = V.counts(op, "rdispls", rd, n, r)
+        rc = V.counts(op, "recv_counts", recv_counts, n, r)
+        rd = V.counts(op, "rdispls", rdispls, n, r)
         total = sum(rc)
         V.check_regions(op, "recv_counts", rc, "rdispls", rd, total, "sum(recv_counts)", r)
         V.check_no_overlap(op, "recv_counts", rc, "rdispls", rd, r)
@@ -102,71 +119,31 @@ class AllGatherVOperation(Operation):
         if not all(isinstance(d, (int, np.integer)) and not isinstance(d, bool) and d >= 0 for d in dims) \
                 or int(np.prod(dims)) != total:
             raise V.arg_error(op, "shape", dims, r, f"must be dims >= 0 holding sum(recv_counts)={total} elements")
-        check_out(op, out, dims, x.dtype, r, x)
-        h[V.H_SCALAR] = sc
-        V.vec_a(h, n)[:] = rc
-        return (x, sc, rc, rd, shape), {"out": out}
+        out = self._out(out, dims, x.dtype, x if src is None else src)
+        return Call(dt, x, out, src=src, send=[sc] * n, recv=rc, args=(sc, rc, rd))
 
-    def _cross(self, args, kwargs, table):
-        V.check_pairs(self.NAME, table, (V.H_SCALAR, 0), "send_count", (V.H_LEN, 1), "recv_counts[{i}]")
-        return kwargs
-
-    def _fast(self):
-        ag, agv, slow, ndarray, empty = self.comm.Allgather, self.comm.Allgatherv, self._run, np.ndarray, np.empty
-        mpi_of, table = mpi_of_c(), MPI_BY_NUM
-        packed_c, packed_py = packed_layout_c(), V.layout_read_once
-
-        def execute(x, send_count, recv_counts, rdispls, shape=None, out=None):
-            # the common case, recv_counts packed in rank order: one Allgather or Allgatherv (see _run)
-            m = mpi_of(x, table)
-            if m is not None:
-                total, c = packed_c(recv_counts, rdispls)
-                if total == -2:           # (lists, tuples, generators, ...)
-                    recv_counts, rdispls, total, c = packed_py(recv_counts, rdispls)
-                if total >= 0:
-                    if out is None:
-                        out = empty(_dims(shape, total), dtype=x.dtype)
-                    size = int(send_count)
-                    send = [x, size if size < x.size else x.size, m]
-                    if c >= 0:        # equal counts: Allgather, as _run
-                        ag(send, [out, m])
-                    else:
-                        agv(send, [out, (recv_counts.tolist() if type(recv_counts) is ndarray else recv_counts,
-                                         rdispls.tolist() if type(rdispls) is ndarray else rdispls), m])
-                    return out
-            return slow(x, send_count, recv_counts, rdispls, shape, out)
-        return execute
-
-    def _run(self, x, send_count, recv_counts, rdispls, shape=None, out=None):
-        x, dt = self._data(x)
-        rc = recv_counts.tolist() if type(recv_counts) is np.ndarray else list(recv_counts)
-        rd = rdispls.tolist() if type(rdispls) is np.ndarray else list(rdispls)   # (read once: any iterable)
-        if out is None:
-            out = np.empty(_dims(shape, sum(rc)), dtype=x.dtype)
-        # the first send_count elements of x, never past its end (even unvalidated)
-        send = [x, min(int(send_count), x.size), dt.mpi]
-        c = rc[0]
-        if rc.count(c) != len(rc):
-            self.comm.Allgatherv(send, [out, (rc, rd), dt.mpi])
-            return out
+    def issue(self, call, table, go) -> None:
+        x, out, m, (sc, rc, rd), comm = call.x, call.out, call.dt.mpi, call.args, self._lib
+        send = [x, sc, m]
+        if rc.count(rc[0]) != len(rc):
+            go.mpi(comm, "Allgatherv", send, [out, (rc, rd), m])
+            return
         # Every rank sends c elements: MPICH's Allgather is faster than its Allgatherv (1.3x at 8 B,
-        # 2-2.5x at 8 MiB on 4 ranks; 6x into a freshly allocated output at 64 KiB on 4 ranks, where
-        # Allgatherv's pipelined ring page-faults). recv_counts are the ranks' send counts, the same
-        # list on every rank, so every rank takes this path; rdispls are each rank's own: a permuted
-        # layout is gathered packed, then moved into place.
-        if not c or rd == [*range(0, len(rc) * c, c)]:
-            self.comm.Allgather(send, [out, dt.mpi])
-            return out
+        # 2-2.5x at 8 MiB on 4 ranks). recv_counts are the ranks' send counts, the same list on every
+        # rank, so every rank makes this choice; rdispls are each rank's own: a permuted layout is
+        # gathered packed, then moved into place.
+        c = rc[0]
+        if not c or V.packed(rc, rd):
+            go.mpi(comm, "Allgather", send, [out, m])
+            return
         packed = np.empty(len(rc) * c, dtype=x.dtype)
-        self.comm.Allgather(send, [packed, dt.mpi])
-        flat = out.reshape(-1)
-        for i, d in enumerate(rd):
-            flat[d:d + c] = packed[i * c:(i + 1) * c]
-        return out
+        go.mpi(comm, "Allgather", send, [packed, m])
+        go.local(_place, packed, out.reshape(-1), c, rd)
 
 
-def _agv_args(x, send_count, recv_counts, rdispls, shape=None, out=None):
-    return x, send_count, recv_counts, rdispls, shape, out
+def _place(packed: np.ndarray, flat: np.ndarray, c: int, rd: list[int]) -> None:
+    for i, d in enumerate(rd):
+        flat[d:d + c] = packed[i * c:(i + 1) * c]
 
 
 def _dims(shape, total):
@@ -183,11 +160,11 @@ def _dims(shape, total):
 _SHAPES = {"even": (3, 2), "zero": (0,), "scalar": (), "large": (50_001,)}
 
 
-def _ag_run(case, dtype, comm_domain, rank, n, seed, validate=True):
+def _ag_case(case, dtype, comm_domain, rank, n, seed, validate=True) -> Case:
     dt = DTYPES[dtype]
     inputs = [rank_data(seed, f"AllGather/{case}/{dtype}", r, _SHAPES[case], dt) for r in range(n)]
     op = AllGatherOperation(AllGatherParam(comm_domain=comm_domain, rank_size=n), validate=validate)
-    return op.execute(inputs[rank]), np.stack(inputs), True
+    return Case(op, (inputs[rank],), {}, np.stack(inputs))
 
 
 def _agv_plan(case, n):
@@ -203,7 +180,7 @@ def _agv_plan(case, n):
     return sc, rd
 
 
-def _agv_run(case, dtype, comm_domain, rank, n, seed, validate=True):
+def _agv_case(case, dtype, comm_domain, rank, n, seed, validate=True) -> Case:
     dt = DTYPES[dtype]
     sc, rd = _agv_plan(case, n)
     inputs = [rank_data(seed, f"AllGatherV/{case}/{dtype}", r, int(sc[r]) + 2, dt) for r in range(n)]
@@ -211,13 +188,12 @@ def _agv_run(case, dtype, comm_domain, rank, n, seed, validate=True):
     for i in range(n):
         expected[rd[i]:rd[i] + sc[i]] = inputs[i][:sc[i]]
     op = AllGatherVOperation(AllGatherVParam(comm_domain=comm_domain, rank_size=n), validate=validate)
-    return op.execute(inputs[rank], int(sc[rank]), sc, rd), expected, True
+    return Case(op, (inputs[rank], int(sc[rank]), sc, rd), {}, expected)
 
 
-register_check(CheckSpec("AllGather", lambda n: list(_SHAPES), _ag_run))
+register_check(CheckSpec("AllGather", lambda n: list(_SHAPES), _ag_case))
 register_check(CheckSpec("AllGatherV", lambda n: ["uniform", "permuted", "uneven", "zero", "spike", "skew", "gapped",
-                                                   "large"],
-                         _agv_run))
+                                                   "large"], _agv_case))
 
 
 def _ag_bench(c, v=False) -> BenchRun:
@@ -230,18 +206,18 @@ def _ag_bench(c, v=False) -> BenchRun:
         rc, rd = np.full(c.n, per), np.arange(c.n) * per
         op = AllGatherVOperation(AllGatherVParam(comm_domain=c.comm_domain, rank_size=c.n), validate=c.validate)
         flat = out.reshape(-1)
-        run = lambda: op.execute(x, per, rc, rd, out=flat)  # noqa: E731
+        args, kwargs, expected = (x, per, rc, rd), {"out": flat}, expected.reshape(-1)
         raw = lambda: comm.Allgatherv([x, t], [flat, (rc, rd), t])  # noqa: E731
     else:
         op = AllGatherOperation(AllGatherParam(comm_domain=c.comm_domain, rank_size=c.n), validate=c.validate)
-        run = lambda: op.execute(x, out=out)  # noqa: E731
+        args, kwargs = (x,), {"out": out}
         raw = lambda: comm.Allgather([x, t], [out, t])  # noqa: E731
 
     def torch_call(dist, torch, group):
         t, o = torch_view(torch, x), torch_view(torch, out.reshape(-1))
         gather = getattr(dist, "all_gather_single", None) or dist.all_gather_into_tensor   # (renamed in torch 2.13)
         return lambda: gather(o, t, group=group)
-    return BenchRun(run=run, result=lambda: out, expected=expected, raw=raw, torch_call=torch_call)
+    return BenchRun(op, args, expected, kwargs=kwargs, raw=raw, torch_call=torch_call)
 
 
 register_bench(BenchSpec("AllGather", _ag_bench, lambda n: (n - 1) / n if n else 0, count_multiple=lambda n: n))

@@ -6,12 +6,17 @@ from dataclasses import dataclass
 import numpy as np
 
 from .. import _validate as V
-from .._dtypes import DTYPES, MPI_BY_NUM
+from .._dtypes import DTYPES
 from .._errors import CollectiveArgumentError
-from .._golden import (PLAN_FAMILIES, BenchRun, BenchSpec, CheckSpec, bench_data, counts_matrix, displs, rank_data,
-                       register_bench, register_check, torch_view)
+from .._golden import (PLAN_FAMILIES, BenchRun, BenchSpec, Case, CheckSpec, bench_data, counts_matrix, displs,
+                       rank_data, register_bench, register_check, torch_view)
 from .._params import CommParam
-from ._base import Operation, check_out, mpi_of_c, x_out
+from .._plan import Call, Plan
+from ._base import Operation
+
+
+__all__ = ["AllToAllOperation", "AllToAllParam", "AllToAllVOperation", "AllToAllVParam", "AllToAllVV2Operation",
+           "AllToAllVV2Param"]
 
 
 @dataclass
@@ -38,8 +43,6 @@ class AllToAllVV2Param(CommParam):
 class AllToAllOperation(Operation):
     """Block j of dim 0 goes to rank j; received blocks are stacked in source-rank order.
 
-    ``execute(x, out=None)``: ``x.shape[0]`` divisible by rank_size; returns x's shape.
-
     Example (2 ranks, rank r has ``x = [10r, 10r + 1]``)::
 
         AllToAllOperation(AllToAllParam()).execute(x)   # rank 0: [0, 10], rank 1: [1, 11]
@@ -48,92 +51,83 @@ class AllToAllOperation(Operation):
     NAME = "AllToAll"
     PARAM = AllToAllParam
 
-    def _check(self, args, kwargs, h):
-        x, out = x_out(*args, **kwargs)
-        x = self._check_x(x, h)
+    def execute(self, x: np.ndarray, out: np.ndarray | None = None) -> np.ndarray:
+        """Exchange the blocks of dim 0.
+
+        Args:
+            x: this rank's input; ``x.shape[0]`` divisible by rank_size; the same shape everywhere.
+            out: a preallocated output of x's shape.
+
+        Returns:
+            ``out``, or a new array of x's shape: block j is rank j's block ``rank``.
+        """
+        return self._execute(x, out)
+
+    def prepare(self, x: np.ndarray, out: np.ndarray | None = None) -> Plan:
+        """A :class:`~mpicoll.Plan` of ``execute(x, out)``."""
+        return self._prepare(x, out)
+
+    def describe(self, x, out=None) -> Call:
+        x, dt, src = self._data(x)
         V.check_dim0(self.NAME, x, self.size, self.rank)
-        check_out(self.NAME, out, x.shape, x.dtype, self.rank, x)
-        return (x,), {"out": out}
+        out = self._out(out, x.shape, x.dtype, x if src is None else src)
+        return Call(dt, x, out, src=src, shape=x.shape)
 
-    def _checked(self):
-        n = self.size
-        return self._checked_x_out(lambda x: x.shape if x.ndim and not x.shape[0] % n else None)
-
-    def _fast(self):
-        call, slow, mpi_of, table, empty_like = self.comm.Alltoall, self._run, mpi_of_c(), MPI_BY_NUM, np.empty_like
-
-        def execute(x, out=None):
-            m = mpi_of(x, table)
-            if m is not None:
-                if out is None:
-                    out = empty_like(x)
-                call([x, m], [out, m])
-                return out
-            return slow(x, out)
-        return execute
-
-    def _run(self, x, out=None):
-        x, dt = self._data(x)
-        if out is None:
-            out = np.empty_like(x)
-        self.comm.Alltoall([x, dt.mpi], [out, dt.mpi])
-        return out
+    def issue(self, call, table, go) -> None:
+        m = call.dt.mpi
+        go.mpi(self._lib, "Alltoall", [call.x, m], [call.out, m])
 
 
 class _AllToAllVBase(Operation):
-    """The shared plan checks and MPI call of AllToAllV and AllToAllVV2."""
+    """The shared plan rules and MPI call of AllToAllV and AllToAllVV2."""
 
-    SAME_SHAPE = False
+    PAIR_NAMES = ("send_counts[{j}]", "recv_counts[{i}]")
 
-    def _check_plan(self, x, sc, sd, rc, rd, infer_shape, out, h):
-        """Local rules on the plan; fill the header; return the normalised plan."""
-        x = self._check_x(x, h)
+    def _counts(self, sc, sd, rc, rd) -> tuple[list[int], list[int], list[int], list[int]]:
+        """The plan's local rules that do not depend on x."""
         op, r, n = self.NAME, self.rank, self.size
         sc = V.counts(op, "send_counts", sc, n, r)
         sd = V.counts(op, "sdispls", sd, n, r)
         rc = V.counts(op, "recv_counts", rc, n, r)
         rd = V.counts(op, "rdispls", rd, n, r)
-        V.check_regions(op, "send_counts", sc, "sdispls", sd, x.size, "x.size", r)
-        total = sum(rc)
-        V.check_regions(op, "recv_counts", rc, "rdispls", rd, total, "sum(recv_counts)", r)
+        V.check_regions(op, "recv_counts", rc, "rdispls", rd, sum(rc), "sum(recv_counts)", r)
         V.check_no_overlap(op, "recv_counts", rc, "rdispls", rd, r)
+        return sc, sd, rc, rd
+
+    def _call(self, x, plan, infer_shape, out) -> Call:
+        x, dt, src = self._data(x)
+        sc, sd, rc, rd = plan
+        total = sum(rc)
+        V.check_regions(self.NAME, "send_counts", sc, "sdispls", sd, x.size, "x.size", self.rank)
         if infer_shape is not None and np.size(infer_shape) != total:
-            raise V.arg_error(op, "infer_shape.size", int(np.size(infer_shape)), r,
+            raise V.arg_error(self.NAME, "infer_shape.size", int(np.size(infer_shape)), self.rank,
                               f"must equal sum(recv_counts)={total}")
-        check_out(op, out, (1, total), x.dtype, r, x)
-        V.vec_a(h, n)[:] = sc
-        V.vec_b(h, n)[:] = rc
-        h[V.H_BITS] = V.BIT_CONTIGUOUS if V.packed_layout(sc, sd)[0] >= 0 and V.packed_layout(rc, rd)[0] >= 0 else 0
-        return x, sc, sd, rc, rd
+        out = self._out(out, (1, total), x.dtype, x if src is None else src)
+        packed = V.packed(sc, sd) and V.packed(rc, rd)
+        return Call(dt, x, out, src=src, send=sc, recv=rc, info=V.BIT_PACKED if packed else 0, args=plan)
 
-    def _cross(self, args, kwargs, table):
-        n = self.size
-        V.check_pairs(self.NAME, table, (V.H_LEN, 1), "send_counts[{j}]", (V.H_LEN + n, 1), "recv_counts[{i}]")
-        sent = table[:, V.H_LEN:V.H_LEN + n]
-        # Every rank sees the same table, so every rank takes the same (faster) Alltoall path.
-        flat = sent.ravel().tolist()
-        if flat and flat.count(flat[0]) == len(flat) and all(
-                b & V.BIT_CONTIGUOUS for b in table[:, V.H_BITS].tolist()):
-            return {**kwargs, "_uniform": True}
-        return kwargs
-
-    def _alltoallv(self, x, sc, sd, rc, rd, out, uniform):
-        x, dt = self._data(x)
-        if out is None:
-            out = np.empty((1, V.total(rc)), dtype=x.dtype)
-        if uniform:
-            self.comm.Alltoall([x.reshape(-1)[:out.size], dt.mpi], [out, dt.mpi])
+    def issue(self, call, table, go) -> None:
+        x, out, m, (sc, sd, rc, rd) = call.x, call.out, call.dt.mpi, call.args
+        # Every rank sending the same count to every rank, packed on every rank (read from the agreed
+        # table, so every rank makes this choice): MPICH's Alltoall, ~2x faster than its Alltoallv.
+        if table is not None and _uniform(table):
+            go.mpi(self._lib, "Alltoall", [x.reshape(-1)[:out.size], m], [out, m])
         else:
-            self.comm.Alltoallv([x, (sc, sd), dt.mpi], [out, (rc, rd), dt.mpi])
-        return out
+            go.mpi(self._lib, "Alltoallv", [x, (sc, sd), m], [out, (rc, rd), m])
+
+
+def _uniform(table: np.ndarray) -> bool:
+    sent = V.sent(table)
+    return bool((sent == sent[0, 0]).all() and (table[:, V.H_INFO] & V.BIT_PACKED).all())
 
 
 class AllToAllVOperation(_AllToAllVBase):
     """All-to-all with per-peer counts and displacements fixed in the Param.
 
-    ``execute(x, out=None)`` -> ``[1, sum(recv_counts)]``: for every source i, ``x_i.flat[sdispls_i[me] :
-    sdispls_i[me] + send_counts_i[me]]`` lands at ``out.flat[rdispls[i] : rdispls[i] + recv_counts[i]]``.
-    ``recv_counts[i]`` here must equal rank i's ``send_counts[me]``.
+    For every source i, ``x_i.flat[sdispls_i[me] : sdispls_i[me] + send_counts_i[me]]`` lands at
+    ``out.flat[rdispls[i] : rdispls[i] + recv_counts[i]]``. ``recv_counts[i]`` must equal rank i's
+    ``send_counts[me]``. With validation on (and in plans) uniform packed counts run MPI's
+    ``Alltoall``.
 
     Example: see :class:`AllToAllVV2Operation` (the same plan, given in the Param).
     """
@@ -141,37 +135,33 @@ class AllToAllVOperation(_AllToAllVBase):
     NAME = "AllToAllV"
     PARAM = AllToAllVParam
 
-    def _bind_param(self):
+    def execute(self, x: np.ndarray, out: np.ndarray | None = None) -> np.ndarray:
+        """Exchange the blocks of the Param's plan.
+
+        Args:
+            x: this rank's input (its blocks at ``sdispls``).
+            out: a preallocated output of shape ``[1, sum(recv_counts)]``.
+
+        Returns:
+            ``out``, or a new array of shape ``[1, sum(recv_counts)]``.
+        """
+        return self._execute(x, out)
+
+    def prepare(self, x: np.ndarray, out: np.ndarray | None = None) -> Plan:
+        """A :class:`~mpicoll.Plan` of ``execute(x, out)``."""
+        return self._prepare(x, out)
+
+    def _bind_param(self) -> None:
         p = self.param
         missing = [k for k in _PLAN if getattr(p, k) is None]
         if missing:
             raise CollectiveArgumentError(f"{self.NAME}: {missing[0]}=None on rank {self.rank}: the plan "
                                           "(send_counts, sdispls, recv_counts, rdispls) is required",
                                           op=self.NAME, param=missing[0], rank=self.rank)
-        self._plan = tuple(np.asarray(getattr(p, k)) for k in _PLAN)
+        self._plan = self._counts(*(getattr(p, k) for k in _PLAN))
 
-    def _check(self, args, kwargs, h):
-        x, out = x_out(*args, **kwargs)
-        plan = self._check_plan(x, *self._plan, None, out, h)
-        return (plan[0],), {"out": out}
-
-    def _fast(self):
-        call, slow, mpi_of, table, empty = self.comm.Alltoallv, self._run, mpi_of_c(), MPI_BY_NUM, np.empty
-        sc, sd, rc, rd = (a.tolist() for a in self._plan)     # plain lists: mpi4py reads them fastest
-        send, recv, shape = (sc, sd), (rc, rd), (1, sum(rc))
-
-        def execute(x, out=None):
-            m = mpi_of(x, table)
-            if m is not None:
-                if out is None:
-                    out = empty(shape, dtype=x.dtype)
-                call([x, send, m], [out, recv, m])
-                return out
-            return slow(x, out)
-        return execute
-
-    def _run(self, x, out=None, _uniform=False):
-        return self._alltoallv(x, *self._plan, out, _uniform)
+    def describe(self, x, out=None) -> Call:
+        return self._call(x, self._plan, None, out)
 
 
 _PLAN = ("send_counts", "sdispls", "recv_counts", "rdispls")
@@ -180,8 +170,7 @@ _PLAN = ("send_counts", "sdispls", "recv_counts", "rdispls")
 class AllToAllVV2Operation(_AllToAllVBase):
     """All-to-all with the per-peer plan given at execute time (ATB's AllToAllVV2).
 
-    ``execute(x, send_counts, sdispls, recv_counts, rdispls, infer_shape=None, out=None)`` ->
-    ``[1, sum(recv_counts)]``; ``infer_shape`` (optional) must have ``sum(recv_counts)`` elements.
+    The same exchange as :class:`AllToAllVOperation`, the plan passed to ``execute``.
 
     Example (the 2-rank case of the ATB documentation)::
 
@@ -193,31 +182,29 @@ class AllToAllVV2Operation(_AllToAllVBase):
     NAME = "AllToAllVV2"
     PARAM = AllToAllVV2Param
 
-    def _check(self, args, kwargs, h):
-        x, sc, sd, rc, rd, infer_shape, out = _vv2_args(*args, **kwargs)
-        x, sc, sd, rc, rd = self._check_plan(x, sc, sd, rc, rd, infer_shape, out, h)
-        return (x, sc, sd, rc, rd), {"out": out}
+    def execute(self, x: np.ndarray, send_counts, sdispls, recv_counts, rdispls, infer_shape=None,
+                out: np.ndarray | None = None) -> np.ndarray:
+        """Exchange blocks by the given plan.
 
-    def _fast(self):
-        call, slow, empty, total = self.comm.Alltoallv, self._run, np.empty, V.total
-        mpi_of, table = mpi_of_c(), MPI_BY_NUM
+        Args:
+            x: this rank's input.
+            send_counts, sdispls, recv_counts, rdispls: ``rank_size`` integers each (lists, tuples,
+                integer arrays or any iterable, read once), in elements of the flattened arrays.
+            infer_shape: optional; must hold ``sum(recv_counts)`` elements (ATB's shape input).
+            out: a preallocated output of shape ``[1, sum(recv_counts)]``.
 
-        def execute(x, send_counts, sdispls, recv_counts, rdispls, infer_shape=None, out=None):
-            m = mpi_of(x, table)
-            if m is not None:
-                if out is None:
-                    out = empty((1, total(recv_counts)), dtype=x.dtype)
-                call([x, (send_counts, sdispls), m], [out, (recv_counts, rdispls), m])
-                return out
-            return slow(x, send_counts, sdispls, recv_counts, rdispls, infer_shape, out)
-        return execute
+        Returns:
+            ``out``, or a new array of shape ``[1, sum(recv_counts)]``.
+        """
+        return self._execute(x, send_counts, sdispls, recv_counts, rdispls, infer_shape, out)
 
-    def _run(self, x, send_counts, sdispls, recv_counts, rdispls, infer_shape=None, out=None, _uniform=False):
-        return self._alltoallv(x, send_counts, sdispls, recv_counts, rdispls, out, _uniform)
+    def prepare(self, x: np.ndarray, send_counts, sdispls, recv_counts, rdispls, infer_shape=None,
+                out: np.ndarray | None = None) -> Plan:
+        """A :class:`~mpicoll.Plan` of ``execute(x, send_counts, sdispls, recv_counts, rdispls, infer_shape, out)``."""
+        return self._prepare(x, send_counts, sdispls, recv_counts, rdispls, infer_shape, out)
 
-
-def _vv2_args(x, send_counts, sdispls, recv_counts, rdispls, infer_shape=None, out=None):
-    return x, send_counts, sdispls, recv_counts, rdispls, infer_shape, out
+    def describe(self, x, send_counts, sdispls, recv_counts, rdispls, infer_shape=None, out=None) -> Call:
+        return self._call(x, self._counts(send_counts, sdispls, recv_counts, rdispls), infer_shape, out)
 
 
 # ----------------------------------------------------------------------------- golden checks
@@ -248,16 +235,16 @@ def _plans(family, n):
     return plans, lengths
 
 
-def _a2a_run(case, dtype, comm_domain, rank, n, seed, validate=True):
+def _a2a_case(case, dtype, comm_domain, rank, n, seed, validate=True) -> Case:
     dt = DTYPES[dtype]
     shape = {"even": (2 * n, 3), "zero": (0,), "large": (16_384 * n,)}[case]
     inputs = [rank_data(seed, f"AllToAll/{case}/{dtype}", r, shape, dt) for r in range(n)]
     expected = np.concatenate([np.split(x, n)[rank] for x in inputs]) if shape[0] else inputs[rank].copy()
     op = AllToAllOperation(AllToAllParam(comm_domain=comm_domain, rank_size=n), validate=validate)
-    return op.execute(inputs[rank]), expected.reshape(shape), True
+    return Case(op, (inputs[rank],), {}, expected.reshape(shape))
 
 
-def _a2av_run(case, dtype, comm_domain, rank, n, seed, validate=True, v2=False):
+def _a2av_case(case, dtype, comm_domain, rank, n, seed, validate=True, v2=False) -> Case:
     dt = DTYPES[dtype]
     if case == "seed":
         if n != 2:
@@ -272,21 +259,19 @@ def _a2av_run(case, dtype, comm_domain, rank, n, seed, validate=True, v2=False):
     sc, sd, rc, rd = plans[rank]
     if v2:
         op = AllToAllVV2Operation(AllToAllVV2Param(comm_domain=comm_domain, rank_size=n), validate=validate)
-        got = op.execute(inputs[rank], sc, sd, rc, rd, np.zeros(int(rc.sum()), np.int8))
-    else:
-        op = AllToAllVOperation(AllToAllVParam(comm_domain=comm_domain, rank_size=n, send_counts=sc.tolist(),
-                                               sdispls=sd.tolist(), recv_counts=rc, rdispls=rd), validate=validate)
-        got = op.execute(inputs[rank])
-    return got, expected, True
+        return Case(op, (inputs[rank], sc, sd, rc, rd, np.zeros(int(rc.sum()), np.int8)), {}, expected)
+    op = AllToAllVOperation(AllToAllVParam(comm_domain=comm_domain, rank_size=n, send_counts=sc.tolist(),
+                                           sdispls=sd.tolist(), recv_counts=rc, rdispls=rd), validate=validate)
+    return Case(op, (inputs[rank],), {}, expected)
 
 
 def _v_cases(n):
     return list(PLAN_FAMILIES) + (["seed"] if n == 2 else [])
 
 
-register_check(CheckSpec("AllToAll", lambda n: ["even", "zero", "large"], _a2a_run))
-register_check(CheckSpec("AllToAllV", _v_cases, _a2av_run))
-register_check(CheckSpec("AllToAllVV2", _v_cases, lambda *a, **k: _a2av_run(*a, **k, v2=True)))
+register_check(CheckSpec("AllToAll", lambda n: ["even", "zero", "large"], _a2a_case))
+register_check(CheckSpec("AllToAllV", _v_cases, _a2av_case))
+register_check(CheckSpec("AllToAllVV2", _v_cases, lambda *a, **k: _a2av_case(*a, **k, v2=True)))
 
 
 def _a2a_bench(c, kind="AllToAll") -> BenchRun:
@@ -299,17 +284,18 @@ def _a2a_bench(c, kind="AllToAll") -> BenchRun:
     if kind == "AllToAll":
         out = np.empty_like(x)
         op = AllToAllOperation(AllToAllParam(**param), validate=c.validate)
-        run = lambda: op.execute(x, out=out)  # noqa: E731
+        args = (x,)
         raw = lambda: comm.Alltoall([x, t], [out, t])  # noqa: E731
     else:
         out = np.empty((1, c.count), dtype=x.dtype)
+        expected = expected.reshape(1, -1)
         if kind == "AllToAllV":
             op = AllToAllVOperation(AllToAllVParam(**param, send_counts=cnt, sdispls=dsp, recv_counts=cnt, rdispls=dsp),
                                     validate=c.validate)
-            run = lambda: op.execute(x, out=out)  # noqa: E731
+            args = (x,)
         else:
             op = AllToAllVV2Operation(AllToAllVV2Param(**param), validate=c.validate)
-            run = lambda: op.execute(x, cnt, dsp, cnt, dsp, out=out)  # noqa: E731
+            args = (x, cnt, dsp, cnt, dsp)
         raw = lambda: comm.Alltoallv([x, (cnt, dsp), t], [out, (cnt, dsp), t])  # noqa: E731
 
     def torch_call(dist, torch, group):
@@ -318,7 +304,7 @@ def _a2a_bench(c, kind="AllToAll") -> BenchRun:
             return lambda: dist.all_to_all_single(o, t, group=group)
         splits = [per] * c.n
         return lambda: dist.all_to_all_single(o, t, splits, splits, group=group)
-    return BenchRun(run=run, result=lambda: out.reshape(-1), expected=expected, raw=raw, torch_call=torch_call)
+    return BenchRun(op, args, expected, kwargs={"out": out}, raw=raw, torch_call=torch_call)
 
 
 for _kind in ("AllToAll", "AllToAllV", "AllToAllVV2"):

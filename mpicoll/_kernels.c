@@ -1,8 +1,9 @@
-/* Optional accelerator for float16 reductions: numpy converts float16 <-> float32 one element at a
- * time (2-5 ns per element on the machines we measured), which dominates every float16 reduction.
- * These loops use the CPU's F16C conversions when it has them (runtime dispatch) and the
- * compiler's _Float16 otherwise; both round to nearest even, as numpy does, so results are
- * bit-identical to the numpy path. If this file does not compile, mpicoll falls back to numpy.
+/* mpicoll's optional numeric kernels: they move bytes and do arithmetic, nothing else (every
+ * decision about which MPI call to make lives in Python). numpy converts float16 <-> float32 one
+ * element at a time (2-5 ns per element on the machines we measured), which dominates every float16
+ * reduction and quantization. These loops use the CPU's F16C conversions when it has them (runtime
+ * dispatch) and the compiler's _Float16 otherwise; both round to nearest even, as numpy does, so
+ * results are bit-identical to the numpy path. If this file does not compile, mpicoll uses numpy.
  *
  *   reduce_f16(parts, out, nrows, op)  out[i] = float16(op-reduce over rows r of float32(parts[r][i]))
  *                                      in row order, accumulated in float32; op 0 sum 1 prod 2 max 3 min
@@ -10,21 +11,9 @@
  *   f16_to_f32(src, dst), f32_to_f16(src, dst)
  *   dequant_sum, dequant_sum_quantize, quantize_i8   int8 quantization kernels of mpicoll.quant (below)
  *   use_simd(on) -> previous             switch the F16C/AVX2 loops off (tests of the portable loops)
- *   packed_layout(counts, displs)        (total, block): total = sum(counts) if displs are its exclusive
- *                                        prefix sums, else -1; block = the count every entry of counts
- *                                        equals, else -1; (-2, -1) unless both are 1-D int32/int64 arrays
- *                                        of one length with entries >= 0 summing below 2**63 (the
- *                                        ReduceScatterV/AllGatherV hot-path check: ~0.1 us, ~0.9 us in Python)
- *   mpi_of(x, table)                     table[x.dtype.num] for a C-contiguous numpy.ndarray (exact type)
- *                                        of native byte order without fields, else None (the validation-off entry test
- *                                        of every operator: ~30 ns, ~150 ns in Python)
- *
- * The last two read numpy arrays through numpy's C API (headers at build time, pyproject.toml).
  */
 #define PY_SSIZE_T_CLEAN
 #include <Python.h>
-#define NPY_NO_DEPRECATED_API NPY_1_7_API_VERSION
-#include <numpy/arrayobject.h>
 #include <limits.h>
 #include <math.h>
 #include <stdint.h>
@@ -497,256 +486,7 @@ static PyObject *py_use_simd(PyObject *self, PyObject *args) {
     return PyBool_FromLong(before);
 }
 
-/* element i of a 1-D int32/int64 array as int64 */
-static inline long long int_at(const char *p, int itemsize, Py_ssize_t i) {
-    /* memcpy: the array may be unaligned (np.frombuffer at an odd offset) */
-    if (itemsize == 8) {
-        int64_t e;
-        memcpy(&e, p + 8 * i, 8);
-        return e;
-    }
-    int32_t e;
-    memcpy(&e, p + 4 * i, 4);
-    return e;
-}
-
-/* a C-contiguous 1-D numpy array of 4- or 8-byte signed integers in native byte order */
-static int int_vector(PyObject *obj) {
-    if (!PyArray_Check(obj)) return 0;
-    PyArrayObject *a = (PyArrayObject *)obj;
-    PyArray_Descr *d = PyArray_DESCR(a);
-    int t = d->type_num, size = (int)PyArray_ITEMSIZE(a);
-    return PyArray_NDIM(a) == 1 && PyArray_IS_C_CONTIGUOUS(a) && PyArray_ISNBO(d->byteorder) &&
-           (t == NPY_INT || t == NPY_LONG || t == NPY_LONGLONG) &&
-           (size == 4 || size == 8);
-}
-
-static PyObject *pair(long long a, long long b) {
-    PyObject *x = PyLong_FromLongLong(a), *y = PyLong_FromLongLong(b), *t = NULL;
-    if (x && y) t = PyTuple_Pack(2, x, y);
-    Py_XDECREF(x);
-    Py_XDECREF(y);
-    return t;
-}
-
-static PyObject *py_packed_layout(PyObject *self, PyObject *const *args, Py_ssize_t nargs) {
-    if (nargs != 2) {
-        PyErr_SetString(PyExc_TypeError, "packed_layout(counts, displs)");
-        return NULL;
-    }
-    if (!int_vector(args[0]) || !int_vector(args[1])) return pair(-2, -1);
-    PyArrayObject *c = (PyArrayObject *)args[0], *d = (PyArrayObject *)args[1];
-    Py_ssize_t n = PyArray_DIM(c, 0);
-    const char *cp = PyArray_BYTES(c), *dp = PyArray_BYTES(d);
-    int cs = (int)PyArray_ITEMSIZE(c), ds = (int)PyArray_ITEMSIZE(d);
-    long long pos = -2, block = -1;
-    if (n == PyArray_DIM(d, 0)) {
-        /* sums stay below 2**63 - 1 while the entries are >= 0; a negative entry or a sum past it
-           (input no caller means) is left to the Python twin: -2 */
-        long long sum = 0;
-        int packed = 1, same = n > 0, odd = 0;
-        long long first = same ? int_at(cp, cs, 0) : 0;
-        for (Py_ssize_t i = 0; i < n && !odd; i++) {
-            long long ci = int_at(cp, cs, i), di = int_at(dp, ds, i);
-            odd = ci < 0 || di < 0 || ci > LLONG_MAX - sum;
-            packed &= di == sum;
-            same &= ci == first;
-            sum += odd ? 0 : ci;
-        }
-        if (!odd) {
-            pos = packed ? sum : -1;
-            block = same ? first : -1;
-        }
-    }
-    return pair(pos, block);
-}
-
-/* an aligned C-contiguous numpy array of int64 in native byte order with ndim dimensions */
-static int int64_array(PyObject *obj, int ndim) {
-    if (!PyArray_Check(obj)) return 0;
-    PyArrayObject *a = (PyArrayObject *)obj;
-    PyArray_Descr *d = PyArray_DESCR(a);
-    return PyArray_NDIM(a) == ndim && PyArray_IS_C_CONTIGUOUS(a) && PyArray_ISALIGNED(a) &&
-           PyArray_ISNBO(d->byteorder) && (d->type_num == NPY_LONG || d->type_num == NPY_LONGLONG) &&
-           PyArray_ITEMSIZE(a) == 8 &&
-           !PyDataType_HASFIELDS(d);
-}
-
-/* first_diff_row(table, lo, hi[, lo2, hi2]): the header-table test of check_common */
-static PyObject *py_first_diff_row(PyObject *self, PyObject *const *args, Py_ssize_t nargs) {
-    if (nargs != 3 && nargs != 5) {
-        PyErr_SetString(PyExc_TypeError, "first_diff_row(table, lo, hi[, lo2, hi2])");
-        return NULL;
-    }
-    Py_ssize_t r[4] = {0, 0, 0, 0};
-    for (Py_ssize_t k = 1; k < nargs; k++) {
-        r[k - 1] = PyLong_AsSsize_t(args[k]);
-        if (r[k - 1] == -1 && PyErr_Occurred()) return NULL;
-    }
-    if (!int64_array(args[0], 2)) return PyLong_FromLong(-2);
-    PyArrayObject *t = (PyArrayObject *)args[0];
-    Py_ssize_t rows = PyArray_DIM(t, 0), cols = PyArray_DIM(t, 1);
-    for (int k = 0; k < 4; k += 2)
-        if (r[k] < 0 || r[k] > r[k + 1] || r[k + 1] > cols) return PyLong_FromLong(-2);
-    const int64_t *p = (const int64_t *)PyArray_DATA(t);
-    for (Py_ssize_t i = 1; i < rows; i++)
-        for (int k = 0; k < 4; k += 2)
-            if (memcmp(p + i * cols + r[k], p + r[k], (size_t)(r[k + 1] - r[k]) * 8))
-                return PyLong_FromSsize_t(i);
-    return PyLong_FromLong(-1);
-}
-
-/* pair_mismatch(table, s_off, s_step, e_off, e_step): the pairwise count test of check_pairs */
-static PyObject *py_pair_mismatch(PyObject *self, PyObject *const *args, Py_ssize_t nargs) {
-    if (nargs != 5) {
-        PyErr_SetString(PyExc_TypeError, "pair_mismatch(table, s_off, s_step, e_off, e_step)");
-        return NULL;
-    }
-    Py_ssize_t v[4];
-    for (int k = 0; k < 4; k++) {
-        v[k] = PyLong_AsSsize_t(args[k + 1]);
-        if (v[k] == -1 && PyErr_Occurred()) return NULL;
-    }
-    if (!int64_array(args[0], 2)) return PyLong_FromLong(-2);
-    PyArrayObject *t = (PyArrayObject *)args[0];
-    Py_ssize_t n = PyArray_DIM(t, 0), cols = PyArray_DIM(t, 1);
-    Py_ssize_t so = v[0], ss = v[1], eo = v[2], es = v[3];
-    if (n == 0) return PyLong_FromLong(-1);
-    if (so < 0 || ss < 0 || eo < 0 || es < 0 || so + (n - 1) * ss >= cols || eo + (n - 1) * es >= cols)
-        return PyLong_FromLong(-2);
-    const int64_t *p = (const int64_t *)PyArray_DATA(t);
-    for (Py_ssize_t j = 0; j < n; j++)
-        for (Py_ssize_t i = 0; i < n; i++)
-            if (p[j * cols + eo + i * es] != p[i * cols + so + j * ss]) return PyLong_FromSsize_t(j * n + i);
-    return PyLong_FromLong(-1);
-}
-
-/* fill_shape(h, x, at, max_dims): the shape part of a header */
-/* p[0] = x.size, p[1] = x.ndim, p[2:] = x.shape: the shape part of a header */
-static void put_shape(int64_t *p, PyArrayObject *x) {
-    int nd = PyArray_NDIM(x);
-    p[0] = (int64_t)PyArray_SIZE(x);
-    p[1] = nd;
-    for (int k = 0; k < nd; k++) p[2 + k] = (int64_t)PyArray_DIM(x, k);
-}
-
-static PyObject *py_fill_shape(PyObject *self, PyObject *const *args, Py_ssize_t nargs) {
-    if (nargs != 4) {
-        PyErr_SetString(PyExc_TypeError, "fill_shape(h, x, at, max_dims)");
-        return NULL;
-    }
-    Py_ssize_t at = PyLong_AsSsize_t(args[2]), max_dims = PyLong_AsSsize_t(args[3]);
-    if ((at == -1 || max_dims == -1) && PyErr_Occurred()) return NULL;
-    if (!int64_array(args[0], 1) || !PyArray_Check(args[1])) Py_RETURN_FALSE;
-    PyArrayObject *h = (PyArrayObject *)args[0], *x = (PyArrayObject *)args[1];
-    int nd = PyArray_NDIM(x);
-    if (at < 0 || nd > max_dims || at + 2 + max_dims > PyArray_DIM(h, 0) || !PyArray_ISWRITEABLE(h)) Py_RETURN_FALSE;
-    put_shape((int64_t *)PyArray_DATA(h) + at, x);
-    Py_RETURN_TRUE;
-}
-
-/* table[x.dtype.num] for an exact ndarray (not a subclass), C-contiguous, of native byte order and without
-   fields (a "union" dtype such as ("i4", [("lo", "i2"), ("hi", "i2")]) has its base type's number but is not
-   that type), else None (borrowed) */
-static PyObject *table_entry(PyObject *x, PyObject *table) {
-    if (Py_TYPE(x) != &PyArray_Type || !PyArray_IS_C_CONTIGUOUS((PyArrayObject *)x)) return Py_None;
-    PyArray_Descr *d = PyArray_DESCR((PyArrayObject *)x);
-    if (d->type_num < 0 || d->type_num >= PyTuple_GET_SIZE(table) || !PyArray_ISNBO(d->byteorder) ||
-        PyDataType_HASFIELDS(d))
-        return Py_None;
-    return PyTuple_GET_ITEM(table, d->type_num);
-}
-
-static PyObject *py_mpi_of(PyObject *self, PyObject *const *args, Py_ssize_t nargs) {
-    if (nargs != 2 || !PyTuple_Check(args[1])) {
-        PyErr_SetString(PyExc_TypeError, "mpi_of(x, table: tuple)");
-        return NULL;
-    }
-    return Py_NewRef(table_entry(args[0], args[1]));
-}
-
-/* plain_header(x, tmpl, codes, dtype_at, shape_at, max_dims): the validated path's header */
-static PyObject *py_plain_header(PyObject *self, PyObject *const *args, Py_ssize_t nargs) {
-    if (nargs != 6 || !PyTuple_Check(args[2])) {
-        PyErr_SetString(PyExc_TypeError, "plain_header(x, tmpl, codes: tuple, dtype_at, shape_at, max_dims)");
-        return NULL;
-    }
-    Py_ssize_t dtype_at = PyLong_AsSsize_t(args[3]), shape_at = PyLong_AsSsize_t(args[4]);
-    Py_ssize_t max_dims = PyLong_AsSsize_t(args[5]);
-    if (PyErr_Occurred()) return NULL;
-    PyObject *code = table_entry(args[0], args[2]);
-    if (code == Py_None || !PyLong_Check(code) || !int64_array(args[1], 1)) Py_RETURN_NONE;
-    long long c = PyLong_AsLongLong(code);
-    if (c == -1 && PyErr_Occurred()) return NULL;
-    PyArrayObject *x = (PyArrayObject *)args[0], *t = (PyArrayObject *)args[1];
-    Py_ssize_t len = PyArray_DIM(t, 0);
-    int nd = PyArray_NDIM(x);
-    if (dtype_at < 0 || dtype_at >= len) Py_RETURN_NONE;
-    if (shape_at >= 0 && (nd > max_dims || shape_at + 2 + max_dims > len)) Py_RETURN_NONE;
-    PyObject *h = PyArray_NewCopy(t, NPY_CORDER);
-    if (!h) return NULL;
-    int64_t *p = (int64_t *)PyArray_DATA((PyArrayObject *)h);
-    p[dtype_at] = c;
-    if (shape_at >= 0) put_shape(p + shape_at, x);
-    return h;
-}
-
-/* plain_out(out, x, shape): out is a fresh-enough output for x */
-static PyObject *py_plain_out(PyObject *self, PyObject *const *args, Py_ssize_t nargs) {
-    if (nargs != 3 || !PyTuple_Check(args[2])) {
-        PyErr_SetString(PyExc_TypeError, "plain_out(out, x, shape: tuple)");
-        return NULL;
-    }
-    PyObject *o = args[0], *x = args[1], *shape = args[2];
-    if (Py_TYPE(o) != &PyArray_Type || !PyArray_Check(x)) Py_RETURN_FALSE;
-    PyArrayObject *out = (PyArrayObject *)o, *xa = (PyArrayObject *)x;
-    int nd = PyArray_NDIM(out);
-    if (!PyArray_IS_C_CONTIGUOUS(out) || !PyArray_ISWRITEABLE(out) || !PyArray_IS_C_CONTIGUOUS(xa) ||
-        PyTuple_GET_SIZE(shape) != nd || !PyArray_EquivTypes(PyArray_DESCR(out), PyArray_DESCR(xa)))
-        Py_RETURN_FALSE;
-    for (int k = 0; k < nd; k++) {
-        PyObject *e = PyTuple_GET_ITEM(shape, k);
-        if (!PyLong_Check(e)) Py_RETURN_FALSE;
-        Py_ssize_t v = PyLong_AsSsize_t(e);
-        if (v == -1 && PyErr_Occurred()) {     /* (past ssize_t: no array has that shape) */
-            PyErr_Clear();
-            Py_RETURN_FALSE;
-        }
-        if (v != PyArray_DIM(out, k)) Py_RETURN_FALSE;
-    }
-    const char *a = PyArray_BYTES(out), *b = PyArray_BYTES(xa);
-    Py_ssize_t an = PyArray_NBYTES(out), bn = PyArray_NBYTES(xa);
-    if (an > 0 && bn > 0 && a < b + bn && b < a + an) Py_RETURN_FALSE;      /* overlap */
-    Py_RETURN_TRUE;
-}
-
 static PyMethodDef methods[] = {
-    {"packed_layout", (PyCFunction)(void (*)(void))py_packed_layout, METH_FASTCALL,
-     "packed_layout(counts, displs) -> (total, block): total is sum(counts) when displs are its exclusive prefix "
-     "sums, -1 when not; block is the count every entry of counts equals, else -1; (-2, -1) unless both are "
-     "1-D int32/int64 arrays of one length with entries >= 0 summing below 2**63"},
-    {"mpi_of", (PyCFunction)(void (*)(void))py_mpi_of, METH_FASTCALL,
-     "mpi_of(x, table) -> table[x.dtype.num] for a C-contiguous numpy.ndarray (not a subclass) of native byte "
-     "order, without fields, whose dtype number indexes the tuple table, else None"},
-    {"first_diff_row", (PyCFunction)(void (*)(void))py_first_diff_row, METH_FASTCALL,
-     "first_diff_row(table, lo, hi[, lo2, hi2]) -> the first row i >= 1 of a 2-D int64 table whose columns "
-     "[lo, hi) (and [lo2, hi2)) differ from row 0's, -1 when none, -2 when table is not a C-contiguous native "
-     "int64 matrix or a range does not fit"},
-    {"pair_mismatch", (PyCFunction)(void (*)(void))py_pair_mismatch, METH_FASTCALL,
-     "pair_mismatch(table, s_off, s_step, e_off, e_step) -> j * n + i for the first (j, i), j-major, with "
-     "table[j, e_off + i * e_step] != table[i, s_off + j * s_step] (n = rows), -1 when none, -2 when table is "
-     "not a C-contiguous native int64 matrix or a column falls outside it"},
-    {"fill_shape", (PyCFunction)(void (*)(void))py_fill_shape, METH_FASTCALL,
-     "fill_shape(h, x, at, max_dims) -> bool: h[at] = x.size, h[at + 1] = x.ndim, h[at + 2:] = x.shape for a "
-     "numpy array x of at most max_dims dims and a writable C-contiguous native int64 vector h with room; "
-     "False (h untouched) otherwise"},
-    {"plain_header", (PyCFunction)(void (*)(void))py_plain_header, METH_FASTCALL,
-     "plain_header(x, tmpl, codes, dtype_at, shape_at, max_dims) -> a copy of the int64 vector tmpl with "
-     "h[dtype_at] = codes[x.dtype.num] and, when shape_at >= 0, h[shape_at:] = size, ndim, *shape; None unless "
-     "x passes mpi_of's test, codes has an int there and (shape_at >= 0) x has at most max_dims dims"},
-    {"plain_out", (PyCFunction)(void (*)(void))py_plain_out, METH_FASTCALL,
-     "plain_out(out, x, shape) -> bool: out is a C-contiguous writable numpy.ndarray (not a subclass) of this "
-     "shape and x's dtype, and x is C-contiguous, and their memory does not overlap"},
     {"reduce_bf16", py_reduce_bf16, METH_VARARGS,
      "reduce_bf16(parts, out, rows, op): float32-accumulated row reduction of bfloat16, rounded once"},
     {"f16_to_f32", py_f16_to_f32, METH_VARARGS, "f16_to_f32(src, dst): float16 buffer -> float32 buffer"},
@@ -765,10 +505,9 @@ static PyMethodDef methods[] = {
      "previous setting (for tests)"},
     {NULL, NULL, 0, NULL}};
 
-static struct PyModuleDef module = {PyModuleDef_HEAD_INIT, "_half", "float16 kernels (optional)", -1, methods};
+static struct PyModuleDef module = {PyModuleDef_HEAD_INIT, "_kernels", "numeric kernels: float16/bfloat16 conversion and reduction, int8 quantization (optional)", -1, methods};
 
-PyMODINIT_FUNC PyInit__half(void) {
-    import_array();
+PyMODINIT_FUNC PyInit__kernels(void) {
     PyObject *m = PyModule_Create(&module);
     if (!m) return NULL;
 #ifdef HAVE_F16C_VARIANT

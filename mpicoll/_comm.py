@@ -1,0 +1,289 @@
+"""The library communicator: one MPI communicator mpicoll owns, and what every call on it needs.
+
+mpicoll never runs on a user's communicator: it runs on a :class:`LibComm`, made once per
+communicator it uses (a duplicate of the world, of a user comm, a comm domain, a plan's private
+copy). Every MPI call mpicoll makes on it goes through :meth:`LibComm.call` (blocking) or
+:meth:`LibComm.start` / :meth:`LibComm.wait` (non-blocking and persistent), so that the watchdog
+(:mod:`mpicoll._watchdog`) covers all of them alike.
+
+Making one is collective over its members, who then agree the settings that change which MPI calls
+a rank makes (``MPICOLL_VALIDATE``, ``MPICOLL_DEBUG``) and whether any of them runs a watchdog
+(``MPICOLL_TIMEOUT``): then every member keeps an arrival mark, a few int64 in an RMA window, that a
+timed-out peer reads to name the ranks that never arrived.
+"""
+from __future__ import annotations
+
+import atexit
+import os
+import sys
+import threading
+import zlib
+from typing import Any, Callable
+
+import numpy as np
+from mpi4py import MPI
+
+from . import _watchdog
+from ._errors import CollectiveMismatchError, CollectiveTimeout
+
+#: operator code -> name (filled by the operator registry), to name a peer's call in a timeout
+OP_NAMES: dict[int, str] = {}
+#: guards the process-wide state (caches, the exit list) for programs that call mpicoll from threads
+LOCK = threading.RLock()
+_OPEN: list["LibComm"] = []        # communicators holding an arrival window, in creation order
+
+
+def op_code(name: str) -> int:
+    """A stable number for an operator name (the same on every rank)."""
+    return zlib.crc32(name.encode()) & 0x7FFFFFFF
+
+
+def env_flag(name: str, default: str) -> bool:
+    return os.environ.get(name, default).strip().lower() not in ("0", "false", "off", "no", "")
+
+
+def ordinal(k: int) -> str:
+    suffix = "th" if 10 <= k % 100 <= 20 else {1: "st", 2: "nd", 3: "rd"}.get(k % 10, "th")
+    return f"{k}{suffix}"
+
+
+class LibComm:
+    """A communicator mpicoll owns (see the module docstring).
+
+    Attributes:
+        mpi: the ``mpi4py`` communicator.
+        label: how messages name it ("domain 'ep'", "the world", ...).
+        rank, size: this rank in it, and its size.
+        world_ranks: its members' world ranks, in its rank order.
+        validate, debug: the agreed defaults of ``MPICOLL_VALIDATE`` and ``MPICOLL_DEBUG``.
+        calls: operator name -> how many calls of it this rank has made on it (as the user counts).
+        seq: how many collectives mpicoll has started on it (internal ones included).
+    """
+
+    __slots__ = ("mpi", "label", "rank", "size", "world_ranks", "validate", "debug", "calls", "seq", "_win",
+                 "_mark", "__weakref__")
+
+    def __init__(self, mpi: MPI.Comm, label: str, validate: bool, debug: bool, watched: bool) -> None:
+        self.mpi, self.label = mpi, label
+        self.rank, self.size = mpi.Get_rank(), mpi.Get_size()
+        group, world = mpi.Get_group(), MPI.COMM_WORLD.Get_group()
+        self.world_ranks = tuple(MPI.Group.Translate_ranks(group, list(range(self.size)), world))
+        group.Free()
+        world.Free()
+        self.validate, self.debug = validate, debug
+        self.calls: dict[str, int] = {}
+        self.seq = 0
+        self._win = self._mark = None
+        if watched:
+            self._win = MPI.Win.Allocate(4 * 8, 8, comm=mpi)
+            self._mark = np.frombuffer(self._win.tomemory(), dtype=np.int64)
+            self._mark[:] = 0
+            mpi.Barrier()                  # every mark is zero before anyone reads one
+            self._win.Lock_all()
+            with LOCK:
+                _OPEN.append(self)
+                _register_exit()
+
+    @classmethod
+    def make(cls, mpi: MPI.Comm, label: str) -> "LibComm":
+        """Wrap a communicator mpicoll has just created (collective over its members): agree the
+        settings, and make the arrival window if any member runs a watchdog.
+
+        Raises:
+            CollectiveMismatchError: ``MPICOLL_VALIDATE`` or ``MPICOLL_DEBUG`` set differently on
+                the members (each would make different MPI calls), on every member.
+        """
+        mine = np.array([env_flag("MPICOLL_VALIDATE", "1"), env_flag("MPICOLL_DEBUG", "0"),
+                         _watchdog.timeout_default() is not None], dtype=np.int64)
+        table = np.empty((mpi.Get_size(), 3), dtype=np.int64)
+        timed_call(mpi, "Allgather", ([mine, MPI.INT64_T], [table, MPI.INT64_T]), _watchdog.timeout_default(),
+                   lambda: f"setting up {label}: timed out agreeing its settings")
+        for col, name in ((0, "MPICOLL_VALIDATE"), (1, "MPICOLL_DEBUG")):
+            values = table[:, col].tolist()
+            if len(set(values)) > 1:
+                on = [r for r, v in enumerate(values) if v]
+                off = [r for r, v in enumerate(values) if not v]
+                raise CollectiveMismatchError(
+                    f"{label}: {name} differs across ranks: on for ranks {on}, off for ranks {off}: set it alike "
+                    "on every rank (it decides which MPI calls a rank makes)", param=name, rank=off[0])
+        return cls(mpi, label, bool(table[0, 0]), bool(table[0, 1]), bool(table[:, 2].any()))
+
+    def dup(self, label: str, timeout: float | None) -> "LibComm":
+        """A private copy (collective over the members): for a plan whose steps run while other
+        collectives run on this communicator. It keeps this one's agreed settings."""
+        new, req = self.mpi.Idup()
+        self.wait([req], timeout, lambda: f"copying {self.label} for a plan")
+        new.Set_name(f"{self.mpi.Get_name()}.plan")
+        return LibComm(new, label, self.validate, self.debug, self._win is not None)
+
+    @property
+    def watched(self) -> bool:
+        """Whether the members keep arrival marks (a watchdog runs on some member)."""
+        return self._win is not None
+
+    # -- calls -----------------------------------------------------------------------------------
+    def count(self, op: str) -> int:
+        """Count one user-level call of ``op`` on this communicator; returns its number."""
+        k = self.calls[op] = self.calls.get(op, 0) + 1
+        return k
+
+    def call(self, name: str, args: tuple, timeout: float | None, where: tuple) -> None:
+        """One blocking MPI collective ``self.mpi.<name>(*args)``, under the watchdog when timed.
+
+        ``where`` is ``(operator, its call number here, step)``: it names the call in a timeout.
+        """
+        self.seq += 1
+        if self._mark is not None:
+            self._arrive(where)
+        if timeout is None:
+            getattr(self.mpi, name)(*args)
+            return
+        req = getattr(self.mpi, nonblocking(name))(*args)
+        self.wait([req], timeout, lambda: self._expired(timeout, name, where))
+
+    def start(self, name: str | MPI.Prequest, args: tuple, where: tuple) -> MPI.Request:
+        """Start a collective non-blocking: ``name`` of a blocking call (its ``I`` form is used), or
+        a persistent request made by ``self.mpi.<name>_init``."""
+        self.seq += 1
+        if self._mark is not None:
+            self._arrive(where)
+        if isinstance(name, str):
+            return getattr(self.mpi, nonblocking(name))(*args)
+        name.Start()
+        return name
+
+    def wait(self, requests: list[MPI.Request], timeout: float | None, expired: Callable[[], Any]) -> None:
+        """Complete ``requests``; with a timeout, raise (or abort) when they do not complete in time.
+        ``expired()`` returns the error, or the text of one."""
+        if timeout is None:
+            MPI.Request.Waitall(requests)
+            return
+        _watchdog.wait(requests, timeout, lambda: _as_timeout(expired()))
+
+    def expired(self, timeout: float, name: str, where: tuple) -> CollectiveTimeout:
+        """The timeout error of a call made with :meth:`start`, for :meth:`wait`."""
+        return self._expired(timeout, name, where)
+
+    # -- the watchdog's arrival marks --------------------------------------------------------------
+    def _arrive(self, where: tuple) -> None:
+        mark, op, number = self._mark, where[0], where[1]
+        mark[0] = self.seq
+        mark[1] = op_code(op)
+        mark[2] = self.calls.get(op, 0) if number is None else number
+
+    def _expired(self, timeout: float, name: str, where: tuple) -> CollectiveTimeout:
+        op, number, step = where
+        if number is None:            # (execute's steps: the call in progress is the latest counted)
+            number = self.calls.get(op, 0)
+        if step:
+            waiting = step
+        else:
+            waiting = f"MPI {name}"
+        head = (f"{op}: timed out after {timeout:g} s on rank {self.rank} of {self.label}, in its "
+                f"{ordinal(number)} {op} call there, waiting in {waiting}")
+        if self._win is None:
+            return CollectiveTimeout(f"{head}; set MPICOLL_TIMEOUT on every rank to have the missing ranks named",
+                                     op=op, param="timeout")
+        marks = np.zeros((self.size, 4), dtype=np.int64)
+        for peer in range(self.size):
+            self._win.Get([marks[peer], MPI.INT64_T], peer)
+            self._win.Flush(peer)
+        missing = [r for r in range(self.size) if marks[r, 0] < self.seq]
+        if not missing:
+            return CollectiveTimeout(f"{head}; every rank arrived (one may have died)", op=op, param="timeout")
+        where_now = []
+        for r in missing:
+            seq, code, k = (int(v) for v in marks[r, :3])
+            if seq == 0:
+                where_now.append(f"rank {r} has made no mpicoll call there")
+            else:
+                peer_op = OP_NAMES.get(code, f"operator #{code}")
+                where_now.append(f"rank {r} is in or after its {ordinal(k)} {peer_op} call there")
+        return CollectiveTimeout(f"{head}; ranks that did not arrive: {missing} ({'; '.join(where_now)})",
+                                 op=op, param="timeout", rank=missing[0])
+
+    def free(self) -> None:
+        """Free the arrival window and the communicator (collective over the members)."""
+        self.close()
+        self.mpi.Free()
+
+    def close(self) -> None:
+        """Free the arrival window, if any (collective over the members)."""
+        if self._win is not None:
+            win, self._win, self._mark = self._win, None, None
+            with LOCK:
+                if self in _OPEN:
+                    _OPEN.remove(self)
+            win.Unlock_all()
+            win.Free()
+
+
+def nonblocking(name: str) -> str:
+    """The mpi4py name of a blocking collective's non-blocking form: ``Allreduce`` -> ``Iallreduce``."""
+    return "I" + name[0].lower() + name[1:]
+
+
+def timed_call(mpi: MPI.Comm, name: str, args: tuple, timeout: float | None, expired: Callable[[], str]) -> None:
+    """A collective on a communicator that is not (yet) a LibComm, under the watchdog when timed."""
+    if timeout is None:
+        getattr(mpi, name)(*args)
+    else:
+        _watchdog.wait([getattr(mpi, nonblocking(name))(*args)], timeout, lambda: _as_timeout(expired()))
+
+
+def _as_timeout(value: Any) -> CollectiveTimeout:
+    return value if isinstance(value, BaseException) else CollectiveTimeout(str(value), param="timeout")
+
+
+# ----------------------------------------------------------------------------- exit
+
+#: the exit status ``python -m mpi4py`` decided on (it aborts the job at exit when non-zero)
+_EXIT: list = []
+_exit_registered = False
+
+
+def _register_exit() -> None:
+    global _exit_registered
+    if not _exit_registered:
+        _exit_registered = True
+        # Runs before mpi4py's own finalizer (atexit is LIFO): MPI must not finalize with a window exposed.
+        atexit.register(_shutdown)
+        _watch_mpi4py_exit()
+
+
+def _watch_mpi4py_exit() -> None:
+    """Record the status mpi4py's ``-m`` runner passes to ``set_abort_status`` (if it is running)."""
+    runner = sys.modules.get("mpi4py.run")
+    original = getattr(runner, "set_abort_status", None)
+    if original is None or getattr(original, "_mpicoll", False):
+        return
+
+    def set_abort_status(status):
+        _EXIT.append(status)
+        return original(status)
+    set_abort_status._mpicoll = True
+    runner.set_abort_status = set_abort_status
+
+
+def failing_exit() -> bool:
+    """Whether the process is exiting after an unhandled exception or with a non-zero status."""
+    if getattr(sys, "last_value", None) is not None or getattr(sys, "last_exc", None) is not None:
+        return True                          # an unhandled exception was printed
+    for status in _EXIT:
+        code = status.code if isinstance(status, SystemExit) else status
+        if isinstance(status, BaseException) and not isinstance(status, SystemExit):
+            return True
+        if code not in (0, None):
+            return True
+    return False
+
+
+def _shutdown() -> None:
+    """Free the arrival windows at a clean exit, newest first (every member made them in the same
+    order, so every member frees them in the same order). After an unhandled exception or a
+    non-zero exit (``python -m mpi4py`` then aborts the job) skip it: freeing is collective and
+    would wait for ranks that are still inside some collective, turning a prompt abort into a hang."""
+    if MPI.Is_finalized() or failing_exit():
+        return
+    for comm in reversed(list(_OPEN)):
+        comm.close()

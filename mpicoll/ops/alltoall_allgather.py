@@ -1,0 +1,170 @@
+"""AllToAllAllGather: AllToAll over an expert-parallel domain, then AllGather over a tensor-parallel one.
+
+The communication of an expert-parallel MoE layer split over ``ep x tp`` ranks: tokens go to the
+ranks holding their experts (AllToAll over ep), then every rank of a tensor-parallel group gets the
+whole group's tokens (AllGather over tp). One operator on two domains, with two outputs.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+from .. import _validate as V
+from .._dtypes import DTYPES
+from .._golden import BenchRun, BenchSpec, Case, CheckSpec, bench_data, rank_data, register_bench, register_check
+from .._params import CommParam
+from .._plan import Call, Plan
+from ._base import Operation
+
+__all__ = ["AllToAllAllGatherOperation", "AllToAllAllGatherParam"]
+
+
+@dataclass
+class AllToAllAllGatherParam(CommParam):
+    """AllToAllAllGather parameters: the common fields (``comm_domain``/``comm``: the whole ``ep x
+    tp`` mesh, default the world) plus its two domains.
+
+    Args:
+        group_ep: the expert-parallel domain name (JSON ``groupEp``).
+        group_tp: the tensor-parallel domain name; must differ from ``group_ep``.
+        ep_world_size, tp_world_size: their sizes (needed to form undeclared domains; checked
+            against formed or declared ones).
+    """
+
+    group_ep: str = ""
+    group_tp: str = ""
+    ep_world_size: int | None = None
+    tp_world_size: int | None = None
+
+
+class AllToAllAllGatherOperation(Operation):
+    """AllToAll of ``x`` over the ep domain, then AllGather of the result over the tp domain.
+
+    ``x.shape[0]`` must be divisible by the ep size: block j of dim 0 goes to ep-rank j, received
+    blocks stacked in source order (``z``, x's shape); then every tp-rank gets every tp-rank's
+    ``z``, stacked (``y``, ``[tp, *x.shape]``). Returns ``(z, y)``. Validation agrees over the
+    whole mesh (``comm_domain``), so every rank raises the same error.
+
+    Example (2 x 2 mesh, ``m = mpicoll.mesh(2, 2)``; rank r holds ``x = [10r, 10r + 1]``)::
+
+        op = AllToAllAllGatherOperation(AllToAllAllGatherParam(group_ep=m.ep_domain, group_tp=m.tp_domain))
+        z, y = op.execute(x)   # rank 0: z = [0, 20], y = [[0, 20], [10, 30]]
+    """
+
+    NAME = "AllToAllAllGather"
+    PARAM = AllToAllAllGatherParam
+
+    def execute(self, x: np.ndarray, out: tuple[np.ndarray, np.ndarray] | None = None
+                ) -> tuple[np.ndarray, np.ndarray]:
+        """Exchange ``x`` over ep, then gather the result over tp.
+
+        Args:
+            x: this rank's input; ``x.shape[0]`` divisible by the ep size; the same shape everywhere.
+            out: preallocated outputs ``(z, y)`` of shapes ``x.shape`` and ``[tp, *x.shape]``.
+
+        Returns:
+            ``(z, y)``: the AllToAll result and the AllGather of it.
+        """
+        return self._execute(x, out)
+
+    def prepare(self, x: np.ndarray, out: tuple[np.ndarray, np.ndarray] | None = None) -> Plan:
+        """A :class:`~mpicoll.Plan` of ``execute(x, out)``."""
+        return self._prepare(x, out)
+
+    def _bind_param(self) -> None:
+        p, mesh = self.param, self._lib
+        if not p.group_ep or not p.group_tp or p.group_ep == p.group_tp:
+            raise V.arg_error(self.NAME, "group_tp", p.group_tp, self.rank,
+                              f"group_ep ({p.group_ep!r}) and group_tp must name two different domains")
+        self._ep = self._resolve(None, p.group_ep, p.ep_world_size, "group_ep")
+        self._tp = self._resolve(None, p.group_tp, p.tp_world_size, "group_tp")
+        for name, comm, size in (("ep_world_size", self._ep, p.ep_world_size), ("tp_world_size", self._tp,
+                                                                                  p.tp_world_size)):
+            if size is not None and size != comm.size:
+                raise V.arg_error(self.NAME, name, size, self.rank, f"the domain has {comm.size} members")
+            if not set(comm.world_ranks) <= set(mesh.world_ranks):
+                raise V.arg_error(self.NAME, name[:2] + " domain", list(comm.world_ranks), self.rank,
+                                  f"must lie inside {mesh.label} ({list(mesh.world_ranks)})")
+        self._comms = (mesh, self._ep, self._tp)
+
+    def describe(self, x, out=None) -> Call:
+        x, dt, src = self._data(x)
+        ep, tp = self._ep.size, self._tp.size
+        V.check_dim0(self.NAME, x, ep, self.rank)
+        z_out, y_out = (None, None) if out is None else out
+        z = self._out(z_out, x.shape, x.dtype, x if src is None else src)
+        y = self._out(y_out, (tp, *x.shape), x.dtype, x if src is None else src)
+        return Call(dt, x, z, result=(z, y), src=src, shape=x.shape, params=ep << 20 | tp, args=(y,))
+
+    def issue(self, call, table, go) -> None:
+        m, z, (y,) = call.dt.mpi, call.out, call.args
+        go.mpi(self._ep, "Alltoall", [call.x, m], [z, m])
+        go.mpi(self._tp, "Allgather", [z, m], [y, m])
+
+
+V.PARAM_DESCRIBERS["AllToAllAllGather"] = lambda v: f"ep={v >> 20} x tp={v & 0xFFFFF}"
+
+
+# ----------------------------------------------------------------------------- golden check and bench
+
+def mesh_shape(n: int) -> tuple[int, int]:
+    """``(ep, tp)`` for ``n`` ranks in the checks and the bench: tp 2 when n is even, else 1."""
+    tp = 2 if n % 2 == 0 else 1
+    return n // tp, tp
+
+
+def _param(comm_domain: str, rank: int, n: int, validate: bool) -> AllToAllAllGatherOperation:
+    """The operator over ``comm_domain`` (n ranks, this one ``rank``), tp-contiguous: rank = s * tp + t."""
+    ep, tp = mesh_shape(n)
+    s, t = divmod(rank, tp)
+    base = f"a2aag.{comm_domain or 'world'}"
+    return AllToAllAllGatherOperation(AllToAllAllGatherParam(
+        comm_domain=comm_domain, rank_size=n, group_ep=f"{base}.ep{t}", group_tp=f"{base}.tp{s}", ep_world_size=ep,
+        tp_world_size=tp), validate=validate)
+
+
+def golden(inputs: list[np.ndarray], rank: int, n: int) -> tuple[np.ndarray, np.ndarray]:
+    """``(z, y)`` of ``rank`` from every rank's input."""
+    ep, tp = mesh_shape(n)
+
+    def z_of(r):
+        s, t = divmod(r, tp)
+        return np.concatenate([np.split(inputs[s2 * tp + t], ep)[s] for s2 in range(ep)])
+    s = rank // tp
+    return z_of(rank), np.stack([z_of(s * tp + t2) for t2 in range(tp)])
+
+
+def _case(case, dtype, comm_domain, rank, n, seed, validate=True) -> Case:
+    ep, _ = mesh_shape(n)
+    shape = {"even": (2 * ep, 3), "zero": (0, 2), "large": (8192 * ep,)}[case]
+    inputs = [rank_data(seed, f"AllToAllAllGather/{case}/{dtype}", r, shape, DTYPES[dtype]) for r in range(n)]
+    return Case(_param(comm_domain, rank, n, validate), (inputs[rank],), {}, golden(inputs, rank, n))
+
+
+register_check(CheckSpec("AllToAllAllGather", lambda n: ["even", "zero", "large"], _case))
+
+
+def _bench(c) -> BenchRun:
+    ep, tp = mesh_shape(c.n)
+    x = bench_data(c.rank, c.count, c.dtype)
+    z, y = np.empty_like(x), np.empty((tp, c.count), dtype=x.dtype)
+    s, t = divmod(c.rank, tp)
+    raw_ep, raw_tp = c.comm.Split(t, c.rank), c.comm.Split(s, c.rank)     # (collective: every rank sets up)
+    m = c.dtype.mpi
+
+    def raw():
+        raw_ep.Alltoall([x, m], [z, m])
+        raw_tp.Allgather([z, m], [y, m])
+    return BenchRun(_param(c.comm_domain, c.rank, c.n, c.validate), (x,),
+                    golden([bench_data(r, c.count, c.dtype) for r in range(c.n)], c.rank, c.n),
+                    kwargs={"out": (z, y)}, raw=raw)
+
+
+def _bus_factor(n: int) -> float:
+    """Bytes each rank moves per byte of x: (ep-1)/ep in the AllToAll, tp-1 in the AllGather."""
+    ep, tp = mesh_shape(n)
+    return (ep - 1) / ep + (tp - 1) if n else 0
+
+
+register_bench(BenchSpec("AllToAllAllGather", _bench, _bus_factor, count_multiple=lambda n: mesh_shape(n)[0]))

@@ -1,0 +1,99 @@
+"""Gather: every rank's data, stacked in rank order, on the root only."""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+from .._dtypes import DTYPES
+from .._golden import BenchRun, BenchSpec, Case, CheckSpec, bench_data, rank_data, register_bench, register_check
+from .._params import CommParam
+from .._plan import Call, Plan
+from ._base import Operation
+
+__all__ = ["GatherOperation", "GatherParam"]
+
+
+@dataclass
+class GatherParam(CommParam):
+    """Gather parameters: the common fields; ``rank_root`` receives."""
+
+
+class GatherOperation(Operation):
+    """Gather every rank's ``x`` to rank ``rank_root``, stacked on a new leading axis (as AllGather).
+
+    Only the root gets a result: ``execute`` returns None on the others.
+
+    Example (4 ranks, root 0, ``x = np.array([rank], np.int32)``)::
+
+        GatherOperation(GatherParam(rank_root=0)).execute(x)   # rank 0: [[0], [1], [2], [3]]; others: None
+    """
+
+    NAME = "Gather"
+    PARAM = GatherParam
+
+    def execute(self, x: np.ndarray, out: np.ndarray | None = None) -> np.ndarray | None:
+        """Gather ``x`` from every rank into the root.
+
+        Args:
+            x: this rank's input; the same shape and dtype on every rank.
+            out: on the root, a preallocated output of shape ``[rank_size, *x.shape]``; ignored on
+                the other ranks.
+
+        Returns:
+            On the root, ``out`` or a new array (row i is rank i's x); on the other ranks, None.
+        """
+        return self._execute(x, out)
+
+    def prepare(self, x: np.ndarray, out: np.ndarray | None = None) -> Plan:
+        """A :class:`~mpicoll.Plan` of ``execute(x, out)``."""
+        return self._prepare(x, out)
+
+    def _bind_param(self) -> None:
+        self._root = int(self.param.rank_root)
+
+    def describe(self, x, out=None) -> Call:
+        x, dt, src = self._data(x)
+        if self.rank == self._root:
+            out = self._out(out, (self.size, *x.shape), x.dtype, x if src is None else src)
+        else:
+            out = None
+        return Call(dt, x, out, src=src, shape=x.shape, root=self._root)
+
+    def issue(self, call, table, go) -> None:
+        m = call.dt.mpi
+        go.mpi(self._lib, "Gather", [call.x, m], None if call.out is None else [call.out, m], self._root)
+
+
+# ----------------------------------------------------------------------------- golden check
+# Root-only results: the golden is None on every other rank, where execute must return None.
+
+_SHAPES = {"even": (3, 2), "zero": (0,), "scalar": (), "large": (50_001,)}
+
+
+def _case(case, dtype, comm_domain, rank, n, seed, validate=True) -> Case:
+    family, root = case.split(":")
+    root = int(root.removeprefix("root"))
+    dt = DTYPES[dtype]
+    inputs = [rank_data(seed, f"Gather/{case}/{dtype}", r, _SHAPES[family], dt) for r in range(n)]
+    op = GatherOperation(GatherParam(comm_domain=comm_domain, rank_size=n, rank_root=root), validate=validate)
+    return Case(op, (inputs[rank],), {}, np.stack(inputs) if rank == root else None)
+
+
+register_check(CheckSpec("Gather", lambda n: [f"even:root{r}" for r in range(n)] + ["zero:root0", "scalar:root0",
+                                                                                     f"large:root{n - 1}"], _case))
+
+
+def _bench(c) -> BenchRun:
+    per = c.count // c.n
+    x = bench_data(c.rank, per, c.dtype)
+    out = np.empty((c.n, per), dtype=x.dtype)
+    root, comm, t = c.root, c.comm, c.dtype.mpi
+    op = GatherOperation(GatherParam(comm_domain=c.comm_domain, rank_size=c.n, rank_root=root), validate=c.validate)
+    recv = [out, t] if c.rank == root else None
+    expected = np.stack([bench_data(r, per, c.dtype) for r in range(c.n)]) if c.rank == root else None
+    return BenchRun(op, (x,), expected, kwargs={"out": out}, raw=lambda: comm.Gather([x, t], recv, root))
+
+
+register_bench(BenchSpec("Gather", _bench, lambda n: (n - 1) / n if n else 0, count_multiple=lambda n: n,
+                         uses_root=True))

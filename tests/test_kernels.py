@@ -1,0 +1,121 @@
+"""The optional C numeric kernels give exactly numpy's results, the numpy fallback still works, and
+only the dtype table's dtypes are taken."""
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from mpicoll._golden import CHECKS, SEED, count_wrong
+from mpicoll import CollectiveArgumentError
+from mpicoll._native import KERNELS
+from mpicoll.ops import _base
+
+from _mpi import RANK, SIZE
+
+half = pytest.mark.skipif(KERNELS is None, reason="the optional _kernels extension is not built")
+SPECIAL = np.array([np.nan, 0, -0.0, 1, -1, np.inf, -np.inf, 2, 6e-8, 65504, -3.5, 1e-3], np.float16)
+
+
+@half
+@pytest.mark.parametrize("rows,cols", [(1, 7), (2, 4099), (3, 13), (4, 1000), (5, 8)])
+@pytest.mark.parametrize("op", range(4))
+def test_reduce_is_bit_identical_to_numpy(rows, cols, op):
+    rng = np.random.default_rng(rows * 100 + cols + op)
+    parts = np.where(rng.random((rows, cols)) < 0.3, rng.choice(SPECIAL, (rows, cols)),
+                     rng.standard_normal((rows, cols)) * 100).astype(np.float16)
+    out = np.empty(cols, np.float16)
+    KERNELS.reduce_f16(parts, out, rows, op)
+    ufunc = (np.add, np.multiply, np.maximum, np.minimum)[op]
+    acc = parts[0].astype(np.float32)
+    with np.errstate(all="ignore"):
+        for r in range(1, rows):
+            acc = ufunc(acc, parts[r].astype(np.float32))
+        expected = acc.astype(np.float16)
+    same = (out.view(np.uint16) == expected.view(np.uint16)) | (np.isnan(out) & np.isnan(expected))
+    assert same.all()
+
+
+@half
+@pytest.mark.parametrize("op", range(4))
+def test_bfloat16_reduce_is_bit_identical_to_ml_dtypes(op):
+    import ml_dtypes
+    rng = np.random.default_rng(op)
+    vals = np.array([np.nan, 0, -0.0, 1, -1, np.inf, -np.inf, 3e38, -3e38, 1e-40], np.float32)
+    parts = np.where(rng.random((3, 5001)) < 0.3, rng.choice(vals, (3, 5001)),
+                     rng.standard_normal((3, 5001)) * 100).astype(ml_dtypes.bfloat16)
+    out = np.empty(5001, ml_dtypes.bfloat16)
+    KERNELS.reduce_bf16(parts.view(np.uint16), out.view(np.uint16), 3, op)
+    ufunc = (np.add, np.multiply, np.maximum, np.minimum)[op]
+    with np.errstate(all="ignore"):
+        acc = parts[0].astype(np.float32)
+        for r in range(1, 3):
+            acc = ufunc(acc, parts[r].astype(np.float32))
+        expected = acc.astype(ml_dtypes.bfloat16)
+    # bit for bit, except which NaN a NaN-producing step returns (x86 keeps an operand's payload)
+    nan = np.isnan(out.astype(np.float32)) & np.isnan(expected.astype(np.float32))
+    assert np.array_equal(out.view(np.uint16)[~nan], expected.view(np.uint16)[~nan])
+
+
+@half
+def test_conversions_are_bit_identical_to_numpy():
+    rng = np.random.default_rng(3)
+    h = np.concatenate([SPECIAL, rng.standard_normal(10_001).astype(np.float16)])
+    f = np.empty(h.size, np.float32)
+    KERNELS.f16_to_f32(h, f)
+    assert np.array_equal(f.view(np.uint32), h.astype(np.float32).view(np.uint32))
+    f32 = np.concatenate([f, rng.standard_normal(999).astype(np.float32) * 1e5, [1e-9, 7e4, 65519.9, 65520]])
+    f32 = f32.astype(np.float32)
+    o = np.empty(f32.size, np.float16)
+    KERNELS.f32_to_f16(f32, o)
+    with np.errstate(over="ignore"):
+        expected = f32.astype(np.float16)
+    same = (o.view(np.uint16) == expected.view(np.uint16)) | (np.isnan(o) & np.isnan(expected))
+    assert same.all()
+
+
+@pytest.mark.mpi(min_size=1)
+@pytest.mark.parametrize("name", ["AllReduce", "ReduceScatter", "ReduceScatterV", "Reduce"])
+def test_numpy_fallback_path(monkeypatch, name):
+    monkeypatch.setattr(_base, "KERNELS", None)
+    spec = CHECKS[name]
+    for dtype in ("float16", "bfloat16"):
+        for case in spec.cases(SIZE):
+            c = spec.make(case, dtype, "", RANK, SIZE, SEED)
+            assert count_wrong(c.execute(), c.expected, exact=c.exact, n=SIZE) == 0, (dtype, case)
+
+
+@half
+def test_portable_loops_are_bit_identical_too():
+    """The loops used where the CPU lacks F16C/AVX2 (switched on here with use_simd(False))."""
+    before = KERNELS.use_simd(False)
+    try:
+        assert KERNELS.use_simd(False) is False
+        for op in range(4):
+            test_reduce_is_bit_identical_to_numpy(3, 1001, op)
+            test_bfloat16_reduce_is_bit_identical_to_ml_dtypes(op)
+        test_conversions_are_bit_identical_to_numpy()
+    finally:
+        KERNELS.use_simd(before)
+    assert KERNELS.use_simd(before) == bool(before and KERNELS.F16C)
+
+
+def test_only_the_dtype_table_is_supported():
+    """Every numpy type code in every byte order, ml_dtypes types, structured, union and
+    metadata-carrying dtypes: an array is taken exactly when its dtype equals a table row's (a
+    union dtype carries its base type's number but is not that type)."""
+    import ml_dtypes
+    from mpicoll import _dtypes as D
+    from mpicoll._validate import array
+    dtypes = [np.dtype(c).newbyteorder(b) for c in np.typecodes["All"] for b in "<>=|"]
+    dtypes += [np.dtype(t) for t in (ml_dtypes.bfloat16, ml_dtypes.float8_e4m3fn, [("a", "f4")])]
+    dtypes += [np.dtype("f4", metadata={"a": 1}), np.dtype(("i4", [("lo", "i2"), ("hi", "i2")])),
+               np.dtype(("i2", [("x", ">u2")]))]
+    rows = {d.np: d for d in D.DTYPES.values()}
+    for dt in dtypes:
+        want = rows.get(dt)
+        try:
+            got = array("T", "x", np.zeros((2, 3), dt), 0)[1]
+        except CollectiveArgumentError as exc:
+            assert want is None and "unsupported" in str(exc), dt
+        else:
+            assert got is want, dt
