@@ -1,4 +1,5 @@
-"""Overhead of mpicoll's execute() over the raw mpi4py buffer call, same arrays, same run.
+"""Overhead of mpicoll's execute() and of a prepared plan's run() over the raw mpi4py buffer call,
+same arrays, same run.
 
     mpirun -bind-to core -np 2 python benchmarks/overhead.py [--sizes 8,65536,16777216] [--reps 21] [--ops AllReduce,...]
                                                                [--min-iters 10]
@@ -8,13 +9,15 @@ scheduler and synchronizing calls change speed from run to run; docs/benchmark.m
 
 Each implementation is timed as the loop a user writes: ``for ...: comm.Allreduce([x, F], [y, F], S)``
 against ``for ...: op.execute(x, out=y)``, the statement compiled inline into the loop (``timeit``),
-every name a local. For every primitive and size it interleaves blocks of raw calls and of
-execute() calls (validation off, on, and allocating its output), each in turn first, each block
-timed as the slowest rank's mean per call. It prints the median block time of each and the median
+every name a local. For every primitive and size it interleaves blocks of raw calls, of execute()
+calls (validation off, on, and allocating its output) and of ``plan.run()`` (a plan prepared from
+the same arguments), each in turn first, each block timed as the slowest rank's mean per call. It prints the median block time of each and the median
 of the ratios paired within a repetition, with their quartiles (the noise band). float32 data: the
 native MPI path, where mpicoll makes the raw row's MPI call, except AllGatherV with equal counts
-(mpicoll: ``Allgather``), and ReduceScatterV / AllToAllV hand their counts to mpi4py as lists
-where the raw rows pass integer arrays (as a user's code most often has them). The raw calls run on
+(mpicoll: ``Allgather``), ReduceScatterV with equal counts (``Reduce_scatter_block``) and
+AllToAllV/VV2 with uniform packed counts, validated or in a plan (``Alltoall``); mpicoll hands
+counts to mpi4py as lists where the raw rows pass integer arrays (as a user's code most often has
+them). The raw calls run on
 their own duplicate of the world; mpicoll on its own.
 """
 from __future__ import annotations
@@ -55,7 +58,7 @@ def cases(comm: MPI.Comm, nbytes: int) -> list[Case]:
     x = np.ones(count, dtype=np.float32)
     blk = count // n
     counts, displs = np.full(n, blk), np.arange(n) * blk
-    ns = dict(comm=comm, x=x, b=x.copy(), F=MPI.FLOAT, S=MPI.SUM, count=count, blk=blk, counts=counts, displs=displs,
+    ns = dict(comm=comm, x=x, b=x.copy(), root=comm.Get_rank() == 0, F=MPI.FLOAT, S=MPI.SUM, count=count, blk=blk, counts=counts, displs=displs,
               gcounts=np.full(n, count), gdispls=np.arange(n) * count, same=np.empty_like(x),
               gathered=np.empty(count * n, np.float32), block=np.empty(blk, np.float32),
               row=np.empty((1, count), np.float32))
@@ -83,6 +86,10 @@ def cases(comm: MPI.Comm, nbytes: int) -> list[Case]:
         Case("AllToAllVV2", P.AllToAllVV2Operation,
              "comm.Alltoallv([x, (counts, displs), F], [row, (counts, displs), F])", f"op.execute({vv}, out=row)",
              f"op.execute({vv})"),
+        Case("Reduce", P.ReduceOperation, "comm.Reduce([x, F], [same, F] if root else None, S, 0)",
+             "op.execute(x, out=same)", "op.execute(x)"),
+        Case("Gather", P.GatherOperation, "comm.Gather([x, F], [gathered, F] if root else None, 0)",
+             "op.execute(x, out=stacked)", "op.execute(x)"),
     ]
     for c in found:
         c.ns = ns
@@ -123,8 +130,9 @@ def main() -> None:
             if wanted and c.name not in wanted:
                 continue
             off, on = c.cls(c.param, validate=False), c.cls(c.param, validate=True)
+            plan = eval(c.call.replace("op.execute(", "op.prepare("), {}, {**c.ns, "op": on})  # noqa: S307
             impls = {"raw": loop(c.raw, c.ns), "off": loop(c.call, c.ns, op=off), "on": loop(c.call, c.ns, op=on),
-                     "alloc": loop(c.alloc, c.ns, op=off)}
+                     "plan": loop("run()", c.ns, run=plan.run), "alloc": loop(c.alloc, c.ns, op=off)}
             for t in impls.values():            # binds the ops; warms up
                 t.timeit(2)
             times = {k: [] for k in impls}
@@ -136,20 +144,22 @@ def main() -> None:
             # ratios paired within each repetition (the blocks compared ran back to back), then
             # the median and the quartiles over the repetitions: the spread is the noise band
             ratios = {k: statistics.quantiles([a / b for a, b in zip(times[k], times["raw"])], n=4)
-                      for k in ("off", "on", "alloc")}
+                      for k in ("off", "on", "plan", "alloc")}
             rows.append((c.name, nbytes, med, ratios))
+            plan.free()
     if W.Get_rank() == 0:
         print(f"# mpicoll overhead vs raw mpi4py, float32, {W.Get_size()} ranks, {args.reps} interleaved "
               "repetitions (blocks timed on the slowest rank)")
-        print("# off/on: execute(..., out=buf) with validation off/on, on the raw call's arrays; alloc: execute()\n"
-              "# allocating its output (validation off). us: median block time per call; x/raw: median of the\n"
-              "# ratios paired within a repetition; off q1-q3: their quartiles (the noise band)")
-        print(f"{'op':<15}{'bytes':>10}{'raw us':>10}{'off us':>10}{'on us':>10}{'alloc us':>10}"
-              f"{'off/raw':>9}{'off q1-q3':>13}{'on/raw':>8}{'alloc/raw':>10}")
+        print("# off/on: execute(..., out=buf) with validation off/on, on the raw call's arrays; plan: run() of a\n"
+              "# plan prepared from the same call; alloc: execute() allocating its output (validation off).\n"
+              "# us: median block time per call; x/raw: median of the ratios paired within a repetition;\n"
+              "# q1-q3: their quartiles (the noise band)")
+        print(f"{'op':<15}{'bytes':>10}{'raw us':>10}{'plan us':>10}{'off us':>10}{'on us':>10}"
+              f"{'plan/raw':>9}{'plan q1-q3':>13}{'off/raw':>9}{'off q1-q3':>13}{'on/raw':>8}{'alloc/raw':>10}")
         for name, nbytes, m, q in rows:
-            print(f"{name:<15}{nbytes:>10}{m['raw'] * 1e6:>10.2f}{m['off'] * 1e6:>10.2f}{m['on'] * 1e6:>10.2f}"
-                  f"{m['alloc'] * 1e6:>10.2f}{q['off'][1]:>9.3f}{q['off'][0]:>7.3f}-{q['off'][2]:.3f}"
-                  f"{q['on'][1]:>8.3f}{q['alloc'][1]:>10.3f}")
+            print(f"{name:<15}{nbytes:>10}{m['raw'] * 1e6:>10.2f}{m['plan'] * 1e6:>10.2f}{m['off'] * 1e6:>10.2f}"
+                  f"{m['on'] * 1e6:>10.2f}{q['plan'][1]:>9.3f}{q['plan'][0]:>7.3f}-{q['plan'][2]:.3f}"
+                  f"{q['off'][1]:>9.3f}{q['off'][0]:>7.3f}-{q['off'][2]:.3f}{q['on'][1]:>8.3f}{q['alloc'][1]:>10.3f}")
 
 
 if __name__ == "__main__":

@@ -39,6 +39,7 @@ def op_code(name: str) -> int:
 
 
 def env_flag(name: str, default: str) -> bool:
+    """An on/off environment setting: 0/false/off/no (or empty) is off."""
     return os.environ.get(name, default).strip().lower() not in ("0", "false", "off", "no", "")
 
 
@@ -114,7 +115,9 @@ class LibComm:
         new, req = self.mpi.Idup()
         self.wait([req], timeout, lambda: f"copying {self.label} for a plan")
         new.Set_name(f"{self.mpi.Get_name()}.plan")
-        return LibComm(new, label, self.validate, self.debug, self._win is not None)
+        copy = LibComm(new, label, self.validate, self.debug, self._win is not None)
+        copy.calls = self.calls           # (a plan's calls count as calls on the communicator it copies)
+        return copy
 
     @property
     def watched(self) -> bool:

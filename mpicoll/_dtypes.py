@@ -76,43 +76,9 @@ _ROWS = [
 ]
 
 DTYPES: dict[str, DType] = {r[0]: DType(*r, code=i + 1) for i, r in enumerate(_ROWS)}
-#: numpy dtype -> row (execute paths look rows up here directly: one dict lookup, no call)
+#: numpy dtype -> row (a dict lookup by dtype equality: a dtype that is not a row's, a byte-swapped
+#: or structured one included, is not found)
 BY_NP: dict[np.dtype, DType] = {d.np: d for d in DTYPES.values()}
-
-
-def _by_num(rows, value=lambda d: d.mpi) -> tuple:
-    """``value(row)`` (default: its MPI datatype) of each row, in a tuple indexed by numpy's dtype
-    number (``dtype.num``), None elsewhere. Every numpy type code gets its number's entry, so two
-    numbers for one dtype (``long`` and ``long long`` are both int64 on LP64) both map, as dtype
-    equality would."""
-    by_np = {d.np: value(d) for d in rows}
-    dtypes = [np.dtype(c) for c in np.typecodes["All"]] + list(by_np)     # (a list: a set would merge l and q)
-    table: list = [None] * (max(d.num for d in dtypes) + 1)
-    for d in dtypes:
-        if table[d.num] is None:
-            table[d.num] = by_np.get(d)
-    return tuple(table)
-
-
-#: dtype number -> MPI datatype, for every row and for the rows MPI reduces itself: the
-#: validation-off fast paths (``Operation._fast``) get what the MPI call needs from
-#: ``mpi_of(x, table)`` (``_base.mpi_of_c``: ~30 ns in C)
-MPI_BY_NUM = _by_num(DTYPES.values())
-NATIVE_MPI_BY_NUM = _by_num(d for d in DTYPES.values() if d.reduce == "native")
-#: dtype number -> the row's header code (``DType.code``): the validated path's header
-#: (``_validate.plain_header``)
-CODE_BY_NUM = _by_num(DTYPES.values(), lambda d: d.code)
-
-
-def mpi_of(x, table: tuple) -> MPI.Datatype | None:
-    """``table[x.dtype.num]`` for a C-contiguous ``numpy.ndarray`` (not a subclass) of native byte
-    order and without fields, else None: the Python twin of ``_half.mpi_of`` (used when the C
-    extension is absent)."""
-    if type(x) is np.ndarray and x.flags.c_contiguous:
-        d = x.dtype
-        if d.num < len(table) and d.isnative and d.names is None:    # (fields: not the base type)
-            return table[d.num]
-    return None
 
 
 _BY_HCCL: dict[int, DType] = {int(d.hccl): d for d in DTYPES.values()}
@@ -157,20 +123,6 @@ def lookup(dtype: object, *, op: str = "mpicoll", param: str = "dtype", rank: in
             f"{op}: {param}={dtype!r} on rank {rank}: unsupported dtype; supported: {', '.join(ALL_DTYPES)}",
             op=op, param=param, rank=rank)
     return row
-
-
-def sum_accumulator(dt: DType, n: int) -> DType | None:
-    """The signed integer dtype in which a checked integer SUM over ``n`` ranks cannot overflow:
-    int8 -> int16 up to 256 ranks (uint8 up to 128), 16-bit -> int32, 32-bit -> int64, each moving
-    to the next wider type beyond; None for 64-bit integers (no wider type: they wrap, as in MPI)
-    and for floats."""
-    if dt.np.kind not in "iu" or dt.itemsize >= 8:
-        return None
-    need = dt.itemsize * 8 + max(n - 1, 1).bit_length() + (1 if dt.np.kind == "u" else 0)
-    for name in ("int16", "int32", "int64"):
-        if DTYPES[name].itemsize * 8 >= need:
-            return DTYPES[name]
-    return None
 
 
 @dataclass(frozen=True)

@@ -83,7 +83,7 @@ def agree(comm, header: np.ndarray, error: BaseException | None, timeout: float 
     table = np.empty((comm.size, header.size), dtype=np.int64)
     comm.call("Allgather", ([header, MPI.INT64_T], [table, MPI.INT64_T]), timeout,
               (op, number, "its header agreement (an internal MPI Allgather)"))
-    if table[:, 0].any():
+    if any(table[:, 0].tolist()):
         settle(comm, error, timeout, (op, number, "the exchange of an error (internal MPI Allgather/Allgatherv)"))
     return table
 

@@ -41,17 +41,21 @@ class Call:
         info: per-rank facts the issuer may read from the agreed table (layout bits).
         send, recv: per-peer counts for the count-pair rule (V operators), else None.
         args: the operator's own normalised arguments (counts, displacements, ...).
+
+    The fields most calls lack keep their class defaults unless given (a plain class: cheaper to
+    build on every ``execute`` than one that sets every field).
     """
 
-    __slots__ = ("dt", "x", "src", "out", "result", "shape", "root", "reduce", "params", "info", "send", "recv",
-                 "args")
+    params = info = 0
+    send = recv = None
+    args: tuple = ()
 
-    def __init__(self, dt, x, out, *, result: Any = ..., src=None, shape: tuple | None = None, root: int = 0,
-                 reduce=None, params: int = 0, info: int = 0, send=None, recv=None, args: tuple = ()) -> None:
-        self.dt, self.x, self.src, self.out = dt, x, src, out
-        self.result = out if result is ... else result
-        self.shape, self.root, self.reduce, self.params, self.info = shape, root, reduce, params, info
-        self.send, self.recv, self.args = send, recv, args
+    def __init__(self, dt, x, out, src=None, shape: tuple | None = None, reduce=None, root: int = 0,
+                 **more: Any) -> None:
+        self.dt, self.x, self.out, self.result, self.src = dt, x, out, out, src
+        self.shape, self.reduce, self.root = shape, reduce, root
+        if more:                  # params, info, send, recv, args, result
+            self.__dict__.update(more)
 
 
 class Runner:
@@ -109,6 +113,9 @@ class Plan:
     and frees its plans in the same order, as with any MPI collective.
     """
 
+    __slots__ = ("op", "call", "result", "_timeout", "_private", "_steps", "_comms", "_calls", "_more",
+                 "_persistent", "_handle", "_state", "_go", "__weakref__")
+
     def __init__(self, op_name: str, call: Call, steps: list[Step], comms: tuple[LibComm, ...],
                  timeout: float | None) -> None:
         self.op = op_name
@@ -116,14 +123,17 @@ class Plan:
         self.result = call.result
         self._timeout = timeout
         if sum(s.comm is not None for s in steps) > 1:      # collectives issued while others may run
-            copies = {c: c.dup(f"a plan's copy of {c.label}", timeout) for c in comms}
-            steps = [Step(copies.get(s.comm), s.name, s.fn, s.args) if s.comm is not None else s for s in steps]
+            used = list(dict.fromkeys(s.comm for s in steps if s.comm is not None))
+            copies = {c: c.dup(f"a plan's copy of {c.label}", timeout) for c in used}
+            steps = [Step(copies[s.comm], s.name, s.fn, s.args) if s.comm is not None else s for s in steps]
             self._private = tuple(copies.values())
-            comms = self._private
+            comms = tuple(copies.get(c, c) for c in comms)   # (a copy counts calls with its original)
         else:
             self._private = ()
         self._steps = steps
         self._comms = comms
+        self._calls, self._more = comms[0].calls, comms[1:]     # (run() counts its calls)
+        self._calls.setdefault(op_name, 0)
         self._persistent: list[MPI.Prequest | None] | None = None
         self._handle: Handle | None = None
         self._state = _IDLE
@@ -142,8 +152,10 @@ class Plan:
         """
         if self._state:
             self._refuse("run")
-        for c in self._comms:
-            c.count(self.op)
+        self._calls[self.op] += 1
+        if self._more:
+            for c in self._more:
+                c.count(self.op)
         self._go()
         return self.result
 
@@ -160,7 +172,7 @@ class Plan:
                                 for s in self._steps]
         self._state = _STARTED
         handle = self._handle = Handle(self, tuple(c.count(self.op) for c in self._comms))
-        handle.test()
+        handle._advance(block=False)      # (the plan stays started until the caller sees it complete)
         return handle
 
     def free(self) -> None:
@@ -236,14 +248,24 @@ class Handle:
         self._started = time.monotonic()
 
     def test(self) -> bool:
-        """Make progress without blocking; True once the run is complete."""
-        return self._advance(block=False)
+        """Make progress without blocking; True once the run is complete (the plan may then be run
+        or started again)."""
+        if self._advance(block=False):
+            self._finish()
+            return True
+        return False
 
     def wait(self) -> Any:
         """Complete the run (blocking; under the watchdog when the operation has a timeout) and
         return the plan's output."""
         self._advance(block=True)
+        self._finish()
         return self._plan.result
+
+    def _finish(self) -> None:
+        plan = self._plan
+        if plan._handle is self:
+            plan._state, plan._handle = _IDLE, None
 
     def _advance(self, block: bool) -> bool:
         if self._done:
@@ -256,7 +278,7 @@ class Handle:
                 step.fn(*step.args)
                 self._i += 1
                 continue
-            where = (plan.op, self._numbers[plan._comms.index(step.comm)], "")
+            where = (plan.op, self._numbers[plan._comms.index(step.comm)], f"MPI {step.name} (started by Plan.start)")
             if self._reqs is None:
                 self._reqs = [step.comm.start(plan._persistent[self._i], (), where)]
             if block:
@@ -269,7 +291,6 @@ class Handle:
             self._reqs = None
             self._i += 1
         self._done = True
-        plan._state, plan._handle = _IDLE, None
         return True
 
 

@@ -10,14 +10,14 @@ what it expects from each (the count-pair rule of the V operators).
 """
 from __future__ import annotations
 
-import os
+import math
 import zlib
 from typing import Any
 
 import numpy as np
 from mpi4py import MPI
 
-from ._comm import OP_NAMES
+from ._comm import OP_NAMES, env_flag
 from ._dtypes import ALL_DTYPES, DType, by_code, of_array, reduce_by_code
 from ._errors import arg_error, mismatch_error
 
@@ -32,41 +32,31 @@ _BACKENDS = ("mpi", "hccl", "lccl", "nccl")
 
 
 def validate_default() -> bool:
-    """``MPICOLL_VALIDATE`` (default on): 0/false/off/no turn the cross-rank checks off."""
-    return os.environ.get("MPICOLL_VALIDATE", "1").strip().lower() not in ("0", "false", "off", "no")
-
-
-def debug_default() -> bool:
-    """``MPICOLL_DEBUG=1``: carry the communicator's collective sequence number in every header, so
-    that ranks out of step are named. Implies validation."""
-    return os.environ.get("MPICOLL_DEBUG", "0").strip().lower() in ("1", "true", "on", "yes")
+    """``MPICOLL_VALIDATE`` (default on): 0/false/off/no turn the cross-rank checks off. The members
+    of a communicator agree it when mpicoll makes the communicator (:mod:`mpicoll._comm`)."""
+    return env_flag("MPICOLL_VALIDATE", "1")
 
 
 # ----------------------------------------------------------------------------- the header
 
 def header(n: int, code: int, call: Any, seq: int) -> np.ndarray:
     """This rank's header for one call: the fields of ``call`` (a :class:`~mpicoll._plan.Call`, or
-    None when describing failed), ``seq`` (debug mode's sequence number, else 0)."""
-    h = np.zeros(H_LEN + 2 * n, dtype=np.int64)
-    h[H_OP], h[H_SEQ] = code, seq
+    None when describing failed), ``seq`` (debug mode's sequence number, else 0). Built as a list:
+    on tiny arrays, numpy's per-call cost is the larger part."""
     if call is None:
-        return h
-    if call.dt is not None:
-        h[H_DTYPE] = call.dt.code
-    if call.reduce is not None:
-        h[H_REDUCE] = call.reduce.code
-    h[H_ROOT], h[H_PARAMS], h[H_INFO] = call.root, call.params, call.info
+        return np.array([0, code, 0, 0, 0, 0, seq] + [0] * (H_LEN - H_SIZE + 2 * n), dtype=np.int64)
     shape = call.shape
-    if shape is not None:
+    if shape is None:
+        dims = [0] * (2 + MAX_DIMS)
+    else:
         ndim = len(shape)
         if ndim > MAX_DIMS:   # the last slot: a digest of the trailing dims ((.., 2, 3) and (.., 3, 2) differ)
             shape = (*shape[:MAX_DIMS - 1], zlib.crc32(np.asarray(shape[MAX_DIMS - 1:], dtype=np.int64).tobytes()))
-        h[H_SIZE], h[H_NDIM] = int(np.prod(call.shape, dtype=np.int64)), ndim
-        h[H_DIMS:H_DIMS + len(shape)] = shape
-    if call.send is not None:
-        h[H_LEN:H_LEN + n] = call.send
-        h[H_LEN + n:] = call.recv
-    return h
+        dims = [math.prod(call.shape), ndim, *shape] + [0] * (MAX_DIMS - len(shape))
+    row = [0, code, call.dt.code if call.dt is not None else 0, call.reduce.code if call.reduce is not None else 0,
+           call.root, call.params, seq, *dims, call.info]
+    row += ([*call.send, *call.recv] if call.send is not None else [0] * (2 * n))
+    return np.array(row, dtype=np.int64)
 
 
 def sent(table: np.ndarray) -> np.ndarray:
@@ -85,17 +75,17 @@ def check_table(op: str, table: np.ndarray, pair_names: tuple[str, str] | None, 
     """The cross-rank rules, identical on every rank: the agreed fields are equal on every row;
     with ``pair_names`` (how to name the two per-peer vectors), what rank j expects from rank i
     equals what rank i sends to rank j, for every pair."""
-    agreed = table[:, H_OP:H_AGREED]
-    if not (agreed == agreed[0]).all():
+    rows = table[:, H_OP:H_AGREED].tolist()        # (Python lists: faster than numpy on tiny tables)
+    if rows.count(rows[0]) != len(rows):
         raise _diagnose(op, table, where)
     if pair_names is not None:
-        send, recv = sent(table), expected(table)
-        bad = np.argwhere(recv != send.T)
-        if bad.size:
-            j, i = (int(v) for v in bad[0])
+        send, recv = sent(table).tolist(), expected(table).tolist()
+        if [list(column) for column in zip(*send)] != recv:         # recv[j][i] == send[i][j]
+            n = len(send)
+            j, i = next((j, i) for j in range(n) for i in range(n) if recv[j][i] != send[i][j])
             send_name, recv_name = (name.format(i=i, j=j) for name in pair_names)
-            raise mismatch_error(op, recv_name, f"{recv_name}={int(recv[j, i])} on rank {j} but rank {i} has "
-                                 f"{send_name}={int(send[i, j])}: what rank {j} receives from rank {i} must equal "
+            raise mismatch_error(op, recv_name, f"{recv_name}={recv[j][i]} on rank {j} but rank {i} has "
+                                 f"{send_name}={send[i][j]}: what rank {j} receives from rank {i} must equal "
                                  f"what rank {i} sends to rank {j}", j)
 
 
@@ -201,7 +191,9 @@ def check_out(op: str, out: Any, shape: tuple, dtype: np.dtype, rank: int, x: np
         raise arg_error(op, "out", f"{out.dtype}{list(out.shape)}", rank, f"must be {dtype}{list(shape)}")
     if not out.flags.c_contiguous or not out.flags.writeable:
         raise arg_error(op, "out", "non-contiguous or read-only", rank, "must be C-contiguous and writable")
-    if x is not None and np.may_share_memory(out, x) and not (in_place_ok and out is x) and np.shares_memory(out, x):
+    if x is None or (out.base is None and x.base is None and out is not x):   # (each owns its memory)
+        return out
+    if np.may_share_memory(out, x) and not (in_place_ok and out is x) and np.shares_memory(out, x):
         raise arg_error(op, "out", "aliases x", rank,
                         "must not overlap the input" + (" (pass out=x itself for in-place)" if in_place_ok else ""))
     return out
@@ -230,16 +222,14 @@ def counts(op: str, name: str, values: object, n: int, rank: int) -> list[int]:
             raise arg_error(op, name, values, rank, "must be a sequence of integers") from None
         if len(lst) != n:
             raise arg_error(op, name, _short(lst), rank, f"must hold exactly rank_size={n} entries")
-        for i, v in enumerate(lst):
-            if isinstance(v, bool) or not isinstance(v, (int, np.integer)):
-                raise arg_error(op, f"{name}[{i}]", v, rank, "entries must be integers")
-        lst = [int(v) for v in lst]
-    if lst and min(lst) < 0:
-        i = next(i for i, v in enumerate(lst) if v < 0)
-        raise arg_error(op, f"{name}[{i}]", lst[i], rank, "must be >= 0")
-    if lst and max(lst) >= 1 << 62:
-        i = next(i for i, v in enumerate(lst) if v >= 1 << 62)
-        raise arg_error(op, f"{name}[{i}]", lst[i], rank, "must be < 2**62")
+        if not all(type(v) is int for v in lst):      # (plain ints: the common case, one pass)
+            for i, v in enumerate(lst):
+                if isinstance(v, bool) or not isinstance(v, (int, np.integer)):
+                    raise arg_error(op, f"{name}[{i}]", v, rank, "entries must be integers")
+            lst = [int(v) for v in lst]
+    if lst and not 0 <= min(lst) <= max(lst) < 1 << 62:
+        i, v = next((i, v) for i, v in enumerate(lst) if not 0 <= v < 1 << 62)
+        raise arg_error(op, f"{name}[{i}]", v, rank, "must be >= 0" if v < 0 else "must be < 2**62")
     return lst
 
 

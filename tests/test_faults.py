@@ -227,3 +227,35 @@ def test_allgatherv_bad_shape_on_one_rank_is_agreed(tmp_path):
     # (counted, not split into lines: the two ranks' prints can interleave mid-line through mpirun)
     out = res.stdout
     assert out.count("CollectiveArgumentError: AllGatherV: shape=") == 2 and "rank 0:" in out and "rank 1:" in out, out
+
+
+PLANS = """
+    import sys
+    import numpy as np
+    import mpicoll
+    from mpi4py import MPI
+    rank = MPI.COMM_WORLD.Get_rank()
+    op = mpicoll.AllReduceOperation()
+    x = np.ones(1 << 18, np.float16)          # 512 KiB of float16: three steps, on a private copy
+    plan = op.prepare(x)
+    plan.run()
+    if rank == 1:
+        MPI.COMM_WORLD.Barrier()              # never starts the plan
+        sys.exit(0)
+    try:
+        plan.start().wait()
+    except mpicoll.CollectiveTimeout as exc:
+        print(f"rank {rank}: {exc}", flush=True)
+        sys.exit(3)
+"""
+
+
+def test_watchdog_covers_started_plans(tmp_path):
+    """A plan started on every rank but one: the waiting ranks time out naming the plan's call
+    (its 3rd AllReduce: the prepare, the run, the start) and where it waits."""
+    res, seconds, left = _job(tmp_path, PLANS, env={"MPICOLL_TIMEOUT": "2", "MPICOLL_TIMEOUT_ACTION": "raise"})
+    _remove(left)
+    assert res.returncode != 0 and seconds < 20, (seconds, res.stdout, res.stderr[-2000:])
+    assert "in its 3rd AllReduce call there, waiting in MPI Alltoall" in res.stdout, res.stdout
+    assert "(started by Plan.start)" in res.stdout, res.stdout
+    assert "a plan's copy of the world" in res.stdout and "ranks that did not arrive: [1]" in res.stdout, res.stdout

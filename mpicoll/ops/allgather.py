@@ -1,6 +1,7 @@
 """AllGather and AllGatherV: every rank gets every rank's data, in rank order."""
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 
 import numpy as np
@@ -117,7 +118,7 @@ class AllGatherVOperation(Operation):
         V.check_no_overlap(op, "recv_counts", rc, "rdispls", rd, r)
         dims = _dims(shape, total)
         if not all(isinstance(d, (int, np.integer)) and not isinstance(d, bool) and d >= 0 for d in dims) \
-                or int(np.prod(dims)) != total:
+                or math.prod(dims) != total:
             raise V.arg_error(op, "shape", dims, r, f"must be dims >= 0 holding sum(recv_counts)={total} elements")
         out = self._out(out, dims, x.dtype, x if src is None else src)
         return Call(dt, x, out, src=src, send=[sc] * n, recv=rc, args=(sc, rc, rd))

@@ -117,8 +117,8 @@ class _AllToAllVBase(Operation):
 
 
 def _uniform(table: np.ndarray) -> bool:
-    sent = V.sent(table)
-    return bool((sent == sent[0, 0]).all() and (table[:, V.H_INFO] & V.BIT_PACKED).all())
+    sent = V.sent(table).ravel().tolist()
+    return sent.count(sent[0]) == len(sent) and all(b & V.BIT_PACKED for b in table[:, V.H_INFO].tolist())
 
 
 class AllToAllVOperation(_AllToAllVBase):

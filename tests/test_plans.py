@@ -1,0 +1,191 @@
+"""Prepared plans: every registered operator's plan gives execute's results (run, start/wait,
+start/test), re-reads its inputs on every run, owns its output, and refuses misuse clearly."""
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+import mpicoll
+from mpicoll import CollectiveError, CollectiveMismatchError
+from mpicoll._golden import CHECKS, SEED, count_wrong
+
+from _mpi import RANK, SIZE, WORLD, raises_everywhere
+
+mpi1 = pytest.mark.mpi(min_size=1)
+PAIRS = [(name, dtype) for name, spec in CHECKS.items() for dtype in ("float32", "float16", "int8")
+         if dtype in spec.dtypes]
+
+
+def _arrays(case):
+    """The case's ndarray arguments, in order (positional, then keyword)."""
+    return [a for a in (*case.args, *case.kwargs.values()) if isinstance(a, np.ndarray)]
+
+
+def _others(case):
+    return [a for a in (*case.args, *case.kwargs.values()) if not isinstance(a, np.ndarray)]
+
+
+def _same(a, b) -> bool:
+    try:
+        return bool(np.array_equal(np.asarray(a), np.asarray(b)))
+    except Exception:  # noqa: BLE001 - not comparable: not the same
+        return False
+
+
+def _wrong(got, case) -> int:
+    return count_wrong(got, case.expected, exact=case.exact, n=SIZE)
+
+
+@mpi1
+@pytest.mark.parametrize("name,dtype", PAIRS)
+def test_plan_equals_execute(name, dtype):
+    spec = CHECKS[name]
+    failures = []
+    for case_name in spec.cases(SIZE):
+        c = spec.make(case_name, dtype, "", RANK, SIZE, SEED)
+        pristine = [a.copy() for a in _arrays(c)]
+
+        def restore():
+            for a, p in zip(_arrays(c), pristine):
+                np.copyto(a, p)
+        plan = c.op.prepare(*c.args, **c.kwargs)
+        outputs = []
+        for how in ("run", "run again", "start/wait", "start/test"):
+            restore()
+            if how.startswith("run"):
+                got = plan.run()
+            elif how == "start/wait":
+                got = plan.start().wait()
+            else:
+                handle = plan.start()
+                while not handle.test():
+                    pass
+                got = handle.wait()
+            outputs.append(got)
+            if _wrong(got, c):
+                failures.append(f"{case_name} {how}: {_wrong(got, c)} wrong")
+        # the plan owns its output: the same arrays every time
+        if outputs[0] is not None:
+            first = outputs[0] if isinstance(outputs[0], tuple) else (outputs[0],)
+            for o in outputs[1:]:
+                assert all(a is b for a, b in zip(first, o if isinstance(o, tuple) else (o,))), case_name
+        # the inputs' current contents on every run: another seed's data, copied into the same arrays
+        c2 = spec.make(case_name, dtype, "", RANK, SIZE, SEED + 1)
+        if all(_same(a, b) for a, b in zip(_others(c), _others(c2))):
+            for a, b in zip(_arrays(c), _arrays(c2)):
+                np.copyto(a, b)
+            if _wrong(plan.run(), c2):
+                failures.append(f"{case_name}: the rerun with new inputs gives {_wrong(plan.run(), c2)} wrong")
+        plan.free()
+    assert not failures, f"{name} {dtype} rank {RANK}: {failures}"
+
+
+@mpi1
+def test_plan_on_a_domain_and_validation_off():
+    """A plan over a sub-domain; an operation with validation off still checks and agrees at prepare."""
+    name = f"plans.{RANK % 2}"
+    n = len(range(RANK % 2, SIZE, 2))
+    op = mpicoll.AllGatherOperation(mpicoll.AllGatherParam(comm_domain=name, rank_size=n), validate=False)
+    x = np.array([RANK], np.int64)
+    with op.prepare(x) as plan:
+        assert plan.run().reshape(-1).tolist() == list(range(RANK % 2, SIZE, 2))
+        x[0] = 100 + RANK
+        assert plan.start().wait().reshape(-1).tolist() == [100 + r for r in range(RANK % 2, SIZE, 2)]
+
+
+@pytest.mark.mpi(min_size=2)
+def test_prepare_agrees_even_with_validation_off():
+    x = np.ones(2 + (RANK == 1), np.float32)
+    op = mpicoll.AllReduceOperation(validate=False)
+    raises_everywhere(lambda: op.prepare(x), CollectiveMismatchError, "AllReduce: x.shape differs across ranks")
+
+
+@mpi1
+def test_misuse_is_refused():
+    op = mpicoll.AllReduceOperation()
+    x = np.ones(4, np.float32)
+    plan = op.prepare(x)
+    handle = plan.start()
+    for what, call in (("start", plan.start), ("run", plan.run), ("free", plan.free)):
+        with pytest.raises(CollectiveError, match=f"{what}\\(\\) on a plan that is started and not yet waited for"):
+            call()
+    assert handle.wait().tolist() == [SIZE] * 4 and handle.wait() is plan.result   # waiting twice is fine
+    plan.free()
+    plan.free()                                                                    # so is freeing twice
+    for what, call in (("run", plan.run), ("start", plan.start)):
+        with pytest.raises(CollectiveError, match=f"{what}\\(\\) on a freed plan"):
+            call()
+    with op.prepare(x) as p:
+        assert p.run().tolist() == [SIZE] * 4
+    with pytest.raises(CollectiveError, match="freed"):
+        p.run()
+    assert "freed" in repr(p)
+
+
+@mpi1
+@pytest.mark.parametrize("dtype", ["float32", "float16"])
+def test_many_plans_in_flight_beside_other_collectives(dtype):
+    """Plans started together, other collectives on the same communicator in between, waited in
+    another order: multi-step plans (float16 AllReduce of 1 MiB: AllToAll, reduction, AllGather)
+    run on private copies of the communicator, so nothing interleaves wrongly."""
+    n = 1 << 19
+    xs = [np.full(n, k + RANK, dtype) for k in range(3)]
+    ar = mpicoll.AllReduceOperation()
+    plans = [ar.prepare(x) for x in xs]
+    handles = [p.start() for p in plans]
+    gathered = mpicoll.AllGatherOperation().execute(np.array([RANK]))      # meanwhile, on the world
+    assert gathered.reshape(-1).tolist() == list(range(SIZE))
+    assert ar.execute(np.ones(3, np.float32)).tolist() == [SIZE] * 3
+    for k in (2, 0, 1):
+        got = handles[k].wait()
+        assert np.array_equal(got, np.full(n, k * SIZE + sum(range(SIZE)), dtype)), k
+    for p in plans:
+        p.free()
+
+
+@mpi1
+def test_run_and_execute_interleave_on_one_operation():
+    op = mpicoll.ReduceScatterOperation()
+    x = np.arange(4 * SIZE, dtype=np.float64)
+    with op.prepare(x) as plan:
+        for _ in range(20):
+            a = plan.run().copy()
+            b = op.execute(x)
+            assert np.array_equal(a, b) and np.array_equal(a, x[4 * RANK:4 * RANK + 4] * SIZE)
+
+
+@mpi1
+def test_a_list_input_is_fixed_at_prepare():
+    """Only arrays are buffers: a list is converted once, at prepare."""
+    op = mpicoll.AllReduceOperation()
+    values = [1.0, 2.0]
+    with op.prepare(values) as plan:
+        values[0] = 100.0
+        assert plan.run().tolist() == [SIZE, 2.0 * SIZE]
+
+
+@mpi1
+def test_a_strided_input_is_re_read():
+    """A non-contiguous input is copied into the plan's buffer before every run."""
+    base = np.zeros((4, 2), np.float32)
+    x = base[:, 0]
+    op = mpicoll.AllGatherOperation()
+    with op.prepare(x) as plan:
+        base[:, 0] = RANK + 1
+        assert plan.run()[:, 0].tolist() == list(range(1, SIZE + 1))
+        base[:, 0] = -RANK
+        assert plan.start().wait()[:, 0].tolist() == [-r for r in range(SIZE)]
+
+
+@mpi1
+def test_plans_count_as_calls_for_the_watchdog():
+    """Each run and start is a call of the operator on its communicator, as the user counts them."""
+    from mpicoll._domains import world
+    op = mpicoll.BroadcastOperation()
+    x = np.zeros(3)
+    before = world().calls.get("Broadcast", 0)
+    with op.prepare(x) as plan:          # (prepare itself agrees: a call)
+        plan.run()
+        plan.start().wait()
+    assert world().calls["Broadcast"] == before + 3
+    WORLD.Barrier()
