@@ -3,17 +3,20 @@
     mpirun -np 2 python benchmarks/checks_cost.py [--sizes 8,65536,16777216] [--ops AllReduce,AllToAllVV2]
 
 Columns: raw mpi4py call; mpicoll with validation off; validation on (the default); MPICOLL_DEBUG
-fingerprints; the watchdog (a timeout, validation on). Medians of interleaved blocks, slowest rank.
+(sequence numbers in the header); the watchdog (a per-operation timeout, validation on: every call
+non-blocking and polled). Medians of interleaved blocks, slowest rank.
 """
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import os
 import statistics
 
 from mpi4py import MPI
 
 import mpicoll
+from mpicoll._domains import user_comm
 from overhead import block_time, cases, loop   # same directory
 
 W = MPI.COMM_WORLD
@@ -34,9 +37,12 @@ def main() -> None:
         for c in cases(raw_comm, nbytes):
             if c.name not in wanted:
                 continue
+            # MPICOLL_DEBUG is read (and agreed) when mpicoll makes a communicator: a fresh one for it
             os.environ["MPICOLL_DEBUG"] = "1"
-            debug = c.cls(c.param)
+            dbg_comm = raw_comm.Dup()
+            user_comm(dbg_comm)
             os.environ["MPICOLL_DEBUG"] = "0"
+            debug = c.cls(dataclasses.replace(c.param or c.cls.PARAM(), comm=dbg_comm))
             ops = {"off": c.cls(c.param, validate=False), "on": c.cls(c.param, validate=True), "debug": debug,
                    "timeout": c.cls(c.param, validate=True, timeout=600)}
             impls = {"raw": loop(c.raw, c.ns), **{k: loop(c.call, c.ns, op=op) for k, op in ops.items()}}

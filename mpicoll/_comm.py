@@ -104,6 +104,7 @@ class LibComm:
             if len(set(values)) > 1:
                 on = [r for r, v in enumerate(values) if v]
                 off = [r for r, v in enumerate(values) if not v]
+                mpi.Free()                # (every member raises here: every member frees it)
                 raise CollectiveMismatchError(
                     f"{label}: {name} differs across ranks: on for ranks {on}, off for ranks {off}: set it alike "
                     "on every rank (it decides which MPI calls a rank makes)", param=name, rank=off[0])
@@ -185,8 +186,8 @@ class LibComm:
         head = (f"{op}: timed out after {timeout:g} s on rank {self.rank} of {self.label}, in its "
                 f"{ordinal(number)} {op} call there, waiting in {waiting}")
         if self._win is None:
-            return CollectiveTimeout(f"{head}; set MPICOLL_TIMEOUT on every rank to have the missing ranks named",
-                                     op=op, param="timeout")
+            return CollectiveTimeout(f"{head}; set MPICOLL_TIMEOUT (on any rank, before mpicoll makes the "
+                                     "communicator) to have the missing ranks named", op=op, param="timeout")
         marks = np.zeros((self.size, 4), dtype=np.int64)
         for peer in range(self.size):
             self._win.Get([marks[peer], MPI.INT64_T], peer)

@@ -238,7 +238,7 @@ def _publish(service: str, value: str) -> bool:
         MPI.Publish_name(service, value)
         return True
     except MPI.Exception as exc:
-        if exc.Get_error_class() in (MPI.ERR_SERVICE, MPI.ERR_NAME):
+        if _lookup(service) is not None:      # (MPICH gives "taken" and "no name service" one error class)
             return False
         raise CollectiveError(f"comm domains need the process manager's name service (MPI_Publish_name), which "
                               f"failed here: {exc}. Use a user communicator instead (Param comm=...)",
@@ -404,7 +404,8 @@ def mesh(ep: int, tp: int, layout: str = "tp_contiguous", *, rank: int | None = 
         ep, tp: mesh sizes; ``ep * tp`` must equal the world size.
         layout: one of the two layouts above.
         rank: world rank to describe (default: this rank).
-        declare: also declare the mesh's domains (so they need no rendezvous).
+        declare: also declare the mesh's domains (so they need no rank_size; their members compare
+            member lists when they meet).
         prefix: prepended to the generated domain names.
 
     Returns:

@@ -6,7 +6,7 @@ import os
 
 def load_kernels():
     """The ``_kernels`` extension, or None when it is not built or ``MPICOLL_KERNELS=0``."""
-    if os.environ.get("MPICOLL_KERNELS", "1").strip().lower() in ("0", "false", "off", "no"):
+    if os.environ.get("MPICOLL_KERNELS", "1").strip().lower() in ("0", "false", "off", "no", ""):
         return None
     try:
         from . import _kernels

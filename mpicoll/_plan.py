@@ -42,20 +42,17 @@ class Call:
         send, recv: per-peer counts for the count-pair rule (V operators), else None.
         args: the operator's own normalised arguments (counts, displacements, ...).
 
-    The fields most calls lack keep their class defaults unless given (a plain class: cheaper to
-    build on every ``execute`` than one that sets every field).
+    The constructor takes the fields every call has; ``describe`` sets the others it needs, the
+    class defaults standing otherwise (a plain class and positional arguments: the cheapest record
+    to build on every ``execute``).
     """
 
-    params = info = 0
-    send = recv = None
+    src = reduce = send = recv = None
+    root = params = info = 0
     args: tuple = ()
 
-    def __init__(self, dt, x, out, src=None, shape: tuple | None = None, reduce=None, root: int = 0,
-                 **more: Any) -> None:
-        self.dt, self.x, self.out, self.result, self.src = dt, x, out, out, src
-        self.shape, self.reduce, self.root = shape, reduce, root
-        if more:                  # params, info, send, recv, args, result
-            self.__dict__.update(more)
+    def __init__(self, dt, x, out, shape: tuple | None = None) -> None:
+        self.dt, self.x, self.out, self.result, self.shape = dt, x, out, out, shape
 
 
 class Runner:
@@ -139,7 +136,8 @@ class Plan:
         self._state = _IDLE
         where = (op_name, None, "")
         bound = [partial(s.fn, *s.args) if s.comm is None else
-                 partial(getattr(s.comm.mpi, s.name), *s.args) if timeout is None and not s.comm.watched else
+                 partial(getattr(s.comm.mpi, s.name), *s.args) if timeout is None and not s.comm.watched
+                 and not s.comm.debug else                  # (the watchdog's marks, debug's sequence numbers)
                  partial(s.comm.call, s.name, s.args, timeout, where) for s in steps]
         self._go = bound[0] if len(bound) == 1 else partial(_each, tuple(bound))
         _LIVE.add(self)

@@ -131,14 +131,14 @@ def _diagnose(op: str, table: np.ndarray, where: str) -> Exception:
         by: dict[str, list[int]] = {}
         for r, v in enumerate(values):
             by.setdefault(v, []).append(r)
-        detail = ", ".join(f"{v} on {_ranks(rs)}" for v, rs in by.items())
+        detail = "; ".join(f"{v} on {_ranks(rs)}" for v, rs in by.items())
         first_odd = next(r for r, v in enumerate(values) if v != values[0])
         if name == "operation":
             ops = " vs ".join(by)
-            return mismatch_error(ops, name, f"{detail} {where}: every rank must call the same collective, in the "
+            return mismatch_error(ops, name, f"{detail}, on {where}: every rank must call the same collective, in the "
                                   "same order", first_odd)
         if name.startswith("sequence"):
-            detail += f" {where}: a rank skipped or added a call"
+            detail += f", on {where}: a rank skipped or added a call"
         return mismatch_error(op, name, detail, first_odd)
     raise AssertionError("rows differ in no named field")    # (every agreed column has a name above)
 
@@ -182,28 +182,28 @@ def array(op: str, name: str, x: object, rank: int) -> tuple[np.ndarray, DType]:
 
 
 def check_out(op: str, out: Any, shape: tuple, dtype: np.dtype, rank: int, x: np.ndarray | None = None,
-              in_place_ok: bool = False) -> np.ndarray:
-    """A caller-supplied output buffer: right shape and dtype, C-contiguous, writable, not
-    overlapping x (``in_place_ok``: ``out`` may be x itself). Returns it."""
+              in_place_ok: bool = False, name: str = "out") -> np.ndarray:
+    """A caller-supplied output buffer (``name``): right shape and dtype, C-contiguous, writable,
+    not overlapping x (``in_place_ok``: it may be x itself). Returns it."""
     if not isinstance(out, np.ndarray):
-        raise arg_error(op, "out", type(out).__name__, rank, "must be a numpy array")
+        raise arg_error(op, name, type(out).__name__, rank, "must be a numpy array")
     if out.shape != tuple(shape) or out.dtype != dtype:
-        raise arg_error(op, "out", f"{out.dtype}{list(out.shape)}", rank, f"must be {dtype}{list(shape)}")
+        raise arg_error(op, name, f"{out.dtype}{list(out.shape)}", rank, f"must be {dtype}{list(shape)}")
     if not out.flags.c_contiguous or not out.flags.writeable:
-        raise arg_error(op, "out", "non-contiguous or read-only", rank, "must be C-contiguous and writable")
+        raise arg_error(op, name, "non-contiguous or read-only", rank, "must be C-contiguous and writable")
     if x is None or (out.base is None and x.base is None and out is not x):   # (each owns its memory)
         return out
     if np.may_share_memory(out, x) and not (in_place_ok and out is x) and np.shares_memory(out, x):
-        raise arg_error(op, "out", "aliases x", rank,
+        raise arg_error(op, name, "aliases x", rank,
                         "must not overlap the input" + (" (pass out=x itself for in-place)" if in_place_ok else ""))
     return out
 
 
-def check_dim0(op: str, x: np.ndarray, n: int, rank: int) -> None:
+def check_dim0(op: str, x: np.ndarray, n: int, rank: int, size_name: str = "rank_size") -> None:
     if x.ndim < 1:
         raise arg_error(op, "x.shape", x.shape, rank, "needs at least one dimension")
     if x.shape[0] % n:
-        raise arg_error(op, "x.shape[0]", x.shape[0], rank, f"must be divisible by rank_size={n}")
+        raise arg_error(op, "x.shape[0]", x.shape[0], rank, f"must be divisible by {size_name}={n}")
 
 
 def counts(op: str, name: str, values: object, n: int, rank: int) -> list[int]:

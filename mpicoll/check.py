@@ -100,9 +100,9 @@ def run_checks(ops: list[str] | None = None, dtypes: list[str] | None = None, *,
 
 def format_rows(rows: list[CheckRow], nranks: int) -> str:
     lines = [f"# mpicoll check: {nranks} rank(s); wrong elements summed over ranks",
-             f"{'operator':<16}{'dtypes':>7}{'cases':>7}{'checks':>8}{'wrong':>8}{'time(s)':>9}  result"]
+             f"{'operator':<18}{'dtypes':>7}{'cases':>7}{'checks':>8}{'wrong':>8}{'time(s)':>9}  result"]
     for r in rows:
-        lines.append(f"{r.op:<16}{r.dtypes:>7}{r.cases:>7}{r.checks:>8}{r.wrong:>8}{r.seconds:>9.2f}  "
+        lines.append(f"{r.op:<18}{r.dtypes:>7}{r.cases:>7}{r.checks:>8}{r.wrong:>8}{r.seconds:>9.2f}  "
                      f"{'ok' if r.wrong == 0 else 'WRONG'}")
         lines.extend(f"    {f}" for f in r.failures[:10])
     bad = sum(r.wrong for r in rows)

@@ -343,7 +343,9 @@ class QuantAllReduceOperation(Operation):
         x, dt, src = self._data(x)
         s = _scales(self.NAME, scale, x.size, self._block, self.rank)
         out = self._out(out, x.shape, np.dtype(np.float16))
-        return Call(dt, x, out, src=src, shape=x.shape, params=self._block * 2 + self._int8_gather, args=(s,))
+        call = Call(dt, x, out, x.shape)
+        call.src, call.params, call.args = src, self._block * 2 + self._int8_gather, (s,)
+        return call
 
     def _plan_of(self, size: int) -> _Chunks:
         plan = self._chunks.get(size)

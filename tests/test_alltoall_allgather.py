@@ -54,7 +54,8 @@ def test_outputs_given():
     x = np.ones((SIZE // tp, 2), np.int16)
     z, y = np.empty_like(x), np.empty((tp, *x.shape), x.dtype)
     assert all(a is b for a, b in zip(op.execute(x, out=(z, y)), (z, y)))
-    raises_everywhere(lambda: op.execute(x, out=(y, z)), CollectiveArgumentError, "AllToAllAllGather: out=")
+    raises_everywhere(lambda: op.execute(x, out=(y, z)), CollectiveArgumentError, "AllToAllAllGather: out[0]=")
+    raises_everywhere(lambda: op.execute(x, out=z), CollectiveArgumentError, "must be a pair (z, y)")
 
 
 @mpi1
@@ -71,7 +72,7 @@ def test_dim0_must_divide_by_ep_on_the_last_rank():
     _, op = _op(SIZE, 1)
     x = np.ones(SIZE + (RANK == SIZE - 1))
     raises_everywhere(lambda: op.execute(x), CollectiveArgumentError, f"x.shape[0]={SIZE + 1} on rank {SIZE - 1}",
-                      f"divisible by rank_size={SIZE}")
+                      f"divisible by the ep size={SIZE}")
 
 
 @pytest.mark.mpi(min_size=2)

@@ -339,7 +339,7 @@ def test_root_differs_at_every_rank_count():
     evens, odds = list(range(0, SIZE, 2)), list(range(1, SIZE, 2))
     show = lambda rs: f"rank {rs[0]}" if len(rs) == 1 else f"ranks {rs}"  # noqa: E731
     raises_everywhere(lambda: mpicoll.BroadcastOperation(p).execute(x), CollectiveMismatchError,
-                      f"Broadcast: rank_root differs across ranks: 0 on {show(evens)}, 1 on {show(odds)}")
+                      f"Broadcast: rank_root differs across ranks: 0 on {show(evens)}; 1 on {show(odds)}")
     assert x.tolist() == [RANK] * 4
 
 

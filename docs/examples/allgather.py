@@ -1,11 +1,12 @@
-"""AllGather and AllGatherV: every rank gets every rank's data, in rank order.
+"""AllGather and AllGatherV: every rank gets every rank's data, in rank order; Gather: the root only.
 
     mpirun -np 4 python docs/examples/allgather.py      (any rank count works)
 """
 import numpy as np
 from mpi4py import MPI
 
-from mpicoll import AllGatherOperation, AllGatherParam, AllGatherVOperation, AllGatherVParam
+from mpicoll import (AllGatherOperation, AllGatherParam, AllGatherVOperation, AllGatherVParam, GatherOperation,
+                     GatherParam)
 
 world = MPI.COMM_WORLD
 rank, n = world.Get_rank(), world.Get_size()
@@ -49,3 +50,8 @@ rev = [2 * (n - 1 - r) for r in range(n)]
 outr = AllGatherVOperation(AllGatherVParam()).execute(two, 2, [2] * n, rev, (n, 2))
 assert outr.tolist() == [[r, r] for r in reversed(range(n))]
 show("AllGatherV reversed", outr.tolist())
+
+# Gather: AllGather's stacking, on the root only (here rank 0); the other ranks get None.
+g = GatherOperation(GatherParam(rank_root=0)).execute(np.array([rank, rank * rank], dtype=np.int64))
+assert (g.shape == (n, 2) and g.tolist() == [[r, r * r] for r in range(n)]) if rank == 0 else g is None
+show("Gather (root 0)", None if g is None else g.tolist())

@@ -1,4 +1,4 @@
-"""AllReduce: every rank gets the element-wise reduction of every rank's array.
+"""AllReduce: every rank gets the element-wise reduction of every rank's array; Reduce: the root only.
 
     mpirun -np 4 python docs/examples/allreduce.py      (any rank count works)
 """
@@ -6,7 +6,7 @@ import ml_dtypes
 import numpy as np
 from mpi4py import MPI
 
-from mpicoll import AllReduceOperation, AllReduceParam
+from mpicoll import AllReduceOperation, AllReduceParam, ReduceOperation, ReduceParam
 
 world = MPI.COMM_WORLD
 rank, n = world.Get_rank(), world.Get_size()
@@ -51,3 +51,15 @@ i8 = np.array([100, 1], dtype=np.int8)
 wrapped = AllReduceOperation(AllReduceParam()).execute(i8)
 assert wrapped.tolist() == np.array([100 * n, n]).astype(np.int8).tolist()
 show("sum int8 (wraps)", wrapped.tolist())
+
+# Reduce: the reduction lands on the root only (here the last rank); the other ranks get None.
+root = n - 1
+red = ReduceOperation(ReduceParam(rank_root=root, reduce_type="sum")).execute(np.array([rank, 1], dtype=np.int32))
+assert (red.tolist() == [s, n]) if rank == root else red is None
+show(f"Reduce sum (root {root})", None if red is None else red.tolist())
+
+# Reduce in place on the root (out=x), float16 accumulated in float32 and rounded once, as in AllReduce.
+h = np.array([2048 if rank == 0 else 1], dtype=np.float16)
+red16 = ReduceOperation(ReduceParam(rank_root=0)).execute(h, out=h)
+assert (red16 is h and h[0] == np.float16(2048 + (n - 1))) if rank == 0 else (red16 is None and h[0] == 1)
+show("Reduce f16 in place", h.tolist())

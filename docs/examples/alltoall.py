@@ -1,4 +1,4 @@
-"""AllToAll, AllToAllV and AllToAllVV2: every rank sends a block to every rank.
+"""AllToAll, AllToAllV and AllToAllVV2: every rank sends a block to every rank; AllToAllAllGather on a mesh.
 
     mpirun -np 4 python docs/examples/alltoall.py      (2 or 4 ranks; any count works,
                                                         the ATB pair example needs an even one)
@@ -6,8 +6,8 @@
 import numpy as np
 from mpi4py import MPI
 
-from mpicoll import (AllToAllOperation, AllToAllParam, AllToAllVOperation, AllToAllVParam, AllToAllVV2Operation,
-                     AllToAllVV2Param)
+from mpicoll import (AllToAllAllGatherOperation, AllToAllAllGatherParam, AllToAllOperation, AllToAllParam,
+                     AllToAllVOperation, AllToAllVParam, AllToAllVV2Operation, AllToAllVV2Param, mesh)
 
 world = MPI.COMM_WORLD
 rank, n = world.Get_rank(), world.Get_size()
@@ -18,7 +18,7 @@ def show(label, value):
     values = world.gather(value, root=0)
     if rank == 0:
         for r, v in enumerate(values):
-            print(f"{label:<12} rank {r}: {v}")
+            print(f"{label:<20} rank {r}: {v}")
 
 
 # AllToAll: block j (2 elements of dim 0) goes to rank j; received blocks in source order.
@@ -78,3 +78,22 @@ if rank < n - n % 2:
 else:
     got = None
 show("AllToAllVV2", None if got is None else got.tolist())
+
+# AllToAllAllGather on an ep x tp mesh of the world (tp 2 for an even rank count, else 1; tp contiguous:
+# world rank = s * tp + t): an AllToAll over the ep domain, then an AllGather of its result over tp.
+tp = 2 if n % 2 == 0 else 1
+ep = n // tp
+m = mesh(ep, tp)
+x = 10 * rank + np.arange(ep)                     # rank r: [10 r, 10 r + 1, ...], ep elements
+z, y = AllToAllAllGatherOperation(AllToAllAllGatherParam(group_ep=m.ep_domain, group_tp=m.tp_domain)).execute(x)
+
+
+def z_of(s, t):
+    """z of mesh rank (s, t): element s of every rank (s2, t) of its ep domain, in ep order."""
+    return [10 * (s2 * tp + t) + s for s2 in range(ep)]
+
+
+assert z.tolist() == z_of(m.ep_rank, m.tp_rank)
+assert y.shape == (tp, ep) and y.tolist() == [z_of(m.ep_rank, t2) for t2 in range(tp)]
+show("AllToAllAllGather z", z.tolist())
+show("AllToAllAllGather y", y.tolist())

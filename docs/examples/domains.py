@@ -21,9 +21,6 @@ def show(label, value):
             print(f"{label:<16} rank {r}: {v}")
 
 
-# Collective over the world, once: needed before some ranks form domains without the others.
-mpicoll.init()
-
 # 1. Undeclared domains: ranks naming the same domain form it; rank_size says how many will come.
 name = "parity.odd" if rank % 2 else "parity.even"
 par = AllReduceOperation(AllReduceParam(comm_domain=name, rank_size=n // 2))
@@ -38,7 +35,7 @@ if rank < 2:
     assert got.tolist() == [[0], [1]]
 world.Barrier()
 
-# 3. Declared domains: no rendezvous, no rank_size needed.
+# 3. Declared domains: no rank_size needed; the members compare their member lists.
 mpicoll.declare_domains({"lo": list(range(n // 2)), "hi": list(range(n // 2, n))})
 half = "lo" if rank < n // 2 else "hi"
 members = AllGatherOperation(AllGatherParam(comm_domain=half)).execute(np.array([rank]))

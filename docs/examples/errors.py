@@ -62,7 +62,7 @@ except CollectiveMismatchError as exc:
 op = AllReduceOperation(AllReduceParam())
 assert op.execute(np.array([1]))[0] == n
 
-# Validation off for this Operation: the raw MPI call, no checks (bad input may hang).
+# Validation off for this Operation: local checks only, no agreement (bad input may hang).
 op.validate = False
 assert op.execute(np.array([2]))[0] == 2 * n
 if rank == 0:

@@ -68,6 +68,7 @@ class Operation:
         self.param = param
         self.timeout = timeout_default() if timeout is None else (float(timeout) if timeout and timeout > 0 else None)
         self.validate = V.validate_default() if validate is None else bool(validate)
+        self._validate_given = validate is not None
         self.comm: MPI.Comm | None = None
         self.rank, self.size = -1, 0
         self._lib: LibComm | None = None
@@ -93,6 +94,8 @@ class Operation:
             self._bind_param()
         except Exception as exc:  # noqa: BLE001 - agreed across ranks at the first call
             self._param_error = as_collective_error(exc, self.NAME, self.rank)
+        if not self._validate_given:      # the default its members agreed when the communicator was made
+            self.validate = lib.validate
         if lib.debug:
             self.validate = True
         return lib
@@ -120,8 +123,9 @@ class Operation:
         lib = self._lib or self._bind()
         calls = lib.calls                 # (this call's number, as the user counts calls)
         number = calls[self.NAME] = calls.get(self.NAME, 0) + 1
-        for c in self._comms[1:]:
-            c.count(self.NAME)
+        if len(self._comms) > 1:
+            for c in self._comms[1:]:
+                c.count(self.NAME)
         if self.validate:
             call, table = self._agreed(args, number)
         else:
@@ -185,11 +189,11 @@ class Operation:
         return np.empty(x.shape, dtype=x.dtype), dt, x
 
     def _out(self, out: Any, shape: tuple, dtype: np.dtype, x: np.ndarray | None = None,
-             in_place_ok: bool = False) -> np.ndarray:
+             in_place_ok: bool = False, name: str = "out") -> np.ndarray:
         """``out`` checked against the output's shape and dtype, or a fresh array."""
         if out is None:
             return np.empty(shape, dtype=dtype)
-        return V.check_out(self.NAME, out, shape, dtype, self.rank, x, in_place_ok)
+        return V.check_out(self.NAME, out, shape, dtype, self.rank, x, in_place_ok, name)
 
 
 class ReduceTypeOperation(Operation):

@@ -58,7 +58,9 @@ class AllGatherOperation(Operation):
     def describe(self, x, out=None) -> Call:
         x, dt, src = self._data(x)
         out = self._out(out, (self.size, *x.shape), x.dtype, x if src is None else src)
-        return Call(dt, x, out, src=src, shape=x.shape)
+        call = Call(dt, x, out, x.shape)
+        call.src = src
+        return call
 
     def issue(self, call, table, go) -> None:
         m = call.dt.mpi
@@ -121,7 +123,9 @@ class AllGatherVOperation(Operation):
                 or math.prod(dims) != total:
             raise V.arg_error(op, "shape", dims, r, f"must be dims >= 0 holding sum(recv_counts)={total} elements")
         out = self._out(out, dims, x.dtype, x if src is None else src)
-        return Call(dt, x, out, src=src, send=[sc] * n, recv=rc, args=(sc, rc, rd))
+        call = Call(dt, x, out)
+        call.src, call.send, call.recv, call.args = src, [sc] * n, rc, (sc, rc, rd)
+        return call
 
     def issue(self, call, table, go) -> None:
         x, out, m, (sc, rc, rd), comm = call.x, call.out, call.dt.mpi, call.args, self._lib

@@ -70,7 +70,9 @@ class AllReduceOperation(ReduceTypeOperation):
     def describe(self, x, out=None) -> Call:
         x, dt, src = self._data(x)
         out = self._out(out, x.shape, x.dtype, x if src is None else src, in_place_ok=src is None)
-        return Call(dt, x, out, src=src, shape=x.shape, reduce=self._rop)
+        call = Call(dt, x, out, x.shape)
+        call.src, call.reduce = src, self._rop
+        return call
 
     def issue(self, call, table, go) -> None:
         x, out, dt, rop, comm, n = call.x, call.out, call.dt, self._rop, self._lib, self.size
@@ -93,16 +95,18 @@ class AllReduceOperation(ReduceTypeOperation):
             go.mpi(comm, "Allreduce", MPI.IN_PLACE if in_place else [x, dt.mpi], [out, dt.mpi], rop.mpi)
             return
         if dt.reduce != "native" and (x.nbytes <= SMALL_F32_BYTES or n == 1):
-            acc = scratch.setdefault("f32", np.empty(x.size, dtype=np.float32))[:x.size]
+            if "f32" not in scratch:                      # (the first piece is the largest)
+                scratch["f32"] = np.empty(x.size, dtype=np.float32)
+            acc = scratch["f32"][:x.size]
             go.local(to_f32, x, acc)
             go.mpi(comm, "Allreduce", MPI.IN_PLACE, [acc, MPI.FLOAT], rop.mpi)
             go.local(from_f32, acc, out)
             return
         # reduce-scatter as AllToAll + a local reduction (16-bit floats, large 8-bit ints), then AllGather
         counts = split_even(x.size, n)
-        c = int(counts[0])
-        recv = scratch.setdefault("recv", np.empty(n * c, dtype=dt.np))
-        chunk = scratch.setdefault("chunk", np.empty(c, dtype=dt.np))[:int(counts[self.rank])]
+        if "recv" not in scratch:                         # (the first piece is the largest)
+            scratch["recv"], scratch["chunk"] = np.empty(n * int(counts[0]), dtype=dt.np), np.empty(int(counts[0]), dt.np)
+        recv, chunk = scratch["recv"], scratch["chunk"][:int(counts[self.rank])]
         if x.size % n == 0:
             alltoall_reduce(go, comm, x, dt, rop, counts, None, chunk, recv)
             go.mpi(comm, "Allgather", [chunk, dt.mpi], [out, dt.mpi])

@@ -71,7 +71,9 @@ class AllToAllOperation(Operation):
         x, dt, src = self._data(x)
         V.check_dim0(self.NAME, x, self.size, self.rank)
         out = self._out(out, x.shape, x.dtype, x if src is None else src)
-        return Call(dt, x, out, src=src, shape=x.shape)
+        call = Call(dt, x, out, x.shape)
+        call.src = src
+        return call
 
     def issue(self, call, table, go) -> None:
         m = call.dt.mpi
@@ -104,7 +106,10 @@ class _AllToAllVBase(Operation):
                               f"must equal sum(recv_counts)={total}")
         out = self._out(out, (1, total), x.dtype, x if src is None else src)
         packed = V.packed(sc, sd) and V.packed(rc, rd)
-        return Call(dt, x, out, src=src, send=sc, recv=rc, info=V.BIT_PACKED if packed else 0, args=plan)
+        call = Call(dt, x, out)
+        call.src, call.send, call.recv, call.args = src, sc, rc, plan
+        call.info = V.BIT_PACKED if packed else 0
+        return call
 
     def issue(self, call, table, go) -> None:
         x, out, m, (sc, sd, rc, rd) = call.x, call.out, call.dt.mpi, call.args

@@ -91,11 +91,15 @@ class AllToAllAllGatherOperation(Operation):
     def describe(self, x, out=None) -> Call:
         x, dt, src = self._data(x)
         ep, tp = self._ep.size, self._tp.size
-        V.check_dim0(self.NAME, x, ep, self.rank)
+        V.check_dim0(self.NAME, x, ep, self.rank, "the ep size")
+        if out is not None and (not isinstance(out, (tuple, list)) or len(out) != 2):
+            raise V.arg_error(self.NAME, "out", type(out).__name__, self.rank, "must be a pair (z, y) of arrays")
         z_out, y_out = (None, None) if out is None else out
-        z = self._out(z_out, x.shape, x.dtype, x if src is None else src)
-        y = self._out(y_out, (tp, *x.shape), x.dtype, x if src is None else src)
-        return Call(dt, x, z, result=(z, y), src=src, shape=x.shape, params=ep << 20 | tp, args=(y,))
+        z = self._out(z_out, x.shape, x.dtype, x if src is None else src, name="out[0]")
+        y = self._out(y_out, (tp, *x.shape), x.dtype, x if src is None else src, name="out[1]")
+        call = Call(dt, x, z, x.shape)
+        call.src, call.result, call.params, call.args = src, (z, y), ep << 20 | tp, (y,)
+        return call
 
     def issue(self, call, table, go) -> None:
         m, z, (y,) = call.dt.mpi, call.out, call.args

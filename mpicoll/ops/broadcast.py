@@ -56,7 +56,9 @@ class BroadcastOperation(Operation):
                               "or read-only array", self.rank, "must be a C-contiguous writable numpy array "
                               "(it is filled in place)")
         x, dt = V.array(self.NAME, "x", x, self.rank)
-        return Call(dt, x, x, shape=x.shape, root=self._root)
+        call = Call(dt, x, x, x.shape)
+        call.root = self._root
+        return call
 
     def issue(self, call, table, go) -> None:
         go.mpi(self._lib, "Bcast", [call.x, call.dt.mpi], self._root)

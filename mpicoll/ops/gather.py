@@ -58,7 +58,9 @@ class GatherOperation(Operation):
             out = self._out(out, (self.size, *x.shape), x.dtype, x if src is None else src)
         else:
             out = None
-        return Call(dt, x, out, src=src, shape=x.shape, root=self._root)
+        call = Call(dt, x, out, x.shape)
+        call.src, call.root = src, self._root
+        return call
 
     def issue(self, call, table, go) -> None:
         m = call.dt.mpi

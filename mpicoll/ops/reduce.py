@@ -61,7 +61,9 @@ class ReduceOperation(ReduceTypeOperation):
         root = self.rank == self._root
         if root:
             out = self._out(out, x.shape, x.dtype, x if src is None else src, in_place_ok=src is None)
-        return Call(dt, x, out if root else None, src=src, shape=x.shape, root=self._root, reduce=self._rop)
+        call = Call(dt, x, out if root else None, x.shape)
+        call.src, call.root, call.reduce = src, self._root, self._rop
+        return call
 
     def issue(self, call, table, go) -> None:
         x, out, dt, root, comm = call.x, call.out, call.dt, self._root, self._lib

@@ -61,7 +61,9 @@ class ReduceScatterOperation(ReduceTypeOperation):
         x, dt, src = self._data(x)
         V.check_dim0(self.NAME, x, self.size, self.rank)
         out = self._out(out, (x.shape[0] // self.size, *x.shape[1:]), x.dtype, x if src is None else src)
-        return Call(dt, x, out, src=src, shape=x.shape, reduce=self._rop)
+        call = Call(dt, x, out, x.shape)
+        call.src, call.reduce = src, self._rop
+        return call
 
     def issue(self, call, table, go) -> None:
         x, out, dt = call.x, call.out, call.dt
@@ -118,8 +120,10 @@ class ReduceScatterVOperation(ReduceTypeOperation):
         V.check_regions(op, "send_counts", sc, "sdispls", sd, x.size, "x.size", r)
         rc = V.scalar_count(op, "recv_count", recv_count, r)
         out = self._out(out, (rc,), x.dtype, x if src is None else src)
-        return Call(dt, x, out, src=src, reduce=self._rop, send=sc, recv=[rc] * n,
-                    info=V.BIT_PACKED if V.packed(sc, sd) else 0, args=(sc, sd))
+        call = Call(dt, x, out)
+        call.src, call.reduce, call.send, call.recv, call.args = src, self._rop, sc, [rc] * n, (sc, sd)
+        call.info = V.BIT_PACKED if V.packed(sc, sd) else 0
+        return call
 
     def issue(self, call, table, go) -> None:
         x, out, dt, (sc, sd), comm = call.x, call.out, call.dt, call.args, self._lib
