@@ -261,6 +261,19 @@ def check_no_overlap(op: str, counts_name: str, c: list[int], displs_name: str, 
                             f"receive region of peer {j} overlaps that of peer {i} ([{d0}, {d0 + c[i]}))")
 
 
+def check_layout(op: str, counts_name: str, c: list[int], displs_name: str, d: list[int], limit: int,
+                 limit_desc: str, rank: int, receive: bool = False) -> bool:
+    """Every block ``[d[i], d[i] + c[i])`` lies inside ``[0, limit)`` and, for a receive layout, no two
+    overlap. Returns whether the blocks are packed in rank order (then only their total needs a
+    check: the cheap common case)."""
+    if packed(c, d) and sum(c) <= limit:
+        return True
+    check_regions(op, counts_name, c, displs_name, d, limit, limit_desc, rank)
+    if receive:
+        check_no_overlap(op, counts_name, c, displs_name, d, rank)
+    return packed(c, d)
+
+
 def packed(c: list[int], d: list[int]) -> bool:
     """The displacements ``d`` are the exclusive prefix sums of the counts ``c``: blocks packed in
     rank order."""

@@ -9,7 +9,7 @@ import mpicoll
 from mpicoll import CollectiveArgumentError
 from mpicoll.ops.alltoall_allgather import golden
 
-from _mpi import RANK, SIZE, WORLD, raises_everywhere
+from _mpi import RANK, SIZE, raises_everywhere
 
 mpi1 = pytest.mark.mpi(min_size=1)
 

@@ -9,7 +9,6 @@ import mpicoll
 from mpicoll._comm import LibComm
 from mpicoll._golden import CHECKS, SEED, count_wrong
 from mpicoll.check import layouts
-from mpicoll.ops import _base
 
 from _mpi import RANK, SIZE, WORLD
 

@@ -116,19 +116,18 @@ class AllGatherVOperation(Operation):
         rc = V.counts(op, "recv_counts", recv_counts, n, r)
         rd = V.counts(op, "rdispls", rdispls, n, r)
         total = sum(rc)
-        V.check_regions(op, "recv_counts", rc, "rdispls", rd, total, "sum(recv_counts)", r)
-        V.check_no_overlap(op, "recv_counts", rc, "rdispls", rd, r)
+        packed = V.check_layout(op, "recv_counts", rc, "rdispls", rd, total, "sum(recv_counts)", r, receive=True)
         dims = _dims(shape, total)
         if not all(isinstance(d, (int, np.integer)) and not isinstance(d, bool) and d >= 0 for d in dims) \
                 or math.prod(dims) != total:
             raise V.arg_error(op, "shape", dims, r, f"must be dims >= 0 holding sum(recv_counts)={total} elements")
         out = self._out(out, dims, x.dtype, x if src is None else src)
         call = Call(dt, x, out)
-        call.src, call.send, call.recv, call.args = src, [sc] * n, rc, (sc, rc, rd)
+        call.src, call.send, call.recv, call.args = src, [sc] * n, rc, (sc, rc, rd, packed)
         return call
 
     def issue(self, call, table, go) -> None:
-        x, out, m, (sc, rc, rd), comm = call.x, call.out, call.dt.mpi, call.args, self._lib
+        x, out, m, (sc, rc, rd, packed), comm = call.x, call.out, call.dt.mpi, call.args, self._lib
         send = [x, sc, m]
         if rc.count(rc[0]) != len(rc):
             go.mpi(comm, "Allgatherv", send, [out, (rc, rd), m])
@@ -138,7 +137,7 @@ class AllGatherVOperation(Operation):
         # rank, so every rank makes this choice; rdispls are each rank's own: a permuted layout is
         # gathered packed, then moved into place.
         c = rc[0]
-        if not c or V.packed(rc, rd):
+        if not c or packed:
             go.mpi(comm, "Allgather", send, [out, m])
             return
         packed = np.empty(len(rc) * c, dtype=x.dtype)

@@ -75,45 +75,69 @@ class AllReduceOperation(ReduceTypeOperation):
         return call
 
     def issue(self, call, table, go) -> None:
-        x, out, dt, rop, comm, n = call.x, call.out, call.dt, self._rop, self._lib, self.size
-        in_place = out is x
-        native = dt.reduce == "native" and (dt.itemsize > 1 or x.size < BYTE_ALLTOALL_BYTES or n == 1)
-        if native and (x.nbytes < PIECED_BYTES or n == 1):                  # MPI's own reduction, one call
-            go.mpi(comm, "Allreduce", MPI.IN_PLACE if in_place else [x, dt.mpi], [out, dt.mpi], rop.mpi)
-            return
-        flat, oflat = x.reshape(-1), out.reshape(-1)
-        step = max(PIECE_BYTES // dt.itemsize, 1) if x.nbytes >= PIECED_BYTES and n > 1 else max(flat.size, 1)
-        scratch: dict = {}
-        for s in range(0, flat.size, step):
-            self._piece(go, flat[s:s + step], oflat[s:s + step], dt, in_place, scratch)
+        reduce_pieces(go, self._lib, call.x, call.out, call.dt, self._rop)
 
-    def _piece(self, go, x, out, dt, in_place, scratch) -> None:
-        """AllReduce of the flat ``x`` into ``out`` (the same memory when ``in_place``); ``scratch``
-        holds the buffers the pieces share (they run one after the other)."""
-        comm, rop, n = self._lib, self._rop, self.size
-        if dt.reduce == "native" and (dt.itemsize > 1 or x.size < BYTE_ALLTOALL_BYTES or n == 1):
-            go.mpi(comm, "Allreduce", MPI.IN_PLACE if in_place else [x, dt.mpi], [out, dt.mpi], rop.mpi)
-            return
-        if dt.reduce != "native" and (x.nbytes <= SMALL_F32_BYTES or n == 1):
-            if "f32" not in scratch:                      # (the first piece is the largest)
-                scratch["f32"] = np.empty(x.size, dtype=np.float32)
-            acc = scratch["f32"][:x.size]
-            go.local(to_f32, x, acc)
+
+def reduce_pieces(go, comm, x: np.ndarray, out: np.ndarray | None, dt, rop, root: int | None = None) -> None:
+    """The MPI calls of AllReduce (``root`` None: every rank gets ``out``) or Reduce (only rank
+    ``root`` gets it; ``out`` None elsewhere), chosen from the dtype and the size alone (the same on
+    every rank): MPI's own reduction in one call; 16-bit floats up to SMALL_F32_BYTES as one float32
+    reduction; else, and from PIECED_BYTES on in PIECE_BYTES pieces, AllToAll + a local reduction
+    in rank order + AllGather (or Gather). ``out`` may be ``x`` (in place)."""
+    n, in_place = comm.size, out is x
+    if dt.reduce == "native" and (dt.itemsize > 1 or x.size < BYTE_ALLTOALL_BYTES or n == 1) and (
+            x.nbytes < PIECED_BYTES or n == 1):                                # MPI's own reduction, one call
+        _native(go, comm, x, out, dt, rop, root, in_place)
+        return
+    flat, oflat = x.reshape(-1), None if out is None else out.reshape(-1)
+    step = max(PIECE_BYTES // dt.itemsize, 1) if x.nbytes >= PIECED_BYTES and n > 1 else max(flat.size, 1)
+    scratch: dict = {}                    # the buffers the pieces share (they run one after the other)
+    for s in range(0, flat.size, step):
+        _piece(go, comm, flat[s:s + step], None if oflat is None else oflat[s:s + step], dt, rop, root, in_place,
+               scratch)
+
+
+def _native(go, comm, x, out, dt, rop, root, in_place) -> None:
+    m = dt.mpi
+    if root is None:
+        go.mpi(comm, "Allreduce", MPI.IN_PLACE if in_place else [x, m], [out, m], rop.mpi)
+    else:
+        mine = out is not None
+        go.mpi(comm, "Reduce", MPI.IN_PLACE if mine and in_place else [x, m], [out, m] if mine else None, rop.mpi, root)
+
+
+def _piece(go, comm, x, out, dt, rop, root, in_place, scratch) -> None:
+    """One flat piece of :func:`reduce_pieces`."""
+    n, mine = comm.size, out is not None
+    if dt.reduce == "native" and (dt.itemsize > 1 or x.size < BYTE_ALLTOALL_BYTES or n == 1):
+        _native(go, comm, x, out, dt, rop, root, in_place)
+        return
+    if dt.reduce != "native" and (x.nbytes <= SMALL_F32_BYTES or n == 1):
+        if "f32" not in scratch:                      # (the first piece is the largest)
+            scratch["f32"] = np.empty(x.size, dtype=np.float32)
+        acc = scratch["f32"][:x.size]
+        go.local(to_f32, x, acc)
+        if root is None:
             go.mpi(comm, "Allreduce", MPI.IN_PLACE, [acc, MPI.FLOAT], rop.mpi)
-            go.local(from_f32, acc, out)
-            return
-        # reduce-scatter as AllToAll + a local reduction (16-bit floats, large 8-bit ints), then AllGather
-        counts = split_even(x.size, n)
-        if "recv" not in scratch:                         # (the first piece is the largest)
-            scratch["recv"], scratch["chunk"] = np.empty(n * int(counts[0]), dtype=dt.np), np.empty(int(counts[0]), dt.np)
-        recv, chunk = scratch["recv"], scratch["chunk"][:int(counts[self.rank])]
-        if x.size % n == 0:
-            alltoall_reduce(go, comm, x, dt, rop, counts, None, chunk, recv)
-            go.mpi(comm, "Allgather", [chunk, dt.mpi], [out, dt.mpi])
         else:
-            displs = prefix(counts)
-            alltoall_reduce(go, comm, x, dt, rop, counts, displs, chunk, recv)
-            go.mpi(comm, "Allgatherv", [chunk, dt.mpi], [out, (counts, displs), dt.mpi])
+            go.mpi(comm, "Reduce", MPI.IN_PLACE if mine else [acc, MPI.FLOAT], [acc, MPI.FLOAT] if mine else None,
+                   rop.mpi, root)
+        if mine:
+            go.local(from_f32, acc, out)
+        return
+    # reduce-scatter as AllToAll + a local reduction (16-bit floats, large 8-bit ints), then AllGather / Gather
+    counts = split_even(x.size, n)
+    if "recv" not in scratch:                         # (the first piece is the largest)
+        scratch["recv"], scratch["chunk"] = np.empty(n * int(counts[0]), dtype=dt.np), np.empty(int(counts[0]), dt.np)
+    recv, chunk = scratch["recv"], scratch["chunk"][:int(counts[comm.rank])]
+    even, m = x.size % n == 0, dt.mpi
+    displs = None if even else prefix(counts)
+    alltoall_reduce(go, comm, x, dt, rop, counts, displs, chunk, recv)
+    if root is None:
+        go.mpi(comm, "Allgather" if even else "Allgatherv", [chunk, m], [out, m] if even else [out, (counts, displs), m])
+    else:
+        recv_spec = ([out, m] if even else [out, (counts, prefix(counts)), m]) if mine else None
+        go.mpi(comm, "Gather" if even else "Gatherv", [chunk, m], recv_spec, root)
 
 
 # ----------------------------------------------------------------------------- golden check

@@ -85,34 +85,34 @@ class _AllToAllVBase(Operation):
 
     PAIR_NAMES = ("send_counts[{j}]", "recv_counts[{i}]")
 
-    def _counts(self, sc, sd, rc, rd) -> tuple[list[int], list[int], list[int], list[int]]:
-        """The plan's local rules that do not depend on x."""
+    def _counts(self, sc, sd, rc, rd) -> tuple[list[int], list[int], list[int], list[int], bool]:
+        """The plan's local rules that do not depend on x; the plan, and whether its receive side
+        is packed in rank order."""
         op, r, n = self.NAME, self.rank, self.size
         sc = V.counts(op, "send_counts", sc, n, r)
         sd = V.counts(op, "sdispls", sd, n, r)
         rc = V.counts(op, "recv_counts", rc, n, r)
         rd = V.counts(op, "rdispls", rd, n, r)
-        V.check_regions(op, "recv_counts", rc, "rdispls", rd, sum(rc), "sum(recv_counts)", r)
-        V.check_no_overlap(op, "recv_counts", rc, "rdispls", rd, r)
-        return sc, sd, rc, rd
+        packed = V.check_layout(op, "recv_counts", rc, "rdispls", rd, sum(rc), "sum(recv_counts)", r, receive=True)
+        return sc, sd, rc, rd, packed
 
     def _call(self, x, plan, infer_shape, out) -> Call:
         x, dt, src = self._data(x)
-        sc, sd, rc, rd = plan
+        sc, sd, rc, rd, recv_packed = plan
         total = sum(rc)
-        V.check_regions(self.NAME, "send_counts", sc, "sdispls", sd, x.size, "x.size", self.rank)
+        send_packed = V.check_layout(self.NAME, "send_counts", sc, "sdispls", sd, x.size, "x.size", self.rank)
         if infer_shape is not None and np.size(infer_shape) != total:
             raise V.arg_error(self.NAME, "infer_shape.size", int(np.size(infer_shape)), self.rank,
                               f"must equal sum(recv_counts)={total}")
         out = self._out(out, (1, total), x.dtype, x if src is None else src)
-        packed = V.packed(sc, sd) and V.packed(rc, rd)
+        packed = send_packed and recv_packed
         call = Call(dt, x, out)
         call.src, call.send, call.recv, call.args = src, sc, rc, plan
         call.info = V.BIT_PACKED if packed else 0
         return call
 
     def issue(self, call, table, go) -> None:
-        x, out, m, (sc, sd, rc, rd) = call.x, call.out, call.dt.mpi, call.args
+        x, out, m, (sc, sd, rc, rd, _) = call.x, call.out, call.dt.mpi, call.args
         # Every rank sending the same count to every rank, packed on every rank (read from the agreed
         # table, so every rank makes this choice): MPICH's Alltoall, ~2x faster than its Alltoallv.
         if table is not None and _uniform(table):

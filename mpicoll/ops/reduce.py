@@ -4,14 +4,14 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 import numpy as np
-from mpi4py import MPI
 
 from .._dtypes import DTYPES, reduce_op
 from .._golden import (TORCH_OPS, BenchRun, BenchSpec, Case, CheckSpec, bench_data, golden_reduce, rank_data,
                        raw_reduce_type, reduce_case_names, register_bench, register_check, torch_view)
 from .._params import ReduceTypeParam
 from .._plan import Call, Plan
-from ._base import ReduceTypeOperation, from_f32, to_f32
+from ._base import ReduceTypeOperation
+from .allreduce import reduce_pieces
 
 __all__ = ["ReduceOperation", "ReduceParam"]
 
@@ -24,8 +24,9 @@ class ReduceParam(ReduceTypeParam):
 class ReduceOperation(ReduceTypeOperation):
     """Element-wise reduction over all ranks into rank ``rank_root``.
 
-    Integers reduce in their own dtype and wrap, as MPI does; float16/bfloat16 accumulate in
-    float32 and round once. Only the root gets a result: ``execute`` returns None on the others.
+    The same reduction as :class:`~mpicoll.AllReduceOperation` (the same paths: 16-bit floats
+    accumulate in float32 and round once, integers wrap), gathered on the root only: ``execute``
+    returns None on the other ranks.
 
     Example (4 ranks, root 0, ``x = np.array([rank], np.float32)``)::
 
@@ -66,18 +67,7 @@ class ReduceOperation(ReduceTypeOperation):
         return call
 
     def issue(self, call, table, go) -> None:
-        x, out, dt, root, comm = call.x, call.out, call.dt, self._root, self._lib
-        mine = out is not None
-        if dt.reduce == "native":
-            send = MPI.IN_PLACE if mine and out is x else [x, dt.mpi]
-            go.mpi(comm, "Reduce", send, [out, dt.mpi] if mine else None, self._rop.mpi, root)
-            return
-        acc = np.empty(x.size, dtype=np.float32)        # 16-bit floats: a float32 reduction, rounded once
-        go.local(to_f32, x.reshape(-1), acc)
-        go.mpi(comm, "Reduce", MPI.IN_PLACE if mine else [acc, MPI.FLOAT], [acc, MPI.FLOAT] if mine else None,
-               self._rop.mpi, root)
-        if mine:
-            go.local(from_f32, acc, out.reshape(-1))
+        reduce_pieces(go, self._lib, call.x, call.out, call.dt, self._rop, self._root)
 
 
 # ----------------------------------------------------------------------------- golden check

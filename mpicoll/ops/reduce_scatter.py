@@ -117,12 +117,12 @@ class ReduceScatterVOperation(ReduceTypeOperation):
         op, r, n = self.NAME, self.rank, self.size
         sc = V.counts(op, "send_counts", send_counts, n, r)
         sd = V.counts(op, "sdispls", sdispls, n, r)
-        V.check_regions(op, "send_counts", sc, "sdispls", sd, x.size, "x.size", r)
+        packed = V.check_layout(op, "send_counts", sc, "sdispls", sd, x.size, "x.size", r)
         rc = V.scalar_count(op, "recv_count", recv_count, r)
         out = self._out(out, (rc,), x.dtype, x if src is None else src)
         call = Call(dt, x, out)
         call.src, call.reduce, call.send, call.recv, call.args = src, self._rop, sc, [rc] * n, (sc, sd)
-        call.info = V.BIT_PACKED if V.packed(sc, sd) else 0
+        call.info = V.BIT_PACKED if packed else 0
         return call
 
     def issue(self, call, table, go) -> None:
