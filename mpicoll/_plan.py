@@ -157,8 +157,12 @@ class Plan:
         self._go()
         return self.result
 
-    def start(self) -> "Handle":
+    def start(self, end: int | None = None) -> "Handle":
         """Start the call non-blocking (MPI persistent requests); returns its :class:`Handle`.
+
+        Args:
+            end: run only the first ``end`` steps for now; :meth:`Handle.release` lets the run go
+                further (the Hccl client's committed rounds). Default: every step.
 
         Raises:
             CollectiveError: the plan is freed, or already started and not yet waited for.
@@ -169,7 +173,8 @@ class Plan:
             self._persistent = [None if s.comm is None else getattr(s.comm.mpi, s.name + "_init")(*s.args)
                                 for s in self._steps]
         self._state = _STARTED
-        handle = self._handle = Handle(self, tuple(c.count(self.op) for c in self._comms))
+        handle = self._handle = Handle(self, tuple(c.count(self.op) for c in self._comms),
+                                       len(self._steps) if end is None else end)
         handle._advance(block=False)      # (the plan stays started until the caller sees it complete)
         return handle
 
@@ -182,7 +187,7 @@ class Plan:
         """
         if self._state == _FREED:
             return
-        if self._state == _STARTED:
+        if self._state == _STARTED and not self._handle.parked:
             self._refuse("free")
         self._state = _FREED
         self._release()
@@ -238,12 +243,26 @@ class Handle:
     calls, so calling ``test()`` now and then during long local work helps it along.
     """
 
-    __slots__ = ("_plan", "_numbers", "_i", "_reqs", "_started", "_done")
+    __slots__ = ("_plan", "_numbers", "_i", "_end", "_reqs", "_started", "_done")
 
-    def __init__(self, plan: Plan, numbers: tuple) -> None:
+    def __init__(self, plan: Plan, numbers: tuple, end: int) -> None:
         self._plan, self._numbers = plan, numbers
-        self._i, self._reqs, self._done = 0, None, False
+        self._i, self._end, self._reqs, self._done = 0, end, None, False
         self._started = time.monotonic()
+
+    @property
+    def steps_done(self) -> int:
+        """How many of the plan's steps are complete."""
+        return self._i
+
+    @property
+    def parked(self) -> bool:
+        """Whether the run stopped at its ``end`` before the plan's last step (nothing in flight)."""
+        return self._i == self._end < len(self._plan._steps)
+
+    def release(self, end: int) -> None:
+        """Let the run go on up to step ``end`` (a run started with ``Plan.start(end)``)."""
+        self._end = max(self._end, end)
 
     def test(self) -> bool:
         """Make progress without blocking; True once the run is complete (the plan may then be run
@@ -255,9 +274,10 @@ class Handle:
 
     def wait(self) -> Any:
         """Complete the run (blocking; under the watchdog when the operation has a timeout) and
-        return the plan's output."""
-        self._advance(block=True)
-        self._finish()
+        return the plan's output. A run started with an ``end`` completes the steps released so
+        far; the plan stays started until every step is done."""
+        if self._advance(block=True):
+            self._finish()
         return self._plan.result
 
     def _finish(self) -> None:
@@ -270,7 +290,7 @@ class Handle:
             return True
         plan = self._plan
         steps, timeout = plan._steps, plan._timeout
-        while self._i < len(steps):
+        while self._i < self._end:
             step = steps[self._i]
             if step.comm is None:
                 step.fn(*step.args)
@@ -279,6 +299,7 @@ class Handle:
             where = (plan.op, self._numbers[plan._comms.index(step.comm)], f"MPI {step.name} (started by Plan.start)")
             if self._reqs is None:
                 self._reqs = [step.comm.start(plan._persistent[self._i], (), where)]
+                self._started = time.monotonic()          # (the timeout counts per collective)
             if block:
                 left = None if timeout is None else max(timeout - (time.monotonic() - self._started), 0.0)
                 step.comm.wait(self._reqs, left, lambda s=step, w=where: s.comm.expired(timeout, s.name, w))
@@ -288,8 +309,8 @@ class Handle:
                 return False
             self._reqs = None
             self._i += 1
-        self._done = True
-        return True
+        self._done = self._i == len(steps)
+        return self._done
 
 
 @atexit.register

@@ -1,0 +1,577 @@
+"""Kernel-style handle API: the ``Hccl`` client (prepare / commit / wait / query / finalize).
+
+Accelerator kernels issue collectives as tasks: prepare one and get an int handle, compute,
+commit it, wait for it later (seeds/002, SPEC.md "Kernel-style handle API"). Here a prepared task
+is a :class:`~mpicoll.Plan` whose steps are its ``repeat`` rounds, one after the other: a prepare
+checks and agrees its arguments across the ranks once (as every ``prepare`` does) and binds the
+MPI calls of every round; a commit releases one more round to MPI's persistent collectives; query
+and wait move them on. ``stride_count`` lays the blocks out with an MPI derived datatype (a
+contiguous block resized to the stride), so one MPI call moves every block of a round.
+
+Every rank of the domain prepares, commits and waits for its tasks in the same order, as with any
+collective. A client is used by one thread.
+"""
+from __future__ import annotations
+
+import itertools
+import weakref
+from typing import Any, Callable
+
+import numpy as np
+from mpi4py import MPI
+
+from . import _validate as V
+from ._comm import OP_NAMES, LibComm, op_code
+from ._domains import lib_domain, lookup, user_comm, world
+from ._dtypes import DTYPES, HcclDataType, HcclReduceOp, lookup as dtype_row, reduce_op
+from ._errors import CollectiveArgumentError, CollectiveError, agree, arg_error, as_collective_error
+from ._golden import Case, CheckSpec, golden_reduce, rank_data, register_check
+from ._plan import Call, Plan, Recorder
+from ._watchdog import timeout_default
+from .ops._base import alltoall_reduce, reduce_chunks, split_even
+from .ops.allreduce import reduce_pieces
+
+__all__ = ["Hccl", "HcclDataType", "HcclReduceOp", "MAX_PREPARES"]
+
+#: The documented limit of prepares per domain between ``init`` and ``finalize`` (``Hccl(max_prepares=)``).
+MAX_PREPARES = 32
+
+_HANDLES = itertools.count()                      # handles are unique in the process
+_OWNERS: "weakref.WeakValueDictionary[int, Hccl]" = weakref.WeakValueDictionary()
+
+
+class _Kind:
+    """One prepare call: its name (messages, the agreed operation code), how it describes its
+    arguments (local: -> a Call, raising on a rule one rank can see) and the MPI calls of round k."""
+
+    def __init__(self, name: str, describe: Callable, issue: Callable, pair_names=None) -> None:
+        self.name, self.describe, self.issue, self.pair_names = f"Hccl.{name}", describe, issue, pair_names
+        self.code = op_code(self.name)
+        OP_NAMES[self.code] = self.name
+
+
+class _Task:
+    """A prepared task: its plan (steps = its rounds), where each round's steps end, and its state."""
+
+    __slots__ = ("kind", "plan", "ends", "repeat", "committed", "finished", "ever", "run")
+
+    def __init__(self, kind: _Kind, plan: Plan, ends: list[int]) -> None:
+        self.kind, self.plan, self.ends, self.repeat = kind, plan, ends, len(ends)
+        self.committed = self.finished = 0        # in the current cycle of `repeat` rounds
+        self.ever = False                         # committed at least once
+        self.run = None                           # the plan's Handle while rounds are in flight
+
+    def progress(self, block: bool) -> None:
+        """Move the committed rounds on (blocking: until they are all complete)."""
+        if self.run is None:
+            return
+        if block:
+            self.run.wait()
+        else:
+            self.run.test()
+        done = self.run.steps_done
+        self.finished = sum(e <= done for e in self.ends)
+        if done == self.ends[-1]:                 # every round done: a new cycle may begin
+            self.run, self.committed = None, 0
+
+
+class Hccl:
+    """The kernel-style client: ``Hccl().init(domain)``, prepare calls returning int handles,
+    ``commit`` / ``wait`` / ``query``, ``finalize``.
+
+    Args:
+        max_prepares: prepares allowed between ``init`` and ``finalize`` (default 32, the documented
+            limit); the next one raises :class:`~mpicoll.CollectiveError` on every rank.
+        timeout: seconds before a collective that some rank never joins raises
+            :class:`~mpicoll.CollectiveTimeout` (default ``MPICOLL_TIMEOUT``; unset = wait forever).
+
+    Example (every rank; 300 float16 per rank gathered as 2 tiles of 128 and a tail of 44)::
+
+        hccl = Hccl().init("")                     # the world; or a domain name, or an MPI.Comm
+        h1 = hccl.all_gather(x, y, 128, HcclDataType.FP16, stride_count=300, repeat=2, commit=True)
+        h2 = hccl.all_gather(x[256:], y[256:], 44, HcclDataType.FP16, stride_count=300, commit=True)
+        hccl.wait(h1); hccl.wait(h2)
+        hccl.finalize()                            # y equals the untiled AllGather of x
+    """
+
+    def __init__(self, *, max_prepares: int = MAX_PREPARES, timeout: float | None = None) -> None:
+        self.max_prepares = int(max_prepares)
+        self.timeout = timeout_default() if timeout is None else (float(timeout) if timeout and timeout > 0 else None)
+        self._lib: LibComm | None = None
+        self._tasks: dict[int, _Task] = {}
+        self._prepares = 0
+        self._active = False
+
+    # -- lifecycle -------------------------------------------------------------------------------
+    def init(self, domain: str | MPI.Comm | None = None, rank_size: int | None = None) -> "Hccl":
+        """Bind the client to a communication domain: a domain name ("" or None: the world) or an
+        mpi4py communicator. Collective over the domain on its first use, as any operation's.
+
+        Args:
+            domain: the domain name, or a communicator.
+            rank_size: the domain's size, needed to form a domain not yet formed or declared
+                (as an operator Param's ``rank_size``).
+
+        Returns:
+            the client (so ``hccl = Hccl().init("tp")`` and ``with Hccl().init("tp") as hccl:`` work).
+
+        Raises:
+            CollectiveError: the client is initialised and not finalized.
+        """
+        if self._active:
+            raise CollectiveError("Hccl.init: the client is already initialised: finalize() it first",
+                                  op="Hccl.init", param="domain")
+        if isinstance(domain, MPI.Comm):
+            lib = user_comm(domain)
+        elif domain is None or isinstance(domain, str):
+            lib = lookup(domain or "") or lib_domain(domain, rank_size)
+        else:
+            raise CollectiveArgumentError(f"Hccl.init: domain={domain!r}: must be a domain name or an MPI.Comm",
+                                          op="Hccl.init", param="domain")
+        self._lib, self._tasks, self._prepares, self._active = lib, {}, 0, True
+        return self
+
+    def finalize(self) -> None:
+        """Wait for every committed round, release every task; further prepares raise until
+        ``init`` is called again. Collective over the domain (it frees the tasks' private
+        communicators). A second call does nothing."""
+        if not self._active:
+            return
+        for task in self._tasks.values():
+            task.progress(block=True)
+        for h, task in self._tasks.items():
+            task.plan.free()
+            for t in task.plan.call.types:
+                t.Free()
+            _OWNERS.pop(h, None)
+        self._tasks, self._active = {}, False
+
+    def __enter__(self) -> "Hccl":
+        return self
+
+    def __exit__(self, exc_type, exc, tb) -> None:
+        if exc_type is None:
+            self.finalize()
+        else:                             # a rank failed in the block: no more collectives on it
+            self._tasks, self._active = {}, False
+
+    # -- prepare calls -----------------------------------------------------------------------------
+    def all_reduce(self, send: np.ndarray, recv: np.ndarray, count: int, dtype: Any, op: Any,
+                   repeat: int = 1, commit: bool = False) -> int:
+        """Prepare an AllReduce of ``count`` elements: round k reduces ``send[k*count :
+        (k+1)*count]`` over the ranks into the same range of ``recv`` (``recv`` may be ``send``).
+
+        Args:
+            send, recv: C-contiguous arrays of ``dtype``, read flat, at least ``repeat*count`` elements.
+            count: elements per round.
+            dtype: an :class:`HcclDataType`, numpy dtype or name; the buffers' dtype.
+            op: an :class:`HcclReduceOp` or "sum" / "prod" / "max" / "min".
+            repeat: rounds (>= 1), each a commit.
+            commit: commit every round now (the template flag ``AllReduce<true>``).
+
+        Returns:
+            the task's handle (an int >= 0).
+        """
+        return self._prepare(_ALL_REDUCE, commit, send, recv, count, dtype, op, 0, repeat)
+
+    def all_gather(self, send: np.ndarray, recv: np.ndarray, send_count: int, dtype: Any, stride_count: int = 0,
+                   repeat: int = 1, commit: bool = False) -> int:
+        """Prepare an AllGather: in round k, rank i's ``send[k*send_count : (k+1)*send_count]``
+        lands at ``recv[k*send_count + i*stride :]``, ``stride = stride_count or send_count``.
+
+        ``recv`` needs ``(repeat-1)*send_count + (rank_size-1)*stride + send_count`` elements; with
+        ``repeat > 1`` the stride must leave room for every round (``stride >= repeat*send_count``).
+        Other arguments as in :meth:`all_reduce`.
+        """
+        return self._prepare(_ALL_GATHER, commit, send, recv, send_count, dtype, None, stride_count, repeat)
+
+    def reduce_scatter(self, send: np.ndarray, recv: np.ndarray, recv_count: int, dtype: Any, op: Any,
+                       stride_count: int = 0, repeat: int = 1, commit: bool = False) -> int:
+        """Prepare a ReduceScatter: in round k, rank i's block is ``send[k*recv_count + i*stride :]``
+        (``recv_count`` elements, ``stride = stride_count or recv_count``); rank r gets the
+        reduction of every rank's block r at ``recv[k*recv_count :]``. Other arguments as in
+        :meth:`all_reduce`.
+        """
+        return self._prepare(_REDUCE_SCATTER, commit, send, recv, recv_count, dtype, op, stride_count, repeat)
+
+    def all_to_all(self, send: np.ndarray, recv: np.ndarray, data_count: int, dtype: Any, stride_count: int = 0,
+                   repeat: int = 1, commit: bool = False) -> int:
+        """Prepare an AllToAll: in round k, block j (``data_count`` elements at ``send[k*data_count
+        + j*stride :]``) goes to rank j, landing at ``recv[k*data_count + i*stride :]`` (i: this
+        rank), ``stride = stride_count or data_count``. Other arguments as in :meth:`all_gather`.
+        """
+        return self._prepare(_ALL_TO_ALL, commit, send, recv, data_count, dtype, None, stride_count, repeat)
+
+    def all_to_all_v(self, send: np.ndarray, send_counts, sdispls, recv: np.ndarray, recv_counts, rdispls,
+                     dtype: Any, repeat: int = 1, commit: bool = False) -> int:
+        """Prepare an AllToAllV: block j (``send_counts[j]`` elements at ``sdispls[j]``) goes to
+        rank j, landing at its ``rdispls[i]``; ``recv_counts[i]`` must equal rank i's
+        ``send_counts[j]``. Round k advances ``sdispls[j]`` by ``k*send_counts[j]`` and
+        ``rdispls[i]`` by ``k*recv_counts[i]``. Other arguments as in :meth:`all_reduce`.
+        """
+        return self._prepare(_ALL_TO_ALL_V, commit, send, (send_counts, sdispls), recv, (recv_counts, rdispls),
+                             dtype, repeat)
+
+    # -- commit / wait / query ---------------------------------------------------------------------
+    def commit(self, handle: int) -> None:
+        """Release the task's next round to MPI (it progresses while the caller computes).
+
+        Raises:
+            CollectiveError: a foreign or stale handle, or more than ``repeat`` commits before the
+                task's rounds are complete.
+        """
+        task = self._task(handle, "commit")
+        task.progress(block=False)
+        if task.committed == task.repeat:
+            raise CollectiveError(f"{task.kind.name}: commit(handle {handle}) on rank {self._lib.rank}: committed "
+                                  f"more than repeat={task.repeat} times before its rounds completed",
+                                  op=task.kind.name, param="handle", rank=self._lib.rank)
+        self._release(task, task.committed + 1)
+
+    def wait(self, handle: int) -> int:
+        """Block until every committed round of the task is complete.
+
+        Returns:
+            the number of rounds finished (see :meth:`query`).
+
+        Raises:
+            CollectiveError: a foreign or stale handle, or a task never committed.
+        """
+        task = self._task(handle, "wait")
+        if not task.ever:
+            raise CollectiveError(f"{task.kind.name}: wait(handle {handle}) on rank {self._lib.rank}: the task was "
+                                  "never committed: commit it first (or prepare it with commit=True)",
+                                  op=task.kind.name, param="handle", rank=self._lib.rank)
+        task.progress(block=True)
+        return task.finished
+
+    def query(self, handle: int) -> int:
+        """Move the task on without blocking; returns how many of its rounds are finished (at most
+        ``repeat``; after a full cycle, ``repeat`` until the next commit)."""
+        task = self._task(handle, "query")
+        task.progress(block=False)
+        return task.finished
+
+    # -- internals ---------------------------------------------------------------------------------
+    def _task(self, handle: Any, what: str) -> _Task:
+        task = self._tasks.get(handle) if isinstance(handle, (int, np.integer)) else None
+        if task is not None:
+            return task
+        rank = self._lib.rank if self._lib is not None else -1
+        owner = _OWNERS.get(handle) if isinstance(handle, (int, np.integer)) else None
+        if owner is not None and owner is not self:
+            rule = f"it belongs to another Hccl client (on {owner._lib.label})"
+        elif not self._active:
+            rule = "the client is not initialised (init() it, and use handles from after that)"
+        else:
+            rule = "no task of this client has it (handles end with finalize())"
+        raise CollectiveError(f"Hccl.{what}: handle={handle!r} on rank {rank}: {rule}", op=f"Hccl.{what}",
+                              param="handle", rank=rank)
+
+    def _release(self, task: _Task, rounds: int) -> None:
+        end = task.ends[rounds - 1]
+        if task.run is None:
+            task.finished = 0
+            task.run = task.plan.start(end)
+        else:
+            task.run.release(end)
+        task.committed, task.ever = rounds, True
+
+    def _prepare(self, kind: _Kind, commit: bool, *args: Any) -> int:
+        """describe -> agree (always) -> issue every round into one plan."""
+        lib = self._lib
+        if lib is None:
+            raise CollectiveError(f"{kind.name}: prepare before init(): call Hccl().init(domain) first",
+                                  op=kind.name, param="init")
+        number, call, err = lib.count(kind.name), None, None
+        try:
+            if not self._active:
+                raise CollectiveError(f"{kind.name} on rank {lib.rank}: prepare after finalize(): call init() again",
+                                      op=kind.name, param="init", rank=lib.rank)
+            if self._prepares >= self.max_prepares:
+                raise CollectiveError(f"{kind.name} on rank {lib.rank}: more than max_prepares={self.max_prepares} "
+                                      f"prepares on {lib.label} between init() and finalize()", op=kind.name,
+                                      param="max_prepares", rank=lib.rank)
+            call = kind.describe(kind.name, lib.rank, lib.size, *args)
+        except Exception as exc:  # noqa: BLE001 - agreed: every rank raises it
+            err = as_collective_error(exc, kind.name, lib.rank)
+        table = agree(lib, V.header(lib.size, kind.code, call, lib.seq if lib.debug else 0), err, self.timeout,
+                      kind.name, number)
+        V.check_table(kind.name, table, kind.pair_names, lib.label)
+        go, ends = Recorder(), []
+        for k in range(call.repeat):
+            kind.issue(call, k, go, lib)
+            ends.append(len(go.steps))
+        handle = next(_HANDLES)
+        self._tasks[handle] = task = _Task(kind, Plan(kind.name, call, go.steps, (lib,), self.timeout), ends)
+        _OWNERS[handle] = self
+        self._prepares += 1
+        if commit:
+            self._release(task, task.repeat)
+        return handle
+
+    def __repr__(self) -> str:
+        where = self._lib.label if self._lib is not None else "no domain"
+        return f"<Hccl on {where}: {len(self._tasks)} task(s){'' if self._active else ', not initialised'}>"
+
+
+# ----------------------------------------------------------------------------- describe: local rules
+
+def _buffers(op: str, rank: int, send: Any, recv: Any, dtype: Any, in_place_ok: bool = False):
+    """The dtype row and the flat send / recv arrays, checked."""
+    dt = dtype_row(dtype, op=op, param="dtype", rank=rank)
+    for name, b in (("send", send), ("recv", recv)):
+        if not isinstance(b, np.ndarray):
+            raise arg_error(op, name, type(b).__name__, rank, "must be a numpy array")
+        if b.dtype != dt.np:
+            raise arg_error(op, f"{name}.dtype", str(b.dtype), rank, f"must be the dtype argument ({dt.name})")
+        if not b.flags.c_contiguous:
+            raise arg_error(op, name, "non-contiguous", rank, "must be C-contiguous (read flat, offsets in elements)")
+    if not recv.flags.writeable:
+        raise arg_error(op, "recv", "read-only", rank, "must be writable")
+    if not (in_place_ok and send is recv) and np.shares_memory(send, recv):
+        raise arg_error(op, "recv", "overlaps send", rank,
+                        "must not overlap send" + (" (pass recv=send itself for in place)" if in_place_ok else ""))
+    return dt, send.reshape(-1), recv.reshape(-1)
+
+
+def _repeat(op: str, rank: int, repeat: Any) -> int:
+    if isinstance(repeat, bool) or not isinstance(repeat, (int, np.integer)) or repeat < 1:
+        raise arg_error(op, "repeat", repeat, rank, "must be an integer >= 1")
+    return int(repeat)
+
+
+def _need(op: str, rank: int, name: str, buf: np.ndarray, need: int, how: str) -> None:
+    if buf.size < need:
+        raise arg_error(op, f"{name}.size", buf.size, rank, f"must be >= {need} = {how}")
+
+
+def _describe_blocks(op, rank, n, send, recv, count, dtype, rop, stride_count, repeat) -> Call:
+    """AllReduce, AllGather, ReduceScatter, AllToAll: ``count`` elements per block, per round."""
+    kind = op[5:]
+    dt, x, y = _buffers(op, rank, send, recv, dtype, in_place_ok=kind == "AllReduce")
+    c = V.scalar_count(op, "count", count, rank)
+    s = V.scalar_count(op, "stride_count", stride_count, rank) or c
+    r = _repeat(op, rank, repeat)
+    if s < c:
+        raise arg_error(op, "stride_count", s, rank, f"must be 0 or >= the count ({c}): blocks may not overlap")
+    span, how = (r - 1) * c + (n - 1) * s + c, "(repeat-1)*count + (rank_size-1)*stride + count"
+    need = {"AllReduce": ((r * c, "repeat*count"),) * 2, "AllGather": ((r * c, "repeat*count"), (span, how)),
+            "ReduceScatter": ((span, how), (r * c, "repeat*count")), "AllToAll": ((span, how), (span, how))}[kind]
+    for name, buf, (k, why) in zip(("send", "recv"), (x, y), need):
+        _need(op, rank, name, buf, k if c else 0, why)
+    if kind in ("AllGather", "AllToAll") and r > 1 and n > 1 and c and s < r * c:
+        raise arg_error(op, "stride_count", stride_count, rank, f"with repeat={r}, must be >= repeat*count = {r * c}: "
+                        "else a later round's blocks overwrite an earlier round's in recv")
+    call = Call(dt, x, y, (c, r))
+    call.reduce = None if rop is None else reduce_op(rop, op=op, param="op", rank=rank)
+    call.args, call.repeat, call.types, call.in_place = (c, s), r, [], send is recv
+    call.result = recv
+    return call
+
+
+def _describe_v(op, rank, n, send, send_layout, recv, recv_layout, dtype, repeat) -> Call:
+    dt, x, y = _buffers(op, rank, send, recv, dtype)
+    r = _repeat(op, rank, repeat)
+    sc, sd = (V.counts(op, name, v, n, rank) for name, v in zip(("send_counts", "sdispls"), send_layout))
+    rc, rd = (V.counts(op, name, v, n, rank) for name, v in zip(("recv_counts", "rdispls"), recv_layout))
+    # every round's blocks: peer j's r blocks of c[j] elements, from d[j] on, one after the other
+    V.check_layout(op, "send_counts", [r * c for c in sc], "sdispls", sd, x.size, "send.size", rank)
+    V.check_layout(op, "recv_counts", [r * c for c in rc], "rdispls", rd, y.size, "recv.size", rank, receive=True)
+    call = Call(dt, x, y, (r,))
+    call.send, call.recv, call.args, call.repeat, call.types = sc, rc, (sc, sd, rc, rd), r, []
+    call.result = recv
+    return call
+
+
+# ----------------------------------------------------------------------------- issue: round k's calls
+
+def _strided(call: Call, c: int, s: int) -> MPI.Datatype | None:
+    """The datatype of one block of ``c`` elements every ``s`` (None: blocks are packed)."""
+    if s == c or c == 0:
+        return None
+    if not call.types:
+        m = call.dt.mpi
+        call.types.append(m.Create_contiguous(c).Create_resized(0, s * call.dt.itemsize).Commit())
+    return call.types[0]
+
+
+def _issue_all_reduce(call, k, go, comm) -> None:
+    c = call.args[0]
+    x = call.x[k * c:(k + 1) * c]
+    reduce_pieces(go, comm, x, x if call.in_place else call.out[k * c:(k + 1) * c], call.dt, call.reduce)
+
+
+def _issue_all_gather(call, k, go, comm) -> None:
+    (c, s), m, n = call.args, call.dt.mpi, comm.size
+    t = _strided(call, c, s)
+    recv = [call.out[k * c:k * c + n * c], m] if t is None else [call.out[k * c:], 1, t]
+    go.mpi(comm, "Allgather", [call.x[k * c:(k + 1) * c], m], recv)
+
+
+def _issue_all_to_all(call, k, go, comm) -> None:
+    (c, s), m, n = call.args, call.dt.mpi, comm.size
+    t = _strided(call, c, s)
+    if t is None:
+        go.mpi(comm, "Alltoall", [call.x[k * c:k * c + n * c], m], [call.out[k * c:k * c + n * c], m])
+    else:
+        go.mpi(comm, "Alltoall", [call.x[k * c:], 1, t], [call.out[k * c:], 1, t])
+
+
+def _issue_reduce_scatter(call, k, go, comm) -> None:
+    (c, s), dt, rop, n = call.args, call.dt, call.reduce, comm.size
+    out = call.out[k * c:(k + 1) * c]
+    t = _strided(call, c, s)
+    if t is None and dt.reduce == "native":      # the primitive's calls
+        go.mpi(comm, "Reduce_scatter_block", [call.x[k * c:k * c + n * c], dt.mpi], [out, dt.mpi], rop.mpi)
+        return
+    if not hasattr(call, "scratch"):             # (rounds run one after the other: one scratch)
+        call.scratch = np.empty((n, c), dtype=dt.np)
+    if t is None:                                # 16-bit floats: AllToAll + a float32 reduction, as the primitive
+        alltoall_reduce(go, comm, call.x[k * c:k * c + n * c], dt, rop, split_even(n * c, n), None, out,
+                        call.scratch.reshape(-1))
+        return
+    # strided blocks: MPI has no reduction on a resized datatype, so AllToAll them into rows, reduce in rank order
+    go.mpi(comm, "Alltoall", [call.x[k * c:], 1, t], [call.scratch, c, dt.mpi])
+    go.local(reduce_chunks, call.scratch, dt, rop, out)
+
+
+def _issue_all_to_all_v(call, k, go, comm) -> None:
+    sc, sd, rc, rd = call.args
+    m = call.dt.mpi
+    go.mpi(comm, "Alltoallv", [call.x, (sc, [d + k * c for c, d in zip(sc, sd)]), m],
+           [call.out, (rc, [d + k * c for c, d in zip(rc, rd)]), m])
+
+
+_ALL_REDUCE = _Kind("AllReduce", _describe_blocks, _issue_all_reduce)
+_ALL_GATHER = _Kind("AllGather", _describe_blocks, _issue_all_gather)
+_REDUCE_SCATTER = _Kind("ReduceScatter", _describe_blocks, _issue_reduce_scatter)
+_ALL_TO_ALL = _Kind("AllToAll", _describe_blocks, _issue_all_to_all)
+_ALL_TO_ALL_V = _Kind("AllToAllV", _describe_v, _issue_all_to_all_v, ("send_counts[{j}]", "recv_counts[{i}]"))
+
+
+# ----------------------------------------------------------------------------- golden checks
+
+#: tile plans: total elements per block T, tiles [(tile, repeat)], extra stride past T, how rounds
+#: are committed ("now": commit=True; "each": one commit() per round, query between; "later":
+#: every task prepared, then committed)
+TILE_PLANS = {
+    "untiled": (300, [(300, 1)], 0, "now"),
+    "seed": (300, [(128, 2), (44, 1)], 0, "now"),         # seeds/002: 2 tiles of 128 + a tail of 44
+    "rounds": (90, [(30, 3)], 0, "each"),
+    "gaps": (50, [(20, 2), (10, 1)], 7, "later"),         # stride 57: 7 untouched elements per block
+    "zero": (0, [(0, 1)], 0, "now"),
+    "big": (40_000, [(16_000, 2), (8_000, 1)], 0, "each"),   # 16-bit reductions take their AllToAll path
+}
+
+_PREPARE = {"AllReduce": "all_reduce", "AllGather": "all_gather", "ReduceScatter": "reduce_scatter",
+            "AllToAll": "all_to_all", "AllToAllV": "all_to_all_v"}
+
+
+def tiled_layout(kind: str, n: int, total: int, gap: int) -> tuple[int, int, int]:
+    """``(stride, send size, recv size)`` of a tiled ``kind`` over blocks of ``total`` elements."""
+    s = total + gap
+    span = (n - 1) * s + total if total else 0
+    return s, *{"AllReduce": (total, total), "AllGather": (total, span), "ReduceScatter": (span, total),
+                "AllToAll": (span, span)}[kind]
+
+
+def tiled_golden(kind: str, inputs: list[np.ndarray], rank: int, total: int, gap: int, dt, rop) -> np.ndarray:
+    """What an untiled ``kind`` gives rank ``rank`` (zeros where no block lands)."""
+    n = len(inputs)
+    s, _, recv_size = tiled_layout(kind, n, total, gap)
+    if kind == "AllReduce":
+        return golden_reduce(inputs, dt, rop)
+    if kind == "ReduceScatter":
+        return golden_reduce([x[rank * s:rank * s + total] for x in inputs], dt, rop)
+    out = np.zeros(recv_size, dtype=dt.np)
+    for j in range(n):
+        out[j * s:j * s + total] = inputs[j] if kind == "AllGather" else inputs[j][rank * s:rank * s + total]
+    return out
+
+
+def run_tiled(hccl: Hccl, kind: str, send: np.ndarray, recv: np.ndarray, tiles, stride: int, dtype, op,
+              mode: str) -> list[int]:
+    """Prepare one task per ``(tile, repeat)`` over consecutive ranges (round k of a task moves its
+    tile k), commit them as ``mode`` says, wait for every one; returns the handles."""
+    handles, o = [], 0
+    prepare = getattr(hccl, _PREPARE[kind])
+    for t, r in tiles:
+        extra = {"repeat": r, "commit": mode == "now"}
+        if kind != "AllReduce":
+            extra["stride_count"] = stride
+        args = (send[o:], recv[o:], t, dtype) + ((op,) if kind in ("AllReduce", "ReduceScatter") else ())
+        handles.append(prepare(*args, **extra))
+        if mode == "each":
+            for _ in range(r):
+                hccl.commit(handles[-1])
+                hccl.query(handles[-1])
+        o += t * r
+    if mode == "later":
+        for h, (_, r) in zip(handles, tiles):
+            for _ in range(r):
+                hccl.commit(h)
+    for h, (_, r) in zip(handles, tiles):
+        hccl.wait(h)
+    return handles
+
+
+class _TiledCase:
+    """A golden case's operation: ``execute()`` runs the tile plan in a fresh client."""
+
+    def __init__(self, kind, domain, n, plan, dtype, op, send, recv) -> None:
+        self.kind, self.domain, self.n, self.plan, self.dtype, self.op, self.send, self.recv = \
+            kind, domain, n, plan, dtype, op, send, recv
+
+    def execute(self) -> np.ndarray:
+        total, tiles, gap, mode = self.plan
+        stride = tiled_layout(self.kind, 1, total, gap)[0]
+        self.recv[:] = 0
+        with Hccl().init(self.domain, self.n) as hccl:
+            run_tiled(hccl, self.kind, self.send, self.recv, tiles, stride, self.dtype, self.op, mode)
+        return self.recv
+
+
+def _tiled_case(kind: str):
+    def make(case, dtype, comm_domain, rank, n, seed, validate=True) -> Case:
+        plan_name, _, rname = case.partition(":")
+        total, tiles, gap, mode = TILE_PLANS[plan_name]
+        dt = DTYPES[dtype]
+        rop = reduce_op(rname) if rname else None
+        _, send_size, recv_size = tiled_layout(kind, n, total, gap)
+        inputs = [rank_data(seed, f"Hccl.{kind}/{case}/{dtype}", r, send_size, dt) for r in range(n)]
+        expected = tiled_golden(kind, inputs, rank, total, gap, dt, rop)
+        op = _TiledCase(kind, comm_domain, n, TILE_PLANS[plan_name], dt.hccl, rname or None, inputs[rank],
+                        np.zeros(recv_size, dtype=dt.np))
+        return Case(op, (), {}, expected)
+    return make
+
+
+def _v_case(case, dtype, comm_domain, rank, n, seed, validate=True) -> Case:
+    """AllToAllV in ``repeat`` rounds equals one AllToAllV of ``repeat`` times the counts."""
+    from ._golden import counts_matrix
+    family, repeat = case.split("x")
+    r, m, dt = int(repeat), counts_matrix(family, n) * 1, DTYPES[dtype]
+    sc, rc = m[rank] , m[:, rank]
+    sd = np.concatenate(([0], np.cumsum(r * sc)[:-1]))
+    rd = np.concatenate(([0], np.cumsum(r * rc)[:-1]))
+    inputs = [rank_data(seed, f"Hccl.AllToAllV/{case}/{dtype}", i, int(r * m[i].sum()), dt) for i in range(n)]
+    starts = [np.concatenate(([0], np.cumsum(r * m[i])[:-1])) for i in range(n)]
+    expected = np.concatenate([inputs[j][starts[j][rank]:starts[j][rank] + r * m[j, rank]] for j in range(n)])
+
+    class _V:
+        def execute(self) -> np.ndarray:
+            recv = np.zeros(int(r * rc.sum()), dtype=dt.np)
+            with Hccl().init(comm_domain, n) as hccl:
+                hccl.wait(hccl.all_to_all_v(inputs[rank], sc, sd, recv, rc, rd, dt.hccl, repeat=r, commit=True))
+            return recv
+    return Case(_V(), (), {}, expected)
+
+
+_REDUCE_NAMES = ("sum", "prod", "max", "min")
+for _kind in ("AllGather", "AllToAll"):
+    register_check(CheckSpec(f"Hccl.{_kind}", lambda n: list(TILE_PLANS), _tiled_case(_kind)))
+for _kind in ("AllReduce", "ReduceScatter"):
+    register_check(CheckSpec(f"Hccl.{_kind}", lambda n: [f"{p}:{r}" for p in TILE_PLANS for r in _REDUCE_NAMES
+                                                         if p != "gaps" or r == "sum"], _tiled_case(_kind)))
+register_check(CheckSpec("Hccl.AllToAllV", lambda n: ["uniformx1", "unevenx2", "zerox1", "skewx3"], _v_case))
