@@ -296,7 +296,8 @@ class Handle:
                 step.fn(*step.args)
                 self._i += 1
                 continue
-            where = (plan.op, self._numbers[plan._comms.index(step.comm)], f"MPI {step.name} (started by Plan.start)")
+            where = (plan.op, self._numbers[plan._comms.index(step.comm)], f"MPI {step.name} (started by Plan.start)") \
+                if timeout is not None or step.comm.watched else None        # (only the watchdog reads it)
             if self._reqs is None:
                 self._reqs = [step.comm.start(plan._persistent[self._i], (), where)]
                 self._started = time.monotonic()          # (the timeout counts per collective)

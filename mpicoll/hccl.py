@@ -14,6 +14,7 @@ collective. A client is used by one thread.
 from __future__ import annotations
 
 import itertools
+from bisect import bisect_right
 import weakref
 from typing import Any, Callable
 
@@ -70,9 +71,9 @@ class _Task:
         else:
             self.run.test()
         done = self.run.steps_done
-        self.finished = sum(e <= done for e in self.ends)
-        if done == self.ends[-1]:                 # every round done: a new cycle may begin
-            self.run, self.committed = None, 0
+        self.finished = bisect_right(self.ends, done)
+        if done == self.ends[-1]:                 # every round done (a wait() starts a new cycle)
+            self.run = None
 
 
 class Hccl:
@@ -214,17 +215,19 @@ class Hccl:
 
     # -- commit / wait / query ---------------------------------------------------------------------
     def commit(self, handle: int) -> None:
-        """Release the task's next round to MPI (it progresses while the caller computes).
+        """Release the task's next round to MPI (it progresses while the caller computes). Once
+        ``wait`` has returned with all ``repeat`` rounds done, the task may be committed again: its
+        rounds run anew on the buffers' current contents.
 
         Raises:
-            CollectiveError: a foreign or stale handle, or more than ``repeat`` commits before the
-                task's rounds are complete.
+            CollectiveError: a foreign or stale handle, or more than ``repeat`` commits without a
+                ``wait`` that completes them.
         """
         task = self._task(handle, "commit")
-        task.progress(block=False)
         if task.committed == task.repeat:
             raise CollectiveError(f"{task.kind.name}: commit(handle {handle}) on rank {self._lib.rank}: committed "
-                                  f"more than repeat={task.repeat} times before its rounds completed",
+                                  f"more than repeat={task.repeat} times (wait() for its rounds before committing "
+                                  "it again)",
                                   op=task.kind.name, param="handle", rank=self._lib.rank)
         self._release(task, task.committed + 1)
 
@@ -243,6 +246,8 @@ class Hccl:
                                   "never committed: commit it first (or prepare it with commit=True)",
                                   op=task.kind.name, param="handle", rank=self._lib.rank)
         task.progress(block=True)
+        if task.run is None:                      # every round done and seen: it may be committed again
+            task.committed = 0
         return task.finished
 
     def query(self, handle: int) -> int:
