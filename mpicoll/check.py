@@ -109,3 +109,46 @@ def format_rows(rows: list[CheckRow], nranks: int) -> str:
     lines.append(f"# {'all checks passed' if bad == 0 else f'{bad} wrong element(s)'}: "
                  f"{sum(r.checks for r in rows)} checks, {sum(r.wrong != 0 for r in rows)} operator(s) wrong")
     return "\n".join(lines)
+
+
+# ----------------------------------------------------------------------------- rank-table placement
+
+def local_addresses() -> list[str]:
+    """This host's IPv4 addresses (every interface that has one)."""
+    import fcntl
+    import socket
+    import struct
+    found = []
+    with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as s:
+        for _, name in socket.if_nameindex():
+            try:
+                packed = fcntl.ioctl(s.fileno(), 0x8915, struct.pack("256s", name.encode()[:15]))   # SIOCGIFADDR
+            except OSError:
+                continue
+            found.append(socket.inet_ntoa(packed[20:24]))
+    return found
+
+
+def check_placement(path: str) -> tuple[bool, str]:
+    """Whether every rank runs on the host a rank table gives it (a server_id matches a rank's host
+    name or one of its addresses); collective over the world. Returns (ok, report), the report
+    host by host, identical on every rank.
+
+    Raises:
+        CollectiveArgumentError: the table is malformed or its size is not the world's (every rank).
+    """
+    from ._domains import rank_table
+    table = rank_table(path)
+    world = lib_world().mpi
+    where = world.allgather((MPI.Get_processor_name(), local_addresses()))
+    lines, ok = [f"# rank table {path}: {len(table.servers)} server(s), {table.size} rank(s)"], True
+    for server in table.servers:
+        ranks = sorted(d.rank_id for d in server.devices)
+        wrong = [r for r in ranks if server.server_id != where[r][0] and server.server_id not in where[r][1]]
+        ok &= not wrong
+        runs_on = sorted({where[r][0] for r in ranks})
+        verdict = "ok" if not wrong else "WRONG: " + "; ".join(
+            f"rank {r} runs on {where[r][0]} ({', '.join(a for a in where[r][1] if a != '127.0.0.1') or 'no address'})"
+            for r in wrong)
+        lines.append(f"server {server.server_id}: ranks {ranks} run on {', '.join(runs_on)}: {verdict}")
+    return ok, "\n".join(lines)

@@ -19,6 +19,7 @@ examples:
   mpirun -np 4 python -m mpicoll.run --op AllReduce --dtype float16,bfloat16
   mpirun -np 4 python -m mpicoll.run --demo               the documented examples, per rank
   mpirun -np 2 python -m mpicoll.run --log-dir logs       one log per rank: logs/rank.N
+  mpirun -np 4 python -m mpicoll.run --rank-table rt.json each rank on its table's host? then check
   python -m mpicoll.run list                              operators and dtypes
   mpirun -np 2 python -m mpicoll.run bench -b 8 -e 64M -f 4 --compare mpi4py
 environment: MPICOLL_VALIDATE=0 turns the cross-rank argument checks off (see docs/errors.md).
@@ -47,6 +48,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--seed", type=int, default=None, help="data seed (default: fixed)")
     p.add_argument("--no-validate", action="store_true", help="run the operators with validation off")
     p.add_argument("--log-dir", help="write one log per rank to DIR/rank.N")
+    p.add_argument("--rank-table", metavar="FILE",
+                   help="first check that every rank runs on the host this rank table gives it (host by host)")
     return p
 
 
@@ -76,13 +79,18 @@ def main(argv: list[str] | None = None) -> int:
         os.makedirs(args.log_dir, exist_ok=True)
         log = open(os.path.join(args.log_dir, f"rank.{me}"), "w", encoding="utf-8")  # noqa: SIM115
     try:
+        placed = True
+        if args.rank_table:
+            placed, report = check.check_placement(args.rank_table)
+            if me == 0:
+                print(report, flush=True)
         if args.command == "list":
             if me == 0:
                 print("operators: " + ", ".join(CHECKS))
                 print("dtypes:    " + ", ".join(ALL_DTYPES))
-            return 0
+            return 0 if placed else 1
         if args.demo or args.command == "demo":
-            return demo.run_demo(log)
+            return max(demo.run_demo(log), 0 if placed else 1)
         try:
             rows = check.run_checks(_split(args.op), _split(args.dtype),
                                     seed=SEED if args.seed is None else args.seed, validate=not args.no_validate, log=log)
@@ -92,7 +100,7 @@ def main(argv: list[str] | None = None) -> int:
             return 2
         if me == 0:
             print(check.format_rows(rows, world.Get_size()), flush=True)
-        return 1 if any(r.wrong for r in rows) else 0
+        return 1 if any(r.wrong for r in rows) or not placed else 0
     finally:
         if log is not None:
             log.close()
