@@ -1,0 +1,132 @@
+"""Across hosts: the operator suite, rank placement, bytes on the links and link shaping, on the
+network-namespace test bed (scripts/cluster). Skipped, with the reason, where namespaces are not
+allowed (not root, no CAP_NET_ADMIN) or the test bed is already in use. Each test launches its own
+job once, from a pytest world of size 1."""
+from __future__ import annotations
+
+import importlib.machinery
+import importlib.util
+import json
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+from mpi4py import MPI
+
+ROOT = Path(__file__).resolve().parent.parent
+_loader = importlib.machinery.SourceFileLoader("mpicoll_cluster", str(ROOT / "scripts" / "cluster"))
+cluster = importlib.util.module_from_spec(importlib.util.spec_from_loader("mpicoll_cluster", _loader))
+_loader.exec_module(cluster)
+
+
+def _why_skip() -> str | None:
+    if MPI.COMM_WORLD.Get_size() != 1:
+        return "launches its own jobs once (from the 1-rank run)"
+    why = cluster.allowed()
+    if why:
+        return f"multi-host test bed unavailable: {why}"
+    if cluster.hosts_up():
+        return "the multi-host test bed is in use (scripts/cluster status); run scripts/cluster down first"
+    return None
+
+
+pytestmark = [pytest.mark.mpi(min_size=1), pytest.mark.skipif(_why_skip() is not None, reason=_why_skip() or "")]
+LAYOUTS = [(2, 4), (4, 4)]                       # 2 hosts x 2 ranks, 4 hosts x 1 rank
+
+
+def _env() -> dict[str, str]:
+    return {k: v for k, v in os.environ.items() if not k.startswith(("PMI_", "HYD", "MPI_LOCAL"))}
+
+
+def _cluster(*args: str, timeout: float = 300) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, str(ROOT / "scripts" / "cluster"), *args], cwd=ROOT, env=_env(),
+                          capture_output=True, text=True, timeout=timeout)
+
+
+@pytest.fixture(autouse=True)
+def _torn_down():
+    yield
+    cluster.down()                               # whatever a failing test left behind
+
+
+@pytest.mark.timeout_s(300)
+@pytest.mark.parametrize("hosts,nprocs", LAYOUTS, ids=["2x2", "4x1"])
+def test_operator_suite_across_hosts(hosts, nprocs):
+    proc = _cluster("run", str(hosts), str(nprocs), "--timeout", "240", "--", sys.executable, "-m", "mpicoll.run")
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    assert "all checks passed" in proc.stdout and "0 operator(s) wrong" in proc.stdout
+    assert not cluster.hosts_up(), "run left hosts behind"
+
+
+@pytest.mark.parametrize("hosts,nprocs", LAYOUTS, ids=["2x2", "4x1"])
+def test_ranks_on_distinct_hosts_and_bytes_cross_the_links(hosts, nprocs):
+    proc = _cluster("run", str(hosts), str(nprocs), "--timeout", "120", "--", sys.executable,
+                    "tests/multihost/probe.py")
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    report = json.loads(proc.stdout.strip().splitlines()[-1])
+    per = nprocs // hosts
+    assert report["hosts"] == [f"host{1 + r // per}" for r in range(nprocs)]
+    # a bandwidth-optimal AllReduce sends 2(h-1)/h x S from every host (h hosts); TCP/IP headers add ~1%
+    model = 2 * (hosts - 1) / hosts * report["nbytes"]
+    for host, sent in report["tx"].items():
+        assert 0.98 * model <= sent <= 1.25 * model, (host, sent, model)
+
+
+def test_rank_table_placement_is_checked_host_by_host(tmp_path):
+    table = {"version": "1.0", "status": "completed", "server_count": "2", "server_list": [
+        {"server_id": cluster.address(i + 1), "device": [
+            {"device_id": str(d), "device_ip": f"192.168.0.{2 * i + d}", "rank_id": str(2 * i + d)} for d in range(2)]}
+        for i in range(2)]}
+    path = tmp_path / "rank_table.json"
+    path.write_text(json.dumps(table))
+    good = _cluster("run", "2", "4", "--", sys.executable, "-m", "mpicoll.run", "list", "--rank-table", str(path))
+    assert good.returncode == 0, good.stdout + good.stderr
+    assert f"server {cluster.address(1)}: ranks [0, 1] run on host1: ok" in good.stdout
+    assert f"server {cluster.address(2)}: ranks [2, 3] run on host2: ok" in good.stdout
+    bad = _cluster("run", "4", "4", "--", sys.executable, "-m", "mpicoll.run", "list", "--rank-table", str(path))
+    assert bad.returncode == 1
+    assert f"rank 1 runs on host2 ({cluster.address(2)})" in bad.stdout
+    line = subprocess.run([str(ROOT / "scripts" / "ranktable2hosts"), str(path)], capture_output=True, text=True,
+                          env=_env())
+    assert line.returncode == 0, line.stderr
+    assert line.stdout.split()[:5] == ["mpiexec", "-hosts", f"{cluster.address(1)}:2,{cluster.address(2)}:2", "-n", "4"]
+
+
+def test_links_are_shaped_and_the_test_bed_comes_down():
+    up = _cluster("up", "2", "--rate", "100mbit")
+    assert up.returncode == 0, up.stderr
+    assert "link 100Mbit" in _cluster("status").stdout
+    script = ("import numpy as np, time; from mpi4py import MPI; x = np.ones(2 << 20, np.float32); "
+              "y = np.empty_like(x); MPI.COMM_WORLD.Allreduce(x, y); t = time.perf_counter(); "
+              "MPI.COMM_WORLD.Allreduce(x, y); t = time.perf_counter() - t; "
+              "print(t) if MPI.COMM_WORLD.rank == 0 else None")
+    slow = _cluster("run", "2", "2", "--", sys.executable, "-c", script)
+    assert slow.returncode == 0, slow.stderr
+    _cluster("rate", "off")
+    fast = _cluster("run", "2", "2", "--", sys.executable, "-c", script)
+    # 8 MiB each way over 100 Mbit/s: at least 0.67 s; unshaped (~10 Gbit/s) far less
+    assert float(slow.stdout.split()[-1]) > 0.6 > 4 * float(fast.stdout.split()[-1])
+    assert _cluster("down").returncode == 0
+    assert not cluster.hosts_up() and "mpc-br" not in subprocess.run(["ip", "netns", "list"], capture_output=True,
+                                                                      text=True).stdout
+
+
+def test_loopback_fallback_runs_over_tcp():
+    proc = _cluster("run", "--loopback", "1", "2", "--", sys.executable, "-c",
+                    "from mpi4py import MPI; import numpy as np; x = np.ones(4); "
+                    "MPI.COMM_WORLD.Allreduce(MPI.IN_PLACE, x); print(x[0])")
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stdout.count("2.0") == 2
+
+
+def test_up_refuses_a_second_test_bed_and_run_needs_a_command():
+    assert _cluster("up", "2").returncode == 0
+    again = _cluster("up", "3")
+    assert again.returncode == 2 and "2 hosts are up already" in again.stderr
+    empty = _cluster("run", "2", "2")
+    assert empty.returncode == 2 and "no command given" in empty.stderr
+    start = time.monotonic()
+    assert _cluster("down").returncode == 0 and time.monotonic() - start < 10
