@@ -187,6 +187,8 @@ def run_bench(argv: list[str] | None = None) -> int:
                                  "(torch==2.13.0, CPU build)\n")
             compare.remove("gloo")
     rows: list[Row] = []
+    if printer and len(placement["hosts"]) > 1:
+        print(f"# {nworld} ranks on {len(placement['hosts'])} hosts: {', '.join(placement['hosts'])}", flush=True)
     if printer and placement["oversubscribed"] and not placement["bound"]:
         print(f"# note: {placement['local_ranks']} ranks share {placement['cores']} cores here and are not bound "
               "to cores: the scheduler moves them between calls, so the timings (and the ratios of synchronizing "
@@ -370,7 +372,9 @@ def _placement(world: MPI.Comm) -> dict:
     local.Free()
     cores = set().union(*sets)
     bound = all(len(s) < len(cores) for s in sets)
-    return {"local_ranks": len(sets), "cores": len(cores), "bound": bound, "oversubscribed": len(sets) > len(cores)}
+    hosts = list(dict.fromkeys(world.allgather(MPI.Get_processor_name())))
+    return {"local_ranks": len(sets), "cores": len(cores), "bound": bound, "oversubscribed": len(sets) > len(cores),
+            "hosts": hosts}
 
 
 def _header(name, n, dtype, redop, compare, validate, args) -> str:
