@@ -130,3 +130,24 @@ def test_up_refuses_a_second_test_bed_and_run_needs_a_command():
     assert empty.returncode == 2 and "no command given" in empty.stderr
     start = time.monotonic()
     assert _cluster("down").returncode == 0 and time.monotonic() - start < 10
+
+
+@pytest.mark.skipif(os.geteuid() != 0 or not Path("/usr/bin/setpriv").exists() or not Path("/usr/bin/python3").exists(),
+                    reason="needs root, setpriv and /usr/bin/python3 to try as an unprivileged user")
+def test_without_namespaces_it_says_so_and_offers_loopback():
+    import shutil
+    import tempfile
+    where = Path(tempfile.mkdtemp(prefix="mpicoll-cluster-test-"))
+    try:
+        where.chmod(0o755)
+        script = where / "cluster"
+        shutil.copy(ROOT / "scripts" / "cluster", script)
+        script.chmod(0o755)
+        proc = subprocess.run(["/usr/bin/setpriv", "--reuid=65534", "--regid=65534", "--clear-groups",
+                               "/usr/bin/python3", str(script), "up", "2"], capture_output=True, text=True,
+                              timeout=60, cwd=where)
+    finally:
+        shutil.rmtree(where)
+    assert proc.returncode == 2
+    assert "network namespaces are not allowed here" in proc.stderr and "needs root or CAP_NET_ADMIN" in proc.stderr
+    assert "scripts/cluster run --loopback N NP -- COMMAND" in proc.stderr
