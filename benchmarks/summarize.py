@@ -19,12 +19,13 @@ import json
 import statistics
 
 
-def _ratio(r, impl):
-    """mpicoll/raw (impl mpi4py) or gloo/mpicoll: the per-repetition paired median the harness
-    stores, or (older files) the ratio of the median times."""
+def _ratio(r, impl, stored="mpicoll/peer"):
+    """mpicoll/raw (impl mpi4py) or gloo/mpicoll: from the per-repetition paired median the harness
+    stores (``stored``: the file's convention; files before it stored gloo/mpicoll), or (older
+    files) the ratio of the median times."""
     paired = r.get("ratio", {}).get(impl)
     if paired is not None:
-        return paired
+        return 1 / paired if impl != "mpi4py" and stored == "mpicoll/peer" else paired
     return _mine(r) / r["compare"][impl] if impl == "mpi4py" else r["compare"][impl] / _mine(r)
 
 
@@ -34,6 +35,7 @@ def _mine(r):
 
 def summarize(doc: dict) -> str:
     rows = doc["rows"]
+    stored = doc.get("ratio", "gloo/mpicoll")       # the convention of the file (older ones: gloo/mpicoll)
     groups: dict = {}
     for r in rows:
         groups.setdefault((r["op"], r["type"], r["redop"]), []).append(r)
@@ -45,7 +47,7 @@ def summarize(doc: dict) -> str:
         big = max(rs, key=lambda r: r["size"])
         bw = big["busbw"] if big["busbw"] is not None else big["ip_busbw"]
         raw = [_ratio(r, "mpi4py") for r in rs if r["size"] >= 65536 and r["compare"].get("mpi4py")]
-        gl = [(_ratio(r, "gloo"), r["size"]) for r in rs if r["compare"].get("gloo")]
+        gl = [(_ratio(r, "gloo", stored), r["size"]) for r in rs if r["compare"].get("gloo")]
         wrong = sum((r["wrong"] or 0) + (r["ip_wrong"] or 0) for r in rs)
         rtxt = f"{statistics.median(raw):.2f}, {max(raw):.2f}" if raw else "n/a (no raw MPI reduction)"
         g = min(gl) if gl else None
@@ -60,6 +62,7 @@ def compact(doc: dict) -> str:
     (median over the dtypes MPI reduces itself: float16's is MPICH's own slow sum, shown apart) and the
     smallest gloo/mpicoll ratio over every dtype and size."""
     rows = doc["rows"]
+    stored = doc.get("ratio", "gloo/mpicoll")
     ops = list(dict.fromkeys(r["op"] for r in rows))
     sizes = sorted({r["size"] for r in rows if r["size"] >= 65536 and r["compare"].get("mpi4py")})
     has_gloo = "gloo" in doc["compare"]
@@ -77,7 +80,7 @@ def compact(doc: dict) -> str:
                and r["compare"].get("mpi4py") and r["redop"] != "none"]
         cells.append(f"{min(f16):.2f}-{max(f16):.2f}" if f16 else "-")
         if has_gloo:
-            gl = [(_ratio(r, "gloo"), r["type"], r["size"]) for r in rs if r["compare"].get("gloo")]
+            gl = [(_ratio(r, "gloo", stored), r["type"], r["size"]) for r in rs if r["compare"].get("gloo")]
             cells.append(f"{min(gl)[0]:.2f} ({min(gl)[1]}, {_size(min(gl)[2])}), {statistics.median(g[0] for g in gl):.1f}"
                          if gl else "n/a")
         cells.append(str(sum((r["wrong"] or 0) + (r["ip_wrong"] or 0) for r in rs)))

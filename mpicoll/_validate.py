@@ -199,6 +199,13 @@ def check_out(op: str, out: Any, shape: tuple, dtype: np.dtype, rank: int, x: np
     return out
 
 
+def same_elements(a: Any, b: np.ndarray) -> bool:
+    """Whether array ``a`` is exactly the elements of ``b`` (same start, shape, strides, dtype): how
+    the nccl-tests in-place forms are recognised (e.g. AllGather's ``x = out[rank]``)."""
+    return (isinstance(a, np.ndarray) and a.shape == b.shape and a.dtype == b.dtype and a.strides == b.strides
+            and a.__array_interface__["data"][0] == b.__array_interface__["data"][0])
+
+
 def check_dim0(op: str, x: np.ndarray, n: int, rank: int, size_name: str = "rank_size") -> None:
     if x.ndim < 1:
         raise arg_error(op, "x.shape", x.shape, rank, "needs at least one dimension")

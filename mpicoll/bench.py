@@ -22,7 +22,7 @@ import numpy as np
 from mpi4py import MPI
 
 from . import ops as _ops, quant as _quant  # noqa: F401 - registers the operators
-from ._domains import declare_domains, domain, world as lib_world
+from ._domains import declare_domains, domain, domain_members, world as lib_world
 from ._dtypes import DTYPES, REDUCE_OPS
 from ._golden import BENCHES, BenchCase, count_wrong
 from ._validate import validate_default
@@ -75,7 +75,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("-d", "--datatype", default="float32", help="dtype(s), comma-separated, or all (default float32)")
     p.add_argument("-o", "--op_type", default="sum", help="reduce op(s): sum, prod, max, min or all (default sum)")
     p.add_argument("-r", "--root", type=int, default=0, help="root rank for rooted operators (default 0)")
-    p.add_argument("--domain", default="", help="run on this named comm domain (ranks not in it run nothing)")
+    p.add_argument("--domain", default="", help="run on a sub-domain: its world ranks (e.g. 0,2), or a domain "
+                                               "name from --domains; ranks not in it run nothing")
+    p.add_argument("--domains", metavar="FILE", help="declare domains from a JSON file {name: [world ranks]}")
     p.add_argument("--split", default="", help='split the world like nccl-tests: "MOD k" or "DIV k"')
     p.add_argument("--validate", type=int, choices=(0, 1), default=None,
                    help="mpicoll's cross-rank checks (default: MPICOLL_VALIDATE, on)")
@@ -107,7 +109,7 @@ class Row:
     ip_busbw: float | None = None
     ip_wrong: int | None = None
     compare: dict = field(default_factory=dict)      # impl -> time_us (None = not available)
-    ratio: dict = field(default_factory=dict)        # impl -> mpicoll/raw or gloo/mpicoll, paired per repetition
+    ratio: dict = field(default_factory=dict)        # impl -> time mpicoll/impl, paired per repetition
 
 
 def _select(value: str, known: list[str], what: str) -> list[str]:
@@ -226,14 +228,24 @@ def _layout(args, me: int, nworld: int) -> tuple[list[int], str]:
         tag = f"bench.split.{kind}{k}"
         declare_domains({f"{tag}.{c}": [r for r in range(nworld) if colors[r] == c] for c in set(colors)})
         return colors, f"{tag}.{colors[me]}"
-    if args.domain:
+    if args.domains:
         try:
+            declare_domains(args.domains)
+        except (OSError, ValueError) as exc:
+            raise UsageError(f"--domains {args.domains}: {exc}") from None
+    if args.domain:
+        if all(v.strip().lstrip("-").isdigit() for v in args.domain.split(",")):
             members = sorted({int(v) for v in args.domain.split(",")})
-        except ValueError:
-            raise UsageError("--domain takes world ranks, e.g. --domain 0,2") from None
+            name = "bench.domain." + "-".join(map(str, members))
+        else:
+            name = args.domain
+            try:
+                members = list(domain_members(name))
+            except ValueError:
+                raise UsageError(f"--domain {name!r}: not a list of world ranks (e.g. 0,2) nor a domain declared "
+                                 "with --domains FILE") from None
         if not members or members[0] < 0 or members[-1] >= nworld:
             raise UsageError(f"--domain: ranks must be in [0, {nworld})")
-        name = "bench.domain." + "-".join(map(str, members))
         if me in members:
             declare_domains({name: members})
         return [0 if r in members else -1 for r in range(nworld)], name
@@ -247,6 +259,8 @@ def _sweep(args, ops, dtypes, redops, compare, reps, validate, comm, raw_comm, d
     for name in ops:
         spec = BENCHES[name]
         mult = max(spec.count_multiple(n), 1)
+        if printer and not any(d in spec.dtypes for d in dtypes):
+            print(f"# {name}: skipped: it takes {', '.join(spec.dtypes)} only (add it with -d)", flush=True)
         for dname in [d for d in dtypes if d in spec.dtypes]:
             dt = DTYPES[dname]
             for rname in (redops if spec.uses_reduce else ["none"]):
@@ -313,7 +327,7 @@ def _point(spec, name, case, args, compare, gloo, reps, comm) -> Row:
     for c in compare:
         row.compare[c] = None if med.get(c) is None else med[c] * 1e6
         if c in times and mine:   # the median of the ratios of one repetition's blocks, timed back to back
-            pairs = [m / t if c == "mpi4py" else t / m for m, t in zip(mine, times[c]) if m > 0 and t > 0]
+            pairs = [m / t for m, t in zip(mine, times[c]) if m > 0 and t > 0]
             row.ratio[c] = statistics.median(pairs) if pairs else None
     if args.check:
         for prefix, key in (("", "oop"), ("ip_", "ip")):
@@ -378,11 +392,11 @@ def _placement(world: MPI.Comm) -> dict:
 
 
 def _header(name, n, dtype, redop, compare, validate, args) -> str:
-    extra = "".join(f" {c + '(us)':>11} {'ratio':>7}" for c in compare)
+    extra = "".join(f" {c + '(us)':>11} {'mpicoll/' + c:>15}" for c in compare)
     lines = [f"# {name}: {n} rank(s), dtype {dtype}, redop {redop}, validation {'on' if validate else 'off'}, "
              f"{'plan.run()' if args.plan else 'execute()'}, "
              f"iters {args.iters}, warmup {args.warmup_iters}"
-             + (f", compare {','.join(compare)} (mpi4py ratio = mpicoll/raw, gloo ratio = gloo/mpicoll)"
+             + (f", compare {','.join(compare)} (mpicoll/<peer>: time ratio, < 1 = mpicoll faster)"
                 if compare else ""),
              f"#{'':>62}out-of-place{'':>24}in-place",
              f"# {'size':>10} {'count':>12} {'type':>8} {'redop':>6} {'root':>5} "
@@ -402,13 +416,13 @@ def _format(r: Row, compare) -> str:
          f"{_f(r.time_us, '.2f', 9)} {_f(r.algbw, '.3f', 7)} {_f(r.busbw, '.3f', 7)} {_f(r.wrong, 'd', 6)} "
          f"{_f(r.ip_time_us, '.2f', 9)} {_f(r.ip_algbw, '.3f', 7)} {_f(r.ip_busbw, '.3f', 7)} {_f(r.ip_wrong, 'd', 6)}")
     for c in compare:
-        s += f" {_f(r.compare.get(c), '.2f', 11)} {_f(r.ratio.get(c), '.3f', 7)}"
+        s += f" {_f(r.compare.get(c), '.2f', 11)} {_f(r.ratio.get(c), '.3f', 15)}"
     return s
 
 
 def _write_json(args, rows, n, compare, validate, placement) -> None:
     import mpi4py
-    doc = {"command": args.command_line, "ranks": n, "validate": validate, "plan": args.plan, "compare": compare,
+    doc = {"command": args.command_line, "ratio": "mpicoll/peer", "ranks": n, "validate": validate, "plan": args.plan, "compare": compare,
            "placement": placement,
            "mpi": MPI.Get_library_version().splitlines()[0], "mpi4py": mpi4py.__version__, "numpy": np.__version__,
            "python": platform.python_version(), "host": platform.node(), "cpus": os.cpu_count(),

@@ -22,7 +22,14 @@ examples:
   mpirun -np 4 python -m mpicoll.run --rank-table rt.json each rank on its table's host? then check
   python -m mpicoll.run list                              operators and dtypes
   mpirun -np 2 python -m mpicoll.run bench -b 8 -e 64M -f 4 --compare mpi4py
-environment: MPICOLL_VALIDATE=0 turns the cross-rank argument checks off (see docs/errors.md).
+environment (read by the library on every rank; set them alike everywhere):
+  MPICOLL_VALIDATE=0         cross-rank argument checks off (default on; docs/errors.md)
+  MPICOLL_DEBUG=1            every call checked, with sequence numbers (docs/reliability.md)
+  MPICOLL_TIMEOUT=S          a collective some rank never joins raises after S seconds (docs/reliability.md)
+  MPICOLL_TIMEOUT_ACTION=A   what a timeout does: abort (default) or raise
+  MPICOLL_DOMAIN_TIMEOUT=S   seconds members wait for each other forming a domain (default 300)
+  MPICOLL_KERNELS=0          numpy instead of the C kernels (float16/bfloat16, int8 quantization)
+more: docs/cli.md
 """
 
 

@@ -64,6 +64,7 @@ def test_table_and_json(tmp_path):
     assert len(headers) == 2 * len(ops) and len(data) == 3 * len(headers)    # sizes 8, 64, 512 per table
     assert all(len(ln.split()) == 15 for ln in data)                         # 13 columns + mpi4py time, ratio
     assert "# Out of bounds values : 0 OK" in res.stdout and "# Avg bus bandwidth" in res.stdout
+    assert "# QuantAllReduce: skipped: it takes int8 only (add it with -d)" in res.stdout   # --op all says why
     doc = json.loads(out.read_text())
     assert doc["ranks"] == 3 and doc["compare"] == ["mpi4py"]
     # where the ranks sit: 3 on this node, unbound (plain mpirun); the note says so when they
@@ -132,3 +133,21 @@ def test_split_and_domain_and_plot_flag(tmp_path):
         assert (tmp_path / "p.png").stat().st_size > 1000
     except ImportError:
         assert "pip install '.[plot]'" in res.stderr
+
+
+@pytest.mark.mpi(min_size=1)
+@single
+def test_in_place_columns_ratio_labels_and_a_named_domain(tmp_path):
+    domains = tmp_path / "domains.json"
+    domains.write_text(json.dumps({"pair": [1, 2]}))
+    res = _bench(3, "--op", "AllGather,ReduceScatter,AllToAll", "-b", "8", "-e", "64K", "-f", "64", "-n", "2", "-w",
+                 "1", "-d", "float32,float16", "--compare", "mpi4py", "--domains", str(domains), "--domain", "pair")
+    assert res.returncode == 0, res.stderr
+    headers = [ln for ln in res.stdout.splitlines() if ln.startswith("# ") and "rank(s)" in ln]
+    assert len(headers) == 6 and all(h.split(": ")[1].startswith("2 rank(s)") for h in headers)   # the pair
+    assert all("compare mpi4py (mpicoll/<peer>: time ratio, < 1 = mpicoll faster)" in h for h in headers)
+    assert "mpicoll/mpi4py" in res.stdout and "gloo" not in res.stdout          # only the peers compared
+    data = [ln.split() for ln in res.stdout.splitlines() if ln and not ln.startswith("#")]
+    assert data and all(row[8] == "0" and row[12] == "0" for row in data)   # in place measured, none wrong
+    bad = _bench(3, "--op", "AllGather", "-b", "8", "-e", "8", "--domain", "nope")
+    assert bad.returncode == 2 and "nor a domain declared with --domains FILE" in bad.stderr

@@ -101,3 +101,23 @@ def test_wrong_result_exits_1(tmp_path):
     res = run(2, str(script), "wrong", timeout=60)
     assert res.returncode == 1, res.stderr
     assert "WRONG" in res.stdout and "3 wrong element(s)" in res.stdout
+
+
+def test_help_lists_every_environment_variable_the_library_reads():
+    import re
+    from pathlib import Path
+    package = Path(__file__).resolve().parent.parent / "mpicoll"
+    read = set()
+    for path in package.rglob("*.py"):
+        read |= set(re.findall(r"MPICOLL_[A-Z_]+", path.read_text()))
+    res = run(1, "-m", "mpicoll.run", "--help")
+    assert res.returncode == 0
+    assert read and {v for v in read if v not in res.stdout} == set()
+    assert "docs/cli.md" in res.stdout
+
+
+def test_demo_at_four_ranks_runs_the_two_rank_example_in_pairs():
+    res = run(4, "-m", "mpicoll", "--demo")
+    assert res.returncode == 0, res.stderr
+    assert "skipped" not in res.stdout and "in pairs of ranks" in res.stdout
+    assert res.stdout.count("-> [[2, 3, 4, 5, 2]]") == 2 and res.stdout.count("-> [[0, 1, 0, 1]]") == 2

@@ -353,3 +353,40 @@ def test_uniform_v_counts_keep_the_regular_call(monkeypatch):
         sd = plan[1][::-1] if RANK == 0 else plan[1]
         mpicoll.AllToAllVV2Operation().execute(np.arange(n * c, dtype=np.float32), plan[0], sd, plan[2], plan[3])
         assert log[-1] == "Alltoallv"
+
+
+@pytest.mark.mpi(min_size=1)
+@pytest.mark.parametrize("validate", [True, False])
+@pytest.mark.parametrize("dtype", ["float32", "float16", "int8"])
+def test_nccl_tests_in_place_forms(validate, dtype):
+    """In place as nccl-tests defines it: AllGather with x = out[rank], ReduceScatter with out = x's
+    block rank, AllToAll with out = x; execute and plans, against the golden."""
+    from mpicoll._dtypes import DTYPES, reduce_op
+    from mpicoll._golden import golden_reduce, rank_data
+    dt, n = DTYPES[dtype], SIZE
+    xs = [rank_data(SEED, f"inplace/{dtype}", r, (2 * n, 3), dt) for r in range(n)]
+    for how in ("execute", "plan"):
+        out = np.zeros((n, 2 * n, 3), dt.np)
+        out[RANK] = xs[RANK]
+        op = mpicoll.AllGatherOperation(validate=validate)
+        got = op.execute(out[RANK], out=out) if how == "execute" else op.prepare(out[RANK], out=out).run()
+        assert got is out and out.tobytes() == np.stack(xs).tobytes()
+
+        x = xs[RANK].copy()
+        block = x[2 * RANK:2 * RANK + 2]
+        op = mpicoll.ReduceScatterOperation(validate=validate)
+        got = op.execute(x, out=block) if how == "execute" else op.prepare(x, out=block).run()
+        expected = golden_reduce(xs, dt, reduce_op("sum"))[2 * RANK:2 * RANK + 2]
+        assert got is block and block.tobytes() == expected.tobytes()
+
+        x = xs[RANK].copy()
+        op = mpicoll.AllToAllOperation(validate=validate)
+        got = op.execute(x, out=x) if how == "execute" else op.prepare(x, out=x).run()
+        expected = np.concatenate([xs[j][2 * RANK:2 * RANK + 2] for j in range(n)])
+        assert got is x and x.tobytes() == expected.tobytes()
+    if n == 1:
+        return
+    # any other overlap is still refused
+    x = np.ones((2 * n, 3), dt.np)
+    with pytest.raises(mpicoll.CollectiveError, match="must not overlap the input"):
+        mpicoll.ReduceScatterOperation(validate=validate).execute(x, out=x[1:3])     # rows 1-2: no rank's block

@@ -43,7 +43,8 @@ class AllGatherOperation(Operation):
         """Gather ``x`` from every rank.
 
         Args:
-            x: this rank's input; the same shape and dtype on every rank.
+            x: this rank's input; the same shape and dtype on every rank; or ``out[rank]`` (in
+                place, as nccl-tests: the gather reads a copy of it).
             out: a preallocated output of shape ``[rank_size, *x.shape]``.
 
         Returns:
@@ -57,7 +58,12 @@ class AllGatherOperation(Operation):
 
     def describe(self, x, out=None) -> Call:
         x, dt, src = self._data(x)
-        out = self._out(out, (self.size, *x.shape), x.dtype, x if src is None else src)
+        shape = (self.size, *x.shape)
+        if src is None and isinstance(out, np.ndarray) and out.shape == shape and V.same_elements(x, out[self.rank]):
+            out = V.check_out(self.NAME, out, shape, x.dtype, self.rank)        # in place: x is out[rank]
+            x, src = np.empty_like(x), x
+        else:
+            out = self._out(out, shape, x.dtype, x if src is None else src)
         call = Call(dt, x, out, x.shape)
         call.src = src
         return call
@@ -212,16 +218,19 @@ def _ag_bench(c, v=False) -> BenchRun:
         flat = out.reshape(-1)
         args, kwargs, expected = (x, per, rc, rd), {"out": flat}, expected.reshape(-1)
         raw = lambda: comm.Allgatherv([x, t], [flat, (rc, rd), t])  # noqa: E731
+        inplace = reset = None
     else:
         op = AllGatherOperation(AllGatherParam(comm_domain=c.comm_domain, rank_size=c.n), validate=c.validate)
         args, kwargs = (x,), {"out": out}
         raw = lambda: comm.Allgather([x, t], [out, t])  # noqa: E731
+        work = np.empty_like(out)                                            # nccl-tests: send = recv + rank*count
+        inplace, reset = ((work[c.rank],), {"out": work}), lambda: np.copyto(work[c.rank], x)
 
     def torch_call(dist, torch, group):
         t, o = torch_view(torch, x), torch_view(torch, out.reshape(-1))
         gather = getattr(dist, "all_gather_single", None) or dist.all_gather_into_tensor   # (renamed in torch 2.13)
         return lambda: gather(o, t, group=group)
-    return BenchRun(op, args, expected, kwargs=kwargs, raw=raw, torch_call=torch_call)
+    return BenchRun(op, args, expected, kwargs=kwargs, raw=raw, inplace=inplace, reset=reset, torch_call=torch_call)
 
 
 register_bench(BenchSpec("AllGather", _ag_bench, lambda n: (n - 1) / n if n else 0, count_multiple=lambda n: n))

@@ -56,7 +56,8 @@ class AllToAllOperation(Operation):
 
         Args:
             x: this rank's input; ``x.shape[0]`` divisible by rank_size; the same shape everywhere.
-            out: a preallocated output of x's shape.
+            out: a preallocated output of x's shape, or ``x`` itself (in place, as nccl-tests:
+                x is read from a copy first).
 
         Returns:
             ``out``, or a new array of x's shape: block j is rank j's block ``rank``.
@@ -70,7 +71,11 @@ class AllToAllOperation(Operation):
     def describe(self, x, out=None) -> Call:
         x, dt, src = self._data(x)
         V.check_dim0(self.NAME, x, self.size, self.rank)
-        out = self._out(out, x.shape, x.dtype, x if src is None else src)
+        if out is x and src is None:              # in place: the exchange reads a copy of x
+            out = V.check_out(self.NAME, out, x.shape, x.dtype, self.rank)
+            x, src = np.empty_like(x), x
+        else:
+            out = self._out(out, x.shape, x.dtype, x if src is None else src)
         call = Call(dt, x, out, x.shape)
         call.src = src
         return call
@@ -286,11 +291,13 @@ def _a2a_bench(c, kind="AllToAll") -> BenchRun:
     expected = np.concatenate([bench_data(r, c.count, c.dtype)[c.rank * per:(c.rank + 1) * per] for r in range(c.n)])
     cnt, dsp = np.full(c.n, per), np.arange(c.n) * per
     param = dict(comm_domain=c.comm_domain, rank_size=c.n)
+    inplace = reset = None
     if kind == "AllToAll":
-        out = np.empty_like(x)
+        out, work = np.empty_like(x), x.copy()
         op = AllToAllOperation(AllToAllParam(**param), validate=c.validate)
         args = (x,)
         raw = lambda: comm.Alltoall([x, t], [out, t])  # noqa: E731
+        inplace, reset = ((work,), {"out": work}), lambda: np.copyto(work, x)      # nccl-tests: recv = send
     else:
         out = np.empty((1, c.count), dtype=x.dtype)
         expected = expected.reshape(1, -1)
@@ -309,7 +316,8 @@ def _a2a_bench(c, kind="AllToAll") -> BenchRun:
             return lambda: dist.all_to_all_single(o, t, group=group)
         splits = [per] * c.n
         return lambda: dist.all_to_all_single(o, t, splits, splits, group=group)
-    return BenchRun(op, args, expected, kwargs={"out": out}, raw=raw, torch_call=torch_call)
+    return BenchRun(op, args, expected, kwargs={"out": out}, raw=raw, inplace=inplace, reset=reset,
+                    torch_call=torch_call)
 
 
 for _kind in ("AllToAll", "AllToAllV", "AllToAllVV2"):

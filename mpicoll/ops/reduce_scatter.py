@@ -46,7 +46,8 @@ class ReduceScatterOperation(ReduceTypeOperation):
 
         Args:
             x: this rank's input; ``x.shape[0]`` divisible by rank_size; the same shape everywhere.
-            out: a preallocated output of shape ``[x.shape[0] // rank_size, *x.shape[1:]]``.
+            out: a preallocated output of shape ``[x.shape[0] // rank_size, *x.shape[1:]]``, or
+                x's block ``rank`` of dim 0 (in place, as nccl-tests: x is read from a copy first).
 
         Returns:
             ``out``, or a new array of that shape: the reduction of block ``rank`` of dim 0.
@@ -60,7 +61,12 @@ class ReduceScatterOperation(ReduceTypeOperation):
     def describe(self, x, out=None) -> Call:
         x, dt, src = self._data(x)
         V.check_dim0(self.NAME, x, self.size, self.rank)
-        out = self._out(out, (x.shape[0] // self.size, *x.shape[1:]), x.dtype, x if src is None else src)
+        k = x.shape[0] // self.size
+        if src is None and V.same_elements(out, x[self.rank * k:(self.rank + 1) * k]):
+            out = V.check_out(self.NAME, out, out.shape, x.dtype, self.rank)   # in place: out is x's block rank
+            x, src = np.empty_like(x), x
+        else:
+            out = self._out(out, (k, *x.shape[1:]), x.dtype, x if src is None else src)
         call = Call(dt, x, out, x.shape)
         call.src, call.reduce = src, self._rop
         return call
@@ -204,17 +210,21 @@ def _rs_bench(c, v=False) -> BenchRun:
         op = ReduceScatterVOperation(ReduceScatterVParam(**param), validate=c.validate)
         args = (x, sc, sd, per)
         raw = None if raw_t is None else (lambda: comm.Reduce_scatter([x, raw_t], [out, raw_t], sc, mop))
+        inplace = reset = None
     else:
         op = ReduceScatterOperation(ReduceScatterParam(**param), validate=c.validate)
         args = (x,)
         raw = None if raw_t is None else (lambda: comm.Reduce_scatter_block([x, raw_t], [out, raw_t], mop))
+        work = x.copy()                                                      # nccl-tests: recv = send + rank*count
+        inplace = ((work,), {"out": work[c.rank * per:(c.rank + 1) * per]})
+        reset = lambda: np.copyto(work, x)  # noqa: E731
 
     def torch_call(dist, torch, group):
         t, o, rop = torch_view(torch, x), torch_view(torch, out), getattr(dist.ReduceOp, TORCH_OPS[c.reduce.name])
         scatter = getattr(dist, "reduce_scatter_single", None) or dist.reduce_scatter_tensor   # (renamed in torch 2.13)
         return lambda: scatter(o, t, rop, group=group)
     return BenchRun(op, args, full[c.rank * per:(c.rank + 1) * per], kwargs={"out": out}, raw=raw,
-                    torch_call=torch_call)
+                    inplace=inplace, reset=reset, torch_call=torch_call)
 
 
 register_bench(BenchSpec("ReduceScatter", _rs_bench, lambda n: (n - 1) / n if n else 0, count_multiple=lambda n: n,
