@@ -233,16 +233,18 @@ def _job() -> str:
 
 
 def _publish(service: str, value: str) -> bool:
-    """Publish ``service`` (False when another rank already has)."""
+    """Publish ``service`` (False when another rank already has). ``value`` is unique to this rank:
+    Open MPI's name service (PRRTE) accepts a second publish of a name and keeps answering lookups
+    with the first, so the lookup after publishing says who has it; MPICH's refuses the second."""
     try:
         MPI.Publish_name(service, value)
-        return True
     except MPI.Exception as exc:
         if _lookup(service) is not None:      # (MPICH gives "taken" and "no name service" one error class)
             return False
         raise CollectiveError(f"comm domains need the process manager's name service (MPI_Publish_name), which "
                               f"failed here: {exc}. Use a user communicator instead (Param comm=...)",
                               param="comm_domain") from None
+    return _lookup(service) == value
 
 
 def _lookup(service: str) -> str | None:

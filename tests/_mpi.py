@@ -1,11 +1,42 @@
 """Shared helpers for tests run under mpirun."""
 from __future__ import annotations
 
+import os
+import sys
+from pathlib import Path
+
 import pytest
 from mpi4py import MPI
 
 WORLD = MPI.COMM_WORLD
 RANK, SIZE = WORLD.Get_rank(), WORLD.Get_size()
+#: the MPI in use is Open MPI (its launcher needs flags MPICH's does not; its messages differ)
+OPEN_MPI = MPI.Get_library_version().startswith("Open MPI")
+
+
+def mpirun(np_: int, *args: str) -> list[str]:
+    """The command line of a nested job of ``np_`` ranks, with the launcher flags the MPI in use
+    needs here: Open MPI refuses more ranks than cores without ``--map-by :OVERSUBSCRIBE`` and
+    refuses root without ``--allow-run-as-root``; MPICH's hydra needs neither."""
+    exe = Path(sys.executable).with_name("mpirun")
+    cmd = [str(exe) if exe.exists() else "mpirun"]
+    if OPEN_MPI:
+        cmd += ["--map-by", ":OVERSUBSCRIBE"] + (["--allow-run-as-root"] if os.geteuid() == 0 else [])
+    return cmd + ["-np", str(np_), *args]
+
+
+#: what the outer job's launcher puts in a rank's environment (a nested launcher would take it for
+#: its own job): MPICH/hydra, Open MPI/PRRTE/PMIx
+_LAUNCHER_VARS = ("PMI_", "HYD", "MPI_LOCAL", "PMIX_", "PRTE_", "OMPI_")
+
+
+def launch_env(**extra: str) -> dict[str, str]:
+    """The environment for a nested job: this one without the outer launcher's variables and the
+    test harness' own (``MPICOLL_TEST_*``), plus ``extra``."""
+    env = {k: v for k, v in os.environ.items()
+           if not k.startswith(_LAUNCHER_VARS + ("MPICOLL_TEST",)) or k.startswith("OMPI_ALLOW_RUN_AS_ROOT")}
+    env.update(extra)
+    return env
 
 
 def raises_everywhere(fn, cls, *fragments):

@@ -63,6 +63,39 @@ def pytest_configure(config):
         path = os.environ.get("PYTHONPATH", "")
         if root not in path.split(os.pathsep):
             os.environ["PYTHONPATH"] = root + (os.pathsep + path if path else "")
+    # Each rank its own pytest temporary folder: ranks sharing one race to clean it up (pytest's
+    # "rm_rf ... Directory not empty" warning). pytest empties a given basetemp at start: each rank
+    # only its own.
+    rank = _launcher_rank()
+    if rank is not None and not config.option.basetemp:
+        import tempfile
+        parent = os.path.join(tempfile.gettempdir(), f"pytest-of-{os.environ.get('USER') or os.getuid()}")
+        os.makedirs(parent, mode=0o700, exist_ok=True)
+        config.option.basetemp = os.path.join(parent, f"mpicoll-np{_launcher_size()}-rank{rank}")
+
+
+def _launcher_rank():
+    """This process's rank from the launcher's environment (MPICH/hydra, Open MPI, Slurm), if any."""
+    for var in ("PMI_RANK", "OMPI_COMM_WORLD_RANK", "PMIX_RANK", "SLURM_PROCID"):
+        if os.environ.get(var, "").isdigit():
+            return int(os.environ[var])
+    return None
+
+
+def _launcher_size():
+    for var in ("PMI_SIZE", "OMPI_COMM_WORLD_SIZE", "SLURM_NTASKS"):
+        if os.environ.get(var, "").isdigit():
+            return int(os.environ[var])
+    return 0
+
+
+def pytest_sessionstart(session):
+    # scripts/test runs the suite once per rank count: pytest-mpi's "MPI Information" block is
+    # printed with the first one only (MPICOLL_TEST_MPI_INFO=0 for the others)
+    if os.environ.get("MPICOLL_TEST_MPI_INFO", "1") == "0":
+        for plugin in session.config.pluginmanager.get_plugins():
+            if type(plugin).__name__ == "MPIPlugin":
+                plugin._is_testing_mpi = False
 
 
 def pytest_unconfigure(config):
@@ -143,7 +176,21 @@ def _abort_on_failure(report):
         out.flush()
     except Exception:  # never let reporting prevent the abort
         pass
+    _unlink_own_shm()
     comm.Abort(1)
+
+
+def _unlink_own_shm():
+    """An aborted MPICH job leaves its /dev/shm/mpich_shm_* files behind: unlink the ones this
+    process maps (the mapping stays valid; the other ranks' are theirs to unlink, or already gone)."""
+    try:
+        with open("/proc/self/maps", encoding="utf-8", errors="replace") as fh:
+            paths = {line.split(None, 5)[5].strip() for line in fh if len(line.split(None, 5)) == 6}
+        for path in paths:
+            if path.startswith("/dev/shm/mpich_shm_") and not path.endswith(" (deleted)"):
+                os.unlink(path)
+    except OSError:
+        pass
 
 
 def pytest_runtest_logreport(report):

@@ -2,7 +2,6 @@
 from __future__ import annotations
 
 import json
-import os
 import subprocess
 import sys
 import textwrap
@@ -12,6 +11,8 @@ from mpi4py import MPI
 
 from mpicoll.bench import parse_size, size_steps
 from mpicoll._golden import BENCHES
+
+from _mpi import launch_env, mpirun
 
 single = pytest.mark.skipif(MPI.COMM_WORLD.Get_size() != 1, reason="runs its own mpirun jobs once")
 
@@ -39,14 +40,10 @@ def test_bus_factors_are_the_nccl_tests_ones(n):
     assert f["Broadcast"] == 1.0
 
 
-def _env():
-    return {k: v for k, v in os.environ.items() if not k.startswith(("PMI_", "HYD", "MPI_LOCAL", "MPICOLL_TEST"))}
-
-
 def _bench(np_, *args, script=None):
-    cmd = ["mpirun", "-np", str(np_), sys.executable]
+    cmd = mpirun(np_, sys.executable)
     cmd += [script] if script else ["-m", "mpicoll.run"]
-    return subprocess.run(cmd + ["bench", *args], capture_output=True, text=True, timeout=120, env=_env())
+    return subprocess.run(cmd + ["bench", *args], capture_output=True, text=True, timeout=120, env=launch_env())
 
 
 @pytest.mark.mpi(min_size=1)

@@ -14,16 +14,13 @@ from pathlib import Path
 import pytest
 from mpi4py import MPI
 
+from _mpi import launch_env, mpirun
+
 ROOT = Path(__file__).resolve().parent.parent
 EXAMPLES = sorted((ROOT / "docs" / "examples").glob("*.py"))
 
 pytestmark = [pytest.mark.mpi(min_size=1),
               pytest.mark.skipif(MPI.COMM_WORLD.Get_size() != 1, reason="runs its own mpirun jobs once")]
-
-
-def _env() -> dict[str, str]:
-    """The environment without the outer job's launcher variables (they would confuse the child mpirun)."""
-    return {k: v for k, v in os.environ.items() if not k.startswith(("PMI_", "HYD", "MPI_LOCAL"))}
 
 
 def test_examples_exist():
@@ -33,9 +30,9 @@ def test_examples_exist():
 @pytest.mark.parametrize("nprocs", [2, 4])
 @pytest.mark.parametrize("script", EXAMPLES, ids=[p.stem for p in EXAMPLES])
 def test_example_runs(script: Path, nprocs: int):
-    cmd = ["mpirun", "-np", str(nprocs), sys.executable, str(script.relative_to(ROOT))]
+    cmd = mpirun(nprocs, sys.executable, str(script.relative_to(ROOT)))
     # A session of its own, so that a hung job can be killed whole (mpirun and its ranks).
-    proc = subprocess.Popen(cmd, cwd=ROOT, env=_env(), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+    proc = subprocess.Popen(cmd, cwd=ROOT, env=launch_env(), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
                             start_new_session=True)
     try:
         out, err = proc.communicate(timeout=60)

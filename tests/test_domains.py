@@ -13,7 +13,7 @@ import pytest
 import mpicoll
 from mpicoll import CollectiveArgumentError, CollectiveTimeout
 
-from _mpi import RANK, SIZE, WORLD
+from _mpi import RANK, SIZE, WORLD, launch_env, mpirun
 
 mpi1 = pytest.mark.mpi(min_size=1)
 mpi2 = pytest.mark.mpi(min_size=2)
@@ -224,8 +224,8 @@ def test_first_mpicoll_call_forms_domains(tmp_path_factory):
         pytest.skip("runs its own 4-rank job once")
     script = tmp_path_factory.mktemp("first") / "first.py"
     script.write_text(FIRST_USE)
-    env = {k: v for k, v in os.environ.items() if not k.startswith(("PMI_", "HYD", "MPI_LOCAL"))}
-    res = subprocess.run(["mpirun", "-np", "4", sys.executable, "-m", "mpi4py", str(script)], capture_output=True,
+    env = launch_env()
+    res = subprocess.run(mpirun(4, sys.executable, "-m", "mpi4py", str(script)), capture_output=True,
                          text=True, timeout=60, env=env)
     assert res.returncode == 0, res.stderr
     lines = res.stdout.strip().split(" | ")
@@ -255,10 +255,10 @@ def test_domain_formed_by_its_members_alone_in_a_fresh_job(tmp_path_factory, tim
         pytest.skip("runs its own 4-rank job once")
     script = tmp_path_factory.mktemp("alone") / "alone.py"
     script.write_text(NOTHING_ELSEWHERE)
-    env = {k: v for k, v in os.environ.items() if not k.startswith(("PMI_", "HYD", "MPI_LOCAL", "MPICOLL_"))}
+    env = {k: v for k, v in launch_env().items() if not k.startswith("MPICOLL_")}
     env["MPICOLL_TIMEOUT"] = timeout
     for _ in range(3):                 # (an unread message failed the finalize only now and then)
-        res = subprocess.run(["mpirun", "-np", "4", sys.executable, str(script)], capture_output=True, text=True,
+        res = subprocess.run(mpirun(4, sys.executable, str(script)), capture_output=True, text=True,
                              timeout=60, env=env)
         assert res.returncode == 0, res.stdout + res.stderr
         assert "rank 0 3 [0, 1]" in res.stdout and "rank 1 3 [0, 1]" in res.stdout, res.stdout

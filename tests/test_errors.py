@@ -185,8 +185,9 @@ def test_local_bad_input_on_last_rank(case, fragment):
             x = np.ones(2 * SIZE, dtype=np.complex64)
         elif case == "not_array":
             x = object()
-        else:
-            out = x
+        else:                          # (out=x itself is the in-place form; a shifted view overlaps)
+            buf = np.ones(2 * SIZE + 1, dtype=np.float32)
+            x, out = buf[:2 * SIZE], buf[1:]
     op = mpicoll.AllToAllOperation()
     raises_everywhere(lambda: op.execute(x, out=out), CollectiveArgumentError, "AllToAll", fragment,
                       f"rank {SIZE - 1}")
@@ -451,12 +452,12 @@ def _alias_case(opname):
     if opname == "AllReduce":
         x = np.ones(4)
         return lambda: mpicoll.AllReduceOperation().execute(x, out=x.view())
-    if opname == "AllGather":
-        buf = np.zeros((n, 3))
-        return lambda: mpicoll.AllGatherOperation().execute(buf[0], out=buf)
-    if opname == "ReduceScatter":
-        x = np.ones((n, 2))
-        return lambda: mpicoll.ReduceScatterOperation().execute(x, out=x[:1])
+    if opname == "AllGather":                # (x = out[rank] exactly is the in-place form; this straddles)
+        buf = np.zeros(3 * n + 1)
+        return lambda: mpicoll.AllGatherOperation().execute(buf[1:4], out=buf[:3 * n].reshape(n, 3))
+    if opname == "ReduceScatter":            # (out = x's block rank is the in-place form; this is not a block)
+        buf = np.ones(2 * n + 1)
+        return lambda: mpicoll.ReduceScatterOperation().execute(buf[:2 * n], out=buf[1:3])
     if opname == "AllToAll":
         x = np.ones(2 * n)
         return lambda: mpicoll.AllToAllOperation().execute(x, out=x.reshape(2 * n))
@@ -480,7 +481,8 @@ ALIAS_OPS = ["AllReduce", "AllGather", "ReduceScatter", "AllToAll", "AllToAllVV2
 @pytest.mark.parametrize("opname", ALIAS_OPS)
 def test_out_aliasing_x_through_a_view_on_last_rank(opname):
     """MPI raises on every rank for sendbuf is recvbuf; a partial overlap through a view is worse
-    (undefined). mpicoll refuses any overlap (AllReduce: only ``out=x`` itself is in-place)."""
+    (undefined). mpicoll refuses any overlap but the in-place forms (AllReduce and AllToAll:
+    ``out=x`` itself; AllGather: ``x=out[rank]``; ReduceScatter: ``out`` = x's block rank)."""
     call = _alias_case(opname) if RANK == _LAST else _valid_call(opname, np.float64)
     raises_everywhere(call, CollectiveArgumentError, f"{opname}: out='aliases x' on rank {_LAST}",
                       "must not overlap the input")

@@ -15,6 +15,8 @@ from mpi4py import MPI
 
 from mpicoll._watchdog import stale_segments
 
+from _mpi import launch_env, mpirun
+
 pytestmark = [pytest.mark.mpi(min_size=1),
               pytest.mark.skipif(MPI.COMM_WORLD.Get_size() != 1, reason="runs its own mpirun jobs once")]
 
@@ -23,11 +25,11 @@ def _job(tmp_path, body, np_=3, env=None, timeout=60):
     """Run ``body`` as a script under mpirun; returns (result, seconds, shm files it left behind)."""
     script = tmp_path / "job.py"
     script.write_text(textwrap.dedent(body))
-    clean = {k: v for k, v in os.environ.items() if not k.startswith(("PMI_", "HYD", "MPI_LOCAL", "MPICOLL_"))}
+    clean = {k: v for k, v in launch_env().items() if not k.startswith("MPICOLL_")}
     clean.update(env or {})
     before = set(glob.glob("/dev/shm/mpich_shm_*"))
     t0 = time.monotonic()
-    res = subprocess.run(["mpirun", "-np", str(np_), sys.executable, "-m", "mpi4py", str(script)],
+    res = subprocess.run(mpirun(np_, sys.executable, "-m", "mpi4py", str(script)),
                          capture_output=True, text=True, timeout=timeout, env=clean)
     seconds = time.monotonic() - t0
     time.sleep(0.3)                                       # let the killed processes' mappings go
@@ -176,11 +178,11 @@ def test_cli_error_on_one_rank_aborts_the_job(tmp_path):
     opened: a directory is in the way) while ranks 0 and 1 start checking: the job aborts, names
     the rank and leaves no shared memory behind."""
     (tmp_path / "logs" / "rank.2").mkdir(parents=True)
-    clean = {k: v for k, v in os.environ.items() if not k.startswith(("PMI_", "HYD", "MPI_LOCAL", "MPICOLL_"))}
+    clean = {k: v for k, v in launch_env().items() if not k.startswith("MPICOLL_")}
     before = set(glob.glob("/dev/shm/mpich_shm_*"))
     t0 = time.monotonic()
-    res = subprocess.run(["mpirun", "-np", "3", sys.executable, "-m", "mpicoll.run", "--op", "AllReduce",
-                          "--dtype", "int32", "--log-dir", str(tmp_path / "logs")],
+    res = subprocess.run(mpirun(3, sys.executable, "-m", "mpicoll.run", "--op", "AllReduce",
+                                "--dtype", "int32", "--log-dir", str(tmp_path / "logs")),
                          capture_output=True, text=True, timeout=60, env=clean)
     seconds = time.monotonic() - t0
     time.sleep(0.3)

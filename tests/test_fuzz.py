@@ -27,7 +27,7 @@ from mpicoll._dtypes import DTYPES
 from mpicoll._golden import count_wrong, golden_reduce
 from mpicoll.ops.alltoall import alltoallv_golden
 
-from _mpi import RANK, SIZE, WORLD, agreed
+from _mpi import RANK, SIZE, WORLD, agreed, launch_env, mpirun
 
 EXAMPLES = int(os.environ.get("MPICOLL_FUZZ_EXAMPLES", "25"))
 FUZZ = settings(max_examples=EXAMPLES, derandomize=True, database=None, deadline=None,
@@ -309,13 +309,13 @@ def test_a_failing_example_on_one_rank_never_hangs(tmp_path):
     step together, and the run ends with hypothesis's falsifying example (not at the watchdog)."""
     (tmp_path / "test_failing.py").write_text(FAILING)
     here = os.path.dirname(os.path.abspath(__file__))
-    env = {k: v for k, v in os.environ.items() if not k.startswith(("PMI_", "HYD", "MPI_LOCAL"))}
+    env = launch_env()
     env["PYTHONPATH"] = here + os.pathsep + env.get("PYTHONPATH", "")
     env["MPICOLL_TEST_TIMEOUT"] = "40"
     t0 = time.monotonic()
-    res = subprocess.run(["mpirun", "-np", "2", sys.executable, "-m", "mpi4py", "-m", "pytest", "--with-mpi", "-q",
-                          "-p", "no:cacheprovider", "--rootdir", str(tmp_path), "-c", os.devnull,
-                          str(tmp_path / "test_failing.py")],
+    res = subprocess.run(mpirun(2, sys.executable, "-m", "mpi4py", "-m", "pytest", "--with-mpi", "-q",
+                                "-p", "no:cacheprovider", "--rootdir", str(tmp_path), "-c", os.devnull,
+                                str(tmp_path / "test_failing.py")),
                          capture_output=True, text=True, timeout=90, env=env, cwd=tmp_path)
     out = res.stdout + res.stderr
     assert res.returncode != 0 and time.monotonic() - t0 < 35, out[-3000:]

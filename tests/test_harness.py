@@ -35,14 +35,17 @@ pytestmark = pytest.mark.skipif(
 
 
 def _mpirun():
-    # Prefer the launcher installed next to this interpreter (venv / wheel).
+    """The launcher next to this interpreter (venv / wheel), else on PATH, with the flags Open MPI
+    needs here (more ranks than cores, root); this file imports no project code, so it asks the
+    launcher which MPI it is."""
     exe = Path(sys.executable).with_name("mpirun")
-    if exe.exists():
-        return str(exe)
-    found = shutil.which("mpirun")
+    found = str(exe) if exe.exists() else shutil.which("mpirun")
     if found is None:
         pytest.skip("mpirun not found")
-    return found
+    version = subprocess.run([found, "--version"], capture_output=True, text=True).stdout
+    if "Open MPI" in version:
+        return [found, "--map-by", ":OVERSUBSCRIBE"] + (["--allow-run-as-root"] if os.geteuid() == 0 else [])
+    return [found]
 
 
 def _clean_env(**extra):
@@ -51,7 +54,8 @@ def _clean_env(**extra):
     env = {
         key: value
         for key, value in os.environ.items()
-        if not key.startswith(("PMI_", "HYDI_", "HYDRA_", "MPI_LOCAL"))
+        if (not key.startswith(("PMI_", "HYDI_", "HYDRA_", "MPI_LOCAL", "PMIX_", "PRTE_", "OMPI_"))
+            or key.startswith("OMPI_ALLOW_RUN_AS_ROOT"))
         and key not in ("MPICOLL_TEST_NO_ABORT", "MPICOLL_TEST_TIMEOUT", "MPIEXEC_TIMEOUT")
     }
     # hydra's own limit, inside the hard subprocess timeout below.
@@ -106,9 +110,8 @@ def _run_inner(tmp_path, source, **env):
     (tmp_path / "pytest.ini").write_text("[pytest]\n")
     test_file = tmp_path / "test_inner.py"
     test_file.write_text(textwrap.dedent(source))
-    cmd = [
-        _mpirun(), "-np", "2",
-        sys.executable, "-m", "mpi4py", "-m", "pytest",
+    cmd = _mpirun() + [
+        "-np", "2", sys.executable, "-m", "mpi4py", "-m", "pytest",
         "--with-mpi", "-p", "no:cacheprovider", "-q", str(test_file),
     ]
     shm_before = _shm_segments()
@@ -130,8 +133,12 @@ def _run_inner(tmp_path, source, **env):
         )
     finally:
         elapsed = time.monotonic() - start
+        LEFT_BEHIND[:] = sorted(_shm_segments() - shm_before)
         _remove_leftover_shm(shm_before)
     return proc.returncode, out.decode(errors="replace"), elapsed
+
+
+LEFT_BEHIND: list = []        # the shared-memory files the last nested run left (before they are removed)
 
 
 def _explain(rc, out, elapsed):
@@ -218,3 +225,35 @@ def test_passing_two_rank_test_exits_zero(tmp_path):
     info = _explain(rc, out, elapsed)
     assert rc == 0, info
     assert "1 passed" in out, info
+
+
+def test_a_failure_that_aborts_the_job_leaves_no_shared_memory_behind(tmp_path):
+    code, out, _ = _run_inner(tmp_path, """
+        from mpi4py import MPI
+
+        def test_fails_on_rank_1():
+            MPI.COMM_WORLD.Barrier()
+            assert MPI.COMM_WORLD.Get_rank() != 1
+    """)
+    assert code != 0 and "aborting MPI job" in out
+    assert LEFT_BEHIND == [], LEFT_BEHIND
+
+
+def test_each_rank_has_its_own_temporary_folder(tmp_path):
+    code, out, _ = _run_inner(tmp_path, """
+        from mpi4py import MPI
+
+        def test_tmp_paths_differ(tmp_path):
+            paths = MPI.COMM_WORLD.allgather(str(tmp_path))
+            assert len(set(paths)) == 2 and all(f"-rank{r}" in p for r, p in enumerate(paths)), paths
+    """)
+    assert code == 0, out
+
+
+def test_scripts_test_prints_the_mpi_information_once(tmp_path):
+    env = _clean_env(MPICOLL_TEST_NPS="1 2")
+    env.pop("MPICOLL_TEST_MPI_INFO", None)
+    proc = subprocess.run([str(HERE.parent / "scripts" / "test"), "-q", "tests/test_bench.py", "-k", "parse_size"],
+                          cwd=HERE.parent, env=env, capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    assert proc.stdout.count("MPI Information") == 1 and "scripts/test: 2 passed, 0 failed" in proc.stdout

@@ -14,7 +14,7 @@ from mpicoll._dtypes import ALL_DTYPES, DTYPES, reduce_op
 from mpicoll._golden import SEED, golden_reduce, rank_data
 from mpicoll.hccl import run_tiled, tiled_golden, tiled_layout
 
-from _mpi import RANK, SIZE, WORLD, raises_everywhere
+from _mpi import RANK, SIZE, WORLD, launch_env, mpirun, raises_everywhere
 
 mpi1 = pytest.mark.mpi(min_size=1)
 mpi2 = pytest.mark.mpi(min_size=2)
@@ -326,9 +326,8 @@ def test_overlap_script_runs():
     import sys
     from pathlib import Path
     root = Path(__file__).resolve().parent.parent
-    env = {k: v for k, v in os.environ.items() if not k.startswith(("PMI_", "HYD", "MPI_LOCAL"))}
-    proc = subprocess.run(["mpirun", "-np", "2", sys.executable, "scripts/hccl_overlap.py", "--mib", "1", "--chunks",
-                           "2", "--dim", "32", "--reps", "2"], cwd=root, env=env, capture_output=True, text=True,
+    proc = subprocess.run(mpirun(2, sys.executable, "scripts/hccl_overlap.py", "--mib", "1", "--chunks", "2", "--dim",
+                                 "32", "--reps", "2"), cwd=root, env=launch_env(), capture_output=True, text=True,
                           timeout=120)
     assert proc.returncode == 0, proc.stderr
     assert "hidden" in proc.stdout and "overlapped" in proc.stdout

@@ -25,6 +25,8 @@ _loader.exec_module(cluster)
 def _why_skip() -> str | None:
     if MPI.COMM_WORLD.Get_size() != 1:
         return "launches its own jobs once (from the 1-rank run)"
+    if not MPI.Get_library_version().startswith("MPICH"):
+        return "the test bed launches with MPICH's hydra (the mpich extra); this MPI is another"
     why = cluster.allowed()
     if why:
         return f"multi-host test bed unavailable: {why}"

@@ -10,7 +10,7 @@ from mpicoll._comm import LibComm
 from mpicoll._golden import CHECKS, SEED, count_wrong
 from mpicoll.check import layouts
 
-from _mpi import RANK, SIZE, WORLD
+from _mpi import OPEN_MPI, RANK, SIZE, WORLD
 
 PAIRS = [(name, dtype) for name, spec in CHECKS.items() for dtype in spec.dtypes]
 
@@ -212,7 +212,9 @@ def test_large_allreduce_in_pieces(monkeypatch, dtype):
 @pytest.mark.parametrize("n", [3, (2 << 20) + 5])
 def test_integer_sum_wraps_as_mpi_does_with_validation_on_and_off(dtype, n):
     """Results never depend on MPICOLL_VALIDATE: an overflowing integer SUM wraps, bit-identical to
-    MPI's own Allreduce, on the native path and on the 8-bit AllToAll path (n >= 1 MiB)."""
+    MPICH's own Allreduce, on the native path and on the 8-bit AllToAll path (n >= 1 MiB). (Open MPI
+    5.0's own int8/int16 SUM saturates on parts of large arrays, in its vectorised op component; there
+    mpicoll's native path inherits it, and only the independence of MPICOLL_VALIDATE is checked.)"""
     from mpi4py import MPI
 
     from mpicoll._dtypes import DTYPES
@@ -220,9 +222,11 @@ def test_integer_sum_wraps_as_mpi_does_with_validation_on_and_off(dtype, n):
     x = np.full(n, info.max // 2 + 1 + RANK, dtype=dtype)
     raw = np.empty_like(x)
     WORLD.Allreduce([x, DTYPES[dtype].mpi], [raw, DTYPES[dtype].mpi], MPI.SUM)
-    for validate in (True, False):
-        got = mpicoll.AllReduceOperation(validate=validate).execute(x)
-        assert np.array_equal(got, raw), validate
+    wrapped = np.full(n, sum(int(info.max // 2 + 1 + r) for r in range(SIZE)), dtype=np.int64).astype(dtype)
+    on, off = (mpicoll.AllReduceOperation(validate=v).execute(x) for v in (True, False))
+    assert np.array_equal(on, off)
+    if not OPEN_MPI:
+        assert np.array_equal(raw, wrapped) and np.array_equal(on, wrapped)
     for cls in (mpicoll.ReduceScatterOperation, mpicoll.ReduceOperation):
         y = x[:n // SIZE * SIZE] if cls is mpicoll.ReduceScatterOperation else x
         a, b = (cls(validate=v).execute(y) for v in (True, False))
