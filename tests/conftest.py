@@ -64,14 +64,16 @@ def pytest_configure(config):
         if root not in path.split(os.pathsep):
             os.environ["PYTHONPATH"] = root + (os.pathsep + path if path else "")
     # Each rank its own pytest temporary folder: ranks sharing one race to clean it up (pytest's
-    # "rm_rf ... Directory not empty" warning). pytest empties a given basetemp at start: each rank
-    # only its own.
+    # "rm_rf ... Directory not empty" warning). Named by the job and the rank, so that two jobs at
+    # once never share one either; removed at the end of a passing session (kept after a failure).
     rank = _launcher_rank()
     if rank is not None and not config.option.basetemp:
         import tempfile
         parent = os.path.join(tempfile.gettempdir(), f"pytest-of-{os.environ.get('USER') or os.getuid()}")
         os.makedirs(parent, mode=0o700, exist_ok=True)
-        config.option.basetemp = os.path.join(parent, f"mpicoll-np{_launcher_size()}-rank{rank}")
+        job = "".join(c if c.isalnum() else "-" for c in _launcher_job())[-40:]
+        config.option.basetemp = os.path.join(parent, f"mpicoll-{job}-np{_launcher_size()}-rank{rank}")
+        config._mpicoll_basetemp = config.option.basetemp
 
 
 def _launcher_rank():
@@ -80,6 +82,14 @@ def _launcher_rank():
         if os.environ.get(var, "").isdigit():
             return int(os.environ[var])
     return None
+
+
+def _launcher_job():
+    """A token naming this MPI job (the launcher's), or this process's parent."""
+    for var in ("PMI_KVSNAME", "PMIX_NAMESPACE", "OMPI_MCA_ess_base_jobid", "SLURM_JOB_ID"):
+        if os.environ.get(var):
+            return os.environ[var] + os.environ.get("SLURM_STEP_ID", "")
+    return f"ppid{os.getppid()}"
 
 
 def _launcher_size():
@@ -96,6 +106,13 @@ def pytest_sessionstart(session):
         for plugin in session.config.pluginmanager.get_plugins():
             if type(plugin).__name__ == "MPIPlugin":
                 plugin._is_testing_mpi = False
+
+
+def pytest_sessionfinish(session, exitstatus):
+    mine = getattr(session.config, "_mpicoll_basetemp", None)
+    if mine and exitstatus == 0:
+        import shutil
+        shutil.rmtree(mine, ignore_errors=True)
 
 
 def pytest_unconfigure(config):
