@@ -303,6 +303,7 @@ class Hccl:
         table = agree(lib, V.header(lib.size, kind.code, call, lib.seq if lib.debug else 0), err, self.timeout,
                       kind.name, number)
         V.check_table(kind.name, table, kind.pair_names, lib.label)
+        call.packed_everywhere = all(b & V.BIT_PACKED for b in table[:, V.H_INFO].tolist())
         go, ends = Recorder(), []
         for k in range(call.repeat):
             kind.issue(call, k, go, lib)
@@ -369,6 +370,7 @@ def _describe_blocks(op, rank, n, send, recv, count, dtype, rop, stride_count, r
         raise arg_error(op, "stride_count", stride_count, rank, f"with repeat={r}, must be >= repeat*count = {r * c}: "
                         "else a later round's blocks overwrite an earlier round's in recv")
     call = Call(dt, x, y, (c, r))
+    call.info = V.BIT_PACKED if s == c or c == 0 else 0       # (each rank's own layout; issue reads all)
     call.reduce = None if rop is None else reduce_op(rop, op=op, param="op", rank=rank)
     call.args, call.repeat, call.types, call.in_place = (c, s), r, [], send is recv
     call.result = recv
@@ -427,12 +429,12 @@ def _issue_reduce_scatter(call, k, go, comm) -> None:
     (c, s), dt, rop, n = call.args, call.dt, call.reduce, comm.size
     out = call.out[k * c:(k + 1) * c]
     t = _strided(call, c, s)
-    if t is None and dt.reduce == "native":      # the primitive's calls
+    if dt.reduce == "native" and call.packed_everywhere:   # the primitive's call (every rank's blocks packed:
         go.mpi(comm, "Reduce_scatter_block", [call.x[k * c:k * c + n * c], dt.mpi], [out, dt.mpi], rop.mpi)
-        return
+        return                                             # the strides are each rank's own, the choice agreed)
     if not hasattr(call, "scratch"):             # (rounds run one after the other: one scratch)
         call.scratch = np.empty((n, c), dtype=dt.np)
-    if t is None:                                # 16-bit floats: AllToAll + a float32 reduction, as the primitive
+    if t is None:                                # AllToAll + a rank-order reduction (float32 for 16-bit floats)
         alltoall_reduce(go, comm, call.x[k * c:k * c + n * c], dt, rop, split_even(n * c, n), None, out,
                         call.scratch.reshape(-1))
         return

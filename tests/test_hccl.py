@@ -331,3 +331,34 @@ def test_overlap_script_runs():
                           timeout=120)
     assert proc.returncode == 0, proc.stderr
     assert "hidden" in proc.stdout and "overlapped" in proc.stdout
+
+
+@mpi1
+@pytest.mark.parametrize("kind", ["AllGather", "ReduceScatter", "AllToAll"])
+@pytest.mark.parametrize("dtype", ["int32", "float16"])
+def test_each_rank_its_own_stride(kind, dtype):
+    """Strides are each rank's own layout: rank 0 packed, the others with gaps, in one task (the
+    MPI call is chosen from the agreed table, so every rank makes the same one)."""
+    dt, total = DTYPES[dtype], 12
+    gap = 0 if RANK == 0 else 1 + RANK
+    _, send_size, recv_size = tiled_layout(kind, SIZE, total, gap)
+    inputs = [rank_data(SEED, f"own-stride/{kind}/{dtype}", r, tiled_layout(kind, SIZE, total, 0 if r == 0 else 1 + r)[1],
+                        dt) for r in range(SIZE)]
+    recv = np.zeros(recv_size, dt.np)
+    rname = "sum" if kind == "ReduceScatter" else None
+    with Hccl().init() as hccl:
+        run_tiled(hccl, kind, inputs[RANK], recv, [(4, 3)], total + gap, dt.hccl, rname, "each")
+    s = total + gap
+    if kind == "AllGather":
+        expected = np.zeros(recv_size, dt.np)
+        for j in range(SIZE):
+            expected[j * s:j * s + total] = inputs[j]
+    elif kind == "ReduceScatter":
+        blocks = [inputs[j][RANK * (total + (0 if j == 0 else 1 + j)):][:total] for j in range(SIZE)]
+        expected = golden_reduce(blocks, dt, reduce_op("sum"))
+    else:
+        expected = np.zeros(recv_size, dt.np)
+        for j in range(SIZE):
+            sj = total + (0 if j == 0 else 1 + j)
+            expected[j * s:j * s + total] = inputs[j][RANK * sj:RANK * sj + total]
+    assert recv.tobytes() == expected.tobytes()
