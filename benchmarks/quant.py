@@ -20,7 +20,7 @@ from mpi4py import MPI
 
 import mpicoll
 from mpicoll.bench import _time, parse_size, size_steps
-from mpicoll.quant import bytes_per_rank
+from mpicoll.ops.quant import bytes_per_rank
 
 
 def _human(size: int) -> str:

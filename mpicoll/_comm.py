@@ -1,10 +1,17 @@
 """The library communicator: one MPI communicator mpicoll owns, and what every call on it needs.
 
 mpicoll never runs on a user's communicator: it runs on a :class:`LibComm`, made once per
-communicator it uses (a duplicate of the world, of a user comm, a comm domain, a plan's private
-copy). Every MPI call mpicoll makes on it goes through :meth:`LibComm.call` (blocking) or
-:meth:`LibComm.start` / :meth:`LibComm.wait` (non-blocking and persistent), so that the watchdog
-(:mod:`mpicoll._watchdog`) covers all of them alike.
+communicator it uses (a duplicate of the world, of a user comm, a comm domain). Every MPI call
+mpicoll makes on it goes through :meth:`LibComm.call` (blocking), :meth:`LibComm.bind` (a plan's
+bound call) or :meth:`LibComm.start` / :meth:`LibComm.wait` (non-blocking and persistent), so that
+the watchdog (:mod:`mpicoll._watchdog`) covers all of them alike and one method,
+:meth:`LibComm.direct`, decides when a call may go straight to MPI.
+
+Collectives on one communicator must start in the same order on every rank. Work in flight that
+still has collectives to start (a started plan of several steps, :class:`~mpicoll._plan.Handle`)
+waits in the communicator's ``pending`` queue; any later collective on it first drives the work
+ahead of it until that work has started all its collectives there (:meth:`LibComm.drain`). The
+order is then the program order, the same on every rank, without a copy of the communicator.
 
 Making one is collective over its members, who then agree the settings that change which MPI calls
 a rank makes (``MPICOLL_VALIDATE``, ``MPICOLL_DEBUG``) and whether any of them runs a watchdog
@@ -18,6 +25,7 @@ import os
 import sys
 import threading
 import zlib
+from functools import partial
 from typing import Any, Callable
 
 import numpy as np
@@ -58,11 +66,13 @@ class LibComm:
         world_ranks: its members' world ranks, in its rank order.
         validate, debug: the agreed defaults of ``MPICOLL_VALIDATE`` and ``MPICOLL_DEBUG``.
         calls: operator name -> how many calls of it this rank has made on it (as the user counts).
-        seq: how many collectives mpicoll has started on it (internal ones included).
+        seq: how many collectives mpicoll has started on it (kept where it is read: with arrival
+            marks or in debug mode).
+        pending: started work with collectives still to start here, oldest first.
     """
 
-    __slots__ = ("mpi", "label", "rank", "size", "world_ranks", "validate", "debug", "calls", "seq", "_win",
-                 "_mark", "__weakref__")
+    __slots__ = ("mpi", "label", "rank", "size", "world_ranks", "validate", "debug", "calls", "seq", "pending",
+                 "_win", "_mark", "__weakref__")
 
     def __init__(self, mpi: MPI.Comm, label: str, validate: bool, debug: bool, watched: bool) -> None:
         self.mpi, self.label = mpi, label
@@ -74,6 +84,7 @@ class LibComm:
         self.validate, self.debug = validate, debug
         self.calls: dict[str, int] = {}
         self.seq = 0
+        self.pending: list = []
         self._win = self._mark = None
         if watched:
             self._win = MPI.Win.Allocate(4 * 8, 8, comm=mpi)
@@ -110,16 +121,6 @@ class LibComm:
                     "on every rank (it decides which MPI calls a rank makes)", param=name, rank=off[0])
         return cls(mpi, label, bool(table[0, 0]), bool(table[0, 1]), bool(table[:, 2].any()))
 
-    def dup(self, label: str, timeout: float | None) -> "LibComm":
-        """A private copy (collective over the members): for a plan whose steps run while other
-        collectives run on this communicator. It keeps this one's agreed settings."""
-        new, req = self.mpi.Idup()
-        self.wait([req], timeout, lambda: f"copying {self.label} for a plan")
-        new.Set_name(f"{self.mpi.Get_name()}.plan")
-        copy = LibComm(new, label, self.validate, self.debug, self._win is not None)
-        copy.calls = self.calls           # (a plan's calls count as calls on the communicator it copies)
-        return copy
-
     @property
     def watched(self) -> bool:
         """Whether the members keep arrival marks (a watchdog runs on some member)."""
@@ -131,42 +132,68 @@ class LibComm:
         k = self.calls[op] = self.calls.get(op, 0) + 1
         return k
 
+    def direct(self, timeout: float | None) -> bool:
+        """Whether a blocking call may go straight to MPI: no watchdog timing it, no arrival mark
+        and no sequence number to keep (the one place that decides it)."""
+        return timeout is None and self._mark is None and not self.debug
+
     def call(self, name: str, args: tuple, timeout: float | None, where: tuple) -> None:
         """One blocking MPI collective ``self.mpi.<name>(*args)``, under the watchdog when timed.
 
-        ``where`` is ``(operator, its call number here, step)``: it names the call in a timeout.
+        ``where`` is ``(operator, its call number here or None for the latest counted, step)``:
+        it names the call in a timeout.
         """
+        if self.pending:
+            self.drain(None)
+        if self.direct(timeout):
+            getattr(self.mpi, name)(*args)
+            return
         self.seq += 1
         if self._mark is not None:
             self._arrive(where)
         if timeout is None:
             getattr(self.mpi, name)(*args)
             return
-        req = getattr(self.mpi, nonblocking(name))(*args)
-        self.wait([req], timeout, lambda: self._expired(timeout, name, where))
+        self.wait([getattr(self.mpi, nonblocking(name))(*args)], timeout, name, where)
 
-    def start(self, name: str | MPI.Prequest, args: tuple, where: tuple) -> MPI.Request:
+    def bind(self, name: str, args: tuple, timeout: float | None, where: tuple) -> Callable[[], None]:
+        """:meth:`call` bound once, for a plan's blocking run (the caller drains ``pending`` first)."""
+        if self.direct(timeout):
+            return partial(getattr(self.mpi, name), *args)
+        return partial(self.call, name, args, timeout, where)
+
+    def start(self, name: str | MPI.Prequest, args: tuple, where: tuple, by: Any = None) -> MPI.Request:
         """Start a collective non-blocking: ``name`` of a blocking call (its ``I`` form is used), or
-        a persistent request made by ``self.mpi.<name>_init``."""
-        self.seq += 1
-        if self._mark is not None:
-            self._arrive(where)
+        a persistent request made by ``self.mpi.<name>_init``. ``by``: the started work making it
+        (work queued ahead of it here is driven first), or None."""
+        if self.pending:
+            self.drain(by)
+        if not self.direct(None):
+            self.seq += 1
+            if self._mark is not None:
+                self._arrive(where)
         if isinstance(name, str):
             return getattr(self.mpi, nonblocking(name))(*args)
         name.Start()
         return name
 
-    def wait(self, requests: list[MPI.Request], timeout: float | None, expired: Callable[[], Any]) -> None:
-        """Complete ``requests``; with a timeout, raise (or abort) when they do not complete in time.
-        ``expired()`` returns the error, or the text of one."""
+    def wait(self, requests: list[MPI.Request], timeout: float | None, name: str, where: tuple) -> None:
+        """Complete ``requests`` (a collective ``name`` started with :meth:`start`, ``where`` as for
+        :meth:`call`); with a timeout, raise (or abort) when they do not complete in time."""
         if timeout is None:
             MPI.Request.Waitall(requests)
             return
-        _watchdog.wait(requests, timeout, lambda: _as_timeout(expired()))
+        _watchdog.wait(requests, timeout, lambda: self._expired(timeout, name, where),
+                       lambda: self._lost(timeout, name, where))
 
-    def expired(self, timeout: float, name: str, where: tuple) -> CollectiveTimeout:
-        """The timeout error of a call made with :meth:`start`, for :meth:`wait`."""
-        return self._expired(timeout, name, where)
+    def drain(self, by: Any) -> None:
+        """Drive the started work queued here ahead of ``by`` (all of it when ``by`` is None) until it
+        has started every collective it has here: then a new collective starts after them, on
+        every rank alike (see the module docstring)."""
+        for work in list(self.pending):
+            if work is by:
+                return
+            work.issue_all()
 
     # -- the watchdog's arrival marks --------------------------------------------------------------
     def _arrive(self, where: tuple) -> None:
@@ -175,16 +202,15 @@ class LibComm:
         mark[1] = op_code(op)
         mark[2] = self.calls.get(op, 0) if number is None else number
 
-    def _expired(self, timeout: float, name: str, where: tuple) -> CollectiveTimeout:
+    def _head(self, timeout: float, name: str, where: tuple) -> tuple[str, str]:
         op, number, step = where
-        if number is None:            # (execute's steps: the call in progress is the latest counted)
+        if number is None:            # (the call in progress is the latest counted)
             number = self.calls.get(op, 0)
-        if step:
-            waiting = step
-        else:
-            waiting = f"MPI {name}"
-        head = (f"{op}: timed out after {timeout:g} s on rank {self.rank} of {self.label}, in its "
-                f"{ordinal(number)} {op} call there, waiting in {waiting}")
+        return op, (f"{op}: timed out after {timeout:g} s on rank {self.rank} of {self.label}, in its "
+                    f"{ordinal(number)} {op} call there, waiting in {step or f'MPI {name}'}")
+
+    def _expired(self, timeout: float, name: str, where: tuple) -> CollectiveTimeout:
+        op, head = self._head(timeout, name, where)
         if self._win is None:
             return CollectiveTimeout(f"{head}; set MPICOLL_TIMEOUT (on any rank, before mpicoll makes the "
                                      "communicator) to have the missing ranks named", op=op, param="timeout")
@@ -205,6 +231,15 @@ class LibComm:
                 where_now.append(f"rank {r} is in or after its {ordinal(k)} {peer_op} call there")
         return CollectiveTimeout(f"{head}; ranks that did not arrive: {missing} ({'; '.join(where_now)})",
                                  op=op, param="timeout", rank=missing[0])
+
+    def _lost(self, timeout: float, name: str, where: tuple) -> str:
+        """The timeout text when MPI itself does not return (a peer's host unreachable): built from
+        what this rank knows, without an MPI call (read by the watchdog's backstop thread)."""
+        _, head = self._head(timeout, name, where)
+        peers = [(r, w) for r, w in enumerate(self.world_ranks) if r != self.rank]
+        return (f"{head}; MPI did not return (a peer's host or link may be down), so which ranks arrived "
+                f"is unknown; it waited for ranks {[r for r, _ in peers]} there (world ranks "
+                f"{[w for _, w in peers]})")
 
     def free(self) -> None:
         """Free the arrival window and the communicator (collective over the members)."""
@@ -232,11 +267,7 @@ def timed_call(mpi: MPI.Comm, name: str, args: tuple, timeout: float | None, exp
     if timeout is None:
         getattr(mpi, name)(*args)
     else:
-        _watchdog.wait([getattr(mpi, nonblocking(name))(*args)], timeout, lambda: _as_timeout(expired()))
-
-
-def _as_timeout(value: Any) -> CollectiveTimeout:
-    return value if isinstance(value, BaseException) else CollectiveTimeout(str(value), param="timeout")
+        _watchdog.wait([getattr(mpi, nonblocking(name))(*args)], timeout, expired, expired)
 
 
 # ----------------------------------------------------------------------------- exit

@@ -9,7 +9,7 @@
  *                                      in row order, accumulated in float32; op 0 sum 1 prod 2 max 3 min
  *   reduce_bf16(parts, out, nrows, op)  the same for bfloat16
  *   f16_to_f32(src, dst), f32_to_f16(src, dst)
- *   dequant_sum, dequant_sum_quantize, quantize_i8   int8 quantization kernels of mpicoll.quant (below)
+ *   dequant_sum, dequant_sum_quantize, quantize_i8   int8 quantization kernels of mpicoll._numeric (below)
  *   use_simd(on) -> previous             switch the F16C/AVX2 loops off (tests of the portable loops)
  */
 #define PY_SSIZE_T_CLEAN
@@ -199,7 +199,7 @@ static PyObject *py_reduce_f16(PyObject *self, PyObject *args) { return reduce_r
 static PyObject *py_reduce_bf16(PyObject *self, PyObject *args) { return reduce_rows(args, 1); }
 
 /* ------------------------------------------------------------------------------------------------
- * int8 quantization kernels (mpicoll.quant), bit-identical to its numpy path:
+ * int8 quantization kernels (mpicoll._numeric), bit-identical to its numpy path:
  *
  *   dequant_sum(q, scales, out, rows, block, out_itemsize)
  *       out[i] = float16 or float32 of  sum over rows r, in row order, of float32(q[r][i]) * s(r, i),

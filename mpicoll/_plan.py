@@ -1,17 +1,21 @@
-"""How a described call runs: the call record, the two things ``issue`` talks to, and plans.
+"""How a described call runs: the call record, the ``go`` objects ``issue`` talks to, and plans.
 
 An operator's ``describe`` turns its arguments into a :class:`Call`; its ``issue`` turns a call
 (and, when validated, the agreed header table) into MPI calls and local work, by talking to a
-*go* object with two methods:
+*go* object:
 
-* ``go.mpi(comm, name, *args)``: the collective ``comm.mpi.<name>(*args)`` (a blocking mpi4py
+* ``go.mpi(comm, name, *args)``: the blocking collective ``comm.mpi.<name>(*args)`` (an mpi4py
   method name, e.g. ``"Allreduce"``) on a :class:`~mpicoll._comm.LibComm`;
-* ``go.local(fn, *args)``: local work ``fn(*args)`` (a reduction, a copy) between collectives.
+* ``go.local(fn, *args)``: local work ``fn(*args)`` (a reduction, a copy) between collectives;
+* ``token = go.start(comm, name, *args)`` and ``go.wait(token)``: the same collective kept in flight
+  while the steps between them run (local work, other collectives), at most ``MAX_IN_FLIGHT`` at
+  once (a start beyond that first waits for the oldest).
 
-``execute`` hands ``issue`` a :class:`Runner`, which does each step at once. ``prepare`` hands it a
-:class:`Recorder`, which keeps the steps; a :class:`Plan` binds them once and runs them many
-times, blocking (:meth:`Plan.run`) or not (:meth:`Plan.start` -> :class:`Handle`). So ``issue``,
-the only place that picks an MPI call, serves both.
+``execute`` hands ``issue`` a :class:`Runner`, which does each step at once. ``prepare`` (and the
+one-shot non-blocking call, and a captured graph) hands it a :class:`Recorder`, which keeps the
+steps, in *parts*: one per call, each labelled with its operator. A :class:`Plan` binds the steps
+once and runs them many times, blocking (:meth:`Plan.run`) or not (:meth:`Plan.start` ->
+:class:`Handle`). So ``issue``, the only place that picks an MPI call, serves all of them.
 """
 from __future__ import annotations
 
@@ -26,6 +30,10 @@ from mpi4py import MPI
 from ._comm import LibComm
 from ._errors import CollectiveError
 from ._watchdog import done
+
+#: the most collectives one call keeps in flight at once (``go.start``); a start beyond it first
+#: waits for the oldest, on every rank alike
+MAX_IN_FLIGHT = 16
 
 
 class Call:
@@ -55,13 +63,17 @@ class Call:
         self.dt, self.x, self.out, self.result, self.shape = dt, x, out, out, shape
 
 
-class Runner:
-    """``go`` for ``execute``: each step at once, on the spot."""
+# ----------------------------------------------------------------------------- execute: at once
 
-    __slots__ = ("where", "timeout")
+class Runner:
+    """``go`` for ``execute``: each step at once, on the spot (one per operation, reused)."""
+
+    __slots__ = ("where", "timeout", "_flight", "_next")
 
     def __init__(self, op: str, timeout: float | None) -> None:
         self.where, self.timeout = (op, None, ""), timeout
+        self._flight: dict[int, tuple] = {}         # token -> (comm, name, request), oldest first
+        self._next = 0
 
     def mpi(self, comm: LibComm, name: str, *args: Any) -> None:
         comm.call(name, args, self.timeout, self.where)
@@ -69,96 +81,184 @@ class Runner:
     def local(self, fn: Callable, *args: Any) -> None:
         fn(*args)
 
+    def start(self, comm: LibComm, name: str, *args: Any) -> int:
+        if len(self._flight) >= MAX_IN_FLIGHT:
+            self.wait(next(iter(self._flight)))
+        token = self._next
+        self._next += 1
+        self._flight[token] = (comm, name, comm.start(name, args, self.where))
+        return token
+
+    def wait(self, token: int) -> None:
+        entry = self._flight.pop(token, None)
+        if entry is not None:                 # (already waited for: nothing to do)
+            comm, name, req = entry
+            comm.wait([req], self.timeout, name, self.where)
+
+
+# ----------------------------------------------------------------------------- prepare: recorded
+
+COUNT, MPI_CALL, START, WAIT, LOCAL = range(5)
+
 
 class Step:
-    """One recorded step: a collective (``comm`` set, ``name`` its blocking mpi4py method) or local
-    work (``comm`` None, ``fn``)."""
+    """One recorded step: ``kind`` COUNT (a part begins: count its call), MPI_CALL (a blocking
+    collective), START / WAIT (a collective kept in flight, by ``token``) or LOCAL (``fn``);
+    ``part``: the index of the call it belongs to."""
 
-    __slots__ = ("comm", "name", "fn", "args")
+    __slots__ = ("kind", "comm", "name", "fn", "args", "token", "part")
 
-    def __init__(self, comm: LibComm | None, name: str, fn: Callable | None, args: tuple) -> None:
-        self.comm, self.name, self.fn, self.args = comm, name, fn, args
+    def __init__(self, kind: int, comm: LibComm | None, name: str, fn: Callable | None, args: tuple,
+                 token: int, part: int) -> None:
+        self.kind, self.comm, self.name, self.fn, self.args, self.token, self.part = \
+            kind, comm, name, fn, args, token, part
+
+
+class Part:
+    """One call in a plan: its operator, the communicators it is counted on, where its steps end,
+    and what it returns."""
+
+    __slots__ = ("op", "comms", "end", "result")
+
+    def __init__(self, op: str, comms: tuple[LibComm, ...], end: int, result: Any) -> None:
+        self.op, self.comms, self.end, self.result = op, comms, end, result
 
 
 class Recorder:
-    """``go`` for ``prepare``: keeps the steps for a :class:`Plan`."""
+    """``go`` that keeps the steps, call by call: ``begin(op, comms)``, the call's ``issue``,
+    ``end(result)`` (which waits for whatever the call left in flight): one *part* per call."""
 
     def __init__(self) -> None:
         self.steps: list[Step] = []
+        self.parts: list[Part] = []
+        self.tokens = 0
+        self._open: list[int] = []
+        self._part = -1
+        self._op: tuple | None = None
+
+    def begin(self, op: str, comms: tuple[LibComm, ...], count: bool = True) -> None:
+        """A call of ``op`` begins (``count``: it counts itself on ``comms`` each time it runs)."""
+        self._part, self._op = len(self.parts), (op, comms)
+        if count:
+            self.steps.append(Step(COUNT, None, op, None, (comms, op), -1, self._part))
+
+    def end(self, result: Any) -> None:
+        for token in list(self._open):
+            self.wait(token)
+        op, comms = self._op
+        self.parts.append(Part(op, comms, len(self.steps), result))
 
     def mpi(self, comm: LibComm, name: str, *args: Any) -> None:
-        self.steps.append(Step(comm, name, None, args))
+        self.steps.append(Step(MPI_CALL, comm, name, None, args, -1, self._part))
 
     def local(self, fn: Callable, *args: Any) -> None:
-        self.steps.append(Step(None, "", fn, args))
+        self.steps.append(Step(LOCAL, None, "", fn, args, -1, self._part))
 
+    def start(self, comm: LibComm, name: str, *args: Any) -> int:
+        if len(self._open) >= MAX_IN_FLIGHT:
+            self.wait(self._open[0])
+        token = self.tokens
+        self.tokens += 1
+        self._open.append(token)
+        self.steps.append(Step(START, comm, name, None, args, token, self._part))
+        return token
+
+    def wait(self, token: int) -> None:
+        if token in self._open:
+            self._open.remove(token)
+            self.steps.append(Step(WAIT, None, "", None, (), token, self._part))
+
+
+def count_call(comms: tuple[LibComm, ...], op: str) -> int:
+    """Count one call of ``op`` on each of its communicators (the one way calls are counted);
+    returns its number on the first."""
+    number = comms[0].count(op)
+    for c in comms[1:]:
+        c.count(op)
+    return number
+
+
+# ----------------------------------------------------------------------------- plans
 
 _IDLE, _STARTED, _FREED = 0, 1, 2
 _LIVE: "weakref.WeakSet[Plan]" = weakref.WeakSet()
 
 
 class Plan:
-    """A call checked and agreed once, its MPI calls bound: run it as often as needed.
+    """Calls checked and agreed once, their MPI calls bound: run them as often as needed.
 
-    Made by ``<Operation>.prepare(...)`` with the arguments ``execute`` takes. It keeps references
-    to its input and output arrays and reads the inputs' current contents on every run; it owns
-    its output (and scratch), so a run allocates nothing. A plan whose steps include more than one
-    collective runs them on private copies of its communicators, so that its non-blocking form
-    cannot interleave with other collectives on them.
+    Made by ``<Operation>.prepare(...)`` with the arguments ``execute`` takes (one call), or from a
+    :class:`Recorder` holding several calls (each a *part*). It keeps references to its input and
+    output arrays and reads the inputs' current contents on every run; it owns its output (and
+    scratch), so a run allocates nothing. Its steps run on the operations' own communicators: a
+    started plan whose later collectives are not yet started waits in their queue, so that any
+    later collective there starts after them, on every rank alike.
 
     Collective: every rank of the operation's communicator(s) prepares, runs, starts, waits for
     and frees its plans in the same order, as with any MPI collective.
+
+    Attributes:
+        op: the operator's name ("graph of N calls" for several).
+        result: what :meth:`run` returns: the call's output, or a tuple of each call's.
+        parts: the calls, in order (:class:`Part`).
     """
 
-    __slots__ = ("op", "call", "result", "_timeout", "_private", "_steps", "_comms", "_calls", "_more",
-                 "_persistent", "_handle", "_state", "_go", "__weakref__")
+    __slots__ = ("op", "result", "parts", "_timeout", "_steps", "_used", "_tokens", "_persistent", "_reuse",
+                 "_handle", "_state", "_go", "_where", "__weakref__")
 
-    def __init__(self, op_name: str, call: Call, steps: list[Step], comms: tuple[LibComm, ...],
-                 timeout: float | None) -> None:
-        self.op = op_name
-        self.call = call
-        self.result = call.result
+    def __init__(self, rec: Recorder, timeout: float | None, persistent: bool = True) -> None:
+        self.parts = rec.parts
+        self.op = self.parts[0].op if len(self.parts) == 1 else f"graph of {len(self.parts)} calls"
+        self.result = self.parts[0].result if len(self.parts) == 1 else tuple(p.result for p in self.parts)
         self._timeout = timeout
-        if sum(s.comm is not None for s in steps) > 1:      # collectives issued while others may run
-            used = list(dict.fromkeys(s.comm for s in steps if s.comm is not None))
-            copies = {c: c.dup(f"a plan's copy of {c.label}", timeout) for c in used}
-            steps = [Step(copies[s.comm], s.name, s.fn, s.args) if s.comm is not None else s for s in steps]
-            self._private = tuple(copies.values())
-            comms = tuple(copies.get(c, c) for c in comms)   # (a copy counts calls with its original)
-        else:
-            self._private = ()
-        self._steps = steps
-        self._comms = comms
-        self._calls, self._more = comms[0].calls, comms[1:]     # (run() counts its calls)
-        self._calls.setdefault(op_name, 0)
+        self._steps = rec.steps
+        self._tokens = rec.tokens
+        self._used = tuple(dict.fromkeys(s.comm for s in rec.steps if s.comm is not None))
+        self._where = [(p.op, None, "") for p in self.parts]
+        self._reuse = persistent       # persistent requests at the first start (else I-calls every time)
         self._persistent: list[MPI.Prequest | None] | None = None
         self._handle: Handle | None = None
         self._state = _IDLE
-        where = (op_name, None, "")
-        bound = [partial(s.fn, *s.args) if s.comm is None else
-                 partial(getattr(s.comm.mpi, s.name), *s.args) if timeout is None and not s.comm.watched
-                 and not s.comm.debug else                  # (the watchdog's marks, debug's sequence numbers)
-                 partial(s.comm.call, s.name, s.args, timeout, where) for s in steps]
-        self._go = bound[0] if len(bound) == 1 else partial(_each, tuple(bound))
-        _LIVE.add(self)
+        self._go: Callable[[], None] | None = None
+        if persistent:
+            _LIVE.add(self)
 
     def run(self) -> Any:
-        """Run the call once, blocking; returns the output (the same arrays on every run).
+        """Run the calls once, blocking; returns the output (the same arrays on every run).
 
         Raises:
             CollectiveError: the plan is freed, or started and not yet waited for.
         """
         if self._state:
             self._refuse("run")
-        self._calls[self.op] += 1
-        if self._more:
-            for c in self._more:
-                c.count(self.op)
+        for c in self._used:
+            if c.pending:
+                c.drain(None)
+        if self._go is None:
+            self._go = self._bind()
         self._go()
         return self.result
 
+    def _bind(self) -> Callable[[], None]:
+        """The steps as one callable (made at the first run)."""
+        timeout, slots, where = self._timeout, [None] * self._tokens, self._where
+        bound = []
+        for s in self._steps:
+            if s.kind == COUNT:
+                bound.append(partial(count_call, *s.args))
+            elif s.kind == MPI_CALL:
+                bound.append(s.comm.bind(s.name, s.args, timeout, where[s.part]))
+            elif s.kind == START:
+                bound.append(partial(_start_into, slots, s.token, s.comm, s.name, s.args, where[s.part]))
+            elif s.kind == WAIT:
+                first = next(t for t in self._steps if t.kind == START and t.token == s.token)
+                bound.append(partial(_wait_from, slots, s.token, first.comm, timeout, first.name, where[s.part]))
+            else:
+                bound.append(partial(s.fn, *s.args))
+        return bound[0] if len(bound) == 1 else partial(_each, tuple(bound))
+
     def start(self, end: int | None = None) -> "Handle":
-        """Start the call non-blocking (MPI persistent requests); returns its :class:`Handle`.
+        """Start the calls non-blocking (MPI persistent requests); returns their :class:`Handle`.
 
         Args:
             end: run only the first ``end`` steps for now; :meth:`Handle.release` lets the run go
@@ -169,18 +269,16 @@ class Plan:
         """
         if self._state:
             self._refuse("start")
-        if self._persistent is None:       # made at the first start, on every rank at the same point
-            self._persistent = [None if s.comm is None else getattr(s.comm.mpi, s.name + "_init")(*s.args)
-                                for s in self._steps]
+        if self._reuse and self._persistent is None:   # made at the first start, on every rank at the same point
+            self._persistent = [getattr(s.comm.mpi, s.name + "_init")(*s.args) if s.kind in (MPI_CALL, START)
+                                else None for s in self._steps]
         self._state = _STARTED
-        handle = self._handle = Handle(self, tuple(c.count(self.op) for c in self._comms),
-                                       len(self._steps) if end is None else end)
+        handle = self._handle = Handle(self, len(self._steps) if end is None else end)
         handle._advance(block=False)      # (the plan stays started until the caller sees it complete)
         return handle
 
     def free(self) -> None:
-        """Release the plan's MPI resources (collective when it holds private communicators). A
-        freed plan refuses to run; freeing twice is fine.
+        """Release the plan's persistent requests. A freed plan refuses to run; freeing twice is fine.
 
         Raises:
             CollectiveError: the plan is started and not yet waited for.
@@ -189,20 +287,26 @@ class Plan:
             return
         if self._state == _STARTED and not self._handle.parked:
             self._refuse("free")
+        if self._handle is not None:
+            self._handle._forget()
         self._state = _FREED
         self._release()
-        for c in self._private:
-            c.free()
-        self._private = ()
 
     def __enter__(self) -> "Plan":
         return self
 
     def __exit__(self, exc_type, exc, tb) -> None:
         if exc_type is not None and self._state == _STARTED:
-            self._state = _FREED      # a run is in flight and the block failed: no more MPI calls
+            self._abandon()               # a run is in flight and the block failed: no more MPI calls
             return
         self.free()
+
+    def _abandon(self) -> None:
+        """Leave a started run as it is (MPI cannot free active requests): no more MPI calls for it
+        (docs/plans.md, "When a started plan is abandoned")."""
+        self._state = _FREED
+        if self._handle is not None:
+            self._handle._forget()
 
     def __del__(self) -> None:
         try:
@@ -235,6 +339,15 @@ def _each(fns: tuple) -> None:
         fn()
 
 
+def _start_into(slots: list, token: int, comm: LibComm, name: str, args: tuple, where: tuple) -> None:
+    slots[token] = comm.start(name, args, where)
+
+
+def _wait_from(slots: list, token: int, comm: LibComm, timeout: float | None, name: str, where: tuple) -> None:
+    req, slots[token] = slots[token], None
+    comm.wait([req], timeout, name, where)
+
+
 class Handle:
     """A started run of a :class:`Plan` (what :meth:`Plan.start` returns).
 
@@ -243,12 +356,15 @@ class Handle:
     calls, so calling ``test()`` now and then during long local work helps it along.
     """
 
-    __slots__ = ("_plan", "_numbers", "_i", "_end", "_reqs", "_started", "_done")
+    __slots__ = ("_plan", "_i", "_end", "_cur", "_open", "_started", "_done", "_queued", "_last")
 
-    def __init__(self, plan: Plan, numbers: tuple, end: int) -> None:
-        self._plan, self._numbers = plan, numbers
-        self._i, self._end, self._reqs, self._done = 0, end, None, False
+    def __init__(self, plan: Plan, end: int) -> None:
+        self._plan = plan
+        self._i, self._end, self._cur, self._done = 0, end, None, False
+        self._open: dict[int, MPI.Request] = {}
         self._started = time.monotonic()
+        self._queued: tuple[LibComm, ...] = ()
+        self._last = _last_collective(plan._steps, end)
 
     @property
     def steps_done(self) -> int:
@@ -258,11 +374,15 @@ class Handle:
     @property
     def parked(self) -> bool:
         """Whether the run stopped at its ``end`` before the plan's last step (nothing in flight)."""
-        return self._i == self._end < len(self._plan._steps)
+        return self._i == self._end < len(self._plan._steps) and not self._open and self._cur is None
 
     def release(self, end: int) -> None:
-        """Let the run go on up to step ``end`` (a run started with ``Plan.start(end)``)."""
-        self._end = max(self._end, end)
+        """Let the run go on up to step ``end`` (a run started with ``Plan.start(end)``), starting
+        what it can at once."""
+        if end > self._end:
+            self._end = end
+            self._last = _last_collective(self._plan._steps, end)
+            self._advance(block=False)
 
     def test(self) -> bool:
         """Make progress without blocking; True once the run is complete (the plan may then be run
@@ -280,38 +400,117 @@ class Handle:
             self._finish()
         return self._plan.result
 
+    def issue_all(self) -> None:
+        """Start every released collective not yet started (blocking for what they need first):
+        what a communicator asks of the work queued ahead of a new collective."""
+        if self._unstarted() <= self._last:
+            self._advance(block=True, upto=self._last)
+        self._unqueue()
+
+    def _unstarted(self) -> int:
+        """The index of the first step not yet started."""
+        return self._i + (self._cur is not None)
+
     def _finish(self) -> None:
         plan = self._plan
         if plan._handle is self:
             plan._state, plan._handle = _IDLE, None
 
-    def _advance(self, block: bool) -> bool:
+    def _forget(self) -> None:
+        """The plan is freed or abandoned: leave the communicators' queues."""
+        self._unqueue()
+
+    def _queue(self) -> None:
+        """Wait in the queue of every communicator with a released collective not yet started."""
+        first = self._unstarted()
+        if first > self._last or self._queued:
+            return
+        steps = self._plan._steps
+        self._queued = tuple(dict.fromkeys(s.comm for s in steps[first:self._last + 1] if s.comm is not None))
+        for c in self._queued:
+            c.pending.append(self)
+
+    def _unqueue(self) -> None:
+        for c in self._queued:
+            if self in c.pending:
+                c.pending.remove(self)
+        self._queued = ()
+
+    def _advance(self, block: bool, upto: int | None = None) -> bool:
+        """Run the released steps in order; False when one is not complete yet (not blocking), or
+        once step ``upto`` is started. Work with collectives still to start waits in the queues."""
         if self._done:
             return True
-        plan = self._plan
-        steps, timeout = plan._steps, plan._timeout
-        while self._i < self._end:
-            step = steps[self._i]
-            if step.comm is None:
-                step.fn(*step.args)
-                self._i += 1
-                continue
-            where = (plan.op, self._numbers[plan._comms.index(step.comm)], f"MPI {step.name} (started by Plan.start)") \
-                if timeout is not None or step.comm.watched else None        # (only the watchdog reads it)
-            if self._reqs is None:
-                self._reqs = [step.comm.start(plan._persistent[self._i], (), where)]
-                self._started = time.monotonic()          # (the timeout counts per collective)
-            if block:
-                left = None if timeout is None else max(timeout - (time.monotonic() - self._started), 0.0)
-                step.comm.wait(self._reqs, left, lambda s=step, w=where: s.comm.expired(timeout, s.name, w))
-            elif not done(self._reqs):
-                if timeout is not None and time.monotonic() - self._started > timeout:
-                    step.comm.wait(self._reqs, 0.0, lambda s=step, w=where: s.comm.expired(timeout, s.name, w))
-                return False
-            self._reqs = None
-            self._i += 1
-        self._done = self._i == len(steps)
+        try:
+            self._done = self._run_steps(block, upto)
+        finally:
+            if not self._done:
+                self._queue()
         return self._done
+
+    def _run_steps(self, block: bool, upto: int | None) -> bool:
+        plan = self._plan
+        steps, persistent = plan._steps, plan._persistent
+        while self._i < self._end:
+            s = steps[self._i]
+            kind = s.kind
+            if kind == LOCAL:
+                s.fn(*s.args)
+            elif kind == COUNT:
+                count_call(*s.args)
+            elif kind == WAIT:
+                if not self._complete([self._open[s.token]], block, steps[_start_of(steps, self._i, s.token)]):
+                    return False
+                del self._open[s.token]
+            elif self._cur is None or kind == START:
+                req = s.comm.start(s.name if persistent is None else persistent[self._i], s.args,
+                                   plan._where[s.part], self)
+                if kind == MPI_CALL:
+                    self._cur, self._started = req, time.monotonic()   # (the timeout counts per collective)
+                    if self._queued and self._i >= self._last:
+                        self._unqueue()
+                    if upto is not None and self._i >= upto:
+                        return False
+                    continue
+                self._open[s.token] = req
+            else:                                       # MPI_CALL in flight
+                if not self._complete([self._cur], block, s):
+                    return False
+                self._cur = None
+            self._i += 1
+            if self._queued and self._i > self._last:
+                self._unqueue()
+            if upto is not None and self._i > upto:
+                return False
+        return self._i == len(steps)
+
+    def _complete(self, reqs: list, block: bool, step: Step) -> bool:
+        plan = self._plan
+        timeout, (op, number, _) = plan._timeout, plan._where[step.part]
+        where = (op, number, f"MPI {step.name} (started by Plan.start)")
+        if block:
+            left = None if timeout is None else max(timeout - (time.monotonic() - self._started), 0.0)
+            step.comm.wait(reqs, left, step.name, where)
+            return True
+        if done(reqs):
+            return True
+        if timeout is not None and time.monotonic() - self._started > timeout:
+            step.comm.wait(reqs, 0.0, step.name, where)
+        return False
+
+
+def _last_collective(steps: list[Step], end: int) -> int:
+    """The index of the last collective start among the first ``end`` steps (-1: none)."""
+    for i in range(min(end, len(steps)) - 1, -1, -1):
+        if steps[i].kind in (MPI_CALL, START):
+            return i
+    return -1
+
+
+def _start_of(steps: list[Step], i: int, token: int) -> int:
+    while steps[i].kind != START or steps[i].token != token:
+        i -= 1
+    return i
 
 
 @atexit.register

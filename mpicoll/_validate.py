@@ -4,9 +4,10 @@ header table that :func:`mpicoll._errors.agree` gathers.
 Header layout (int64, the same length on every rank of a communicator whatever the operator, so
 that different operators called on different ranks still meet in one ``Allgather`` and are told
 apart instead of deadlocking): the fields ``H_OP`` up to ``H_AGREED`` must be equal on every rank
-(a numpy row comparison); ``H_INFO`` carries facts about each rank that the issuer may read (its
-layout bits); then two per-peer vectors of ``n`` entries: what this rank sends to each peer and
-what it expects from each (the count-pair rule of the V operators).
+(a row comparison), among them ``H_MODE``, the operation's ``validate`` (it decides whether a rank
+makes this agreement on later calls); ``H_INFO`` carries facts about each rank that the issuer
+may read (its layout bits); then two per-peer vectors of ``n`` entries: what this rank sends to
+each peer and what it expects from each (the count-pair rule of the V operators).
 """
 from __future__ import annotations
 
@@ -19,9 +20,9 @@ from mpi4py import MPI
 
 from ._comm import OP_NAMES, env_flag
 from ._dtypes import ALL_DTYPES, DType, by_code, of_array, reduce_by_code
-from ._errors import arg_error, mismatch_error
+from ._errors import CollectiveMismatchError, arg_error, mismatch_error, settle
 
-H_FLAG, H_OP, H_DTYPE, H_REDUCE, H_ROOT, H_PARAMS, H_SEQ, H_SIZE, H_NDIM, H_DIMS = range(10)
+H_FLAG, H_OP, H_DTYPE, H_REDUCE, H_ROOT, H_PARAMS, H_SEQ, H_MODE, H_SIZE, H_NDIM, H_DIMS = range(11)
 MAX_DIMS = 8
 H_AGREED = H_DIMS + MAX_DIMS       # [H_OP, H_AGREED) must agree on every rank
 H_INFO = H_AGREED                  # per-rank facts, not compared (BIT_PACKED: counts packed in rank order)
@@ -39,12 +40,18 @@ def validate_default() -> bool:
 
 # ----------------------------------------------------------------------------- the header
 
-def header(n: int, code: int, call: Any, seq: int) -> np.ndarray:
+def header(n: int, code: int, call: Any, validate: bool, seq: int, who: tuple[str, int] = ("", -1)) -> np.ndarray:
     """This rank's header for one call: the fields of ``call`` (a :class:`~mpicoll._plan.Call`, or
-    None when describing failed), ``seq`` (debug mode's sequence number, else 0). Built as a list:
-    on tiny arrays, numpy's per-call cost is the larger part."""
+    None when describing failed), the operation's ``validate``, ``seq`` (debug mode's sequence
+    number, else 0). Built as a list: on tiny arrays, numpy's per-call cost is the larger part.
+
+    Raises:
+        CollectiveArgumentError: a value that does not fit in int64 (an operator parameter of
+            2**63, ...), naming ``who`` (operator, rank): the caller agrees it as this rank's
+            local error.
+    """
     if call is None:
-        return np.array([0, code, 0, 0, 0, 0, seq] + [0] * (H_LEN - H_SIZE + 2 * n), dtype=np.int64)
+        return np.array([0, code, 0, 0, 0, 0, seq, validate] + [0] * (H_LEN - H_SIZE + 2 * n), dtype=np.int64)
     shape = call.shape
     if shape is None:
         dims = [0] * (2 + MAX_DIMS)
@@ -54,9 +61,55 @@ def header(n: int, code: int, call: Any, seq: int) -> np.ndarray:
             shape = (*shape[:MAX_DIMS - 1], zlib.crc32(np.asarray(shape[MAX_DIMS - 1:], dtype=np.int64).tobytes()))
         dims = [math.prod(call.shape), ndim, *shape] + [0] * (MAX_DIMS - len(shape))
     row = [0, code, call.dt.code if call.dt is not None else 0, call.reduce.code if call.reduce is not None else 0,
-           call.root, call.params, seq, *dims, call.info]
+           call.root, call.params, seq, validate, *dims, call.info]
     row += ([*call.send, *call.recv] if call.send is not None else [0] * (2 * n))
-    return np.array(row, dtype=np.int64)
+    try:
+        return np.array(row, dtype=np.int64)
+    except OverflowError:
+        names = ["flag", "operation", "dtype", "reduce_type", "rank_root", "operator parameters", "sequence",
+                 "validate", "size", "ndim"]
+        i = next(i for i, v in enumerate(row) if not -2 ** 63 <= int(v) < 2 ** 63)
+        what = names[i] if i < len(names) else "a shape or count entry"
+        raise arg_error(who[0], what, row[i], who[1], "must fit in a signed 64-bit integer") from None
+
+
+def gather_rows(lib, rows: list[np.ndarray], error: BaseException | None, timeout: float | None, op: str,
+                number: int) -> list[np.ndarray]:
+    """The header rows of several calls (a captured graph), gathered from every rank of ``lib``:
+    first how many calls each rank has, then the rows (``Allgatherv``). Returns one table per call,
+    the same on every rank.
+
+    Raises:
+        CollectiveError: a rank's local error (every rank raises the lowest failing rank's);
+        CollectiveMismatchError: ranks with different numbers of calls, naming the first call
+            that some rank has and another has not.
+    """
+    n, width = lib.size, H_LEN + 2 * lib.size
+    mine = np.array([1 if error is not None else 0, len(rows)], dtype=np.int64)
+    heads = np.empty((n, 2), dtype=np.int64)
+    where = (op, number, "its graph agreement (internal MPI Allgather/Allgatherv)")
+    lib.call("Allgather", ([mine, MPI.INT64_T], [heads, MPI.INT64_T]), timeout, where)
+    if heads[:, 0].any():
+        settle(lib, error, timeout, where)
+    counts = heads[:, 1]
+    every = np.empty((int(counts.sum()), width), dtype=np.int64)
+    sizes = counts * width
+    lib.call("Allgatherv", ([np.concatenate(rows) if rows else np.zeros(0, np.int64), MPI.INT64_T],
+                            [every, (sizes, np.concatenate(([0], np.cumsum(sizes)[:-1]))), MPI.INT64_T]),
+             timeout, where)
+    starts = np.concatenate(([0], np.cumsum(counts)[:-1]))
+    k = int(counts.min())
+    tables = [every[starts + i] for i in range(k)]
+    if counts.max() != k:
+        short = [r for r in range(n) if counts[r] == k]
+        long_ = [r for r in range(n) if counts[r] > k]
+        extra = OP_NAMES.get(int(every[starts[long_[0]] + k][H_OP]), "?")
+        for i, t in enumerate(tables):           # a call before it that differs is the first difference
+            check_table(op, t, None, lib.label, prefix=f"graph call {i}")
+        raise mismatch_error("graph", "number of calls", f"{_ranks(long_)} captured call {k} ({extra}), "
+                             f"{_ranks(short)} captured {k} call(s), on {lib.label}: every rank must capture "
+                             "the same calls, in the same order", long_[0])
+    return tables
 
 
 def sent(table: np.ndarray) -> np.ndarray:
@@ -71,10 +124,20 @@ def expected(table: np.ndarray) -> np.ndarray:
     return table[:, H_LEN + n:H_LEN + 2 * n]
 
 
-def check_table(op: str, table: np.ndarray, pair_names: tuple[str, str] | None, where: str) -> None:
+def check_table(op: str, table: np.ndarray, pair_names: tuple[str, str] | None, where: str, prefix: str = "") -> None:
     """The cross-rank rules, identical on every rank: the agreed fields are equal on every row;
     with ``pair_names`` (how to name the two per-peer vectors), what rank j expects from rank i
-    equals what rank i sends to rank j, for every pair."""
+    equals what rank i sends to rank j, for every pair. ``prefix`` names the call among several
+    ("graph call 3")."""
+    try:
+        _check_table(op, table, pair_names, where)
+    except CollectiveMismatchError as exc:
+        if not prefix:
+            raise
+        raise CollectiveMismatchError(f"{prefix} ({op}): {exc}", op=exc.op, param=exc.param, rank=exc.rank) from None
+
+
+def _check_table(op: str, table: np.ndarray, pair_names: tuple[str, str] | None, where: str) -> None:
     rows = table[:, H_OP:H_AGREED].tolist()        # (Python lists: faster than numpy on tiny tables)
     if rows.count(rows[0]) != len(rows):
         raise _diagnose(op, table, where)
@@ -106,6 +169,7 @@ PARAM_DESCRIBERS: dict = {}
 _FIELDS = (
     ("operation", lambda r: OP_NAMES.get(int(r[H_OP]), f"operator #{int(r[H_OP])}")),
     ("sequence number (MPICOLL_DEBUG)", lambda r: str(int(r[H_SEQ]))),
+    ("validate", lambda r: f"validate={bool(r[H_MODE])}"),
     ("dtype", lambda r: by_code(int(r[H_DTYPE])).name if r[H_DTYPE] else "-"),
     ("reduce_type", lambda r: repr(reduce_by_code(int(r[H_REDUCE])).name) if r[H_REDUCE] else "-"),
     ("rank_root", lambda r: str(int(r[H_ROOT]))),
@@ -122,8 +186,8 @@ def _diagnose(op: str, table: np.ndarray, where: str) -> Exception:
     value and the ranks holding it (``dtype differs across ranks: float32 on ranks [0, 2],
     float64 on rank 1``)."""
     rows = list(table)
-    fields = _FIELDS[:5] + (("operator parameters", lambda r: PARAM_DESCRIBERS.get(op, str)(int(r[H_PARAMS]))),
-                            _FIELDS[5])
+    fields = _FIELDS[:6] + (("operator parameters", lambda r: PARAM_DESCRIBERS.get(op, str)(int(r[H_PARAMS]))),
+                            _FIELDS[6])
     for name, show in fields:
         values = [show(r) for r in rows]
         if len(set(values)) == 1:
@@ -139,6 +203,9 @@ def _diagnose(op: str, table: np.ndarray, where: str) -> Exception:
                                   "same order", first_odd)
         if name.startswith("sequence"):
             detail += f", on {where}: a rank skipped or added a call"
+        if name == "validate":
+            detail += (f", on {where}: set it alike on every rank (it decides whether a rank makes this agreement "
+                       "on later calls)")
         return mismatch_error(op, name, detail, first_odd)
     raise AssertionError("rows differ in no named field")    # (every agreed column has a name above)
 

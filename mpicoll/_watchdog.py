@@ -15,21 +15,30 @@ never arrived. By default (``MPICOLL_TIMEOUT_ACTION=abort``, as NCCL's watchdog 
 the error and aborts the whole job, removing the MPICH shared-memory segments this process maps.
 ``MPICOLL_TIMEOUT_ACTION=raise`` only raises: the communicator then has a collective in flight and
 must not be used again.
+
+MPI may never return from a call whose peer is unreachable (a host or link down: the TCP netmod
+retries inside ``MPI_Test``), and then the polling loop never sees its deadline. A backstop thread
+covers that: every timed wait arms it; if the wait is still not over ``BACKSTOP`` seconds after its
+deadline (or the reading of the arrival marks hangs the same way), the thread prints the timeout
+text built without MPI (the operator, its call, the ranks it waited for) and ends the process with
+status 1, after giving ``MPI_Abort`` a moment to end the job.
 """
 from __future__ import annotations
 
 import glob
 import os
 import sys
+import threading
 import time
-from typing import Callable
+from typing import Any, Callable
 
 from mpi4py import MPI
 
-from ._errors import CollectiveArgumentError
+from ._errors import CollectiveArgumentError, CollectiveTimeout
 
 SPIN_SECONDS = 1.0  # poll continuously this long (capped at timeout / 10): full progress, full speed
 MAX_PAUSE = 5e-3    # longest sleep between polls afterwards, seconds
+BACKSTOP = 3.0      # seconds past a wait's deadline before the backstop thread ends the process
 _ACTIONS = ("abort", "raise")
 
 
@@ -55,25 +64,80 @@ def action_default() -> str:
     return action
 
 
-def wait(requests: list[MPI.Request], timeout: float, expired: Callable[[], BaseException]) -> None:
-    """Complete ``requests`` within ``timeout`` seconds, else raise ``expired()`` (or abort the job)."""
+def wait(requests: list[MPI.Request], timeout: float, expired: Callable[[], Any],
+         lost: Callable[[], str]) -> None:
+    """Complete ``requests`` within ``timeout`` seconds, else raise ``expired()`` (an error, or the
+    text of one), or abort the job. ``lost()``: the text the backstop prints if MPI never returns."""
     if done(requests):
         return
     now = time.monotonic()
     deadline, spin_until = now + timeout, now + min(SPIN_SECONDS, timeout / 10)
     pause = 1e-4
-    while not done(requests):
-        now = time.monotonic()
-        if now < spin_until:
-            os.sched_yield()      # a pure yield (sleep(0) would pay the kernel's ~50 us timer slack)
-            continue
-        if now > deadline:
-            error = expired()
-            if action_default() == "abort":
-                abort(f"mpicoll watchdog: {error}; aborting the job (MPICOLL_TIMEOUT_ACTION=raise only raises)")
-            raise error
-        time.sleep(pause)
-        pause = min(pause * 2, MAX_PAUSE)
+    ticket = _BACKSTOP.arm(deadline + BACKSTOP, lost)
+    try:
+        while not done(requests):
+            now = time.monotonic()
+            if now < spin_until:
+                os.sched_yield()      # a pure yield (sleep(0) would pay the kernel's ~50 us timer slack)
+                continue
+            if now > deadline:
+                error = expired()
+                if not isinstance(error, BaseException):
+                    error = CollectiveTimeout(str(error), param="timeout")
+                if action_default() == "abort":
+                    abort(f"mpicoll watchdog: {error}; aborting the job (MPICOLL_TIMEOUT_ACTION=raise only raises)")
+                raise error
+            time.sleep(pause)
+            pause = min(pause * 2, MAX_PAUSE)
+    finally:
+        _BACKSTOP.disarm(ticket)
+
+
+class _Backstop:
+    """One daemon thread per process, armed by every timed wait (see the module docstring)."""
+
+    def __init__(self) -> None:
+        self._cond = threading.Condition()
+        self._ticket = 0
+        self._armed: tuple[int, float, Callable[[], str]] | None = None
+        self._thread: threading.Thread | None = None
+
+    def arm(self, at: float, lost: Callable[[], str]) -> int:
+        with self._cond:
+            self._ticket += 1
+            self._armed = (self._ticket, at, lost)
+            if self._thread is None:
+                self._thread = threading.Thread(target=self._run, name="mpicoll-watchdog", daemon=True)
+                self._thread.start()
+            self._cond.notify()
+            return self._ticket
+
+    def disarm(self, ticket: int) -> None:
+        with self._cond:
+            if self._armed is not None and self._armed[0] == ticket:
+                self._armed = None
+
+    def _run(self) -> None:
+        with self._cond:
+            while True:
+                if self._armed is None:
+                    self._cond.wait()
+                    continue
+                ticket, at, lost = self._armed
+                left = at - time.monotonic()
+                if left > 0:
+                    self._cond.wait(left)
+                    continue
+                break
+        try:
+            text = lost()
+        except Exception as exc:  # noqa: BLE001 - the process ends either way
+            text = f"a timed MPI call did not return ({exc})"
+        end_process(f"mpicoll watchdog: {text}; ending this process (MPI did not return within "
+                    f"{BACKSTOP:g} s of the deadline)")
+
+
+_BACKSTOP = _Backstop()
 
 
 def done(requests: list[MPI.Request]) -> bool:
@@ -112,15 +176,38 @@ def stale_segments(candidates: set[str] | None = None) -> list[str]:
 def abort(message: str, code: int = 1) -> None:
     """Print ``message``, unlink this job's shared-memory files (only those this process maps: the
     peers keep their mappings), and abort every rank."""
-    sys.stderr.write(message.rstrip() + "\n")
-    sys.stderr.flush()
+    _say(message)
     # Give mpirun's output forwarder a moment: when two ranks time out together, the first Abort
     # kills the job and a message still in the other's pipe was lost (seen once in CI).
     time.sleep(0.2)
+    _unlink_own_segments()
+    MPI.COMM_WORLD.Abort(code)
+    os._exit(code)  # Abort does not return; if an MPI ever let it, do not run on
+
+
+def end_process(message: str, code: int = 1) -> None:
+    """From a thread other than the one stuck in MPI: print ``message``, unlink this process's
+    shared-memory files, give ``MPI_Abort`` (in a thread of its own: it may block too) a moment to
+    end the job, then end this process whatever MPI does."""
+    _say(message)
+    _unlink_own_segments()
+    if MPI.Is_initialized() and not MPI.Is_finalized() and MPI.Query_thread() == MPI.THREAD_MULTIPLE:
+        threading.Thread(target=MPI.COMM_WORLD.Abort, args=(code,), daemon=True).start()
+        time.sleep(1.0)
+    os._exit(code)
+
+
+def _say(message: str) -> None:
+    try:
+        sys.stderr.write(message.rstrip() + "\n")
+        sys.stderr.flush()
+    except Exception:  # noqa: BLE001 - a closed stderr must not stop an abort
+        pass
+
+
+def _unlink_own_segments() -> None:
     for path in own_shm_segments():
         try:
             os.unlink(path)
         except OSError:
             pass
-    MPI.COMM_WORLD.Abort(code)
-    os._exit(code)  # Abort does not return; if an MPI ever let it, do not run on

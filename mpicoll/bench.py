@@ -21,7 +21,7 @@ from dataclasses import dataclass, field
 import numpy as np
 from mpi4py import MPI
 
-from . import ops as _ops, quant as _quant  # noqa: F401 - registers the operators
+from . import ops as _ops  # noqa: F401 - registers the operators
 from ._domains import declare_domains, domain, domain_members, world as lib_world
 from ._dtypes import DTYPES, REDUCE_OPS
 from ._golden import BENCHES, BenchCase, count_wrong

@@ -9,7 +9,7 @@ from typing import Callable, TextIO
 import numpy as np
 from mpi4py import MPI
 
-from . import ops as _ops, quant as _quant  # noqa: F401 - registers the operators and their check specs
+from . import hccl as _hccl, ops as _ops  # noqa: F401 - registers the operators and their check specs
 from ._domains import world as lib_world
 from ._dtypes import DTYPES
 from ._golden import CHECKS, SEED, count_wrong
@@ -137,7 +137,7 @@ def check_placement(path: str) -> tuple[bool, str]:
     Raises:
         CollectiveArgumentError: the table is malformed or its size is not the world's (every rank).
     """
-    from ._domains import rank_table
+    from ._ranktable import rank_table
     table = rank_table(path)
     world = lib_world().mpi
     where = world.allgather((MPI.Get_processor_name(), local_addresses()))

@@ -238,7 +238,7 @@ PLANS = """
     from mpi4py import MPI
     rank = MPI.COMM_WORLD.Get_rank()
     op = mpicoll.AllReduceOperation()
-    x = np.ones(1 << 18, np.float16)          # 512 KiB of float16: three steps, on a private copy
+    x = np.ones(1 << 18, np.float16)          # 512 KiB of float16: three steps
     plan = op.prepare(x)
     plan.run()
     if rank == 1:
@@ -260,4 +260,4 @@ def test_watchdog_covers_started_plans(tmp_path):
     assert res.returncode != 0 and seconds < 20, (seconds, res.stdout, res.stderr[-2000:])
     assert "in its 3rd AllReduce call there, waiting in MPI Alltoall" in res.stdout, res.stdout
     assert "(started by Plan.start)" in res.stdout, res.stdout
-    assert "a plan's copy of the world" in res.stdout and "ranks that did not arrive: [1]" in res.stdout, res.stdout
+    assert "of the world (mpicoll.world)" in res.stdout and "ranks that did not arrive: [1]" in res.stdout, res.stdout

@@ -7,8 +7,8 @@ import pytest
 
 from mpicoll._golden import CHECKS, SEED, count_wrong
 from mpicoll import CollectiveArgumentError
-from mpicoll._native import KERNELS
-from mpicoll.ops import _base
+from mpicoll._numeric import KERNELS
+from mpicoll import _numeric
 
 from _mpi import RANK, SIZE
 
@@ -76,7 +76,7 @@ def test_conversions_are_bit_identical_to_numpy():
 @pytest.mark.mpi(min_size=1)
 @pytest.mark.parametrize("name", ["AllReduce", "ReduceScatter", "ReduceScatterV", "Reduce"])
 def test_numpy_fallback_path(monkeypatch, name):
-    monkeypatch.setattr(_base, "KERNELS", None)
+    monkeypatch.setattr(_numeric, "KERNELS", None)
     spec = CHECKS[name]
     for dtype in ("float16", "bfloat16"):
         for case in spec.cases(SIZE):

@@ -334,7 +334,8 @@ def test_v_operators_make_the_same_mpi_call_on_every_rank(equal, validate, monke
 @pytest.mark.mpi(min_size=1)
 def test_uniform_v_counts_keep_the_regular_call(monkeypatch):
     """Validated AllToAllV/VV2 with uniform packed counts (and their plans) run Alltoall; validation
-    off, where no rank knows the others' counts, Alltoallv."""
+    off, where no rank knows the others' counts, Alltoallv (after the first call, which always
+    agrees)."""
     log = _spy_calls(monkeypatch)
     n, c = SIZE, 3
     x = np.arange(n * c, dtype=np.float32) + 100 * RANK
@@ -343,15 +344,17 @@ def test_uniform_v_counts_keep_the_regular_call(monkeypatch):
     for validate, call in ((True, "Alltoall"), (False, "Alltoallv")):
         del log[:]
         op = mpicoll.AllToAllVV2Operation(validate=validate)
-        assert np.array_equal(op.execute(x, *plan).reshape(-1), want)
-        assert log[-1] == call, (validate, log)
+        for k in range(2):
+            assert np.array_equal(op.execute(x, *plan).reshape(-1), want)
+            assert log[-1] == (call if k else "Alltoall"), (validate, log)
         v = mpicoll.AllToAllVOperation(mpicoll.AllToAllVParam(
             send_counts=plan[0], sdispls=plan[1], recv_counts=plan[2], rdispls=plan[3]), validate=validate)
-        assert np.array_equal(v.execute(x).reshape(-1), want) and log[-1] == call
+        for k in range(2):
+            assert np.array_equal(v.execute(x).reshape(-1), want) and log[-1] == (call if k else "Alltoall")
         for o in (op, v):                   # plans always agree: the regular call either way
             args = (x, *plan) if o is op else (x,)
             with o.prepare(*args) as p:
-                assert [s.name for s in p._steps] == ["Alltoall"]
+                assert [s.name for s in p._steps if s.comm is not None] == ["Alltoall"]
                 assert np.array_equal(p.run().reshape(-1), want)
     if SIZE > 1:                      # one rank's layout permuted: not uniform on every rank
         sd = plan[1][::-1] if RANK == 0 else plan[1]

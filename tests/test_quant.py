@@ -8,10 +8,9 @@ import pytest
 
 import mpicoll
 from mpicoll import CollectiveArgumentError, QuantAllReduceOperation, QuantAllReduceParam, dequantize, quantize
-from mpicoll import quant as Q
 from mpicoll._golden import CHECKS, SEED, count_wrong
-from mpicoll import _native
-from mpicoll.quant import bytes_per_rank, plan_chunks
+from mpicoll import _numeric as N
+from mpicoll.ops.quant import bytes_per_rank, plan_chunks
 
 from _mpi import RANK, SIZE, raises_everywhere
 
@@ -142,7 +141,7 @@ def test_non_int8_message_is_specific():
 
 # ----------------------------------------------------------------------------- C kernels and numpy path
 
-kernels = pytest.mark.skipif(_native.KERNELS is None, reason="the optional _kernels extension is not built")
+kernels = pytest.mark.skipif(N.KERNELS is None, reason="the optional _kernels extension is not built")
 PATHS = ["numpy", pytest.param("c-portable", marks=kernels), pytest.param("c-simd", marks=kernels)]
 
 
@@ -151,14 +150,14 @@ def path(request, monkeypatch):
     """Run the test on one compute path: numpy (as without the C extension), the portable C loops,
     or the F16C/AVX2 loops (the default where the CPU has them)."""
     if request.param == "numpy":
-        monkeypatch.setattr(_native, "KERNELS", None)
+        monkeypatch.setattr(N, "KERNELS", None)
         yield request.param
         return
-    before = _native.KERNELS.use_simd(request.param == "c-simd")
+    before = N.KERNELS.use_simd(request.param == "c-simd")
     try:
         yield request.param
     finally:
-        _native.KERNELS.use_simd(before)
+        N.KERNELS.use_simd(before)
 
 
 def _same_bits(a, b):
@@ -191,7 +190,7 @@ def test_dequant_sum_is_bit_identical_to_the_definition(path, rows, block):
         with np.errstate(all="ignore"):
             expected = _reference_sum(q, scales, block)
             for dtype in (np.float16, np.float32):
-                got = Q._dequant_sum(q, scales, block, np.empty(c, dtype))
+                got = N.dequant_sum(q, scales, block, np.empty(c, dtype))
                 assert _same_bits(got, expected.astype(dtype)), (c, dtype)
 
 
@@ -203,12 +202,12 @@ def test_fused_dequant_sum_quantize_equals_the_two_steps(path, block, qblock):
     for rows, c in ((1, 5), (3, 4097), (2, 70_001)):
         q = rng.integers(-128, 128, (rows, c), dtype=np.int8)
         scales = rng.uniform(0.001, 10, (rows, -(-c // block) if block else 1)).astype(np.float32)
-        scales[-1, 0] = 3e38                 # an overflowing sum: inf / NaN scales, q 0, as _quantize
+        scales[-1, 0] = 3e38                 # an overflowing sum: inf / NaN scales, q 0, as quantize_into
         nq = -(-c // qblock)
         qout, sout = np.empty(c, np.int8), np.empty(nq, np.float32)
         with np.errstate(all="ignore"):
-            Q._dequant_sum_quantize(q, scales, block, qblock, qout, sout)
-            rq, rs = Q._quantize(Q._dequant_sum(q, scales, block, np.empty(c, np.float32)), qblock)
+            N.dequant_sum_quantize(q, scales, block, qblock, qout, sout)
+            rq, rs = N.quantize_into(N.dequant_sum(q, scales, block, np.empty(c, np.float32)), qblock)
         assert np.array_equal(qout, rq) and _same_bits(sout, rs), (rows, c)
 
 
@@ -216,7 +215,7 @@ def test_fused_dequant_sum_quantize_equals_the_two_steps(path, block, qblock):
 def test_dequant_sum_keeps_the_sign_of_an_all_negative_zero_sum(path):
     q = np.array([[-3, 2, 0, -1]] * 3, np.int8)          # q * 0.0 is -0.0 where q < 0
     for dtype in (np.float16, np.float32):
-        got = Q._dequant_sum(q, np.zeros((3, 1), np.float32), 0, np.empty(4, dtype))
+        got = N.dequant_sum(q, np.zeros((3, 1), np.float32), 0, np.empty(4, dtype))
         assert np.signbit(got).tolist() == [True, False, False, True]
 
 
@@ -247,7 +246,7 @@ def test_quantize_kernel_is_bit_identical_to_the_definition(path, dtype, block):
                 start = (size // block - 1) * block
                 x[start:start + block] = (np.arange(block) % 40 * (1e-42 if dtype == np.float32 else 6e-8)).astype(dtype)
         with np.errstate(all="ignore"):
-            q, s = Q._quantize(np.ascontiguousarray(x), block)
+            q, s = N.quantize_into(np.ascontiguousarray(x), block)
             rq, rs = _quantize_reference(x, block)
         assert np.array_equal(q, rq) and _same_bits(s, rs), size
 

@@ -7,7 +7,7 @@ from mpi4py import MPI
 
 from mpicoll import (CollectiveArgumentError, QuantAllReduceOperation, QuantAllReduceParam, dequantize,
                      quantize)
-from mpicoll.quant import bytes_per_rank
+from mpicoll.ops.quant import bytes_per_rank
 
 world = MPI.COMM_WORLD
 rank, n = world.Get_rank(), world.Get_size()

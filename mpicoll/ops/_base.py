@@ -1,9 +1,15 @@
-"""The Operation base class, the operator registry and the float32-accumulation reduction path.
+"""The Operation base class, the operator registry, and the reduce-scatter building blocks.
 
 One call flows in one straight line (docs/design.md)::
 
-    execute(args) = describe(args) -> [agree: one header Allgather + a row comparison] -> issue(call, table, go)
-    prepare(args) = describe(args) ->  agree                                            -> issue(..., Recorder) -> Plan
+    execute(args)  = count -> describe -> [agree] -> issue(call, table, Runner)           (at once)
+    prepare(args)  = count -> describe ->  agree  -> issue(call, table, Recorder) -> Plan  (run many times)
+    _start(args)   = count -> describe -> [agree] -> issue(call, table, Recorder) -> Handle (one-shot, non-blocking)
+
+``describe`` and ``agree`` are one routine, :meth:`Operation._call` (:func:`agree_calls` for the
+agreement of one call or of many: the Hccl client and captured graphs use the same). The first
+call of an operation always agrees, whatever its ``validate``: that is where a Param error on one
+rank, or a ``validate`` set differently across ranks, is raised on every rank.
 
 An operator subclass supplies ``describe`` (local and pure: its arguments -> a
 :class:`~mpicoll._plan.Call`, raising on a rule one rank can see) and ``issue`` (the only place that
@@ -19,15 +25,16 @@ from mpi4py import MPI
 
 from .. import _validate as V
 from .._comm import OP_NAMES, LibComm, op_code
-from .._domains import lib_domain, lookup, rank_table, user_comm, world
+from .._domains import lib_domain, lookup, user_comm, world
+from .._ranktable import rank_table
 from .._dtypes import BY_NP, DType, ReduceOp, reduce_op
 from .._errors import CollectiveArgumentError, agree, arg_error, as_collective_error
-from .._native import KERNELS
+from .._numeric import reduce_chunks
 from .._params import CommParam
-from .._plan import Call, Plan, Recorder, Runner
+from .._plan import Call, Handle, Plan, Recorder, Runner, count_call
 from .._watchdog import timeout_default
 
-#: name -> Operation class, for every registered operator (check, bench and the CLI iterate it).
+#: name -> Operation class, for every public operator (check, bench, the CLI and the tests iterate it).
 OPERATIONS: dict[str, type["Operation"]] = {}
 
 
@@ -36,9 +43,10 @@ class Operation:
 
     Args:
         param: the operator's Param (default: all defaults, on the world).
-        validate: run the cross-rank checks (default: ``MPICOLL_VALIDATE``, on). Off saves one small
-            ``Allgather`` per ``execute``; bad input may then hang or give wrong results, as in raw
-            MPI. ``prepare`` always checks. Set it alike on every rank.
+        validate: run the cross-rank checks on every call (default: ``MPICOLL_VALIDATE``, on). Off
+            saves one small ``Allgather`` per ``execute`` after the first (the first call always
+            agrees); bad input may then hang or give wrong results, as in raw MPI. ``prepare``
+            always checks. Set it alike on every rank: the first call raises on every rank if not.
         timeout: seconds before a collective that some rank never joins raises
             :class:`~mpicoll.CollectiveTimeout` (and, by default, aborts the job); default
             ``MPICOLL_TIMEOUT``, unset = wait forever, as MPI does.
@@ -47,6 +55,8 @@ class Operation:
     NAME: ClassVar[str] = ""
     PARAM: ClassVar[type[CommParam]] = CommParam
     CODE: ClassVar[int] = 0
+    #: listed in OPERATIONS (False: an internal kind, e.g. the Hccl client's tasks)
+    PUBLIC: ClassVar[bool] = True
     #: how errors name the per-peer send / expect vectors of the count-pair rule (V operators)
     PAIR_NAMES: ClassVar[tuple[str, str] | None] = None
 
@@ -54,8 +64,9 @@ class Operation:
         super().__init_subclass__(**kw)
         if cls.__dict__.get("NAME"):     # (a subclass that keeps its parent's NAME does not replace it)
             cls.CODE = op_code(cls.NAME)
-            OPERATIONS[cls.NAME] = cls
             OP_NAMES[cls.CODE] = cls.NAME
+            if cls.PUBLIC:
+                OPERATIONS[cls.NAME] = cls
 
     def __init__(self, param: CommParam | None = None, *, validate: bool | None = None,
                  timeout: float | None = None) -> None:
@@ -74,13 +85,14 @@ class Operation:
         self._lib: LibComm | None = None
         self._comms: tuple[LibComm, ...] = ()
         self._param_error: BaseException | None = None
+        self._agreed_once = False
         self._runner = Runner(self.NAME, self.timeout)
 
     # -- binding -------------------------------------------------------------------------------------
     def _bind(self) -> LibComm:
         """Resolve the communicator (first call) and check the param against it. A param error is
         kept, and raised on every rank by the first agreement."""
-        lib = self._resolve(self.param.comm, self.param.comm_domain, self.param.rank_size, "comm_domain")
+        lib = resolve(self.NAME, self.param.comm, self.param.comm_domain, self.param.rank_size, "comm_domain")
         self.comm, self.rank, self.size = lib.mpi, lib.rank, lib.size
         self._lib, self._comms = lib, (lib,)
         p = self.param
@@ -100,38 +112,16 @@ class Operation:
             self.validate = True
         return lib
 
-    def _resolve(self, comm: Any, name: Any, rank_size: Any, what: str) -> LibComm:
-        """The library communicator for a user comm, else a domain name, else the world."""
-        if comm is not None:
-            if not isinstance(comm, MPI.Comm) or comm == MPI.COMM_NULL:
-                raise CollectiveArgumentError(f"{self.NAME}: comm={comm!r}: must be an mpi4py MPI.Comm",
-                                              op=self.NAME, param="comm")
-            return user_comm(comm)
-        if name:
-            if not isinstance(name, str):
-                raise CollectiveArgumentError(f"{self.NAME}: {what}={name!r}: must be a str", op=self.NAME,
-                                              param=what)
-            return lookup(name) or lib_domain(name, rank_size)
-        return world()
-
     def _bind_param(self) -> None:
         """Operator-specific param checks and bindings, once the communicator is known."""
 
     # -- the call path ---------------------------------------------------------------------------------
     def _execute(self, *args: Any) -> Any:
-        """``execute``: describe -> agree (validation on) -> issue, at once."""
-        lib = self._lib or self._bind()
-        calls = lib.calls                 # (this call's number, as the user counts calls)
-        number = calls[self.NAME] = calls.get(self.NAME, 0) + 1
-        if len(self._comms) > 1:
-            for c in self._comms[1:]:
-                c.count(self.NAME)
-        if self.validate:
-            call, table = self._agreed(args, number)
-        else:
-            if self._param_error is not None:
-                raise self._param_error
-            call, table = self.describe(*args), None
+        """``execute``: describe -> agree (validation on, and always the first call) -> issue, at once."""
+        if self._lib is None:
+            self._bind()
+        number = count_call(self._comms, self.NAME)
+        call, table = self._call(args, number, self.validate or not self._agreed_once)
         if call.src is not None:
             np.copyto(call.x, call.src)
         self.issue(call, table, self._runner)
@@ -141,30 +131,51 @@ class Operation:
         """``prepare``: describe -> agree (always) -> issue into a Recorder -> a Plan."""
         if self._lib is None:
             self._bind()
-        call, table = self._agreed(args, self._count())
-        go = Recorder()
+        number = count_call(self._comms, self.NAME)
+        call, table = self._call(args, number, True)
+        rec = Recorder()
+        self._record(call, table, rec, count=True)
+        return Plan(rec, self.timeout)
+
+    def _start(self, *args: Any) -> Handle:
+        """A one-shot non-blocking call (the functional API's ``async_op=True``): describe ->
+        agree (as ``execute`` does) -> issue into a Recorder, whose steps a :class:`Handle` starts
+        at once (``I`` calls, no persistent requests) and completes in ``wait()``."""
+        if self._lib is None:
+            self._bind()
+        number = count_call(self._comms, self.NAME)
+        call, table = self._call(args, number, self.validate or not self._agreed_once)
+        rec = Recorder()
+        self._record(call, table, rec, count=False)
+        return Plan(rec, self.timeout, persistent=False).start()
+
+    def _call(self, args: tuple, number: int, agree: bool) -> tuple[Call, np.ndarray | None]:
+        """THE describe-and-agree routine: describe this rank's arguments (a local failure is kept,
+        never raised alone), then, when ``agree``, agree them over the operation's communicator:
+        every rank raises the same error, or every rank gets the same header table."""
+        call, err = self._described(args)
+        if not agree:
+            if err is not None:
+                raise err
+            return call, None
+        return call, agree_calls(self._lib, [(self, call, err)], self.timeout, number)[0]
+
+    def _described(self, args: tuple) -> tuple[Call | None, BaseException | None]:
+        """``describe(*args)``, or the error it (or the Param, at binding) raised on this rank."""
+        if self._param_error is not None:
+            return None, self._param_error
+        try:
+            return self.describe(*args), None
+        except Exception as exc:  # noqa: BLE001 - every local failure is agreed, never raised alone
+            return None, as_collective_error(exc, self.NAME, self.rank)
+
+    def _record(self, call: Call, table: np.ndarray | None, rec: Recorder, count: bool) -> None:
+        """Record the call as one part of a plan (``count``: the part counts itself when it runs)."""
+        rec.begin(self.NAME, self._comms, count)
         if call.src is not None:
-            go.local(np.copyto, call.x, call.src)
-        self.issue(call, table, go)
-        return Plan(self.NAME, call, go.steps, self._comms, self.timeout)
-
-    def _count(self) -> int:
-        """Count this call on each communicator; returns its number on the first."""
-        return [c.count(self.NAME) for c in self._comms][0]
-
-    def _agreed(self, args: tuple, number: int) -> tuple[Call | None, np.ndarray]:
-        """Describe (a local failure is kept), then agree over the operation's communicator: every
-        rank raises the same error, or every rank has the same table."""
-        lib, err, call = self._lib, self._param_error, None
-        if err is None:
-            try:
-                call = self.describe(*args)
-            except Exception as exc:  # noqa: BLE001 - every local failure is agreed, never raised alone
-                err = as_collective_error(exc, self.NAME, self.rank)
-        h = V.header(lib.size, self.CODE, call, lib.seq if lib.debug else 0)
-        table = agree(lib, h, err, self.timeout, self.NAME, number)
-        V.check_table(self.NAME, table, self.PAIR_NAMES, lib.label)
-        return call, table
+            rec.local(np.copyto, call.x, call.src)
+        self.issue(call, table, rec)
+        rec.end(call.result)
 
     def describe(self, *args: Any) -> Call:
         """Local and pure: this rank's arguments -> a :class:`~mpicoll._plan.Call`; raise
@@ -172,9 +183,9 @@ class Operation:
         raise NotImplementedError
 
     def issue(self, call: Call, table: np.ndarray | None, go: Any) -> None:
-        """The MPI calls (``go.mpi``) and local work (``go.local``) of one call, in order. ``table``
-        is the agreed header table, or None (validation off): choices that depend on other ranks'
-        values may only be made from it."""
+        """The MPI calls (``go.mpi``, ``go.start``/``go.wait``) and local work (``go.local``) of
+        one call, in order. ``table`` is the agreed header table, or None (validation off):
+        choices that depend on other ranks' values may only be made from it."""
         raise NotImplementedError
 
     # -- describe helpers ------------------------------------------------------------------------------
@@ -194,6 +205,48 @@ class Operation:
         if out is None:
             return np.empty(shape, dtype=dtype)
         return V.check_out(self.NAME, out, shape, dtype, self.rank, x, in_place_ok, name)
+
+
+def resolve(op: str, comm: Any, name: Any, rank_size: Any, what: str) -> LibComm:
+    """The library communicator for a user comm, else a domain name, else the world (the one
+    place that maps an operation's, or the Hccl client's, arguments to a communicator)."""
+    if comm is not None:
+        if not isinstance(comm, MPI.Comm) or comm == MPI.COMM_NULL:
+            raise CollectiveArgumentError(f"{op}: comm={comm!r}: must be an mpi4py MPI.Comm", op=op, param="comm")
+        return user_comm(comm)
+    if name:
+        if not isinstance(name, str):
+            raise CollectiveArgumentError(f"{op}: {what}={name!r}: must be a str", op=op, param=what)
+        return lookup(name) or lib_domain(name, rank_size)
+    return world()
+
+
+def agree_calls(lib: LibComm, entries: list[tuple[Operation, Call | None, BaseException | None]],
+                timeout: float | None, number: int) -> list[np.ndarray]:
+    """Agree described calls over ``lib``: one header row per call (``V.header``; a value that does
+    not fit becomes a local error), gathered from every rank, then the cross-rank rules of each
+    call (``V.check_table``). Every rank raises the same error, or every rank gets the same tables,
+    one per call. One call: one ``Allgather``; several (a captured graph): their number, then
+    their rows (``Allgatherv``), so that ranks that captured different numbers of calls are told
+    apart, by the index of the first call that differs."""
+    rows, err = [], None
+    for op, call, e in entries:
+        try:
+            row = V.header(lib.size, op.CODE, call, op.validate, lib.seq if lib.debug else 0, (op.NAME, lib.rank))
+        except Exception as exc:  # noqa: BLE001 - a value this rank cannot send is its local error
+            row, e = V.header(lib.size, op.CODE, None, op.validate, 0), e or as_collective_error(exc, op.NAME,
+                                                                                                 lib.rank)
+        rows.append(row)
+        err = err or e
+    first = entries[0][0]
+    if len(entries) == 1:
+        tables = [agree(lib, rows[0], err, timeout, first.NAME, number)]
+    else:
+        tables = V.gather_rows(lib, rows, err, timeout, first.NAME, number)
+    for k, ((op, _, _), table) in enumerate(zip(entries, tables)):
+        V.check_table(op.NAME, table, op.PAIR_NAMES, lib.label, f"graph call {k}" if len(entries) > 1 else "")
+        op._agreed_once = True
+    return tables
 
 
 class ReduceTypeOperation(Operation):
@@ -217,75 +270,51 @@ def prefix(counts) -> np.ndarray:
     return np.concatenate(([0], np.cumsum(counts)[:-1])).astype(np.int64)
 
 
-#: elements per cache tile of the numpy float32 reduction (two float32 tiles stay in L2)
-TILE = 1 << 16
-
-
-def to_f32(x: np.ndarray, out: np.ndarray) -> np.ndarray:
-    """Contiguous 16-bit floats -> float32 ``out`` (the C kernel for float16 when built)."""
-    if KERNELS is not None and x.dtype == np.float16:
-        KERNELS.f16_to_f32(x, out)
-    else:
-        np.copyto(out, x.reshape(out.shape))
-    return out
-
-
-def from_f32(acc: np.ndarray, out: np.ndarray) -> np.ndarray:
-    """Round a contiguous float32 array into ``out`` (float16 or bfloat16), to nearest even."""
-    if KERNELS is not None and out.dtype == np.float16:
-        KERNELS.f32_to_f16(acc, out)
-    else:
-        with np.errstate(over="ignore", invalid="ignore"):   # overflow to inf is the IEEE answer
-            np.copyto(out, acc.reshape(out.shape), casting="unsafe")
-    return out
-
-
-def reduce_chunks(parts: np.ndarray, dt: DType, rop: ReduceOp, out: np.ndarray) -> np.ndarray:
-    """Reduce ``parts[i]`` (one row per source rank) in rank order into ``out``: integers in their
-    own dtype (wrapping, as MPI does), 16-bit floats accumulated in float32 and rounded once.
-
-    With the C kernels: one vectorised pass over the rows, bit-identical to numpy. Otherwise numpy
-    tile by tile, so that the float32 accumulator and the converted row stay in cache.
-    """
-    n, c = parts.shape
-    out = out.reshape(-1)
-    if dt.reduce == "native":
-        if n:
-            rop.ufunc.reduce(parts, axis=0, out=out)
-        return out
-    if KERNELS is not None and n:
-        kernel = KERNELS.reduce_f16 if dt.name == "float16" else KERNELS.reduce_bf16
-        kernel(parts.view(np.uint16), out.view(np.uint16), n, rop.code - 1)
-        return out
-    acc = np.empty(min(c, TILE), dtype=np.float32)
-    tmp = np.empty_like(acc)
-    with np.errstate(over="ignore", invalid="ignore"):   # overflow to inf / NaN are the IEEE answers
-        for s in range(0, c, TILE):  # each step is vectorised over a tile and over the ranks' rows
-            e = min(s + TILE, c)
-            a, t = acc[:e - s], tmp[:e - s]
-            np.copyto(a, parts[0, s:e])
-            for i in range(1, n):
-                np.copyto(t, parts[i, s:e])
-                rop.ufunc(a, t, out=a)
-            np.copyto(out[s:e], a, casting="unsafe")
-    return out
-
-
 def alltoall_reduce(go: Any, comm: LibComm, flat: np.ndarray, dt: DType, rop: ReduceOp, counts: np.ndarray,
-                    displs: np.ndarray | None, out: np.ndarray, recv: np.ndarray | None = None) -> None:
+                    displs: np.ndarray | None, out: np.ndarray, recv: np.ndarray | None = None,
+                    block_type: MPI.Datatype | None = None) -> None:
     """Reduce-scatter as an AllToAll of the blocks plus a local reduction of this rank's block from
-    every rank (:func:`reduce_chunks`, rank order): 16-bit floats travel as 16 bits and accumulate
-    in float32; 8-bit integers reduce in numpy, faster than MPICH's own byte loop for large blocks.
+    every rank (``reduce_chunks``, rank order): 16-bit floats travel as 16 bits and accumulate in
+    float32; 8-bit integers reduce in numpy, faster than MPICH's own byte loop for large blocks.
 
     Block j (``counts[j]`` elements at ``displs[j]`` of ``flat``) goes to rank j; ``out`` receives
     this rank's reduced block (``counts[rank]`` elements). ``displs=None`` means packed and uniform
     counts (``Alltoall``, about 2x faster than ``Alltoallv`` in MPICH): callers pass it only when
-    that holds on every rank. ``recv``: scratch of ``n * counts[rank]`` elements, or None (fresh).
+    that holds on every rank. ``block_type``: one block per rank in this datatype (a block resized
+    to a stride: the Hccl client's layouts). ``recv``: scratch of ``n * counts[rank]`` elements, or
+    None (fresh).
     """
     n, c = comm.size, out.size
     recv = np.empty((n, c), dtype=dt.np) if recv is None else recv[:n * c].reshape(n, c)
-    if displs is None:
+    if block_type is not None:
+        go.mpi(comm, "Alltoall", [flat, 1, block_type], [recv, c, dt.mpi])
+    elif displs is None:
         go.mpi(comm, "Alltoall", [flat, dt.mpi], [recv, dt.mpi])
     else:
         go.mpi(comm, "Alltoallv", [flat, (counts, displs), dt.mpi], [recv, (np.full(n, c), np.arange(n) * c), dt.mpi])
     go.local(reduce_chunks, recv, dt, rop, out)
+
+
+def reduce_scatter(go: Any, comm: LibComm, blocks: np.ndarray, counts: list[int], dt: DType, rop: ReduceOp,
+                   out: np.ndarray, packed_everywhere: bool = True, block_type: MPI.Datatype | None = None,
+                   recv: np.ndarray | None = None) -> None:
+    """THE choice of a reduce-scatter's MPI calls (ReduceScatter, ReduceScatterV, the Hccl client).
+
+    ``blocks``: this rank's blocks in rank order, packed (block j: ``counts[j]`` elements), or,
+    with ``block_type``, one block per rank in that datatype. ``counts``: the blocks' sizes, the
+    same list on every rank. ``packed_everywhere``: every rank's blocks are packed (agreed: a
+    rank's layout is its own). MPI's own reduction runs for the dtypes it reduces natively when
+    every rank's blocks are packed (``Reduce_scatter_block`` for equal counts, else
+    ``Reduce_scatter``); otherwise an AllToAll of the blocks and a rank-order reduction
+    (:func:`alltoall_reduce`: float16/bfloat16 accumulated in float32).
+    """
+    equal = counts.count(counts[0]) == len(counts)
+    if dt.reduce == "native" and packed_everywhere:
+        if equal:
+            go.mpi(comm, "Reduce_scatter_block", [blocks, dt.mpi], [out, dt.mpi], rop.mpi)
+        else:
+            go.mpi(comm, "Reduce_scatter", [blocks, dt.mpi], [out, dt.mpi], counts, rop.mpi)
+        return
+    c = np.array(counts, dtype=np.int64)
+    alltoall_reduce(go, comm, blocks, dt, rop, c, None if equal or block_type is not None else prefix(counts), out,
+                    recv, block_type)

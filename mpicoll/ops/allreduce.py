@@ -11,7 +11,8 @@ from .._golden import (TORCH_OPS, BenchRun, BenchSpec, Case, CheckSpec, bench_da
                        raw_reduce_type, reduce_case_names, register_bench, register_check, torch_view)
 from .._params import ReduceTypeParam
 from .._plan import Call, Plan
-from ._base import ReduceTypeOperation, alltoall_reduce, from_f32, prefix, split_even, to_f32
+from .._numeric import from_f32, to_f32
+from ._base import ReduceTypeOperation, alltoall_reduce, prefix, split_even
 
 #: float16/bfloat16 AllReduce of at most this many bytes: cast to float32, one native float32
 #: Allreduce, cast back (one collective beats two at small sizes); above: the AllToAll path.
@@ -85,16 +86,22 @@ def reduce_pieces(go, comm, x: np.ndarray, out: np.ndarray | None, dt, rop, root
     reduction; else, and from PIECED_BYTES on in PIECE_BYTES pieces, AllToAll + a local reduction
     in rank order + AllGather (or Gather). ``out`` may be ``x`` (in place)."""
     n, in_place = comm.size, out is x
-    if dt.reduce == "native" and (dt.itemsize > 1 or x.size < BYTE_ALLTOALL_BYTES or n == 1) and (
-            x.nbytes < PIECED_BYTES or n == 1):                                # MPI's own reduction, one call
+    pieced = x.nbytes >= PIECED_BYTES and n > 1
+    if not pieced and _mpi_reduces(dt, x.size, n):                             # MPI's own reduction, one call
         _native(go, comm, x, out, dt, rop, root, in_place)
         return
     flat, oflat = x.reshape(-1), None if out is None else out.reshape(-1)
-    step = max(PIECE_BYTES // dt.itemsize, 1) if x.nbytes >= PIECED_BYTES and n > 1 else max(flat.size, 1)
+    step = max(PIECE_BYTES // dt.itemsize, 1) if pieced else max(flat.size, 1)
     scratch: dict = {}                    # the buffers the pieces share (they run one after the other)
     for s in range(0, flat.size, step):
         _piece(go, comm, flat[s:s + step], None if oflat is None else oflat[s:s + step], dt, rop, root, in_place,
                scratch)
+
+
+def _mpi_reduces(dt, size: int, n: int) -> bool:
+    """Whether MPI's own reduction serves a (piece of an) AllReduce or Reduce: the dtypes MPI
+    reduces natively, but not 8-bit integers from BYTE_ALLTOALL_BYTES on (MPICH's byte loop)."""
+    return dt.reduce == "native" and (dt.itemsize > 1 or size < BYTE_ALLTOALL_BYTES or n == 1)
 
 
 def _native(go, comm, x, out, dt, rop, root, in_place) -> None:
@@ -109,7 +116,7 @@ def _native(go, comm, x, out, dt, rop, root, in_place) -> None:
 def _piece(go, comm, x, out, dt, rop, root, in_place, scratch) -> None:
     """One flat piece of :func:`reduce_pieces`."""
     n, mine = comm.size, out is not None
-    if dt.reduce == "native" and (dt.itemsize > 1 or x.size < BYTE_ALLTOALL_BYTES or n == 1):
+    if _mpi_reduces(dt, x.size, n):
         _native(go, comm, x, out, dt, rop, root, in_place)
         return
     if dt.reduce != "native" and (x.nbytes <= SMALL_F32_BYTES or n == 1):

@@ -101,7 +101,7 @@ class _AllToAllVBase(Operation):
         packed = V.check_layout(op, "recv_counts", rc, "rdispls", rd, sum(rc), "sum(recv_counts)", r, receive=True)
         return sc, sd, rc, rd, packed
 
-    def _call(self, x, plan, infer_shape, out) -> Call:
+    def _v_call(self, x, plan, infer_shape, out) -> Call:
         x, dt, src = self._data(x)
         sc, sd, rc, rd, recv_packed = plan
         total = sum(rc)
@@ -171,7 +171,7 @@ class AllToAllVOperation(_AllToAllVBase):
         self._plan = self._counts(*(getattr(p, k) for k in _PLAN))
 
     def describe(self, x, out=None) -> Call:
-        return self._call(x, self._plan, None, out)
+        return self._v_call(x, self._plan, None, out)
 
 
 _PLAN = ("send_counts", "sdispls", "recv_counts", "rdispls")
@@ -214,7 +214,7 @@ class AllToAllVV2Operation(_AllToAllVBase):
         return self._prepare(x, send_counts, sdispls, recv_counts, rdispls, infer_shape, out)
 
     def describe(self, x, send_counts, sdispls, recv_counts, rdispls, infer_shape=None, out=None) -> Call:
-        return self._call(x, self._counts(send_counts, sdispls, recv_counts, rdispls), infer_shape, out)
+        return self._v_call(x, self._counts(send_counts, sdispls, recv_counts, rdispls), infer_shape, out)
 
 
 # ----------------------------------------------------------------------------- golden checks

@@ -15,7 +15,7 @@ from .._dtypes import DTYPES
 from .._golden import BenchRun, BenchSpec, Case, CheckSpec, bench_data, rank_data, register_bench, register_check
 from .._params import CommParam
 from .._plan import Call, Plan
-from ._base import Operation
+from ._base import Operation, resolve
 
 __all__ = ["AllToAllAllGatherOperation", "AllToAllAllGatherParam"]
 
@@ -77,8 +77,8 @@ class AllToAllAllGatherOperation(Operation):
         if not p.group_ep or not p.group_tp or p.group_ep == p.group_tp:
             raise V.arg_error(self.NAME, "group_tp", p.group_tp, self.rank,
                               f"group_ep ({p.group_ep!r}) and group_tp must name two different domains")
-        self._ep = self._resolve(None, p.group_ep, p.ep_world_size, "group_ep")
-        self._tp = self._resolve(None, p.group_tp, p.tp_world_size, "group_tp")
+        self._ep = resolve(self.NAME, None, p.group_ep, p.ep_world_size, "group_ep")
+        self._tp = resolve(self.NAME, None, p.group_tp, p.tp_world_size, "group_tp")
         for name, comm, size in (("ep_world_size", self._ep, p.ep_world_size), ("tp_world_size", self._tp,
                                                                                   p.tp_world_size)):
             if size is not None and size != comm.size:

@@ -12,7 +12,7 @@ from .._golden import (TORCH_OPS, BenchRun, BenchSpec, Case, CheckSpec, bench_da
                        torch_view)
 from .._params import ReduceTypeParam
 from .._plan import Call, Plan
-from ._base import ReduceTypeOperation, alltoall_reduce, prefix, split_even
+from ._base import ReduceTypeOperation, reduce_scatter
 
 
 __all__ = ["ReduceScatterOperation", "ReduceScatterParam", "ReduceScatterVOperation", "ReduceScatterVParam"]
@@ -72,11 +72,8 @@ class ReduceScatterOperation(ReduceTypeOperation):
         return call
 
     def issue(self, call, table, go) -> None:
-        x, out, dt = call.x, call.out, call.dt
-        if dt.reduce == "native":
-            go.mpi(self._lib, "Reduce_scatter_block", [x, dt.mpi], [out, dt.mpi], self._rop.mpi)
-        else:
-            alltoall_reduce(go, self._lib, x.reshape(-1), dt, self._rop, split_even(x.size, self.size), None, out)
+        x = call.x.reshape(-1)
+        reduce_scatter(go, self._lib, x, [x.size // self.size] * self.size, call.dt, self._rop, call.out)
 
 
 class ReduceScatterVOperation(ReduceTypeOperation):
@@ -138,18 +135,10 @@ class ReduceScatterVOperation(ReduceTypeOperation):
         # decides alike from them; the layout is each rank's own
         if call.info & V.BIT_PACKED:
             blocks = flat[:sum(sc)]
-        else:
+        else:                   # (packed into rank order first: every rank then has packed blocks)
             blocks = np.empty(sum(sc), dtype=x.dtype)
             go.local(_pack, flat, sc, sd, blocks)
-        equal = sc.count(sc[0]) == len(sc)
-        if dt.reduce == "native":
-            if equal:
-                go.mpi(comm, "Reduce_scatter_block", [blocks, dt.mpi], [out, dt.mpi], self._rop.mpi)
-            else:
-                go.mpi(comm, "Reduce_scatter", [blocks, dt.mpi], [out, dt.mpi], sc, self._rop.mpi)
-            return
-        counts = np.array(sc, dtype=np.int64)
-        alltoall_reduce(go, comm, blocks, dt, self._rop, counts, None if equal else prefix(sc), out)
+        reduce_scatter(go, comm, blocks, sc, dt, self._rop, out)
 
 
 def _pack(flat: np.ndarray, counts: list[int], displs: list[int], blocks: np.ndarray) -> None:

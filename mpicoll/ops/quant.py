@@ -16,14 +16,16 @@ from dataclasses import dataclass
 import numpy as np
 from mpi4py import MPI
 
-from . import _validate as V
-from ._dtypes import DTYPES
-from ._errors import CollectiveArgumentError, arg_error
-from ._golden import BenchRun, BenchSpec, Case, CheckSpec, bench_data, rank_data, register_bench, register_check, rng_for
-from . import _native
-from ._params import CommParam
-from ._plan import Call, Plan
-from .ops._base import TILE, Operation, from_f32, split_even
+from .. import _validate as V
+from .._dtypes import DTYPES
+from .._errors import CollectiveArgumentError, arg_error
+from .._golden import BenchRun, BenchSpec, Case, CheckSpec, bench_data, rank_data, register_bench, register_check, rng_for
+from .._numeric import dequant_sum, dequant_sum_quantize, quantize_into
+from .._params import CommParam
+from .._plan import Call, Plan
+from ._base import Operation, split_even
+
+__all__ = ["QuantAllReduceOperation", "QuantAllReduceParam", "dequantize", "quantize"]
 
 _INT8 = DTYPES["int8"]
 _F16 = DTYPES["float16"]
@@ -40,9 +42,10 @@ def _bad(op: str, param: str, value: object, rank: int | None, rule: str) -> Col
 
 def _check_block_size(block_size: object, name: str = "block_size", op: str = "quantize", rank: int | None = None,
                       allow_zero: bool = False) -> int:
-    if isinstance(block_size, bool) or not isinstance(block_size, (int, np.integer)) or block_size < (
-            0 if allow_zero else 1):
-        raise _bad(op, name, block_size, rank, "must be an int >= " + ("0 (0 = one scale)" if allow_zero else "1"))
+    if isinstance(block_size, bool) or not isinstance(block_size, (int, np.integer)) or not (
+            0 if allow_zero else 1) <= block_size < 1 << 62:
+        raise _bad(op, name, block_size, rank, "must be an int >= " + ("0 (0 = one scale)" if allow_zero else "1")
+                   + " and < 2**62")
     return int(block_size)
 
 
@@ -70,63 +73,10 @@ def quantize(x: np.ndarray, block_size: int) -> tuple[np.ndarray, np.ndarray]:
     if flat.dtype not in (np.float16, np.float32):
         with np.errstate(over="ignore"):                 # beyond float32's range: inf, refused below
             flat = flat.astype(np.float32)
-    q, scales = _quantize(np.ascontiguousarray(flat), block_size)
+    q, scales = quantize_into(np.ascontiguousarray(flat), block_size)
     if not np.isfinite(scales).all():     # a block's scale is finite exactly when its values are
         raise _bad("quantize", "x", "NaN or inf", None, "values must be finite")
     return q.reshape(x.shape), scales
-
-
-def _kernel(name: str):
-    """The C kernel ``name`` from mpicoll/_kernels.c, or None (not built, or MPICOLL_KERNELS=0):
-    the numpy path then gives the same bits, more slowly. Read at each use, so tests can switch."""
-    return getattr(_native.KERNELS, name, None)
-
-
-def _quantize(flat: np.ndarray, block_size: int, q: np.ndarray | None = None,
-              scales: np.ndarray | None = None) -> tuple[np.ndarray, np.ndarray]:
-    """:func:`quantize` of a flat, contiguous float32 or float16 array into ``q`` and ``scales``
-    (new arrays by default), unchecked: a block holding inf or NaN gets a non-finite scale and
-    q = 0 (it dequantizes to NaN) instead of an error, so that inside the pipeline one rank's
-    overflow can never leave the others waiting."""
-    nb = -(-flat.size // block_size)
-    q = np.empty(flat.size, dtype=np.int8) if q is None else q
-    scales = np.empty(nb, dtype=np.float32) if scales is None else scales
-    kernel = _kernel("quantize_i8")
-    if kernel is not None:
-        if flat.size:
-            kernel(flat, q, scales, block_size, flat.itemsize)
-        return q, scales
-    full = flat.size // block_size                       # whole blocks, then the short last one
-    per = max(1, TILE // block_size)                      # blocks per cache tile
-    work = np.empty(2 * min(per, max(full, 1)) * block_size, dtype=np.float32)
-    with np.errstate(over="ignore", invalid="ignore", divide="ignore"):
-        for b0 in range(0, full, per):                    # a loop over cache tiles, each vectorised
-            b1 = min(b0 + per, full)
-            _quantize_tile(flat[b0 * block_size:b1 * block_size].reshape(b1 - b0, block_size),
-                           q[b0 * block_size:b1 * block_size].reshape(b1 - b0, block_size), scales[b0:b1], work)
-        if full < nb:
-            _quantize_tile(flat[full * block_size:].reshape(1, -1), q[full * block_size:].reshape(1, -1),
-                           scales[full:], work)
-    return q, scales
-
-
-def _quantize_tile(x: np.ndarray, q: np.ndarray, scales: np.ndarray, work: np.ndarray) -> None:
-    """One cache tile of whole blocks (one block per row) of :func:`_quantize`, numpy."""
-    a = work[:x.size].reshape(x.shape)
-    t = work[x.size:2 * x.size].reshape(x.shape)
-    np.copyto(a, x)
-    np.max(np.abs(a, out=t), axis=1, out=scales)
-    scales /= np.float32(127)
-    inv = np.zeros_like(scales)
-    np.divide(np.float32(1), scales, out=inv, where=(scales > 0) & np.isfinite(scales))
-    np.multiply(a, inv[:, None], out=a)
-    tiny = np.isinf(inv)             # 1 / (a subnormal scale) overflows: divide instead
-    if tiny.any():
-        a[tiny] = x[tiny].astype(np.float32) / scales[tiny, None]
-    np.rint(a, out=a)
-    np.nan_to_num(a, copy=False)
-    np.clip(a, -127, 127, out=a)
-    np.copyto(q, a, casting="unsafe")
 
 
 def dequantize(q: np.ndarray, scales: np.ndarray | float, block_size: int = 0,
@@ -144,7 +94,7 @@ def dequantize(q: np.ndarray, scales: np.ndarray | float, block_size: int = 0,
     direct = np.dtype(dtype) in (np.float16, np.float32)
     out = np.empty(q.size, dtype=dtype if direct else np.float32)
     with np.errstate(over="ignore", invalid="ignore"):
-        _dequant_sum(np.ascontiguousarray(q).reshape(1, -1), s.reshape(1, -1), block_size, out)
+        dequant_sum(np.ascontiguousarray(q).reshape(1, -1), s.reshape(1, -1), block_size, out)
     return (out if direct else out.astype(dtype)).reshape(q.shape)
 
 
@@ -175,75 +125,6 @@ def _scale_array(op: str, scale: object, size: int, block_size: int, rank: int |
                    f"must hold {want} value(s): " + ("one scalar (block_size=0)" if block_size == 0 else
                                                      f"ceil({data}.size={size} / block_size={block_size})"))
     return s
-
-
-def _dequant_sum(q: np.ndarray, scales: np.ndarray, block: int, out: np.ndarray) -> np.ndarray:
-    """``out[i] = sum over rows r, in row order, of float32(q[r, i]) * scale(r, i)``, accumulated in
-    float32 and rounded once into ``out`` (float16 or float32, contiguous, ``q.shape[1]`` elements).
-
-    ``q``: (rows, c) int8, C-contiguous. ``scales``: (rows, ceil(c / block)) float32, or (rows, 1)
-    with ``block=0``; scale(r, i) is ``scales[r, i // block]`` (``scales[r, 0]`` for block 0).
-    One C pass when the kernels are built; else numpy over cache tiles, the rows of a tile at once.
-    """
-    rows, c = q.shape
-    if c == 0 or rows == 0:
-        return out
-    kernel = _kernel("dequant_sum")
-    if kernel is not None:
-        kernel(q, scales, out, rows, block, out.itemsize)
-        return out
-    with np.errstate(over="ignore", invalid="ignore"):   # an overflowing sum gives inf/NaN, as IEEE
-        return _dequant_sum_numpy(q, scales, block, out)
-
-
-def _dequant_sum_numpy(q: np.ndarray, scales: np.ndarray, block: int, out: np.ndarray) -> np.ndarray:
-    rows, c = q.shape
-    full = c // block * block if block else c            # whole blocks, then the short last one
-    step = max(block, TILE // rows // block * block) if block else max(1, TILE // rows)
-    m = min(step, c)
-    tmp, acc = np.empty(rows * m, dtype=np.float32), np.empty(m, dtype=np.float32)
-    for s in range(0, full, step):                       # a loop over cache tiles, each vectorised
-        e = min(s + step, full)
-        t = tmp[:rows * (e - s)].reshape(rows, e - s)
-        if block:
-            np.multiply(q[:, s:e].reshape(rows, -1, block), scales[:, s // block:e // block, None],
-                        out=t.reshape(rows, -1, block))
-        else:
-            np.multiply(q[:, s:e], scales[:, :1], out=t)
-        _sum_rows(t, out[s:e], acc)
-    if full < c:
-        t = tmp[:rows * (c - full)].reshape(rows, c - full)
-        np.multiply(q[:, full:], scales[:, -1:], out=t)
-        _sum_rows(t, out[full:], acc)
-    return out
-
-
-def _dequant_sum_quantize(q: np.ndarray, scales: np.ndarray, block: int, qblock: int, qout: np.ndarray,
-                          sout: np.ndarray) -> None:
-    """:func:`_quantize` (per ``qblock``) of :func:`_dequant_sum`'s float32 result, into ``qout``
-    (int8, ``q.shape[1]`` elements) and ``sout``. In C the float32 sums stay in cache, one tile of
-    whole blocks at a time; numpy goes through a float32 array."""
-    c = q.shape[1]
-    if c == 0:
-        return
-    kernel = _kernel("dequant_sum_quantize")
-    if kernel is not None:
-        kernel(q, scales, qout, sout, q.shape[0], block, qblock)
-        return
-    _quantize(_dequant_sum(q, scales, block, np.empty(c, dtype=np.float32)), qblock, qout, sout)
-
-
-def _sum_rows(t: np.ndarray, out: np.ndarray, acc: np.ndarray) -> None:
-    """``out = t[0] + t[1] + ...`` in row order (numpy reduces axis 0 row by row), float32, rounded
-    once. The reduction starts from -0.0, not add's identity 0, so that ``-0.0 + t[0]`` is
-    ``t[0]`` bit for bit (0 + -0.0 would be +0.0)."""
-    if out.dtype == np.float32:
-        np.add.reduce(t, axis=0, out=out, initial=_NEG0)
-    else:
-        from_f32(np.add.reduce(t, axis=0, out=acc[:t.shape[1]], initial=_NEG0), out)
-
-
-_NEG0 = np.float32(-0.0)
 
 
 def plan_chunks(size: int, n: int, block_size: int) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
@@ -396,7 +277,7 @@ class QuantAllReduceOperation(Operation):
         if allq is None:
             # 2. dequantize and sum in float32, rank order, rounded once to float16 straight into
             # this rank's slot of out; 3. gather the float16 chunks in place
-            go.local(_dequant_sum, recv, rscales, block, oflat[start:start + c])
+            go.local(dequant_sum, recv, rscales, block, oflat[start:start + c])
             o16 = oflat.view(np.uint16)
             if p.even:
                 go.mpi(comm, "Allgather", MPI.IN_PLACE, [o16, MPI.UINT16_T])
@@ -407,16 +288,16 @@ class QuantAllReduceOperation(Operation):
         # into this rank's slots of the gathered arrays; 3'. gather int8 + scales in place
         if block:
             b0 = int(p.bdispls[self.rank])
-            go.local(_dequant_sum_quantize, recv, rscales, block, block, allq[start:start + c], alls[b0:b0 + p.nb])
+            go.local(dequant_sum_quantize, recv, rscales, block, block, allq[start:start + c], alls[b0:b0 + p.nb])
             if p.even and p.beven:
                 go.mpi(comm, "Allgather", MPI.IN_PLACE, [allq, MPI.INT8_T])
                 go.mpi(comm, "Allgather", MPI.IN_PLACE, [alls, MPI.FLOAT])
             else:
                 go.mpi(comm, "Allgatherv", MPI.IN_PLACE, [allq, (p.counts, p.displs), MPI.INT8_T])
                 go.mpi(comm, "Allgatherv", MPI.IN_PLACE, [alls, (p.bcounts, p.bdispls), MPI.FLOAT])
-            go.local(_dequant_sum, allq.reshape(1, -1), alls.reshape(1, -1), block, oflat)
+            go.local(dequant_sum, allq.reshape(1, -1), alls.reshape(1, -1), block, oflat)
             return
-        go.local(_dequant_sum_quantize, recv, rscales, 0, max(c, 1), allq[start:start + c],
+        go.local(dequant_sum_quantize, recv, rscales, 0, max(c, 1), allq[start:start + c],
                  alls[self.rank:self.rank + 1])
         if p.even:
             go.mpi(comm, "Allgather", MPI.IN_PLACE, [allq, MPI.INT8_T])
@@ -431,9 +312,9 @@ def _gathered_chunks(allq: np.ndarray, alls: np.ndarray, size: int, n: int, ofla
     ``size % n`` chunks hold one element more)."""
     small, rem = divmod(size, n)
     head = rem * (small + 1)
-    _dequant_sum(allq[:head].reshape(1, -1), alls[:rem].reshape(1, -1), small + 1, oflat[:head])
+    dequant_sum(allq[:head].reshape(1, -1), alls[:rem].reshape(1, -1), small + 1, oflat[:head])
     if small:
-        _dequant_sum(allq[head:].reshape(1, -1), alls[rem:].reshape(1, -1), small, oflat[head:])
+        dequant_sum(allq[head:].reshape(1, -1), alls[rem:].reshape(1, -1), small, oflat[head:])
 
 
 def bytes_per_rank(size: int, n: int, block_size: int, allgather_dtype: str = "float16") -> int:

@@ -1,0 +1,213 @@
+"""The numeric kernels: float16/bfloat16 conversion and rank-order reduction, int8 quantization.
+
+Each runs in C (``mpicoll/_kernels.c``, built at install when a compiler is there) or, when the
+extension is not built or ``MPICOLL_KERNELS=0``, in numpy: the two give the same bits (tests check
+it), the numpy twin more slowly. Nothing here decides anything about communication.
+"""
+from __future__ import annotations
+
+import os
+from typing import TYPE_CHECKING
+
+import numpy as np
+
+if TYPE_CHECKING:
+    from ._dtypes import DType, ReduceOp
+
+
+def load_kernels():
+    """The ``_kernels`` extension, or None when it is not built or ``MPICOLL_KERNELS=0``."""
+    if os.environ.get("MPICOLL_KERNELS", "1").strip().lower() in ("0", "false", "off", "no", ""):
+        return None
+    try:
+        from . import _kernels
+    except ImportError:
+        return None
+    return _kernels
+
+
+#: the C kernels, or None = numpy (the same bits). Read at every use, so tests can switch it.
+KERNELS = load_kernels()
+
+
+def kernels_in_use() -> str:
+    """Which kernels run, for the CLI's headers: "C", or "numpy (...)" with the reason."""
+    if KERNELS is not None:
+        return "C (mpicoll._kernels)"
+    if os.environ.get("MPICOLL_KERNELS", "1").strip().lower() in ("0", "false", "off", "no", ""):
+        return "numpy (MPICOLL_KERNELS=0)"
+    return "numpy (mpicoll._kernels is not built: install with a C compiler, and run from outside the source tree)"
+
+
+#: elements per cache tile of the numpy float32 reduction (two float32 tiles stay in L2)
+TILE = 1 << 16
+
+
+def to_f32(x: np.ndarray, out: np.ndarray) -> np.ndarray:
+    """Contiguous 16-bit floats -> float32 ``out`` (the C kernel for float16 when built)."""
+    if KERNELS is not None and x.dtype == np.float16:
+        KERNELS.f16_to_f32(x, out)
+    else:
+        np.copyto(out, x.reshape(out.shape))
+    return out
+
+
+def from_f32(acc: np.ndarray, out: np.ndarray) -> np.ndarray:
+    """Round a contiguous float32 array into ``out`` (float16 or bfloat16), to nearest even."""
+    if KERNELS is not None and out.dtype == np.float16:
+        KERNELS.f32_to_f16(acc, out)
+    else:
+        with np.errstate(over="ignore", invalid="ignore"):   # overflow to inf is the IEEE answer
+            np.copyto(out, acc.reshape(out.shape), casting="unsafe")
+    return out
+
+
+def reduce_chunks(parts: np.ndarray, dt: DType, rop: ReduceOp, out: np.ndarray) -> np.ndarray:
+    """Reduce ``parts[i]`` (one row per source rank) in rank order into ``out``: integers in their
+    own dtype (wrapping, as MPI does), 16-bit floats accumulated in float32 and rounded once.
+
+    With the C kernels: one vectorised pass over the rows, bit-identical to numpy. Otherwise numpy
+    tile by tile, so that the float32 accumulator and the converted row stay in cache.
+    """
+    n, c = parts.shape
+    out = out.reshape(-1)
+    if dt.reduce == "native":
+        if n:
+            rop.ufunc.reduce(parts, axis=0, out=out)
+        return out
+    if KERNELS is not None and n:
+        kernel = KERNELS.reduce_f16 if dt.name == "float16" else KERNELS.reduce_bf16
+        kernel(parts.view(np.uint16), out.view(np.uint16), n, rop.code - 1)
+        return out
+    acc = np.empty(min(c, TILE), dtype=np.float32)
+    tmp = np.empty_like(acc)
+    with np.errstate(over="ignore", invalid="ignore"):   # overflow to inf / NaN are the IEEE answers
+        for s in range(0, c, TILE):  # each step is vectorised over a tile and over the ranks' rows
+            e = min(s + TILE, c)
+            a, t = acc[:e - s], tmp[:e - s]
+            np.copyto(a, parts[0, s:e])
+            for i in range(1, n):
+                np.copyto(t, parts[i, s:e])
+                rop.ufunc(a, t, out=a)
+            np.copyto(out[s:e], a, casting="unsafe")
+    return out
+
+
+# ----------------------------------------------------------------------------- int8 quantization
+
+def quantize_into(flat: np.ndarray, block_size: int, q: np.ndarray | None = None,
+                  scales: np.ndarray | None = None) -> tuple[np.ndarray, np.ndarray]:
+    """``quantize`` of a flat, contiguous float32 or float16 array into ``q`` and ``scales``
+    (new arrays by default), unchecked: a block holding inf or NaN gets a non-finite scale and
+    q = 0 (it dequantizes to NaN) instead of an error, so that inside the pipeline one rank's
+    overflow can never leave the others waiting."""
+    nb = -(-flat.size // block_size)
+    q = np.empty(flat.size, dtype=np.int8) if q is None else q
+    scales = np.empty(nb, dtype=np.float32) if scales is None else scales
+    kernel = getattr(KERNELS, "quantize_i8", None)
+    if kernel is not None:
+        if flat.size:
+            kernel(flat, q, scales, block_size, flat.itemsize)
+        return q, scales
+    full = flat.size // block_size                       # whole blocks, then the short last one
+    per = max(1, TILE // block_size)                      # blocks per cache tile
+    work = np.empty(2 * min(per, max(full, 1)) * block_size, dtype=np.float32)
+    with np.errstate(over="ignore", invalid="ignore", divide="ignore"):
+        for b0 in range(0, full, per):                    # a loop over cache tiles, each vectorised
+            b1 = min(b0 + per, full)
+            _quantize_tile(flat[b0 * block_size:b1 * block_size].reshape(b1 - b0, block_size),
+                           q[b0 * block_size:b1 * block_size].reshape(b1 - b0, block_size), scales[b0:b1], work)
+        if full < nb:
+            _quantize_tile(flat[full * block_size:].reshape(1, -1), q[full * block_size:].reshape(1, -1),
+                           scales[full:], work)
+    return q, scales
+
+
+def _quantize_tile(x: np.ndarray, q: np.ndarray, scales: np.ndarray, work: np.ndarray) -> None:
+    """One cache tile of whole blocks (one block per row) of :func:`quantize_into`, numpy."""
+    a = work[:x.size].reshape(x.shape)
+    t = work[x.size:2 * x.size].reshape(x.shape)
+    np.copyto(a, x)
+    np.max(np.abs(a, out=t), axis=1, out=scales)
+    scales /= np.float32(127)
+    inv = np.zeros_like(scales)
+    np.divide(np.float32(1), scales, out=inv, where=(scales > 0) & np.isfinite(scales))
+    np.multiply(a, inv[:, None], out=a)
+    tiny = np.isinf(inv)             # 1 / (a subnormal scale) overflows: divide instead
+    if tiny.any():
+        a[tiny] = x[tiny].astype(np.float32) / scales[tiny, None]
+    np.rint(a, out=a)
+    np.nan_to_num(a, copy=False)
+    np.clip(a, -127, 127, out=a)
+    np.copyto(q, a, casting="unsafe")
+
+
+def dequant_sum(q: np.ndarray, scales: np.ndarray, block: int, out: np.ndarray) -> np.ndarray:
+    """``out[i] = sum over rows r, in row order, of float32(q[r, i]) * scale(r, i)``, accumulated in
+    float32 and rounded once into ``out`` (float16 or float32, contiguous, ``q.shape[1]`` elements).
+
+    ``q``: (rows, c) int8, C-contiguous. ``scales``: (rows, ceil(c / block)) float32, or (rows, 1)
+    with ``block=0``; scale(r, i) is ``scales[r, i // block]`` (``scales[r, 0]`` for block 0).
+    One C pass when the kernels are built; else numpy over cache tiles, the rows of a tile at once.
+    """
+    rows, c = q.shape
+    if c == 0 or rows == 0:
+        return out
+    kernel = getattr(KERNELS, "dequant_sum", None)
+    if kernel is not None:
+        kernel(q, scales, out, rows, block, out.itemsize)
+        return out
+    with np.errstate(over="ignore", invalid="ignore"):   # an overflowing sum gives inf/NaN, as IEEE
+        return _dequant_sum_numpy(q, scales, block, out)
+
+
+def _dequant_sum_numpy(q: np.ndarray, scales: np.ndarray, block: int, out: np.ndarray) -> np.ndarray:
+    rows, c = q.shape
+    full = c // block * block if block else c            # whole blocks, then the short last one
+    step = max(block, TILE // rows // block * block) if block else max(1, TILE // rows)
+    m = min(step, c)
+    tmp, acc = np.empty(rows * m, dtype=np.float32), np.empty(m, dtype=np.float32)
+    for s in range(0, full, step):                       # a loop over cache tiles, each vectorised
+        e = min(s + step, full)
+        t = tmp[:rows * (e - s)].reshape(rows, e - s)
+        if block:
+            np.multiply(q[:, s:e].reshape(rows, -1, block), scales[:, s // block:e // block, None],
+                        out=t.reshape(rows, -1, block))
+        else:
+            np.multiply(q[:, s:e], scales[:, :1], out=t)
+        _sum_rows(t, out[s:e], acc)
+    if full < c:
+        t = tmp[:rows * (c - full)].reshape(rows, c - full)
+        np.multiply(q[:, full:], scales[:, -1:], out=t)
+        _sum_rows(t, out[full:], acc)
+    return out
+
+
+def dequant_sum_quantize(q: np.ndarray, scales: np.ndarray, block: int, qblock: int, qout: np.ndarray,
+                         sout: np.ndarray) -> None:
+    """:func:`quantize_into` (per ``qblock``) of :func:`dequant_sum`'s float32 result, into ``qout``
+    (int8, ``q.shape[1]`` elements) and ``sout``. In C the float32 sums stay in cache, one tile of
+    whole blocks at a time; numpy goes through a float32 array."""
+    c = q.shape[1]
+    if c == 0:
+        return
+    kernel = getattr(KERNELS, "dequant_sum_quantize", None)
+    if kernel is not None:
+        kernel(q, scales, qout, sout, q.shape[0], block, qblock)
+        return
+    quantize_into(dequant_sum(q, scales, block, np.empty(c, dtype=np.float32)), qblock, qout, sout)
+
+
+def _sum_rows(t: np.ndarray, out: np.ndarray, acc: np.ndarray) -> None:
+    """``out = t[0] + t[1] + ...`` in row order (numpy reduces axis 0 row by row), float32, rounded
+    once. The reduction starts from -0.0, not add's identity 0, so that ``-0.0 + t[0]`` is
+    ``t[0]`` bit for bit (0 + -0.0 would be +0.0)."""
+    if out.dtype == np.float32:
+        np.add.reduce(t, axis=0, out=out, initial=_NEG0)
+    else:
+        from_f32(np.add.reduce(t, axis=0, out=acc[:t.shape[1]], initial=_NEG0), out)
+
+
+_NEG0 = np.float32(-0.0)
+
+
