@@ -63,6 +63,7 @@ def cases(comm: MPI.Comm, nbytes: int) -> list[Case]:
               gathered=np.empty(count * n, np.float32), block=np.empty(blk, np.float32),
               row=np.empty((1, count), np.float32))
     ns["stacked"] = ns["gathered"].reshape(n, count)
+    ns["sx"] = x if comm.Get_rank() == 0 else None
     P = mpicoll
     vv = "x, counts, displs, counts, displs"
     found = [
@@ -90,10 +91,12 @@ def cases(comm: MPI.Comm, nbytes: int) -> list[Case]:
              "op.execute(x, out=same)", "op.execute(x)"),
         Case("Gather", P.GatherOperation, "comm.Gather([x, F], [gathered, F] if root else None, 0)",
              "op.execute(x, out=stacked)", "op.execute(x)"),
+        Case("Scatter", getattr(P, "ScatterOperation", None), "comm.Scatter([x, F] if root else None, [block, F], 0)",
+             "op.execute(sx, out=block)", "op.execute(sx, out=block)"),
     ]
     for c in found:
         c.ns = ns
-    return found
+    return [c for c in found if c.cls is not None]       # (an older tree has no Scatter)
 
 
 def loop(stmt: str, ns: dict, **more) -> timeit.Timer:

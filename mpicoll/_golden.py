@@ -203,7 +203,7 @@ class BenchRun:
     prepared from the same arguments. ``expected`` is the golden of what the call returns (an
     array, a tuple of them, or None on a rank without a root-only output); ``raw`` makes the same collective with the plain mpi4py buffer call on the same arrays;
     ``torch_call(dist, torch, group)`` returns the torch.distributed equivalent on the same memory
-    (or None)."""
+    (or None); ``close()`` releases what the setup made (called by the harness after the point)."""
 
     op: object
     args: tuple | None
@@ -214,6 +214,7 @@ class BenchRun:
     reset: Callable[[], object] | None = None
     torch_call: Callable[..., Callable[[], object] | None] | None = None
     exact: bool = True
+    close: Callable[[], object] | None = None     # releases what setup made (collective: communicators)
 
 
 @dataclass(frozen=True)

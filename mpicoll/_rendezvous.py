@@ -165,7 +165,7 @@ def _lead(base: str, where: str, me: int, size: int, fp: int, declared, deadline
     error: tuple[str, str] | None = None
     if not size:
         error = ("fail", f"{where}: rank_size is required to form an undeclared domain (members rendezvous by "
-                         f"count): world rank {me} gives none")
+                         f"count): world rank {me} gives no rank_size")
     while error is None:
         scan()
         bad = [(r, s, f) for r, s, f in seen.values() if (s, f) != (size, fp)]

@@ -165,6 +165,8 @@ def _shape(row: np.ndarray) -> str:
 
 #: operator name -> how to show its H_PARAMS value in a mismatch message
 PARAM_DESCRIBERS: dict = {}
+#: operator name -> what its header's shape is, where it is not x's ("the block's shape")
+SHAPE_NAMES: dict = {}
 
 _FIELDS = (
     ("operation", lambda r: OP_NAMES.get(int(r[H_OP]), f"operator #{int(r[H_OP])}")),
@@ -187,7 +189,7 @@ def _diagnose(op: str, table: np.ndarray, where: str) -> Exception:
     float64 on rank 1``)."""
     rows = list(table)
     fields = _FIELDS[:6] + (("operator parameters", lambda r: PARAM_DESCRIBERS.get(op, str)(int(r[H_PARAMS]))),
-                            _FIELDS[6])
+                            (SHAPE_NAMES.get(op, "x.shape"), _shape))
     for name, show in fields:
         values = [show(r) for r in rows]
         if len(set(values)) == 1:

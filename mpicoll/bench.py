@@ -340,6 +340,8 @@ def _point(spec, name, case, args, compare, gloo, reps, comm) -> Row:
             setattr(row, prefix + "wrong", int(comm.allreduce(wrong, op=MPI.SUM)))
     for plan in plans:
         plan.free()
+    if b.close is not None:
+        b.close()
     return row
 
 

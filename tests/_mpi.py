@@ -1,8 +1,12 @@
 """Shared helpers for tests run under mpirun."""
 from __future__ import annotations
 
+import glob
 import os
+import subprocess
 import sys
+import textwrap
+import time
 from pathlib import Path
 
 import pytest
@@ -31,12 +35,40 @@ _LAUNCHER_VARS = ("PMI_", "HYD", "MPI_LOCAL", "PMIX_", "PRTE_", "OMPI_")
 
 
 def launch_env(**extra: str) -> dict[str, str]:
-    """The environment for a nested job: this one without the outer launcher's variables and the
-    test harness' own (``MPICOLL_TEST_*``), plus ``extra``."""
+    """The environment for a nested job (the one helper every test that launches a job uses): this
+    one without the outer launcher's variables, the test harness' own (``MPICOLL_TEST_*``) and the
+    outer job's ``MPIEXEC_TIMEOUT``, plus ``extra``."""
     env = {k: v for k, v in os.environ.items()
-           if not k.startswith(_LAUNCHER_VARS + ("MPICOLL_TEST",)) or k.startswith("OMPI_ALLOW_RUN_AS_ROOT")}
+           if not k.startswith(_LAUNCHER_VARS + ("MPICOLL_TEST", "MPIEXEC_TIMEOUT"))
+           or k.startswith("OMPI_ALLOW_RUN_AS_ROOT")}
     env.update(extra)
     return env
+
+
+def run_job(tmp_path, body: str, np_: int = 3, env: dict | None = None, timeout: float = 60):
+    """Run ``body`` as a script under ``mpirun -np np_ python -m mpi4py``, with no ``MPICOLL_*``
+    setting but ``env``; returns (result, seconds, the shared-memory files it left behind)."""
+    from mpicoll._watchdog import stale_segments
+    script = tmp_path / "job.py"
+    script.write_text(textwrap.dedent(body))
+    clean = {k: v for k, v in launch_env().items() if not k.startswith("MPICOLL_")}
+    clean.update(env or {})
+    before = set(glob.glob("/dev/shm/mpich_shm_*"))
+    t0 = time.monotonic()
+    res = subprocess.run(mpirun(np_, sys.executable, "-m", "mpi4py", str(script)),
+                         capture_output=True, text=True, timeout=timeout, env=clean)
+    seconds = time.monotonic() - t0
+    time.sleep(0.3)                                       # let the killed processes' mappings go
+    left = stale_segments(set(glob.glob("/dev/shm/mpich_shm_*")) - before)
+    return res, seconds, left
+
+
+def remove(paths) -> None:
+    for p in paths:
+        try:
+            os.unlink(p)
+        except OSError:
+            pass
 
 
 def raises_everywhere(fn, cls, *fragments):

@@ -2,6 +2,9 @@
 any data moves, naming the op, the parameter, the value, the rank and the rule; never a hang."""
 from __future__ import annotations
 
+import dataclasses
+import inspect
+
 import numpy as np
 import pytest
 
@@ -92,11 +95,32 @@ def _valid_call(opname, dtype=np.float32, **param):
 
 
 ALL_OPS = sorted(mpicoll.OPERATIONS)
-V_OPS = ["AllGatherV", "ReduceScatterV", "AllToAllV", "AllToAllVV2"]
+
+
+def _case_of(opname, dtype="float32", want=None):
+    """The first golden case of ``opname`` (in ``dtype`` if it takes it) that ``want(case of the
+    last rank)`` accepts, built for this rank; the same choice on every rank (each rebuilds the
+    last rank's case), or None."""
+    spec = CHECKS[opname]
+    name = dtype if dtype in spec.dtypes else spec.dtypes[0]
+    for case in spec.cases(SIZE):
+        if want is None or want(spec.make(case, name, "", SIZE - 1, SIZE, SEED)):
+            return spec.make(case, name, "", RANK, SIZE, SEED)
+    return None
+
+
+def _describes_a_shape(c) -> bool:
+    """Whether the operator's header carries a shape (the V operators' do not: counts instead)."""
+    c.op._bind()
+    return c.op.describe(*c.args, **c.kwargs).shape is not None
+
+
+def _doubled(a):
+    return np.concatenate([a, a]) if isinstance(a, np.ndarray) and a.ndim else a
 
 
 @mpi2
-@pytest.mark.parametrize("opname", [o for o in ALL_OPS if o != "QuantAllReduce"])   # (int8 only: a local rule)
+@pytest.mark.parametrize("opname", [o for o in ALL_OPS if len(CHECKS[o].dtypes) > 1])
 def test_dtype_differs_on_one_rank(opname):
     call = _valid_call(opname, np.float64 if RANK == 1 else np.float32)
     raises_everywhere(call, CollectiveMismatchError, f"{opname}: dtype differs across ranks",
@@ -105,20 +129,31 @@ def test_dtype_differs_on_one_rank(opname):
 
 
 @mpi2
-@pytest.mark.parametrize("opname", ["AllReduce", "AllGather", "ReduceScatter", "AllToAll", "Broadcast", "Reduce",
-                                    "Gather"])
+@pytest.mark.parametrize("opname", ALL_OPS)
 def test_shape_differs_on_one_rank(opname):
-    x = np.ones(2 * SIZE * (2 if RANK == SIZE - 1 else 1), dtype=np.int32)
-    raises_everywhere(lambda: mpicoll.OPERATIONS[opname]().execute(x), CollectiveMismatchError, opname,
-                      "x.shape", f"on rank {SIZE - 1}")
+    """Every array argument of the last rank doubled along dim 0: every operator whose header
+    carries a shape names it (the V operators check counts instead: test_v_operator_bad_counts...)."""
+    c = _case_of(opname, want=lambda last: any(isinstance(a, np.ndarray) and a.ndim and a.size for a in last.args))
+    if c is None or not _describes_a_shape(c):
+        pytest.skip(f"{opname} agrees counts, not a shape")
+    args, kwargs = c.args, c.kwargs
+    if RANK == SIZE - 1:
+        args, kwargs = tuple(_doubled(a) for a in args), {k: _doubled(v) for k, v in kwargs.items()}
+    raises_everywhere(lambda: c.op.execute(*args, **kwargs), CollectiveMismatchError, opname, "shape",
+                      f"on rank {SIZE - 1}")
+
+
+REDUCE_OPS = [o for o in ALL_OPS if "reduce_type" in {f.name for f in dataclasses.fields(mpicoll.OPERATIONS[o].PARAM)}]
 
 
 @mpi2
-@pytest.mark.parametrize("opname", ["AllReduce", "ReduceScatter", "ReduceScatterV", "Reduce"])
+@pytest.mark.parametrize("opname", REDUCE_OPS)
 def test_reduce_type_differs(opname):
-    call = _valid_call(opname, reduce_type="max" if RANK == 1 else "sum")
-    raises_everywhere(call, CollectiveMismatchError, f"{opname}: reduce_type differs across ranks", "'sum' on rank",
-                      "'max' on rank 1")
+    c = _case_of(opname)
+    param = dataclasses.replace(c.op.param, reduce_type="max" if RANK == 1 else "sum")
+    op = type(c.op)(param)
+    raises_everywhere(lambda: op.execute(*c.args, **c.kwargs), CollectiveMismatchError,
+                      f"{opname}: reduce_type differs across ranks", "'sum' on rank", "'max' on rank 1")
 
 
 @mpi2
@@ -446,35 +481,13 @@ def test_alltoallv_param_count_mismatch_both_directions(direction):
                       "send_counts[0]=1")
 
 
-def _alias_case(opname):
-    """(call, x) on the last rank with ``out`` overlapping ``x`` through a view (not ``x`` itself)."""
-    n = SIZE
-    if opname == "AllReduce":
-        x = np.ones(4)
-        return lambda: mpicoll.AllReduceOperation().execute(x, out=x.view())
-    if opname == "AllGather":                # (x = out[rank] exactly is the in-place form; this straddles)
-        buf = np.zeros(3 * n + 1)
-        return lambda: mpicoll.AllGatherOperation().execute(buf[1:4], out=buf[:3 * n].reshape(n, 3))
-    if opname == "ReduceScatter":            # (out = x's block rank is the in-place form; this is not a block)
-        buf = np.ones(2 * n + 1)
-        return lambda: mpicoll.ReduceScatterOperation().execute(buf[:2 * n], out=buf[1:3])
-    if opname == "AllToAll":
-        x = np.ones(2 * n)
-        return lambda: mpicoll.AllToAllOperation().execute(x, out=x.reshape(2 * n))
-    if opname == "AllToAllVV2":
-        buf = np.arange(2 * n, dtype=np.float64)
-        return lambda: mpicoll.AllToAllVV2Operation().execute(buf[:n], [1] * n, list(range(n)), [1] * n,
-                                                              list(range(n)), out=buf[n - 1:2 * n - 1].reshape(1, n))
-    if opname == "AllGatherV":
-        buf = np.zeros(2 * n)
-        return lambda: mpicoll.AllGatherVOperation().execute(buf[:2], 2, [2] * n, _BLOCKS, out=buf)
-    if opname == "ReduceScatterV":
-        x = np.ones(2 * n)
-        return lambda: mpicoll.ReduceScatterVOperation().execute(x, [2] * n, _BLOCKS, 2, out=x[:2])
-    raise AssertionError(opname)
+ALIAS_OPS = [o for o in ALL_OPS if "out" in inspect.signature(mpicoll.OPERATIONS[o].execute).parameters]
 
 
-ALIAS_OPS = ["AllReduce", "AllGather", "ReduceScatter", "AllToAll", "AllToAllVV2", "AllGatherV", "ReduceScatterV"]
+def _single_output(last) -> bool:
+    x = last.args[0] if last.args else None
+    return isinstance(last.expected, np.ndarray) and last.expected.size and isinstance(x, np.ndarray) and \
+        x.size > 1 and "out" not in last.kwargs
 
 
 @mpi1
@@ -482,8 +495,19 @@ ALIAS_OPS = ["AllReduce", "AllGather", "ReduceScatter", "AllToAll", "AllToAllVV2
 def test_out_aliasing_x_through_a_view_on_last_rank(opname):
     """MPI raises on every rank for sendbuf is recvbuf; a partial overlap through a view is worse
     (undefined). mpicoll refuses any overlap but the in-place forms (AllReduce and AllToAll:
-    ``out=x`` itself; AllGather: ``x=out[rank]``; ReduceScatter: ``out`` = x's block rank)."""
-    call = _alias_case(opname) if RANK == _LAST else _valid_call(opname, np.float64)
+    ``out=x`` itself; AllGather: ``x=out[rank]``; ReduceScatter and Scatter: ``out`` = x's block
+    rank). On the last rank, x and out share one buffer, out shifted by one element."""
+    c = _case_of(opname, "float64", _single_output)
+    if c is None:
+        pytest.skip(f"{opname} has no case with one array output on the last rank")
+    call = c.execute
+    if RANK == _LAST:
+        x, e = c.args[0], c.expected
+        buf = np.zeros(x.nbytes + 2 * e.nbytes, np.uint8)
+        xv = buf[:x.nbytes].view(x.dtype).reshape(x.shape)
+        xv[...] = x
+        ov = buf[e.itemsize:e.itemsize + e.nbytes].view(e.dtype).reshape(e.shape)
+        call = lambda: c.op.execute(xv, *c.args[1:], **{**c.kwargs, "out": ov})  # noqa: E731
     raises_everywhere(call, CollectiveArgumentError, f"{opname}: out='aliases x' on rank {_LAST}",
                       "must not overlap the input")
 

@@ -15,34 +15,10 @@ from mpi4py import MPI
 
 from mpicoll._watchdog import stale_segments
 
-from _mpi import launch_env, mpirun
+from _mpi import launch_env, mpirun, remove as _remove, run_job as _job
 
 pytestmark = [pytest.mark.mpi(min_size=1),
               pytest.mark.skipif(MPI.COMM_WORLD.Get_size() != 1, reason="runs its own mpirun jobs once")]
-
-
-def _job(tmp_path, body, np_=3, env=None, timeout=60):
-    """Run ``body`` as a script under mpirun; returns (result, seconds, shm files it left behind)."""
-    script = tmp_path / "job.py"
-    script.write_text(textwrap.dedent(body))
-    clean = {k: v for k, v in launch_env().items() if not k.startswith("MPICOLL_")}
-    clean.update(env or {})
-    before = set(glob.glob("/dev/shm/mpich_shm_*"))
-    t0 = time.monotonic()
-    res = subprocess.run(mpirun(np_, sys.executable, "-m", "mpi4py", str(script)),
-                         capture_output=True, text=True, timeout=timeout, env=clean)
-    seconds = time.monotonic() - t0
-    time.sleep(0.3)                                       # let the killed processes' mappings go
-    left = stale_segments(set(glob.glob("/dev/shm/mpich_shm_*")) - before)
-    return res, seconds, left
-
-
-def _remove(paths):
-    for p in paths:
-        try:
-            os.unlink(p)
-        except OSError:
-            pass
 
 
 LOOP = """

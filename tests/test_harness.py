@@ -17,6 +17,8 @@ from pathlib import Path
 
 import pytest
 
+from _mpi import launch_env, mpirun
+
 HERE = Path(__file__).resolve().parent
 HARD_TIMEOUT_S = 60
 
@@ -34,33 +36,11 @@ pytestmark = pytest.mark.skipif(
 )
 
 
-def _mpirun():
-    """The launcher next to this interpreter (venv / wheel), else on PATH, with the flags Open MPI
-    needs here (more ranks than cores, root); this file imports no project code, so it asks the
-    launcher which MPI it is."""
-    exe = Path(sys.executable).with_name("mpirun")
-    found = str(exe) if exe.exists() else shutil.which("mpirun")
-    if found is None:
-        pytest.skip("mpirun not found")
-    version = subprocess.run([found, "--version"], capture_output=True, text=True).stdout
-    if "Open MPI" in version:
-        return [found, "--map-by", ":OVERSUBSCRIBE"] + (["--allow-run-as-root"] if os.geteuid() == 0 else [])
-    return [found]
-
-
 def _clean_env(**extra):
-    """Environment for a nested mpirun: drop the outer launcher's PMI/hydra
-    variables (an inherited PMI_FD etc. makes the nested job misbehave)."""
-    env = {
-        key: value
-        for key, value in os.environ.items()
-        if (not key.startswith(("PMI_", "HYDI_", "HYDRA_", "MPI_LOCAL", "PMIX_", "PRTE_", "OMPI_"))
-            or key.startswith("OMPI_ALLOW_RUN_AS_ROOT"))
-        and key not in ("MPICOLL_TEST_NO_ABORT", "MPICOLL_TEST_TIMEOUT", "MPIEXEC_TIMEOUT")
-    }
-    # hydra's own limit, inside the hard subprocess timeout below.
-    env["MPIEXEC_TIMEOUT"] = str(HARD_TIMEOUT_S - 10)
-    env["PYTHONDONTWRITEBYTECODE"] = "1"
+    """Environment for a nested mpirun (``_mpi.launch_env``), with hydra's own limit inside the
+    hard subprocess timeout below."""
+    env = launch_env(MPIEXEC_TIMEOUT=str(HARD_TIMEOUT_S - 10), PYTHONDONTWRITEBYTECODE="1")
+    env.pop("MPICOLL_TEST_NO_ABORT", None)
     env.update(extra)
     return env
 
@@ -110,10 +90,8 @@ def _run_inner(tmp_path, source, **env):
     (tmp_path / "pytest.ini").write_text("[pytest]\n")
     test_file = tmp_path / "test_inner.py"
     test_file.write_text(textwrap.dedent(source))
-    cmd = _mpirun() + [
-        "-np", "2", sys.executable, "-m", "mpi4py", "-m", "pytest",
-        "--with-mpi", "-p", "no:cacheprovider", "-q", str(test_file),
-    ]
+    cmd = mpirun(2, sys.executable, "-m", "mpi4py", "-m", "pytest") + [
+        "--with-mpi", "-p", "no:cacheprovider", "-q", str(test_file)]
     shm_before = _shm_segments()
     start = time.monotonic()
     # Own session, so that on a hard timeout the whole job (mpirun, proxies,

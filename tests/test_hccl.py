@@ -36,7 +36,7 @@ def test_seed_multi_round_all_gather_equals_untiled():
     assert h1 >= 0 and h2 >= 0 and h1 != h2
     assert hccl.wait(h1) == 2 and hccl.wait(h2) == 1
     hccl.finalize()
-    untiled = mpicoll.AllGatherOperation().execute(x).reshape(-1)
+    untiled = np.concatenate([_data("seed", 300, rank=r) for r in range(SIZE)])    # numpy: every rank's x in order
     assert y.view(np.uint16).tolist() == untiled.view(np.uint16).tolist()
 
 
@@ -72,11 +72,12 @@ def test_seed_tiling_equals_untiled_for_every_kind(kind, mode):
     dt, rop = DTYPES["float16"], "sum" if kind in ("AllReduce", "ReduceScatter") else None
     total, gap = 300, 0
     _, send_size, recv_size = tiled_layout(kind, SIZE, total, gap)
-    send = _data(f"tiles/{kind}", send_size)
+    inputs = [_data(f"tiles/{kind}", send_size, rank=r) for r in range(SIZE)]
     recv = np.zeros(recv_size, dt.np)
     with Hccl().init() as hccl:
-        run_tiled(hccl, kind, send, recv, [(128, 2), (44, 1)], total, HcclDataType.FP16, rop, mode)
-    assert recv.view(np.uint16).tolist() == _untiled(kind, send, total, gap, dt, rop).view(np.uint16).tolist()
+        run_tiled(hccl, kind, inputs[RANK], recv, [(128, 2), (44, 1)], total, HcclDataType.FP16, rop, mode)
+    golden = tiled_golden(kind, inputs, RANK, total, gap, dt, rop and reduce_op(rop))        # numpy, untiled
+    assert recv.view(np.uint16).tolist() == golden.view(np.uint16).tolist()
 
 
 def _random_plan(rng, total):

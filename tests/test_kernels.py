@@ -74,11 +74,13 @@ def test_conversions_are_bit_identical_to_numpy():
 
 
 @pytest.mark.mpi(min_size=1)
-@pytest.mark.parametrize("name", ["AllReduce", "ReduceScatter", "ReduceScatterV", "Reduce"])
+@pytest.mark.parametrize("name", list(CHECKS))
 def test_numpy_fallback_path(monkeypatch, name):
+    """Every golden case of every operator (and Hccl task kind) in the dtypes the kernels serve,
+    on the numpy twins."""
     monkeypatch.setattr(_numeric, "KERNELS", None)
     spec = CHECKS[name]
-    for dtype in ("float16", "bfloat16"):
+    for dtype in [d for d in ("float16", "bfloat16", "int8") if d in spec.dtypes]:
         for case in spec.cases(SIZE):
             c = spec.make(case, dtype, "", RANK, SIZE, SEED)
             assert count_wrong(c.execute(), c.expected, exact=c.exact, n=SIZE) == 0, (dtype, case)

@@ -16,6 +16,8 @@ from pathlib import Path
 import pytest
 from mpi4py import MPI
 
+from _mpi import launch_env
+
 ROOT = Path(__file__).resolve().parent.parent
 _loader = importlib.machinery.SourceFileLoader("mpicoll_cluster", str(ROOT / "scripts" / "cluster"))
 cluster = importlib.util.module_from_spec(importlib.util.spec_from_loader("mpicoll_cluster", _loader))
@@ -39,12 +41,8 @@ pytestmark = [pytest.mark.mpi(min_size=1), pytest.mark.skipif(_why_skip() is not
 LAYOUTS = [(2, 4), (4, 4)]                       # 2 hosts x 2 ranks, 4 hosts x 1 rank
 
 
-def _env() -> dict[str, str]:
-    return {k: v for k, v in os.environ.items() if not k.startswith(("PMI_", "HYD", "MPI_LOCAL"))}
-
-
 def _cluster(*args: str, timeout: float = 300) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, str(ROOT / "scripts" / "cluster"), *args], cwd=ROOT, env=_env(),
+    return subprocess.run([sys.executable, str(ROOT / "scripts" / "cluster"), *args], cwd=ROOT, env=launch_env(),
                           capture_output=True, text=True, timeout=timeout)
 
 
@@ -92,7 +90,7 @@ def test_rank_table_placement_is_checked_host_by_host(tmp_path):
     assert bad.returncode == 1
     assert f"rank 1 runs on host2 ({cluster.address(2)})" in bad.stdout
     line = subprocess.run([str(ROOT / "scripts" / "ranktable2hosts"), str(path)], capture_output=True, text=True,
-                          env=_env())
+                          env=launch_env())
     assert line.returncode == 0, line.stderr
     assert line.stdout.split()[:5] == ["mpiexec", "-hosts", f"{cluster.address(1)}:2,{cluster.address(2)}:2", "-n", "4"]
 
@@ -153,3 +151,43 @@ def test_without_namespaces_it_says_so_and_offers_loopback():
     assert proc.returncode == 2
     assert "network namespaces are not allowed here" in proc.stderr and "needs root or CAP_NET_ADMIN" in proc.stderr
     assert "scripts/cluster run --loopback N NP -- COMMAND" in proc.stderr
+
+
+LINK_LOOP = """
+import sys
+import numpy as np
+import mpicoll
+from mpi4py import MPI
+op = mpicoll.AllReduceOperation()
+x = np.ones(1 << 14, np.float32)
+for i in range(10 ** 9):
+    op.execute(x)
+    if i == 100:
+        print("looping", flush=True)
+"""
+
+
+@pytest.mark.timeout_s(120)
+def test_a_lost_link_ends_the_job_within_the_timeout(tmp_path):
+    """2 hosts x 1 rank, MPICOLL_TIMEOUT=5, a loop of AllReduce; host 2's link goes down: MPI
+    never returns from the call in flight, and the watchdog's backstop ends the reachable rank
+    within the timeout plus its 3 s, non-zero, naming the operation and the rank it waited for."""
+    script = tmp_path / "loop.py"
+    script.write_text(LINK_LOOP)
+    assert _cluster("up", "2").returncode == 0
+    env = {**launch_env(), "MPICOLL_TIMEOUT": "5"}
+    job = subprocess.Popen([sys.executable, str(ROOT / "scripts" / "cluster"), "run", "2", "2", "--timeout", "90",
+                            "--", sys.executable, str(script)], cwd=ROOT, env=env, stdout=subprocess.PIPE,
+                           stderr=subprocess.PIPE, text=True)
+    try:
+        assert "looping" in job.stdout.readline()                  # (both ranks print it)
+        subprocess.run(["ip", "netns", "exec", cluster.host_ns(2), "ip", "link", "set", "eth0", "down"], check=True)
+        down = time.monotonic()
+        _, err = job.communicate(timeout=60)
+        ended = time.monotonic() - down
+    finally:
+        if job.poll() is None:
+            job.kill()
+    assert job.returncode != 0 and ended < 5 + 3 + 4, (ended, err[-3000:])
+    assert "mpicoll watchdog: AllReduce: timed out after 5 s on rank 0 of the world (mpicoll.world)" in err, err
+    assert "it waited for ranks [1] there" in err and "MPI did not return" in err, err

@@ -189,3 +189,112 @@ def test_plans_count_as_calls_for_the_watchdog():
         plan.start().wait()
     assert world().calls["Broadcast"] == before + 3
     WORLD.Barrier()
+
+
+# ----------------------------------------------------------------------------- steps in flight
+
+class _Overlap(mpicoll.Operation):
+    """A test-only operator (not public): two AllReduces kept in flight while local work runs
+    between them; ``out = 2 * allreduce(x) + allreduce(x + 1)``."""
+
+    NAME = "Test.Overlap"
+    PUBLIC = False
+
+    def execute(self, x, out=None):
+        return self._execute(x, out)
+
+    def prepare(self, x, out=None):
+        return self._prepare(x, out)
+
+    def describe(self, x, out=None):
+        from mpicoll._plan import Call
+        x, dt, _ = self._data(x)
+        call = Call(dt, x, self._out(out, x.shape, x.dtype), x.shape)
+        call.args = (np.empty_like(x), np.empty_like(x), np.empty_like(x))
+        return call
+
+    def issue(self, call, table, go):
+        a, b, xp1 = call.args
+        m = call.dt.mpi
+        t1 = go.start(self._lib, "Allreduce", [call.x, m], [a, m], MPI.SUM)
+        go.local(np.add, call.x, 1, xp1)                       # local work while t1 is in flight
+        t2 = go.start(self._lib, "Allreduce", [xp1, m], [b, m], MPI.SUM)
+        go.wait(t1)
+        go.local(np.multiply, a, 2, call.out)
+        go.wait(t2)
+        go.local(np.add, call.out, b, call.out)
+
+
+from mpi4py import MPI  # noqa: E402
+
+
+@mpi1
+def test_steps_in_flight_in_execute_plans_and_one_shot_starts():
+    op = _Overlap()
+    x = np.arange(6, dtype=np.float64) + RANK
+    want = 2 * (SIZE * np.arange(6) + sum(range(SIZE))) + SIZE * (np.arange(6) + 1) + sum(range(SIZE))
+    assert np.array_equal(op.execute(x), want)
+    with op.prepare(x) as plan:
+        assert np.array_equal(plan.run(), want)
+        assert np.array_equal(plan.start().wait(), want)
+        h = plan.start()
+        while not h.test():
+            pass
+        assert np.array_equal(h.wait(), want)
+    assert np.array_equal(op._start(x).wait(), want)
+
+
+@mpi1
+def test_at_most_max_in_flight():
+    """A start beyond MAX_IN_FLIGHT first waits for the oldest, in execute and in plans alike."""
+    from mpicoll._plan import MAX_IN_FLIGHT, Recorder, START, WAIT
+
+    class Many(_Overlap):
+        NAME = "Test.Many"
+
+        def issue(self, call, table, go):
+            outs = call.args[0].reshape(1, -1).repeat(40, axis=0)
+            call.result = outs
+            m = call.dt.mpi
+            tokens = [go.start(self._lib, "Allreduce", [call.x, m], [outs[k], m], MPI.SUM) for k in range(40)]
+            for t in tokens:
+                go.wait(t)
+
+    op = Many()
+    x = np.full(3, RANK + 1.0)
+    assert (op.execute(x) == SIZE * (SIZE + 1) / 2).all()
+    rec = Recorder()
+    op._record(*op._call((x,), 1, True), rec, count=True)
+    open_, most = 0, 0
+    for s in rec.steps:
+        open_ += (s.kind == START) - (s.kind == WAIT)
+        most = max(most, open_)
+    assert most == MAX_IN_FLIGHT and open_ == 0
+    with op.prepare(x) as plan:
+        assert (plan.run() == SIZE * (SIZE + 1) / 2).all()
+
+
+@mpi1
+@pytest.mark.parametrize("progress", ["none", "rank 0 tests", "every rank tests"])
+def test_started_work_keeps_the_program_order_on_its_communicator(progress):
+    """Multi-step plans started on one communicator, tested on some ranks only (so each rank's
+    handles stand at different steps), other collectives in between, waited in another order:
+    every collective still starts in program order on every rank (no communicator copies)."""
+    n = 1 << 17                                   # float16 of 256 KiB: AllToAll, reduction, AllGather
+    xs = [np.full(n, k + RANK, np.float16) for k in range(3)]
+    ar = mpicoll.AllReduceOperation()
+    plans = [ar.prepare(x) for x in xs]
+    handles = []
+    for p in plans:
+        handles.append(p.start())
+        if progress == "every rank tests" or (progress == "rank 0 tests" and RANK == 0):
+            for h in handles:
+                h.test()
+    assert mpicoll.AllGatherOperation().execute(np.array([RANK])).reshape(-1).tolist() == list(range(SIZE))
+    tail = _Overlap()._start(np.ones(4))
+    for k in (2, 0, 1):
+        assert np.array_equal(handles[k].wait(), np.full(n, k * SIZE + sum(range(SIZE)), np.float16)), k
+    assert tail.wait().tolist() == [4 * SIZE] * 4            # 2 * SIZE + SIZE * 2
+    for p in plans:
+        p.free()
+    assert not mpicoll._domains.world().pending

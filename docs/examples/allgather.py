@@ -1,4 +1,5 @@
-"""AllGather and AllGatherV: every rank gets every rank's data, in rank order; Gather: the root only.
+"""AllGather and AllGatherV: every rank gets every rank's data, in rank order; Gather: the root only;
+Scatter: the root's blocks, one to each rank.
 
     mpirun -np 4 python docs/examples/allgather.py      (any rank count works)
 """
@@ -6,7 +7,7 @@ import numpy as np
 from mpi4py import MPI
 
 from mpicoll import (AllGatherOperation, AllGatherParam, AllGatherVOperation, AllGatherVParam, GatherOperation,
-                     GatherParam)
+                     GatherParam, ScatterOperation, ScatterParam)
 
 world = MPI.COMM_WORLD
 rank, n = world.Get_rank(), world.Get_size()
@@ -55,3 +56,13 @@ show("AllGatherV reversed", outr.tolist())
 g = GatherOperation(GatherParam(rank_root=0)).execute(np.array([rank, rank * rank], dtype=np.int64))
 assert (g.shape == (n, 2) and g.tolist() == [[r, r * r] for r in range(n)]) if rank == 0 else g is None
 show("Gather (root 0)", None if g is None else g.tolist())
+
+# Scatter: Gather's inverse. The root splits x along dim 0 into n blocks; rank r gets block r.
+# Off the root x is not read (None) and out gives the block's shape and dtype.
+scatter = ScatterOperation(ScatterParam(rank_root=0))
+if rank == 0:
+    block = scatter.execute(np.arange(2 * n, dtype=np.int64).reshape(n, 2))
+else:
+    block = scatter.execute(None, out=np.empty((1, 2), dtype=np.int64))
+assert block.tolist() == [[2 * rank, 2 * rank + 1]]
+show("Scatter (root 0)", block.tolist())

@@ -57,6 +57,8 @@ class Operation:
     CODE: ClassVar[int] = 0
     #: listed in OPERATIONS (False: an internal kind, e.g. the Hccl client's tasks)
     PUBLIC: ClassVar[bool] = True
+    #: execute fills its input x in place (Broadcast): x must be a C-contiguous writable array
+    WRITES_X: ClassVar[bool] = False
     #: how errors name the per-peer send / expect vectors of the count-pair rule (V operators)
     PAIR_NAMES: ClassVar[tuple[str, str] | None] = None
 

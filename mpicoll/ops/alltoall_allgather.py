@@ -162,7 +162,7 @@ def _bench(c) -> BenchRun:
         raw_tp.Allgather([z, m], [y, m])
     return BenchRun(_param(c.comm_domain, c.rank, c.n, c.validate), (x,),
                     golden([bench_data(r, c.count, c.dtype) for r in range(c.n)], c.rank, c.n),
-                    kwargs={"out": (z, y)}, raw=raw)
+                    kwargs={"out": (z, y)}, raw=raw, close=lambda: (raw_ep.Free(), raw_tp.Free()))
 
 
 def _bus_factor(n: int) -> float:

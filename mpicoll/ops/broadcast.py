@@ -31,6 +31,7 @@ class BroadcastOperation(Operation):
 
     NAME = "Broadcast"
     PARAM = BroadcastParam
+    WRITES_X = True
 
     def execute(self, x: np.ndarray) -> np.ndarray:
         """Fill ``x`` with the root's ``x``.

@@ -223,7 +223,7 @@ class QuantAllReduceOperation(Operation):
             raise arg_error(self.NAME, "x.dtype", str(np.asarray(x).dtype), self.rank, "must be int8")
         x, dt, src = self._data(x)
         s = _scales(self.NAME, scale, x.size, self._block, self.rank)
-        out = self._out(out, x.shape, np.dtype(np.float16))
+        out = self._out(out, x.shape, np.dtype(np.float16), x if src is None else src)
         call = Call(dt, x, out, x.shape)
         call.src, call.params, call.args = src, self._block * 2 + self._int8_gather, (s,)
         return call
