@@ -50,7 +50,7 @@ def main() -> None:
 
         def one_shot(op):
             if has_start:
-                return lambda: op._start(x, out=y).wait()
+                return lambda: op._start(x, y).wait()
 
             def old():
                 plan = op.prepare(x, out=y)

@@ -39,6 +39,9 @@ OP_NAMES: dict[int, str] = {}
 #: guards the process-wide state (caches, the exit list) for programs that call mpicoll from threads
 LOCK = threading.RLock()
 _OPEN: list["LibComm"] = []        # communicators holding an arrival window, in creation order
+#: how many started runs wait in some communicator's ``pending`` queue (a plan's run() drains its
+#: communicators only when this is not 0)
+QUEUED = 0
 
 
 def op_code(name: str) -> int:

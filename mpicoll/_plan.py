@@ -27,6 +27,7 @@ from typing import Any, Callable
 
 from mpi4py import MPI
 
+from . import _comm
 from ._comm import LibComm
 from ._errors import CollectiveError
 from ._watchdog import done
@@ -172,9 +173,11 @@ class Recorder:
 def count_call(comms: tuple[LibComm, ...], op: str) -> int:
     """Count one call of ``op`` on each of its communicators (the one way calls are counted);
     returns its number on the first."""
-    number = comms[0].count(op)
-    for c in comms[1:]:
-        c.count(op)
+    calls = comms[0].calls
+    number = calls[op] = calls.get(op, 0) + 1
+    if len(comms) > 1:
+        for c in comms[1:]:
+            c.count(op)
     return number
 
 
@@ -204,7 +207,7 @@ class Plan:
     """
 
     __slots__ = ("op", "result", "parts", "_timeout", "_steps", "_used", "_tokens", "_persistent", "_reuse",
-                 "_handle", "_state", "_go", "_where", "__weakref__")
+                 "_handle", "_state", "_go", "_tally", "_where", "__weakref__")
 
     def __init__(self, rec: Recorder, timeout: float | None, persistent: bool = True) -> None:
         self.parts = rec.parts
@@ -220,6 +223,7 @@ class Plan:
         self._handle: Handle | None = None
         self._state = _IDLE
         self._go: Callable[[], None] | None = None
+        self._tally: tuple = ("", {"": 0}, ())     # (a plan of several calls: each part counts itself)
         if persistent:
             _LIVE.add(self)
 
@@ -231,19 +235,32 @@ class Plan:
         """
         if self._state:
             self._refuse("run")
-        for c in self._used:
-            if c.pending:
-                c.drain(None)
         if self._go is None:
             self._go = self._bind()
+        op, calls, more = self._tally
+        calls[op] += 1
+        if more:
+            for c in more:
+                c[op] += 1
+        if _comm.QUEUED:
+            for c in self._used:
+                if c.pending:
+                    c.drain(None)
         self._go()
         return self.result
 
     def _bind(self) -> Callable[[], None]:
-        """The steps as one callable (made at the first run)."""
+        """The steps as one callable (made at the first run). A plan of one call counts it in
+        :meth:`run` itself (the cheapest form: a dict increment)."""
         timeout, slots, where = self._timeout, [None] * self._tokens, self._where
+        steps = self._steps
+        if len(self.parts) == 1 and steps and steps[0].kind == COUNT:
+            comms, op = steps[0].args
+            for c in comms:
+                c.calls.setdefault(op, 0)
+            self._tally, steps = (op, comms[0].calls, tuple(c.calls for c in comms[1:])), steps[1:]
         bound = []
-        for s in self._steps:
+        for s in steps:
             if s.kind == COUNT:
                 bound.append(partial(count_call, *s.args))
             elif s.kind == MPI_CALL:
@@ -255,6 +272,8 @@ class Plan:
                 bound.append(partial(_wait_from, slots, s.token, first.comm, timeout, first.name, where[s.part]))
             else:
                 bound.append(partial(s.fn, *s.args))
+        if not bound:
+            return _nothing
         return bound[0] if len(bound) == 1 else partial(_each, tuple(bound))
 
     def start(self, end: int | None = None) -> "Handle":
@@ -337,6 +356,10 @@ class Plan:
 def _each(fns: tuple) -> None:
     for fn in fns:
         fn()
+
+
+def _nothing() -> None:
+    pass
 
 
 def _start_into(slots: list, token: int, comm: LibComm, name: str, args: tuple, where: tuple) -> None:
@@ -429,12 +452,16 @@ class Handle:
         self._queued = tuple(dict.fromkeys(s.comm for s in steps[first:self._last + 1] if s.comm is not None))
         for c in self._queued:
             c.pending.append(self)
+        _comm.QUEUED += 1
 
     def _unqueue(self) -> None:
+        if not self._queued:
+            return
         for c in self._queued:
             if self in c.pending:
                 c.pending.remove(self)
         self._queued = ()
+        _comm.QUEUED -= 1
 
     def _advance(self, block: bool, upto: int | None = None) -> bool:
         """Run the released steps in order; False when one is not complete yet (not blocking), or

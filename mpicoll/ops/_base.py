@@ -155,11 +155,11 @@ class Operation:
         """THE describe-and-agree routine: describe this rank's arguments (a local failure is kept,
         never raised alone), then, when ``agree``, agree them over the operation's communicator:
         every rank raises the same error, or every rank gets the same header table."""
+        if not agree:                        # (no agreement: a local error is this rank's alone)
+            if self._param_error is not None:
+                raise self._param_error
+            return self.describe(*args), None
         call, err = self._described(args)
-        if not agree:
-            if err is not None:
-                raise err
-            return call, None
         return call, agree_calls(self._lib, [(self, call, err)], self.timeout, number)[0]
 
     def _described(self, args: tuple) -> tuple[Call | None, BaseException | None]:
