@@ -129,11 +129,11 @@ def check_table(op: str, table: np.ndarray, pair_names: tuple[str, str] | None, 
     with ``pair_names`` (how to name the two per-peer vectors), what rank j expects from rank i
     equals what rank i sends to rank j, for every pair. ``prefix`` names the call among several
     ("graph call 3")."""
+    if not prefix:
+        return _check_table(op, table, pair_names, where)
     try:
         _check_table(op, table, pair_names, where)
     except CollectiveMismatchError as exc:
-        if not prefix:
-            raise
         raise CollectiveMismatchError(f"{prefix} ({op}): {exc}", op=exc.op, param=exc.param, rank=exc.rank) from None
 
 

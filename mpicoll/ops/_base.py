@@ -160,7 +160,7 @@ class Operation:
                 raise self._param_error
             return self.describe(*args), None
         call, err = self._described(args)
-        return call, agree_calls(self._lib, [(self, call, err)], self.timeout, number)[0]
+        return call, agree_call(self._lib, self, call, err, self.timeout, number)
 
     def _described(self, args: tuple) -> tuple[Call | None, BaseException | None]:
         """``describe(*args)``, or the error it (or the Param, at binding) raised on this rank."""
@@ -223,32 +223,46 @@ def resolve(op: str, comm: Any, name: Any, rank_size: Any, what: str) -> LibComm
     return world()
 
 
+def agree_call(lib: LibComm, op: Operation, call: Call | None, err: BaseException | None, timeout: float | None,
+               number: int) -> np.ndarray:
+    """Agree one described call over ``lib`` (one ``Allgather`` of header rows): every rank raises the
+    same error, or every rank gets the same header table. See :func:`agree_calls`."""
+    row, err = _row(lib, op, call, err)
+    table = agree(lib, row, err, timeout, op.NAME, number)
+    V.check_table(op.NAME, table, op.PAIR_NAMES, lib.label)
+    op._agreed_once = True
+    return table
+
+
 def agree_calls(lib: LibComm, entries: list[tuple[Operation, Call | None, BaseException | None]],
                 timeout: float | None, number: int) -> list[np.ndarray]:
     """Agree described calls over ``lib``: one header row per call (``V.header``; a value that does
     not fit becomes a local error), gathered from every rank, then the cross-rank rules of each
     call (``V.check_table``). Every rank raises the same error, or every rank gets the same tables,
-    one per call. One call: one ``Allgather``; several (a captured graph): their number, then
-    their rows (``Allgatherv``), so that ranks that captured different numbers of calls are told
-    apart, by the index of the first call that differs."""
+    one per call. One call: :func:`agree_call`, one ``Allgather``; several (a captured graph):
+    their number, then their rows (``Allgatherv``), so that ranks that captured different numbers
+    of calls are told apart, by the index of the first call that differs."""
+    if len(entries) == 1:
+        return [agree_call(lib, *entries[0], timeout, number)]
     rows, err = [], None
     for op, call, e in entries:
-        try:
-            row = V.header(lib.size, op.CODE, call, op.validate, lib.seq if lib.debug else 0, (op.NAME, lib.rank))
-        except Exception as exc:  # noqa: BLE001 - a value this rank cannot send is its local error
-            row, e = V.header(lib.size, op.CODE, None, op.validate, 0), e or as_collective_error(exc, op.NAME,
-                                                                                                 lib.rank)
+        row, e = _row(lib, op, call, e)
         rows.append(row)
         err = err or e
-    first = entries[0][0]
-    if len(entries) == 1:
-        tables = [agree(lib, rows[0], err, timeout, first.NAME, number)]
-    else:
-        tables = V.gather_rows(lib, rows, err, timeout, first.NAME, number)
+    tables = V.gather_rows(lib, rows, err, timeout, entries[0][0].NAME, number)
     for k, ((op, _, _), table) in enumerate(zip(entries, tables)):
-        V.check_table(op.NAME, table, op.PAIR_NAMES, lib.label, f"graph call {k}" if len(entries) > 1 else "")
+        V.check_table(op.NAME, table, op.PAIR_NAMES, lib.label, f"graph call {k}")
         op._agreed_once = True
     return tables
+
+
+def _row(lib: LibComm, op: Operation, call: Call | None, err: BaseException | None
+         ) -> tuple[np.ndarray, BaseException | None]:
+    """The header row of one call, and its local error (a value that cannot travel is one)."""
+    try:
+        return V.header(lib.size, op.CODE, call, op.validate, lib.seq if lib.debug else 0, (op.NAME, lib.rank)), err
+    except Exception as exc:  # noqa: BLE001 - a value this rank cannot send is its local error
+        return V.header(lib.size, op.CODE, None, op.validate, 0), err or as_collective_error(exc, op.NAME, lib.rank)
 
 
 class ReduceTypeOperation(Operation):
