@@ -75,7 +75,7 @@ class LibComm:
     """
 
     __slots__ = ("mpi", "label", "rank", "size", "world_ranks", "validate", "debug", "calls", "seq", "pending",
-                 "_win", "_mark", "__weakref__")
+                 "plain", "_win", "_mark", "__weakref__")
 
     def __init__(self, mpi: MPI.Comm, label: str, validate: bool, debug: bool, watched: bool) -> None:
         self.mpi, self.label = mpi, label
@@ -89,6 +89,7 @@ class LibComm:
         self.seq = 0
         self.pending: list = []
         self._win = self._mark = None
+        self.plain = not debug and not watched
         if watched:
             self._win = MPI.Win.Allocate(4 * 8, 8, comm=mpi)
             self._mark = np.frombuffer(self._win.tomemory(), dtype=np.int64)
@@ -136,9 +137,10 @@ class LibComm:
         return k
 
     def direct(self, timeout: float | None) -> bool:
-        """Whether a blocking call may go straight to MPI: no watchdog timing it, no arrival mark
-        and no sequence number to keep (the one place that decides it)."""
-        return timeout is None and self._mark is None and not self.debug
+        """Whether a blocking call may go straight to MPI: no watchdog timing it (``timeout``), and
+        ``plain``: no arrival mark and no sequence number to keep (the one place that decides it;
+        :meth:`call` tests the same two, inline)."""
+        return timeout is None and self.plain
 
     def call(self, name: str, args: tuple, timeout: float | None, where: tuple) -> None:
         """One blocking MPI collective ``self.mpi.<name>(*args)``, under the watchdog when timed.
@@ -148,7 +150,7 @@ class LibComm:
         """
         if self.pending:
             self.drain(None)
-        if self.direct(timeout):
+        if timeout is None and self.plain:       # (direct(timeout), inline: every call passes here)
             getattr(self.mpi, name)(*args)
             return
         self.seq += 1
@@ -171,7 +173,7 @@ class LibComm:
         (work queued ahead of it here is driven first), or None."""
         if self.pending:
             self.drain(by)
-        if not self.direct(None):
+        if not self.plain:
             self.seq += 1
             if self._mark is not None:
                 self._arrive(where)
@@ -253,6 +255,7 @@ class LibComm:
         """Free the arrival window, if any (collective over the members)."""
         if self._win is not None:
             win, self._win, self._mark = self._win, None, None
+            self.plain = not self.debug
             with LOCK:
                 if self in _OPEN:
                     _OPEN.remove(self)

@@ -71,7 +71,7 @@ def agree(comm, header: np.ndarray, error: BaseException | None, timeout: float 
     """Allgather every rank's fixed-length int64 ``header`` over ``comm`` (a LibComm); raise the same
     error on all ranks.
 
-    ``header[0]`` is set to 1 on a rank that has a local ``error``. If any rank has one, the
+    ``header[0]`` is 1 on a rank that has a local ``error`` (set here if it is not already). If any rank has one, the
     messages are exchanged (on the error path only) and every rank raises the error of the lowest
     failing rank, with the other failing ranks' messages appended. ``op`` and ``number`` (its call
     number on ``comm``) name the call for the watchdog.
@@ -79,7 +79,8 @@ def agree(comm, header: np.ndarray, error: BaseException | None, timeout: float 
     Returns:
         The gathered ``(comm.size, len(header))`` int64 matrix, identical on every rank.
     """
-    header[0] = 1 if error is not None else 0
+    if error is not None:
+        header[0] = 1
     table = np.empty((comm.size, header.size), dtype=np.int64)
     comm.call("Allgather", ([header, MPI.INT64_T], [table, MPI.INT64_T]), timeout,
               (op, number, "its header agreement (an internal MPI Allgather)"))

@@ -40,18 +40,21 @@ def validate_default() -> bool:
 
 # ----------------------------------------------------------------------------- the header
 
-def header(n: int, code: int, call: Any, validate: bool, seq: int, who: tuple[str, int] = ("", -1)) -> np.ndarray:
+class HeaderOverflow(ValueError):
+    """A header value that does not fit in int64: ``args = (field name, value)``."""
+
+
+def header(n: int, code: int, call: Any, validate: bool, seq: int) -> np.ndarray:
     """This rank's header for one call: the fields of ``call`` (a :class:`~mpicoll._plan.Call`, or
-    None when describing failed), the operation's ``validate``, ``seq`` (debug mode's sequence
+    None when describing failed: then the error flag is set), the operation's ``validate``, ``seq`` (debug mode's sequence
     number, else 0). Built as a list: on tiny arrays, numpy's per-call cost is the larger part.
 
     Raises:
-        CollectiveArgumentError: a value that does not fit in int64 (an operator parameter of
-            2**63, ...), naming ``who`` (operator, rank): the caller agrees it as this rank's
-            local error.
+        HeaderOverflow: a value that does not fit in int64 (an operator parameter of 2**63, ...):
+            the caller agrees it as this rank's local error.
     """
     if call is None:
-        return np.array([0, code, 0, 0, 0, 0, seq, validate] + [0] * (H_LEN - H_SIZE + 2 * n), dtype=np.int64)
+        return np.array([1, code, 0, 0, 0, 0, seq, validate] + [0] * (H_LEN - H_SIZE + 2 * n), dtype=np.int64)
     shape = call.shape
     if shape is None:
         dims = [0] * (2 + MAX_DIMS)
@@ -70,7 +73,7 @@ def header(n: int, code: int, call: Any, validate: bool, seq: int, who: tuple[st
                  "validate", "size", "ndim"]
         i = next(i for i, v in enumerate(row) if not -2 ** 63 <= int(v) < 2 ** 63)
         what = names[i] if i < len(names) else "a shape or count entry"
-        raise arg_error(who[0], what, row[i], who[1], "must fit in a signed 64-bit integer") from None
+        raise HeaderOverflow(what, row[i]) from None
 
 
 def gather_rows(lib, rows: list[np.ndarray], error: BaseException | None, timeout: float | None, op: str,
@@ -105,7 +108,7 @@ def gather_rows(lib, rows: list[np.ndarray], error: BaseException | None, timeou
         long_ = [r for r in range(n) if counts[r] > k]
         extra = OP_NAMES.get(int(every[starts[long_[0]] + k][H_OP]), "?")
         for i, t in enumerate(tables):           # a call before it that differs is the first difference
-            check_table(op, t, None, lib.label, prefix=f"graph call {i}")
+            check_table_of(i, op, t, None, lib.label)
         raise mismatch_error("graph", "number of calls", f"{_ranks(long_)} captured call {k} ({extra}), "
                              f"{_ranks(short)} captured {k} call(s), on {lib.label}: every rank must capture "
                              "the same calls, in the same order", long_[0])
@@ -124,20 +127,19 @@ def expected(table: np.ndarray) -> np.ndarray:
     return table[:, H_LEN + n:H_LEN + 2 * n]
 
 
-def check_table(op: str, table: np.ndarray, pair_names: tuple[str, str] | None, where: str, prefix: str = "") -> None:
+def check_table_of(k: int, op: str, table: np.ndarray, pair_names: tuple[str, str] | None, where: str) -> None:
+    """:func:`check_table` of call ``k`` among several (a captured graph): its errors say so."""
+    try:
+        check_table(op, table, pair_names, where)
+    except CollectiveMismatchError as exc:
+        raise CollectiveMismatchError(f"graph call {k} ({op}): {exc}", op=exc.op, param=exc.param,
+                                      rank=exc.rank) from None
+
+
+def check_table(op: str, table: np.ndarray, pair_names: tuple[str, str] | None, where: str) -> None:
     """The cross-rank rules, identical on every rank: the agreed fields are equal on every row;
     with ``pair_names`` (how to name the two per-peer vectors), what rank j expects from rank i
-    equals what rank i sends to rank j, for every pair. ``prefix`` names the call among several
-    ("graph call 3")."""
-    if not prefix:
-        return _check_table(op, table, pair_names, where)
-    try:
-        _check_table(op, table, pair_names, where)
-    except CollectiveMismatchError as exc:
-        raise CollectiveMismatchError(f"{prefix} ({op}): {exc}", op=exc.op, param=exc.param, rank=exc.rank) from None
-
-
-def _check_table(op: str, table: np.ndarray, pair_names: tuple[str, str] | None, where: str) -> None:
+    equals what rank i sends to rank j, for every pair."""
     rows = table[:, H_OP:H_AGREED].tolist()        # (Python lists: faster than numpy on tiny tables)
     if rows.count(rows[0]) != len(rows):
         raise _diagnose(op, table, where)

@@ -251,7 +251,7 @@ def agree_calls(lib: LibComm, entries: list[tuple[Operation, Call | None, BaseEx
         err = err or e
     tables = V.gather_rows(lib, rows, err, timeout, entries[0][0].NAME, number)
     for k, ((op, _, _), table) in enumerate(zip(entries, tables)):
-        V.check_table(op.NAME, table, op.PAIR_NAMES, lib.label, f"graph call {k}")
+        V.check_table_of(k, op.NAME, table, op.PAIR_NAMES, lib.label)
         op._agreed_once = True
     return tables
 
@@ -260,9 +260,11 @@ def _row(lib: LibComm, op: Operation, call: Call | None, err: BaseException | No
          ) -> tuple[np.ndarray, BaseException | None]:
     """The header row of one call, and its local error (a value that cannot travel is one)."""
     try:
-        return V.header(lib.size, op.CODE, call, op.validate, lib.seq if lib.debug else 0, (op.NAME, lib.rank)), err
-    except Exception as exc:  # noqa: BLE001 - a value this rank cannot send is its local error
-        return V.header(lib.size, op.CODE, None, op.validate, 0), err or as_collective_error(exc, op.NAME, lib.rank)
+        return V.header(lib.size, op.CODE, call, op.validate, lib.seq if lib.debug else 0), err
+    except V.HeaderOverflow as exc:          # a value this rank cannot send is its local error
+        what, value = exc.args
+        return V.header(lib.size, op.CODE, None, op.validate, 0), err or arg_error(
+            op.NAME, what, value, lib.rank, "must fit in a signed 64-bit integer")
 
 
 class ReduceTypeOperation(Operation):
