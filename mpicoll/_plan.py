@@ -35,6 +35,9 @@ from ._watchdog import done
 #: the most collectives one call keeps in flight at once (``go.start``); a start beyond it first
 #: waits for the oldest, on every rank alike
 MAX_IN_FLIGHT = 16
+#: graphs being captured, innermost last (``mpicoll.graph.capture``): while it is not empty, an
+#: operation's execute (and one-shot start) is described into the graph instead of run
+CAPTURING: list = []
 
 
 class Call:
@@ -347,6 +350,11 @@ class Plan:
                                   param="plan")
         raise CollectiveError(f"{self.op}: {what}() on a plan that is started and not yet waited for: call "
                               "wait() on its handle first", op=self.op, param="plan")
+
+    @property
+    def idle(self) -> bool:
+        """Whether the plan may run or start now (not started, not freed)."""
+        return self._state == _IDLE
 
     def __repr__(self) -> str:
         state = ("idle", "started", "freed")[self._state]

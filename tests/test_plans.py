@@ -298,3 +298,44 @@ def test_started_work_keeps_the_program_order_on_its_communicator(progress):
     for p in plans:
         p.free()
     assert not mpicoll._domains.world().pending
+
+
+# ----------------------------------------------------------------------------- the remembered call
+
+@mpi1
+def test_a_repeated_call_runs_its_recorded_plan_and_sees_every_change():
+    """Validation off, the very same call repeated runs as a recorded plan; new contents, counts
+    changed in place (lists and arrays), an array reshaped in place, or no ``out`` are other calls."""
+    n = SIZE
+    ar = mpicoll.AllReduceOperation(validate=False)
+    x, y = np.zeros(4, np.int64), np.empty(4, np.int64)
+    for k in range(4):
+        x[:] = k + RANK
+        assert ar.execute(x, out=y) is y and y.tolist() == [k * n + sum(range(n))] * 4
+    assert ar._memo is not None                           # (the repeats ran the recorded plan)
+    x.shape = (2, 2)                                      # reshaped in place: another call
+    y2 = np.empty((2, 2), np.int64)
+    assert ar.execute(x, out=y2).shape == (2, 2)
+    first, second = ar.execute(x), ar.execute(x)          # no out: a fresh output each time
+    assert first is not second and np.array_equal(first, second)
+    vv2 = mpicoll.AllToAllVV2Operation(validate=False)
+    data = np.arange(3 * n, dtype=np.float64) + 100 * RANK
+    counts, displs = [1] * n, list(range(n))
+    out = np.zeros((1, 3 * n))
+    for k in range(3):
+        if k == 2:                                        # the same list objects, changed in place
+            counts[:] = [3] * n
+            displs[:] = [3 * j for j in range(n)]
+        got = vv2.execute(data, counts, displs, list(counts), list(displs), None, out[:, :sum(counts)]
+                          if k < 2 else out)
+        c = counts[0]
+        want = np.concatenate([np.arange(RANK * c, RANK * c + c) + 100 * r for r in range(n)])
+        assert np.array_equal(got.reshape(-1), want), (k, got)
+    sc = np.ones(n, np.int64)                             # counts as an array changed in place
+    for k in range(3):
+        if k == 2:
+            sc[:] = 2
+        c = int(sc[0])
+        got = vv2.execute(data, sc, np.arange(n) * c, sc, np.arange(n) * c, None, out[:, :c * n])
+        want = np.concatenate([np.arange(RANK * c, RANK * c + c) + 100 * r for r in range(n)])
+        assert np.array_equal(got.reshape(-1), want), (k, got)

@@ -18,6 +18,7 @@ picks its MPI calls, from the call and, when validated, the agreed header table)
 """
 from __future__ import annotations
 
+import inspect
 from typing import Any, ClassVar
 
 import numpy as np
@@ -31,7 +32,7 @@ from .._dtypes import BY_NP, DType, ReduceOp, reduce_op
 from .._errors import CollectiveArgumentError, agree, arg_error, as_collective_error
 from .._numeric import reduce_chunks
 from .._params import CommParam
-from .._plan import Call, Handle, Plan, Recorder, Runner, count_call
+from .._plan import CAPTURING, Call, Handle, Plan, Recorder, Runner, count_call
 from .._watchdog import timeout_default
 
 #: name -> Operation class, for every public operator (check, bench, the CLI and the tests iterate it).
@@ -62,6 +63,11 @@ class Operation:
     #: how errors name the per-peer send / expect vectors of the count-pair rule (V operators)
     PAIR_NAMES: ClassVar[tuple[str, str] | None] = None
 
+    #: execute's arguments (by position): ``out``'s, and those read as values, not buffers (counts,
+    #: displacements, shapes: a call repeated with them changed is another call); from the signature
+    _OUT_AT: ClassVar[int | None] = None
+    _VALUES_AT: ClassVar[frozenset] = frozenset()
+
     def __init_subclass__(cls, **kw: Any) -> None:
         super().__init_subclass__(**kw)
         if cls.__dict__.get("NAME"):     # (a subclass that keeps its parent's NAME does not replace it)
@@ -69,6 +75,10 @@ class Operation:
             OP_NAMES[cls.CODE] = cls.NAME
             if cls.PUBLIC:
                 OPERATIONS[cls.NAME] = cls
+        if "execute" in cls.__dict__:
+            names = list(inspect.signature(cls.execute).parameters)[1:]
+            cls._OUT_AT = names.index("out") if "out" in names else None
+            cls._VALUES_AT = frozenset(i for i, n in enumerate(names) if n in VALUE_ARGS)
 
     def __init__(self, param: CommParam | None = None, *, validate: bool | None = None,
                  timeout: float | None = None) -> None:
@@ -89,6 +99,8 @@ class Operation:
         self._param_error: BaseException | None = None
         self._agreed_once = False
         self._runner = Runner(self.NAME, self.timeout)
+        self._last: tuple | None = None          # (tokens of the last unvalidated call's arguments, its call)
+        self._memo: Plan | None = None           # that call recorded, once it came back
 
     # -- binding -------------------------------------------------------------------------------------
     def _bind(self) -> LibComm:
@@ -119,15 +131,42 @@ class Operation:
 
     # -- the call path ---------------------------------------------------------------------------------
     def _execute(self, *args: Any) -> Any:
-        """``execute``: describe -> agree (validation on, and always the first call) -> issue, at once."""
+        """``execute``: describe -> agree (validation on, and always the first call) -> issue, at once.
+
+        Without agreement, an operation remembers its last call: when the very same call comes back
+        (the same arrays, unmoved; the same counts and flags; an ``out`` given, so that nothing is
+        allocated), it is recorded once and then run as a plan (:meth:`_remembered`)."""
+        if CAPTURING:
+            return CAPTURING[-1].add(self, args)
         if self._lib is None:
             self._bind()
+        agree = self.validate or not self._agreed_once
+        if not agree and self._last is not None:
+            plan = self._remembered(args)
+            if plan is not None:
+                return plan.run()
         number = count_call(self._comms, self.NAME)
-        call, table = self._call(args, number, self.validate or not self._agreed_once)
+        call, table = self._call(args, number, agree)
         if call.src is not None:
             np.copyto(call.x, call.src)
         self.issue(call, table, self._runner)
+        if not agree and self._OUT_AT is not None and len(args) > self._OUT_AT and args[self._OUT_AT] is not None:
+            self._last, self._memo = (_tokens(args, self._VALUES_AT), call), None
         return call.result
+
+    def _remembered(self, args: tuple) -> Plan | None:
+        """The plan of the last call, when ``args`` are that call's (recorded at its first repeat);
+        None otherwise (or while that plan is started)."""
+        tokens, call = self._last
+        if not _same(args, tokens):
+            self._last = self._memo = None
+            return None
+        plan = self._memo
+        if plan is None:
+            rec = Recorder()
+            self._record(call, None, rec, count=True)
+            plan = self._memo = Plan(rec, self.timeout, persistent=False)
+        return plan if plan.idle else None
 
     def _prepare(self, *args: Any) -> Plan:
         """``prepare``: describe -> agree (always) -> issue into a Recorder -> a Plan."""
@@ -143,12 +182,21 @@ class Operation:
         """A one-shot non-blocking call (the functional API's ``async_op=True``): describe ->
         agree (as ``execute`` does) -> issue into a Recorder, whose steps a :class:`Handle` starts
         at once (``I`` calls, no persistent requests) and completes in ``wait()``."""
+        if CAPTURING:
+            return CAPTURING[-1].add(self, args, started=True)
         if self._lib is None:
             self._bind()
+        agree = self.validate or not self._agreed_once
+        if not agree and self._last is not None:
+            plan = self._remembered(args)
+            if plan is not None:
+                return plan.start()
         number = count_call(self._comms, self.NAME)
-        call, table = self._call(args, number, self.validate or not self._agreed_once)
+        call, table = self._call(args, number, agree)
         rec = Recorder()
         self._record(call, table, rec, count=False)
+        if not agree and self._OUT_AT is not None and len(args) > self._OUT_AT and args[self._OUT_AT] is not None:
+            self._last, self._memo = (_tokens(args, self._VALUES_AT), call), None
         return Plan(rec, self.timeout, persistent=False).start()
 
     def _call(self, args: tuple, number: int, agree: bool) -> tuple[Call, np.ndarray | None]:
@@ -207,6 +255,46 @@ class Operation:
         if out is None:
             return np.empty(shape, dtype=dtype)
         return V.check_out(self.NAME, out, shape, dtype, self.rank, x, in_place_ok, name)
+
+
+#: names of execute arguments read as values (a repeat with them changed is another call)
+VALUE_ARGS = frozenset({"send_count", "send_counts", "sdispls", "recv_count", "recv_counts", "rdispls", "shape",
+                        "infer_shape", "scale"})
+
+
+def _tokens(args: tuple, values: frozenset) -> tuple:
+    """What identifies a call's arguments: arrays by identity, shape, strides and dtype (their
+    contents are the data, read on every run), values (``VALUE_ARGS``, and any list, tuple or
+    scalar) by a copy of their contents."""
+    return tuple(_token(a, i in values) for i, a in enumerate(args))
+
+
+def _token(a: Any, value: bool) -> tuple:
+    if isinstance(a, np.ndarray):
+        return ("v", a.copy()) if value else ("a", a, a.shape, a.strides, a.dtype)
+    if isinstance(a, (list, tuple)):
+        return ("l", type(a), tuple(_token(v, value) for v in a))
+    return ("o", type(a), a)
+
+
+def _same(args: tuple, tokens: tuple) -> bool:
+    """Whether ``args`` are the call :func:`_tokens` described."""
+    if len(args) != len(tokens):
+        return False
+    for a, t in zip(args, tokens):
+        kind = t[0]
+        if kind == "a":
+            if a is not t[1] or a.shape != t[2] or a.strides != t[3] or a.dtype != t[4]:
+                return False
+        elif kind == "v":
+            if not isinstance(a, np.ndarray) or a.shape != t[1].shape or not np.array_equal(a, t[1]):
+                return False
+        elif kind == "l":
+            if type(a) is not t[1] or len(a) != len(t[2]) or not _same(tuple(a), t[2]):
+                return False
+        elif type(a) is not t[1] or not (a is t[2] or a == t[2]):
+            return False
+    return True
 
 
 def resolve(op: str, comm: Any, name: Any, rank_size: Any, what: str) -> LibComm:
