@@ -67,6 +67,8 @@ class LibComm:
         label: how messages name it ("domain 'ep'", "the world", ...).
         rank, size: this rank in it, and its size.
         world_ranks: its members' world ranks, in its rank order.
+        ident: a number for it, the same on every member (its label and members): how a captured
+            graph tells its communicators apart.
         validate, debug: the agreed defaults of ``MPICOLL_VALIDATE`` and ``MPICOLL_DEBUG``.
         calls: operator name -> how many calls of it this rank has made on it (as the user counts).
         seq: how many collectives mpicoll has started on it (kept where it is read: with arrival
@@ -74,14 +76,15 @@ class LibComm:
         pending: started work with collectives still to start here, oldest first.
     """
 
-    __slots__ = ("mpi", "label", "rank", "size", "world_ranks", "validate", "debug", "calls", "seq", "pending",
-                 "plain", "_win", "_mark", "__weakref__")
+    __slots__ = ("mpi", "label", "rank", "size", "world_ranks", "ident", "validate", "debug", "calls", "seq",
+                 "pending", "plain", "_win", "_mark", "__weakref__")
 
     def __init__(self, mpi: MPI.Comm, label: str, validate: bool, debug: bool, watched: bool) -> None:
         self.mpi, self.label = mpi, label
         self.rank, self.size = mpi.Get_rank(), mpi.Get_size()
         group, world = mpi.Get_group(), MPI.COMM_WORLD.Get_group()
         self.world_ranks = tuple(MPI.Group.Translate_ranks(group, list(range(self.size)), world))
+        self.ident = zlib.crc32(f"{label}:{self.world_ranks}".encode()) | len(self.world_ranks) << 32   # (the same on every member)
         group.Free()
         world.Free()
         self.validate, self.debug = validate, debug

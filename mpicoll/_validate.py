@@ -76,43 +76,28 @@ def header(n: int, code: int, call: Any, validate: bool, seq: int) -> np.ndarray
         raise HeaderOverflow(what, row[i]) from None
 
 
-def gather_rows(lib, rows: list[np.ndarray], error: BaseException | None, timeout: float | None, op: str,
-                number: int) -> list[np.ndarray]:
-    """The header rows of several calls (a captured graph), gathered from every rank of ``lib``:
-    first how many calls each rank has, then the rows (``Allgatherv``). Returns one table per call,
-    the same on every rank.
+def exchange_rows(lib, rows: np.ndarray, error: BaseException | None, timeout: float | None,
+                  where: tuple) -> tuple[np.ndarray, np.ndarray]:
+    """Gather every rank's ``rows`` (``(k, width)`` int64; ``k`` may differ by rank) over ``lib``:
+    how many each rank has (``Allgather``), then the rows (``Allgatherv``). A rank's local
+    ``error`` is raised on every rank first (the lowest failing rank's, :func:`settle`).
 
-    Raises:
-        CollectiveError: a rank's local error (every rank raises the lowest failing rank's);
-        CollectiveMismatchError: ranks with different numbers of calls, naming the first call
-            that some rank has and another has not.
+    Returns:
+        ``(every, counts)``: all ranks' rows, rank 0's first, and how many each rank sent.
     """
-    n, width = lib.size, H_LEN + 2 * lib.size
-    mine = np.array([1 if error is not None else 0, len(rows)], dtype=np.int64)
+    n, width = lib.size, rows.shape[1]
+    mine = np.array([1 if error is not None else 0, rows.shape[0]], dtype=np.int64)
     heads = np.empty((n, 2), dtype=np.int64)
-    where = (op, number, "its graph agreement (internal MPI Allgather/Allgatherv)")
     lib.call("Allgather", ([mine, MPI.INT64_T], [heads, MPI.INT64_T]), timeout, where)
     if heads[:, 0].any():
         settle(lib, error, timeout, where)
     counts = heads[:, 1]
     every = np.empty((int(counts.sum()), width), dtype=np.int64)
     sizes = counts * width
-    lib.call("Allgatherv", ([np.concatenate(rows) if rows else np.zeros(0, np.int64), MPI.INT64_T],
+    lib.call("Allgatherv", ([np.ascontiguousarray(rows).reshape(-1), MPI.INT64_T],
                             [every, (sizes, np.concatenate(([0], np.cumsum(sizes)[:-1]))), MPI.INT64_T]),
              timeout, where)
-    starts = np.concatenate(([0], np.cumsum(counts)[:-1]))
-    k = int(counts.min())
-    tables = [every[starts + i] for i in range(k)]
-    if counts.max() != k:
-        short = [r for r in range(n) if counts[r] == k]
-        long_ = [r for r in range(n) if counts[r] > k]
-        extra = OP_NAMES.get(int(every[starts[long_[0]] + k][H_OP]), "?")
-        for i, t in enumerate(tables):           # a call before it that differs is the first difference
-            check_table_of(i, op, t, None, lib.label)
-        raise mismatch_error("graph", "number of calls", f"{_ranks(long_)} captured call {k} ({extra}), "
-                             f"{_ranks(short)} captured {k} call(s), on {lib.label}: every rank must capture "
-                             "the same calls, in the same order", long_[0])
-    return tables
+    return every, counts
 
 
 def sent(table: np.ndarray) -> np.ndarray:

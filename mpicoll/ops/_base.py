@@ -29,7 +29,7 @@ from .._comm import OP_NAMES, LibComm, op_code
 from .._domains import lib_domain, lookup, user_comm, world
 from .._ranktable import rank_table
 from .._dtypes import BY_NP, DType, ReduceOp, reduce_op
-from .._errors import CollectiveArgumentError, agree, arg_error, as_collective_error
+from .._errors import CollectiveArgumentError, CollectiveMismatchError, agree, arg_error, as_collective_error
 from .._numeric import reduce_chunks
 from .._params import CommParam
 from .._plan import CAPTURING, Call, Handle, Plan, Recorder, Runner, count_call
@@ -37,6 +37,8 @@ from .._watchdog import timeout_default
 
 #: name -> Operation class, for every public operator (check, bench, the CLI and the tests iterate it).
 OPERATIONS: dict[str, type["Operation"]] = {}
+#: operator code -> class, for every named operation (a graph's agreement names a peer's calls)
+_CLASSES: dict[int, type["Operation"]] = {}
 
 
 class Operation:
@@ -73,6 +75,7 @@ class Operation:
         if cls.__dict__.get("NAME"):     # (a subclass that keeps its parent's NAME does not replace it)
             cls.CODE = op_code(cls.NAME)
             OP_NAMES[cls.CODE] = cls.NAME
+            _CLASSES[cls.CODE] = cls
             if cls.PUBLIC:
                 OPERATIONS[cls.NAME] = cls
         if "execute" in cls.__dict__:
@@ -134,8 +137,8 @@ class Operation:
         """``execute``: describe -> agree (validation on, and always the first call) -> issue, at once.
 
         Without agreement, an operation remembers its last call: when the very same call comes back
-        (the same arrays, unmoved; the same counts and flags; an ``out`` given, so that nothing is
-        allocated), it is recorded once and then run as a plan (:meth:`_remembered`)."""
+        (the same arrays, unmoved; the same counts and flags; nothing allocated for it: ``out``
+        given), it is recorded once and then run as a plan (:meth:`_remembered`)."""
         if CAPTURING:
             return CAPTURING[-1].add(self, args)
         if self._lib is None:
@@ -150,9 +153,15 @@ class Operation:
         if call.src is not None:
             np.copyto(call.x, call.src)
         self.issue(call, table, self._runner)
-        if not agree and self._OUT_AT is not None and len(args) > self._OUT_AT and args[self._OUT_AT] is not None:
+        if not agree and self._fills(args):
             self._last, self._memo = (_tokens(args, self._VALUES_AT), call), None
         return call.result
+
+    def _fills(self, args: tuple) -> bool:
+        """Whether the call writes only into arrays it was given (an ``out`` given, or none in the
+        signature): only such a call may be remembered (a remembered call allocates nothing)."""
+        at = self._OUT_AT
+        return at is None or (len(args) > at and args[at] is not None)
 
     def _remembered(self, args: tuple) -> Plan | None:
         """The plan of the last call, when ``args`` are that call's (recorded at its first repeat);
@@ -195,7 +204,7 @@ class Operation:
         call, table = self._call(args, number, agree)
         rec = Recorder()
         self._record(call, table, rec, count=False)
-        if not agree and self._OUT_AT is not None and len(args) > self._OUT_AT and args[self._OUT_AT] is not None:
+        if not agree and self._fills(args):
             self._last, self._memo = (_tokens(args, self._VALUES_AT), call), None
         return Plan(rec, self.timeout, persistent=False).start()
 
@@ -232,6 +241,22 @@ class Operation:
         :class:`~mpicoll.CollectiveArgumentError` on a rule one rank can see."""
         raise NotImplementedError
 
+    # -- what a captured graph asks (mpicoll.graph) ------------------------------------------------
+    def coalesce_key(self, call: Call) -> tuple | None:
+        """Calls of a graph with the same key (not None) may run as one (:meth:`issue_many`). The
+        key may only depend on what every member of the communicator agreed (dtype, reduce op,
+        root, the communicator): every member groups alike. Default: None (never)."""
+        return None
+
+    def issue_many(self, calls: list[Call], go: Any) -> None:
+        """The MPI calls of several calls of one :meth:`coalesce_key`, as one: every output
+        bit-identical to issuing them one by one."""
+        raise NotImplementedError
+
+    def _one_issue(self, base: type) -> bool:
+        """Whether this class issues as ``base`` does (a subclass that adds steps does not coalesce)."""
+        return type(self).issue is base.issue
+
     def issue(self, call: Call, table: np.ndarray | None, go: Any) -> None:
         """The MPI calls (``go.mpi``, ``go.start``/``go.wait``) and local work (``go.local``) of
         one call, in order. ``table`` is the agreed header table, or None (validation off):
@@ -259,7 +284,7 @@ class Operation:
 
 #: names of execute arguments read as values (a repeat with them changed is another call)
 VALUE_ARGS = frozenset({"send_count", "send_counts", "sdispls", "recv_count", "recv_counts", "rdispls", "shape",
-                        "infer_shape", "scale"})
+                        "infer_shape", "scale", "input_split_sizes", "output_split_sizes"})
 
 
 def _tokens(args: tuple, values: frozenset) -> tuple:
@@ -297,6 +322,37 @@ def _same(args: tuple, tokens: tuple) -> bool:
     return True
 
 
+def buffers(call: Call) -> list[np.ndarray]:
+    """Every array a call reads or writes (its x, out, src, result and extra arrays): what a
+    graph compares to keep calls that touch the same memory in order."""
+    found: list[np.ndarray] = []
+
+    def walk(v: Any) -> None:
+        if isinstance(v, np.ndarray):
+            found.append(v)
+        elif isinstance(v, (list, tuple)):
+            for w in v:
+                walk(w)
+    walk((call.x, call.out, call.src, call.result, getattr(call, "extra", None)))
+    return found
+
+
+def pack(sources: list[np.ndarray], flat: np.ndarray) -> None:
+    """Copy arrays one after the other into ``flat`` (a staging buffer)."""
+    pos = 0
+    for a in sources:
+        flat[pos:pos + a.size] = a.reshape(-1)
+        pos += a.size
+
+
+def unpack(flat: np.ndarray, targets: list[np.ndarray]) -> None:
+    """Copy ``flat`` back into arrays, one after the other (:func:`pack`'s inverse)."""
+    pos = 0
+    for a in targets:
+        a.reshape(-1)[...] = flat[pos:pos + a.size]
+        pos += a.size
+
+
 def resolve(op: str, comm: Any, name: Any, rank_size: Any, what: str) -> LibComm:
     """The library communicator for a user comm, else a domain name, else the world (the one
     place that maps an operation's, or the Hccl client's, arguments to a communicator)."""
@@ -313,8 +369,9 @@ def resolve(op: str, comm: Any, name: Any, rank_size: Any, what: str) -> LibComm
 
 def agree_call(lib: LibComm, op: Operation, call: Call | None, err: BaseException | None, timeout: float | None,
                number: int) -> np.ndarray:
-    """Agree one described call over ``lib`` (one ``Allgather`` of header rows): every rank raises the
-    same error, or every rank gets the same header table. See :func:`agree_calls`."""
+    """Agree one described call over ``lib`` (one ``Allgather`` of header rows; a value that does not
+    fit becomes a local error): every rank raises the same error, or every rank gets the same
+    header table. A captured graph agrees all its calls at once: :func:`agree_calls`."""
     row, err = _row(lib, op, call, err)
     table = agree(lib, row, err, timeout, op.NAME, number)
     V.check_table(op.NAME, table, op.PAIR_NAMES, lib.label)
@@ -323,25 +380,70 @@ def agree_call(lib: LibComm, op: Operation, call: Call | None, err: BaseExceptio
 
 
 def agree_calls(lib: LibComm, entries: list[tuple[Operation, Call | None, BaseException | None]],
-                timeout: float | None, number: int) -> list[np.ndarray]:
-    """Agree described calls over ``lib``: one header row per call (``V.header``; a value that does
-    not fit becomes a local error), gathered from every rank, then the cross-rank rules of each
-    call (``V.check_table``). Every rank raises the same error, or every rank gets the same tables,
-    one per call. One call: :func:`agree_call`, one ``Allgather``; several (a captured graph):
-    their number, then their rows (``Allgatherv``), so that ranks that captured different numbers
-    of calls are told apart, by the index of the first call that differs."""
-    if len(entries) == 1:
-        return [agree_call(lib, *entries[0], timeout, number)]
-    rows, err = [], None
-    for op, call, e in entries:
-        row, e = _row(lib, op, call, e)
-        rows.append(row)
+                timeout: float | None, joins: list[bool]) -> list[tuple[np.ndarray, bool]]:
+    """Agree the calls of a captured graph, at once, over ``lib`` (the graph's group): every rank
+    sends one row per call (the call's communicator, its rank and size there, a local ``joins``
+    bit, and its header row, ``V.header``), gathered from every rank in one exchange
+    (``V.exchange_rows``). Then, for each communicator the calls run on (in the order the rows
+    name them, the same on every rank), the members' subsequences of calls there must match call
+    by call (``V.check_table``): every rank raises the same error, naming the first differing call
+    by its index in the graph of the lowest rank that has it, or every rank gets, for each of its
+    calls, its header table and its ``joins`` bit agreed (true on every member).
+
+    A local error in any rank's calls (raised while it described them) is raised on every rank.
+    """
+    width = 4 + V.H_LEN + 2 * lib.size
+    rows, err = np.zeros((len(entries), width), dtype=np.int64), None
+    for i, (op, call, e) in enumerate(entries):
+        ol = op._lib
+        row, e = _row(ol, op, call, e)
+        rows[i, :4] = (ol.ident, ol.rank, ol.size, joins[i])
+        rows[i, 4:4 + row.size] = row
         err = err or e
-    tables = V.gather_rows(lib, rows, err, timeout, entries[0][0].NAME, number)
-    for k, ((op, _, _), table) in enumerate(zip(entries, tables)):
-        V.check_table_of(k, op.NAME, table, op.PAIR_NAMES, lib.label)
+    where = ("graph", 1, "its agreement (internal MPI Allgather/Allgatherv)")
+    every, counts = V.exchange_rows(lib, rows, err, timeout, where)
+    owner = np.repeat(np.arange(lib.size), counts)
+    local = np.concatenate([np.arange(c) for c in counts.tolist()]) if len(every) else np.zeros(0, np.int64)
+    mine: dict[int, tuple[np.ndarray, bool]] = {}
+    for ident in dict.fromkeys(every[:, 0].tolist()):
+        sel = np.nonzero(every[:, 0] == ident)[0]
+        size = int(every[sel[0], 2])
+        on: dict[int, list[int]] = {}
+        for k in sel.tolist():
+            on.setdefault(int(owner[k]), []).append(k)
+        members = sorted(on, key=lambda r: int(every[on[r][0], 1]))          # in the communicator's rank order
+        first = min(on)
+        where = f"the communicator of world ranks {[lib.world_ranks[r] for r in members]}"
+
+        def name_of(k: int) -> str:
+            cls = _CLASSES.get(int(every[k, 4 + V.H_OP]))
+            return cls.NAME if cls else OP_NAMES.get(int(every[k, 4 + V.H_OP]), "?")
+        if len(on) != size:
+            k = on[first][0]
+            raise CollectiveMismatchError(
+                f"graph: graph call {int(local[k])} ({name_of(k)}) runs on a communicator of {size} ranks, but only "
+                f"world ranks {[lib.world_ranks[r] for r in members]} captured calls on it: every member must capture "
+                "the same calls, in the same order", op="graph", param="captured calls", rank=members[0])
+        m = min(len(v) for v in on.values())
+        for j in range(m):
+            ks = [on[r][j] for r in members]
+            table = every[ks, 4:4 + V.H_LEN + 2 * size]
+            cls = _CLASSES.get(int(table[0, V.H_OP]))
+            V.check_table_of(int(local[on[first][j]]), name_of(on[first][j]), table,
+                             cls.PAIR_NAMES if cls else None, where)
+            if lib.rank in on:
+                mine[int(local[on[lib.rank][j]])] = (table, bool(every[ks, 3].all()))
+        longer = [r for r in members if len(on[r]) > m]
+        if longer:
+            k = on[longer[0]][m]
+            raise CollectiveMismatchError(
+                f"graph: graph call {int(local[k])} ({name_of(k)}) on world rank {lib.world_ranks[longer[0]]} has no "
+                f"counterpart on world ranks {[lib.world_ranks[r] for r in members if len(on[r]) == m]} ({where}): "
+                "every member must capture the same calls, in the same order", op="graph", param="captured calls",
+                rank=longer[0])
+    for op, _, _ in entries:
         op._agreed_once = True
-    return tables
+    return [mine[i] for i in range(len(entries))]
 
 
 def _row(lib: LibComm, op: Operation, call: Call | None, err: BaseException | None

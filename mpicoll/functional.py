@@ -1,0 +1,668 @@
+"""torch.distributed-style functional collectives on numpy arrays (docs/functional.md).
+
+    from mpicoll import functional as dist
+    dist.all_reduce(t)                                    # in place, on every rank
+    work = dist.all_gather_into_tensor(out, t, async_op=True)
+    ...                                                   # overlap
+    work.wait()
+
+The names, arguments and in-place semantics are torch.distributed's (``src``/``dst`` are world
+ranks, ``group_src``/``group_dst`` group ranks; splits are along dim 0, None = even). ``group`` is
+None (the world), a comm-domain name, a list of world ranks (declared as a domain once, as torch's
+``new_group``; a rank outside it makes no call and gets None, as in torch) or an mpi4py communicator.
+
+Every function is a call of an internal operation (one per function, named after it), on the one
+call path: described with torch's rules and argument names, agreed across the ranks (errors are
+``CollectiveError``s raised on every rank), issued by the primitive operator it adapts. Operations
+are cached per (function, group, reduce op or root), at most ``MAX_CACHED``, least recently used
+out first; and an operation runs its last call as a recorded plan when the very same call comes
+back with validation off (docs/plans.md). Inside :func:`mpicoll.graph.capture` every function is
+captured instead of run.
+"""
+from __future__ import annotations
+
+from collections import OrderedDict
+from typing import Any
+
+import numpy as np
+from mpi4py import MPI
+
+from . import _validate as V
+from ._domains import declare_domains
+from ._dtypes import reduce_op
+from ._errors import CollectiveArgumentError
+from ._plan import Call, Handle
+from .ops._base import Operation
+from .ops.allgather import AllGatherOperation, AllGatherParam, AllGatherVOperation, AllGatherVParam
+from .ops.allreduce import AllReduceOperation, AllReduceParam
+from .ops.alltoall import AllToAllVV2Operation, AllToAllVV2Param
+from .ops.broadcast import BroadcastOperation, BroadcastParam
+from .ops.gather import GatherOperation, GatherParam
+from .ops.reduce import ReduceOperation, ReduceParam
+from .ops.reduce_scatter import ReduceScatterOperation, ReduceScatterParam, ReduceScatterVOperation, \
+    ReduceScatterVParam
+from .ops.scatter import ScatterOperation, ScatterParam
+
+__all__ = ["MAX_CACHED", "Work", "all_gather", "all_gather_into_tensor", "all_gather_into_tensor_uneven",
+           "all_reduce", "all_to_all", "all_to_all_single", "barrier", "broadcast", "gather", "reduce",
+           "reduce_scatter", "reduce_scatter_tensor", "reduce_scatter_tensor_uneven", "scatter"]
+
+#: operations kept per (function, group, reduce op or root); the least recently used goes first
+MAX_CACHED = 256
+
+
+class Work:
+    """A call started with ``async_op=True`` (torch's ``Work``).
+
+    ``wait()`` completes it (True, as torch's); ``is_completed()`` makes progress without blocking
+    and says whether it is done; ``result()`` is the list of output arrays.
+    """
+
+    __slots__ = ("_handle", "_outputs")
+
+    def __init__(self, handle: Any, outputs: list) -> None:
+        self._handle, self._outputs = handle, outputs
+
+    def wait(self, timeout: Any = None) -> bool:
+        """Block until the call is complete (under the operation's watchdog, if any); True."""
+        self._handle.wait()
+        return True
+
+    def is_completed(self) -> bool:
+        """Progress without blocking; whether the call is complete."""
+        return self._handle.test()
+
+    def result(self) -> list:
+        """The call's output arrays."""
+        return self._outputs
+
+    def __repr__(self) -> str:
+        return f"<Work {'completed' if self._handle.test() else 'in flight'}>"
+
+
+# ----------------------------------------------------------------------------- groups and the cache
+
+_OPS: "OrderedDict[tuple, Operation]" = OrderedDict()
+_GROUPS: dict[tuple, str] = {}
+
+
+def _group(group: Any, fn: str) -> tuple[Any, dict] | None:
+    """``(cache key, Param fields)`` of a group, or None when this rank is not in its list."""
+    if group is None or group == "":
+        return "", {}
+    if isinstance(group, str):
+        return group, {"comm_domain": group}
+    if isinstance(group, MPI.Comm):                 # (the cached operation keeps it alive: its id is its own)
+        return ("comm", id(group)), {"comm": group}
+    if isinstance(group, (list, tuple, range)):
+        ranks = tuple(sorted({int(r) for r in group}))
+        name = _GROUPS.get(ranks)
+        if name is None:
+            name = _GROUPS[ranks] = "mpicoll.group:" + ",".join(map(str, ranks))
+            if MPI.COMM_WORLD.Get_rank() in ranks:
+                declare_domains({name: list(ranks)})
+        if MPI.COMM_WORLD.Get_rank() not in ranks:
+            return None
+        return name, {"comm_domain": name}
+    raise CollectiveArgumentError(f"{fn}: group={group!r}: must be None, a domain name, a list of world ranks or an "
+                                  "mpi4py communicator", op=fn, param="group")
+
+
+def _op(cls: type, group: Any, fn: str, root: tuple | None = None, **fields: Any) -> Operation | None:
+    """The cached operation of ``cls`` on ``group`` with these Param ``fields`` (None: not a member).
+    ``root``: ``(name, world rank, group rank)`` of a rooted function's src/dst (one of the two
+    ranks given, or neither: group rank 0)."""
+    g = _group(group, fn)
+    if g is None:
+        return None
+    key = (cls, g[0], root, tuple(sorted(fields.items())))
+    op = _OPS.get(key)
+    if op is None:
+        op = cls(cls.PARAM(**g[1], **fields))
+        if root is not None:
+            op._root_given = root
+        op = _OPS[key] = op
+        if len(_OPS) > MAX_CACHED:
+            _OPS.popitem(last=False)
+    else:
+        _OPS.move_to_end(key)
+    return op
+
+
+class _Rooted:
+    """A rooted function's root: the group rank of a world rank (torch's ``src``/``dst``) or a group
+    rank (``group_src``/``group_dst``), set when the operation binds: a root outside the group is
+    a Param error, raised on every rank by the first call."""
+
+    _root_given: tuple = ("src", None, None)
+
+    def _bind_param(self) -> None:
+        name, world_root, group_root = self._root_given
+        if group_root is None and world_root is not None:
+            if world_root not in self._lib.world_ranks:
+                raise V.arg_error(self.NAME, name, world_root, self.rank, f"must be a world rank in the group "
+                                  f"({list(self._lib.world_ranks)})")
+            group_root = self._lib.world_ranks.index(world_root)
+        if group_root is not None:
+            if isinstance(group_root, bool) or not isinstance(group_root, (int, np.integer)) or \
+                    not 0 <= group_root < self.size:
+                raise V.arg_error(self.NAME, f"group_{name}", group_root, self.rank, f"must be in [0, {self.size})")
+            self.param.rank_root = int(group_root)
+        super()._bind_param()
+
+
+def _reduce_name(op: Any, fn: str) -> str:
+    return reduce_op(getattr(op, "name", op), op=fn, param="op").name
+
+
+def _run(op: Operation | None, args: tuple, async_op: bool, outputs: list) -> Work | None:
+    """Run (or start, or, inside a capture, capture) one call; torch's return value."""
+    if op is None:
+        return None
+    if async_op:
+        return Work(op._start(*args), outputs)
+    op._execute(*args)
+    return None
+
+
+# ----------------------------------------------------------------------------- the adapting operations
+
+def _tensor(fn: str, name: str, t: Any, rank: int, writes: bool = True) -> np.ndarray:
+    """A numpy array the call may use as it is: C-contiguous (and writable, where it is written)."""
+    if not isinstance(t, np.ndarray):
+        raise V.arg_error(fn, name, type(t).__name__, rank, "must be a numpy array")
+    if not t.flags.c_contiguous or (writes and not t.flags.writeable):
+        raise V.arg_error(fn, name, "non-contiguous or read-only" if writes else "non-contiguous", rank,
+                          "must be a C-contiguous" + (" writable" if writes else "") + " numpy array")
+    return t
+
+
+def _splits(fn: str, name: str, splits: Any, n: int, dim0: int, rank: int, dim_name: str) -> list[int]:
+    """Split sizes along dim 0: None = even (dim 0 divisible by the group size), else ``n`` sizes
+    that sum to dim 0."""
+    if splits is None:
+        if dim0 % n:
+            raise V.arg_error(fn, dim_name, dim0, rank, f"must be divisible by the group size {n} (no {name} given)")
+        return [dim0 // n] * n
+    s = V.counts(fn, name, splits, n, rank)
+    if sum(s) != dim0:
+        raise V.arg_error(fn, name, s, rank, f"must sum to {dim_name}={dim0}")
+    return s
+
+
+def _rows(t: np.ndarray) -> int:
+    """Elements per row of dim 0."""
+    return int(np.prod(t.shape[1:], dtype=np.int64)) if t.ndim else 1
+
+
+class _AllReduce(AllReduceOperation):
+    NAME, PUBLIC = "all_reduce", False
+
+    def execute(self, tensor):
+        return self._execute(tensor)
+
+    def describe(self, tensor) -> Call:
+        return super().describe(_tensor(self.NAME, "tensor", tensor, self.rank), tensor)
+
+
+class _Broadcast(_Rooted, BroadcastOperation):
+    NAME, PUBLIC = "broadcast", False
+
+    def execute(self, tensor):
+        return self._execute(tensor)
+
+    def describe(self, tensor) -> Call:
+        return super().describe(_tensor(self.NAME, "tensor", tensor, self.rank))
+
+
+class _Reduce(_Rooted, ReduceOperation):
+    NAME, PUBLIC = "reduce", False
+
+    def execute(self, tensor):
+        return self._execute(tensor)
+
+    def describe(self, tensor) -> Call:
+        return super().describe(_tensor(self.NAME, "tensor", tensor, self.rank), tensor)
+
+
+class _AllGatherIntoTensor(AllGatherOperation):
+    NAME, PUBLIC = "all_gather_into_tensor", False
+
+    def execute(self, output, input):  # noqa: A002 - torch's names
+        return self._execute(output, input)
+
+    def describe(self, output, input) -> Call:  # noqa: A002
+        fn, r, n = self.NAME, self.rank, self.size
+        output = _tensor(fn, "output", output, r)
+        input = _tensor(fn, "input", input, r, writes=False)  # noqa: A001
+        stacked = (n, *input.shape)
+        concat = (n * input.shape[0], *input.shape[1:]) if input.ndim else None
+        if output.dtype != input.dtype:
+            raise V.arg_error(fn, "output.dtype", str(output.dtype), r, f"must be input's ({input.dtype})")
+        if output.shape not in (stacked, concat):
+            raise V.arg_error(fn, "output.shape", output.shape, r, "must be (world_size * input.shape[0], ...) = "
+                              f"{concat} or (world_size, *input.shape) = {stacked}")
+        return super().describe(input, output.reshape(stacked))
+
+
+class _ReduceScatterTensor(ReduceScatterOperation):
+    NAME, PUBLIC = "reduce_scatter_tensor", False
+
+    def execute(self, output, input):  # noqa: A002
+        return self._execute(output, input)
+
+    def describe(self, output, input) -> Call:  # noqa: A002
+        fn, r, n = self.NAME, self.rank, self.size
+        output = _tensor(fn, "output", output, r)
+        input = _tensor(fn, "input", input, r, writes=False)  # noqa: A001
+        stacked = (n, *output.shape)
+        concat = (n * output.shape[0], *output.shape[1:]) if output.ndim else None
+        if output.dtype != input.dtype:
+            raise V.arg_error(fn, "output.dtype", str(output.dtype), r, f"must be input's ({input.dtype})")
+        if input.shape not in (stacked, concat):
+            raise V.arg_error(fn, "input.shape", input.shape, r, "must be (world_size * output.shape[0], ...) = "
+                              f"{concat} or (world_size, *output.shape) = {stacked}")
+        return super().describe(input.reshape(stacked), output.reshape((1, *output.shape)))
+
+
+class _AllToAllSingle(AllToAllVV2Operation):
+    NAME, PUBLIC = "all_to_all_single", False
+    PAIR_NAMES = ("input_split_sizes[{j}]", "output_split_sizes[{i}]")
+
+    def execute(self, output, input, output_split_sizes=None, input_split_sizes=None):  # noqa: A002
+        return self._execute(output, input, output_split_sizes, input_split_sizes)
+
+    def describe(self, output, input, output_split_sizes=None, input_split_sizes=None) -> Call:  # noqa: A002
+        fn, r, n = self.NAME, self.rank, self.size
+        output = _tensor(fn, "output", output, r)
+        input = _tensor(fn, "input", input, r, writes=False)  # noqa: A001
+        if input.ndim < 1 or output.ndim < 1:
+            raise V.arg_error(fn, "input.shape" if input.ndim < 1 else "output.shape", (), r, "needs a dim 0 to split")
+        if output.dtype != input.dtype or output.shape[1:] != input.shape[1:]:
+            raise V.arg_error(fn, "output", f"{output.dtype}{list(output.shape)}", r, f"must be {input.dtype}"
+                              f"[*, {', '.join(map(str, input.shape[1:]))}] (input's dtype and rows)")
+        si = _splits(fn, "input_split_sizes", input_split_sizes, n, input.shape[0], r, "input.shape[0]")
+        so = _splits(fn, "output_split_sizes", output_split_sizes, n, output.shape[0], r, "output.shape[0]")
+        row = _rows(input)
+        sc, rc = [s * row for s in si], [s * row for s in so]
+        call = super().describe(input, sc, _prefix(sc), rc, _prefix(rc), None, output.reshape(1, -1))
+        call.send, call.recv, call.shape, call.result = si, so, input.shape[1:], output     # splits, in rows
+        return call
+
+
+class _AllGatherIntoTensorUneven(AllGatherVOperation):
+    NAME, PUBLIC = "all_gather_into_tensor_uneven", False
+    PAIR_NAMES = ("input.shape[0]", "output_split_sizes[{i}]")
+
+    def execute(self, output, input, output_split_sizes=None):  # noqa: A002
+        return self._execute(output, input, output_split_sizes)
+
+    def describe(self, output, input, output_split_sizes=None) -> Call:  # noqa: A002
+        fn, r, n = self.NAME, self.rank, self.size
+        output = _tensor(fn, "output", output, r)
+        input = _tensor(fn, "input", input, r, writes=False)  # noqa: A001
+        if input.ndim < 1 or output.shape[1:] != input.shape[1:] or output.dtype != input.dtype:
+            raise V.arg_error(fn, "output", f"{output.dtype}{list(output.shape)}", r, f"must be {input.dtype}"
+                              f"[*, {', '.join(map(str, input.shape[1:]))}] (input's dtype and rows)")
+        so = _splits(fn, "output_split_sizes", output_split_sizes, n, output.shape[0], r, "output.shape[0]")
+        row = _rows(input)
+        rc = [s * row for s in so]
+        call = super().describe(input, input.size, rc, _prefix(rc), output.shape, output)
+        call.send, call.recv, call.shape = [input.shape[0]] * n, so, input.shape[1:]
+        return call
+
+
+class _ReduceScatterTensorUneven(ReduceScatterVOperation):
+    NAME, PUBLIC = "reduce_scatter_tensor_uneven", False
+    PAIR_NAMES = ("input_split_sizes[{j}]", "output.shape[0]")
+
+    def execute(self, output, input, input_split_sizes=None):  # noqa: A002
+        return self._execute(output, input, input_split_sizes)
+
+    def describe(self, output, input, input_split_sizes=None) -> Call:  # noqa: A002
+        fn, r, n = self.NAME, self.rank, self.size
+        output = _tensor(fn, "output", output, r)
+        input = _tensor(fn, "input", input, r, writes=False)  # noqa: A001
+        if input.ndim < 1 or output.shape[1:] != input.shape[1:] or output.dtype != input.dtype:
+            raise V.arg_error(fn, "output", f"{output.dtype}{list(output.shape)}", r, f"must be {input.dtype}"
+                              f"[*, {', '.join(map(str, input.shape[1:]))}] (input's dtype and rows)")
+        si = _splits(fn, "input_split_sizes", input_split_sizes, n, input.shape[0], r, "input.shape[0]")
+        row = _rows(input)
+        sc = [s * row for s in si]
+        call = super().describe(input, sc, _prefix(sc), output.size, output.reshape(-1))
+        call.send, call.recv, call.shape, call.result = si, [output.shape[0]] * n, input.shape[1:], output
+        return call
+
+
+class _Barrier(Operation):
+    NAME, PUBLIC = "barrier", False
+
+    def execute(self):
+        return self._execute()
+
+    def describe(self) -> Call:
+        return Call(None, None, None)
+
+    def issue(self, call, table, go) -> None:
+        go.mpi(self._lib, "Barrier")
+
+
+def _lists_check(fn: str, name: str, lst: Any, n: int, like: np.ndarray, rank: int) -> list[np.ndarray]:
+    if not isinstance(lst, (list, tuple)) or len(lst) != n:
+        raise V.arg_error(fn, name, f"{type(lst).__name__} of {len(lst) if hasattr(lst, '__len__') else '?'}", rank,
+                          f"must be a list of world_size={n} arrays")
+    for i, t in enumerate(lst):
+        if not isinstance(t, np.ndarray) or t.shape != like.shape or t.dtype != like.dtype or not t.flags.writeable:
+            raise V.arg_error(fn, f"{name}[{i}]", f"{getattr(t, 'dtype', type(t).__name__)}"
+                              f"{list(getattr(t, 'shape', ()))}", rank,
+                              f"must be a writable {like.dtype}{list(like.shape)} array (the tensor's)")
+    return list(lst)
+
+
+def _unstack(staging: np.ndarray, targets: list[np.ndarray]) -> None:
+    for k, t in enumerate(targets):
+        np.copyto(t, staging[k])
+
+
+def _stack(sources: list[np.ndarray], staging: np.ndarray) -> None:
+    for k, t in enumerate(sources):
+        np.copyto(staging[k], t)
+
+
+class _AllGatherList(AllGatherOperation):
+    NAME, PUBLIC = "all_gather", False
+
+    def execute(self, tensor_list, tensor):
+        return self._execute(tensor_list, tensor)
+
+    def describe(self, tensor_list, tensor) -> Call:
+        fn, r, n = self.NAME, self.rank, self.size
+        tensor = _tensor(fn, "tensor", tensor, r, writes=False)
+        targets = _lists_check(fn, "tensor_list", tensor_list, n, tensor, r)
+        call = super().describe(tensor, np.empty((n, *tensor.shape), tensor.dtype))
+        call.result = call.extra = targets
+        return call
+
+    def issue(self, call, table, go) -> None:
+        super().issue(call, table, go)
+        go.local(_unstack, call.out, call.extra)
+
+
+class _Gather(_Rooted, GatherOperation):
+    NAME, PUBLIC = "gather", False
+
+    def execute(self, tensor, gather_list=None):
+        return self._execute(tensor, gather_list)
+
+    def describe(self, tensor, gather_list=None) -> Call:
+        fn, r, n = self.NAME, self.rank, self.size
+        tensor = _tensor(fn, "tensor", tensor, r, writes=False)
+        targets = _lists_check(fn, "gather_list", gather_list, n, tensor, r) if r == self._root else None
+        call = super().describe(tensor, None if targets is None else np.empty((n, *tensor.shape), tensor.dtype))
+        call.result = call.extra = targets
+        return call
+
+    def issue(self, call, table, go) -> None:
+        super().issue(call, table, go)
+        if call.extra is not None:
+            go.local(_unstack, call.out, call.extra)
+
+
+class _Scatter(_Rooted, ScatterOperation):
+    NAME, PUBLIC = "scatter", False
+
+    def execute(self, tensor, scatter_list=None):
+        return self._execute(tensor, scatter_list)
+
+    def describe(self, tensor, scatter_list=None) -> Call:
+        fn, r, n = self.NAME, self.rank, self.size
+        tensor = _tensor(fn, "tensor", tensor, r)
+        block = tensor.reshape((1, *tensor.shape))
+        if r != self._root:
+            call = super().describe(None, block)
+            call.result, call.extra = tensor, None
+            return call
+        sources = _lists_check(fn, "scatter_list", scatter_list, n, tensor, r)
+        staging = np.empty((n, *tensor.shape), tensor.dtype)
+        call = super().describe(staging, block)
+        call.result, call.extra = tensor, (sources, staging)
+        return call
+
+    def issue(self, call, table, go) -> None:
+        if call.extra is not None:
+            go.local(_stack, *call.extra)
+        super().issue(call, table, go)
+
+
+class _AllToAllList(AllToAllVV2Operation):
+    NAME, PUBLIC = "all_to_all", False
+    PAIR_NAMES = ("input_tensor_list[{j}].size", "output_tensor_list[{i}].size")
+
+    def execute(self, output_tensor_list, input_tensor_list):
+        return self._execute(output_tensor_list, input_tensor_list)
+
+    def describe(self, output_tensor_list, input_tensor_list) -> Call:
+        fn, r, n = self.NAME, self.rank, self.size
+        outs, ins = output_tensor_list, input_tensor_list
+        for name, lst in (("output_tensor_list", outs), ("input_tensor_list", ins)):
+            if not isinstance(lst, (list, tuple)) or len(lst) != n:
+                raise V.arg_error(fn, name, type(lst).__name__, r, f"must be a list of world_size={n} arrays")
+            for i, t in enumerate(lst):
+                if not isinstance(t, np.ndarray):
+                    raise V.arg_error(fn, f"{name}[{i}]", type(t).__name__, r, "must be a numpy array")
+        dtype = ins[0].dtype if n else np.dtype(np.float32)
+        for name, lst in (("output_tensor_list", outs), ("input_tensor_list", ins)):
+            for i, t in enumerate(lst):
+                if t.dtype != dtype:
+                    raise V.arg_error(fn, f"{name}[{i}].dtype", str(t.dtype), r, f"must be input_tensor_list[0]'s "
+                                      f"({dtype})")
+                if name[0] == "o" and not t.flags.writeable:
+                    raise V.arg_error(fn, f"{name}[{i}]", "read-only", r, "must be writable")
+        sc, rc = [t.size for t in ins], [t.size for t in outs]
+        send = np.empty(sum(sc), dtype)
+        recv = np.empty((1, sum(rc)), dtype)
+        call = super().describe(send, sc, _prefix(sc), rc, _prefix(rc), None, recv)
+        call.result = list(outs)
+        call.extra = (list(ins), list(outs), send, recv)
+        return call
+
+    def issue(self, call, table, go) -> None:
+        ins, outs, send, recv = call.extra
+        go.local(_pack, ins, send)
+        super().issue(call, table, go)
+        go.local(_unpack, recv.reshape(-1), outs)
+
+
+def _pack(sources: list[np.ndarray], flat: np.ndarray) -> None:
+    pos = 0
+    for t in sources:
+        flat[pos:pos + t.size] = t.reshape(-1)
+        pos += t.size
+
+
+def _unpack(flat: np.ndarray, targets: list[np.ndarray]) -> None:
+    pos = 0
+    for t in targets:
+        t.reshape(-1)[...] = flat[pos:pos + t.size]
+        pos += t.size
+
+
+class _ReduceScatterList(ReduceScatterOperation):
+    NAME, PUBLIC = "reduce_scatter", False
+
+    def execute(self, output, input_list):
+        return self._execute(output, input_list)
+
+    def describe(self, output, input_list) -> Call:
+        fn, r, n = self.NAME, self.rank, self.size
+        output = _tensor(fn, "output", output, r)
+        if not isinstance(input_list, (list, tuple)) or len(input_list) != n:
+            raise V.arg_error(fn, "input_list", type(input_list).__name__, r, f"must be a list of world_size={n} "
+                              "arrays")
+        for i, t in enumerate(input_list):
+            if not isinstance(t, np.ndarray) or t.shape != output.shape or t.dtype != output.dtype:
+                raise V.arg_error(fn, f"input_list[{i}]", f"{getattr(t, 'dtype', type(t).__name__)}"
+                                  f"{list(getattr(t, 'shape', ()))}", r, f"must be a {output.dtype}"
+                                  f"{list(output.shape)} array (output's)")
+        staging = np.empty((n, *output.shape), output.dtype)
+        call = super().describe(staging, output.reshape((1, *output.shape)))
+        call.result, call.extra = output, (list(input_list), staging)
+        return call
+
+    def issue(self, call, table, go) -> None:
+        go.local(_stack, *call.extra)
+        super().issue(call, table, go)
+
+
+def _prefix(counts: list[int]) -> list[int]:
+    out, pos = [], 0
+    for c in counts:
+        out.append(pos)
+        pos += c
+    return out
+
+
+for _fn, _shape in (("all_reduce", "tensor.shape"), ("broadcast", "tensor.shape"), ("reduce", "tensor.shape"),
+                    ("all_gather_into_tensor", "input.shape"), ("all_gather", "tensor.shape"),
+                    ("gather", "tensor.shape"), ("scatter", "tensor.shape"),
+                    ("reduce_scatter_tensor", "output.shape (the block)"), ("reduce_scatter", "output.shape"),
+                    ("all_to_all_single", "input.shape[1:] (a row)"),
+                    ("all_gather_into_tensor_uneven", "input.shape[1:] (a row)"),
+                    ("reduce_scatter_tensor_uneven", "input.shape[1:] (a row)")):
+    V.SHAPE_NAMES[_fn] = _shape
+
+
+# ----------------------------------------------------------------------------- the functions
+
+def all_reduce(tensor: np.ndarray, op: Any = "sum", group: Any = None, async_op: bool = False) -> Work | None:
+    """Reduce ``tensor`` over the group, in place on every rank.
+
+    Example (2 ranks, ``t = np.array([rank + 1.0])``): ``all_reduce(t)`` -> t is ``[3.]`` on both.
+
+    Args:
+        tensor: a C-contiguous writable array; the same shape and dtype on every rank.
+        op: "sum", "prod" (or "product"), "max", "min" (any case; ``HcclReduceOp`` too).
+        group: None (world), a domain name, a list of world ranks, or an mpi4py communicator.
+        async_op: return a :class:`Work` instead of blocking.
+
+    Returns:
+        None, or a :class:`Work` (``async_op``); None on a rank outside a list ``group``.
+
+    Raises:
+        CollectiveError: on every rank of the group, for a bad argument on any of them.
+    """
+    return _run(_op(_AllReduce, group, "all_reduce", reduce_type=_reduce_name(op, "all_reduce")), (tensor,), async_op,
+                [tensor])
+
+
+def broadcast(tensor: np.ndarray, src: int | None = None, group: Any = None, async_op: bool = False,
+              group_src: int | None = None) -> Work | None:
+    """Fill ``tensor`` on every rank with the source rank's, in place.
+
+    Args:
+        tensor: a C-contiguous writable array; the same shape and dtype on every rank.
+        src: the source as a world rank (torch's ``src``); or ``group_src``, a rank in the group.
+        group, async_op: as in :func:`all_reduce`.
+    """
+    op = _op(_Broadcast, group, "broadcast", ("src", src, group_src))
+    return _run(op, (tensor,), async_op, [tensor])
+
+
+def reduce(tensor: np.ndarray, dst: int | None = None, op: Any = "sum", group: Any = None, async_op: bool = False,
+           group_dst: int | None = None) -> Work | None:
+    """Reduce ``tensor`` over the group into the destination rank's ``tensor`` (in place there;
+    the other ranks' tensors are left as they are).
+
+    Args:
+        dst: the destination as a world rank; or ``group_dst``, a rank in the group.
+        tensor, op, group, async_op: as in :func:`all_reduce`.
+    """
+    o = _op(_Reduce, group, "reduce", ("dst", dst, group_dst), reduce_type=_reduce_name(op, "reduce"))
+    return _run(o, (tensor,), async_op, [tensor])
+
+
+def all_gather_into_tensor(output: np.ndarray, input: np.ndarray, group: Any = None,  # noqa: A002
+                           async_op: bool = False) -> Work | None:
+    """Gather every rank's ``input`` into ``output``, concatenated along dim 0 (shape
+    ``(world_size * N, ...)``) or stacked (``(world_size, N, ...)``), in rank order.
+
+    ``input`` may be ``output``'s own block ``rank`` (in place).
+    """
+    return _run(_op(_AllGatherIntoTensor, group, "all_gather_into_tensor"), (output, input), async_op, [output])
+
+
+def all_gather(tensor_list: list[np.ndarray], tensor: np.ndarray, group: Any = None,
+               async_op: bool = False) -> Work | None:
+    """Gather every rank's ``tensor`` into ``tensor_list[i]`` (rank i's), on every rank."""
+    return _run(_op(_AllGatherList, group, "all_gather"), (tensor_list, tensor), async_op, tensor_list)
+
+
+def gather(tensor: np.ndarray, gather_list: list[np.ndarray] | None = None, dst: int | None = None,
+           group: Any = None, async_op: bool = False, group_dst: int | None = None) -> Work | None:
+    """Gather every rank's ``tensor`` into the destination's ``gather_list`` (None elsewhere)."""
+    op = _op(_Gather, group, "gather", ("dst", dst, group_dst))
+    return _run(op, (tensor, gather_list), async_op, gather_list or [])
+
+
+def scatter(tensor: np.ndarray, scatter_list: list[np.ndarray] | None = None, src: int | None = None,
+            group: Any = None, async_op: bool = False, group_src: int | None = None) -> Work | None:
+    """Fill rank i's ``tensor`` with the source's ``scatter_list[i]`` (``scatter_list`` on the
+    source only)."""
+    op = _op(_Scatter, group, "scatter", ("src", src, group_src))
+    return _run(op, (tensor, scatter_list), async_op, [tensor])
+
+
+def reduce_scatter_tensor(output: np.ndarray, input: np.ndarray, op: Any = "sum", group: Any = None,  # noqa: A002
+                          async_op: bool = False) -> Work | None:
+    """Reduce ``input`` over the group; rank r keeps block r of dim 0 in ``output``. ``input`` is
+    ``(world_size * N, ...)`` (blocks along dim 0) or ``(world_size, *output.shape)``."""
+    o = _op(_ReduceScatterTensor, group, "reduce_scatter_tensor", reduce_type=_reduce_name(op, "reduce_scatter_tensor"))
+    return _run(o, (output, input), async_op, [output])
+
+
+def reduce_scatter(output: np.ndarray, input_list: list[np.ndarray], op: Any = "sum", group: Any = None,
+                   async_op: bool = False) -> Work | None:
+    """Reduce ``input_list[r]`` over the group into rank r's ``output``."""
+    o = _op(_ReduceScatterList, group, "reduce_scatter", reduce_type=_reduce_name(op, "reduce_scatter"))
+    return _run(o, (output, input_list), async_op, [output])
+
+
+def all_to_all_single(output: np.ndarray, input: np.ndarray, output_split_sizes: Any = None,  # noqa: A002
+                      input_split_sizes: Any = None, group: Any = None, async_op: bool = False) -> Work | None:
+    """Split ``input`` along dim 0 (``input_split_sizes``, None = even) and send block j to rank j;
+    ``output`` receives rank i's block at split i of its dim 0 (``output_split_sizes``).
+
+    Example (2 ranks, even): rank r's ``input = [2r, 2r + 1]`` -> ``output = [r, 2 + r]``.
+    """
+    return _run(_op(_AllToAllSingle, group, "all_to_all_single"),
+                (output, input, output_split_sizes, input_split_sizes), async_op, [output])
+
+
+def all_to_all(output_tensor_list: list[np.ndarray], input_tensor_list: list[np.ndarray], group: Any = None,
+               async_op: bool = False) -> Work | None:
+    """Send ``input_tensor_list[j]`` to rank j; ``output_tensor_list[i]`` receives rank i's (sizes may
+    differ per rank, dtypes may not)."""
+    return _run(_op(_AllToAllList, group, "all_to_all"), (output_tensor_list, input_tensor_list), async_op,
+                output_tensor_list)
+
+
+def all_gather_into_tensor_uneven(output: np.ndarray, input: np.ndarray, output_split_sizes: Any = None,  # noqa: A002
+                                  group: Any = None, async_op: bool = False) -> Work | None:
+    """AllGather along dim 0 with a different number of rows per rank: rank i's ``input`` lands at
+    split i of ``output``'s dim 0 (``output_split_sizes``, None = even)."""
+    return _run(_op(_AllGatherIntoTensorUneven, group, "all_gather_into_tensor_uneven"),
+                (output, input, output_split_sizes), async_op, [output])
+
+
+def reduce_scatter_tensor_uneven(output: np.ndarray, input: np.ndarray, input_split_sizes: Any = None,  # noqa: A002
+                                 op: Any = "sum", group: Any = None, async_op: bool = False) -> Work | None:
+    """ReduceScatter along dim 0 with a different number of rows per rank: rank r gets the
+    reduction of split r of every rank's ``input`` (``input_split_sizes``, None = even)."""
+    o = _op(_ReduceScatterTensorUneven, group, "reduce_scatter_tensor_uneven",
+            reduce_type=_reduce_name(op, "reduce_scatter_tensor_uneven"))
+    return _run(o, (output, input, input_split_sizes), async_op, [output])
+
+
+def barrier(group: Any = None, async_op: bool = False) -> Work | None:
+    """Wait until every rank of the group has reached it."""
+    return _run(_op(_Barrier, group, "barrier"), (), async_op, [])

@@ -1,0 +1,245 @@
+"""Graph mode: capture a sequence of collectives once, agree it once, replay it many times.
+
+    from mpicoll import functional as dist, graph
+
+    with graph.capture() as g:          # collective over the group (default: the world)
+        dist.all_reduce(grad)           # described, not run
+        dist.broadcast(w, src=0)
+    g.replay()                          # every call, in order, on the arrays' current contents
+    g.replay()
+    g.free()
+
+Inside the block, functional calls (:mod:`mpicoll.functional`) and operator calls
+(``op.execute(...)``) are described, not run: they return their (not yet filled) outputs, and an
+``async_op=True`` call returns a :class:`~mpicoll.functional.Work` that completes with the replay. At
+the end of the block every rank of the group agrees the whole sequence at once (one exchange, not
+one per call): a rank that captured another sequence, call or shape makes every rank raise the same
+:class:`~mpicoll.CollectiveMismatchError`, naming the first differing call by its index and
+operator. Then the calls are issued into one recorded :class:`~mpicoll.Plan`, after the passes:
+
+* **coalescing**: calls of the same kind, communicator, dtype, reduce op and root (AllReduce,
+  Broadcast, AllGather and the functional calls on them) run as one MPI call over a staging buffer,
+  where every output stays bit-identical to eager execution (AllReduce: integers, or sum/prod over
+  at most 2 ranks; a float sum over more ranks may round differently when MPI sees a larger
+  message, so those stay apart). A call may move up to an earlier call of its group only if its
+  arrays touch no array of any call before it (on every rank of its communicator): calls that
+  touch the same memory keep their order.
+* **once, not per replay**: validation, dtype mapping, counts, datatypes and the MPI calls' bound
+  arguments are the plan's (docs/plans.md).
+
+The graph keeps references to every array of its calls and reads them at every replay: keep them
+alive and do not move them (no resize or reallocation; change their contents only).
+"""
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+
+from ._errors import CollectiveArgumentError, CollectiveError, as_collective_error
+from ._plan import CAPTURING, Plan, Recorder
+from ._watchdog import timeout_default
+from .ops._base import Operation, agree_calls, buffers, resolve
+
+__all__ = ["Graph", "capture"]
+
+
+def capture(group: Any = None, timeout: float | None = None) -> "_Capture":
+    """Capture the collectives made inside a ``with`` block into a :class:`Graph`.
+
+    Args:
+        group: the ranks that capture together (their agreement runs over it): None (the world),
+            a comm-domain name, or an mpi4py communicator. Every call captured must run on it or
+            on a communicator inside it.
+        timeout: the replay's watchdog, seconds (default ``MPICOLL_TIMEOUT``).
+
+    Returns:
+        a context manager whose ``__enter__`` returns the :class:`Graph`.
+    """
+    return _Capture(Graph(group, timeout))
+
+
+class _Capture:
+    def __init__(self, graph: "Graph") -> None:
+        self.graph = graph
+
+    def __enter__(self) -> "Graph":
+        if CAPTURING:
+            raise CollectiveError("graph.capture inside another capture: captures do not nest", op="graph",
+                                  param="capture")
+        CAPTURING.append(self.graph)
+        return self.graph
+
+    def __exit__(self, exc_type, exc, tb) -> None:
+        CAPTURING.remove(self.graph)
+        failure = None if exc is None else as_collective_error(exc, "graph", self.graph._rank())
+        self.graph._build(failure)     # (collective: a rank whose block failed still agrees, and all raise)
+
+
+class _Captured:
+    """What a captured ``async_op=True`` call gets: its Work completes with the replay."""
+
+    def __init__(self, result: Any) -> None:
+        self.result = result
+
+    def wait(self) -> Any:
+        return self.result
+
+    def test(self) -> bool:
+        return True
+
+
+class Graph:
+    """A captured sequence of collectives, agreed once, replayed as one plan (see the module).
+
+    Collective: every rank of the graph's group ends the capture, replays and frees the graph
+    together, as with any collective.
+    """
+
+    def __init__(self, group: Any = None, timeout: float | None = None) -> None:
+        self.group = group
+        self.timeout = timeout_default() if timeout is None else (float(timeout) if timeout and timeout > 0 else None)
+        self._entries: list[tuple[Operation, Any, BaseException | None]] = []
+        self._plan: Plan | None = None
+        self._results: tuple = ()
+        self._mpi_calls = 0
+        self._groups: list[list[int]] = []
+
+    # -- capture ---------------------------------------------------------------------------------
+    def add(self, op: Operation, args: tuple, started: bool = False) -> Any:
+        """Describe one call of ``op`` into the graph (its execute, or one-shot start, while
+        capturing); returns its outputs, filled at each replay."""
+        if self._plan is not None or self._entries is None:
+            raise CollectiveError("graph: a call added after the capture ended", op="graph", param="capture")
+        if op._lib is None:
+            op._bind()
+        call, err = op._described(args)
+        if err is not None:
+            err = type(err)(f"graph call {len(self._entries)} ({op.NAME}): {err}", op=getattr(err, "op", None),
+                            param=getattr(err, "param", None), rank=getattr(err, "rank", None))
+        self._entries.append((op, call, err))
+        result = None if call is None else call.result
+        return _Captured(result) if started else result
+
+    def _rank(self) -> int:
+        try:
+            return resolve("graph", *_group_args(self.group)).rank
+        except Exception:  # noqa: BLE001 - only for a message
+            return -1
+
+    def _build(self, failure: BaseException | None) -> None:
+        """Agree every captured call at once, then record them (with the passes) into one plan."""
+        lib = resolve("graph", *_group_args(self.group))
+        entries = self._entries
+        if failure is not None:           # the block failed on this rank: agree that, every rank raises
+            entries = entries + [(_Failed(lib), None, failure)]
+        keys = [None if call is None else op.coalesce_key(call) for op, call, _ in entries]
+        joins = self._joins(entries, keys)
+        agreed = agree_calls(lib, entries, self.timeout, joins)
+        rec, groups, last = Recorder(), [], {}
+        for i, ((op, call, _), key, (_, join)) in enumerate(zip(entries, keys, agreed)):
+            if key is not None and join and key in last:
+                last[key].append(i)
+            else:
+                groups.append([i])
+                if key is not None:
+                    last[key] = groups[-1]
+        for g in groups:
+            op, call, _ = entries[g[0]]
+            if len(g) == 1:
+                op._record(call, agreed[g[0]][0], rec, count=True)
+                continue
+            rec.begin(op.NAME, op._comms)
+            op.issue_many([entries[i][1] for i in g], rec)
+            rec.end(tuple(entries[i][1].result for i in g))
+        self._plan = Plan(rec, self.timeout)
+        self._results = tuple(call.result for _, call, _ in entries)
+        self._groups = groups
+        self._mpi_calls = sum(s.comm is not None for s in rec.steps)
+        self._entries = [(op, call, None) for op, call, _ in entries]
+
+    @staticmethod
+    def _joins(entries: list, keys: list) -> list[bool]:
+        """This rank's view of which calls may join the previous call of their key: those whose
+        arrays touch no array of any call before them (agreed across the members afterwards)."""
+        joins, seen, earlier = [], set(), []
+        for (op, call, _), key in zip(entries, keys):
+            mine = [] if call is None else buffers(call)
+            ok = key is not None and key in seen and not any(np.may_share_memory(a, b) for a in mine
+                                                              for b in earlier)
+            joins.append(ok)
+            if key is not None:
+                seen.add(key)
+            earlier.extend(mine)
+        return joins
+
+    # -- replay ----------------------------------------------------------------------------------
+    def replay(self, async_op: bool = False) -> Any:
+        """Run every captured call, in order, on the arrays' current contents (blocking), and
+        return their outputs (a tuple, one per captured call); with ``async_op`` a
+        :class:`~mpicoll.functional.Work` instead.
+
+        Raises:
+            CollectiveError: the graph is freed, or a replay started with ``async_op`` is not yet
+                waited for.
+        """
+        plan = self._ready("replay")
+        if async_op:
+            from .functional import Work
+            return Work(plan.start(), list(self._results))
+        plan.run()
+        return self._results
+
+    def free(self) -> None:
+        """Release the graph's plan (its persistent requests); freeing twice is fine."""
+        if self._plan is not None:
+            self._plan.free()
+
+    def summary(self) -> str:
+        """How many MPI calls a replay makes for how many captured calls, and what was merged."""
+        self._ready("summary")
+        merged = [g for g in self._groups if len(g) > 1]
+        text = f"{len(self._entries)} captured call(s) -> {self._mpi_calls} MPI call(s) per replay"
+        if merged:
+            text += "; merged: " + ", ".join(f"{self._entries[g[0]][0].NAME} calls {g}" for g in merged)
+        return text
+
+    def _ready(self, what: str) -> Plan:
+        if self._plan is None:
+            raise CollectiveError(f"graph: {what}() before the capture ended", op="graph", param="capture")
+        return self._plan
+
+    def __repr__(self) -> str:
+        return f"<Graph: {self.summary() if self._plan is not None else 'capturing'}>"
+
+    def __enter__(self) -> "Graph":
+        return self
+
+    def __exit__(self, exc_type, exc, tb) -> None:
+        if exc_type is not None and self._plan is not None and not self._plan.idle:
+            self._plan._abandon()
+            return
+        self.free()
+
+
+def _group_args(group: Any) -> tuple:
+    """``resolve``'s (comm, domain name, rank_size, what) for a graph's group."""
+    from mpi4py import MPI
+    if group is None or group == "":
+        return None, "", None, "group"
+    if isinstance(group, MPI.Comm):
+        return group, "", None, "group"
+    if isinstance(group, str):
+        return None, group, None, "group"
+    raise CollectiveArgumentError(f"graph: group={group!r}: must be None, a domain name or an mpi4py communicator",
+                                  op="graph", param="group")
+
+
+class _Failed(Operation):
+    """Stands for a rank's failed capture block in the graph's agreement."""
+
+    NAME, PUBLIC = "graph capture", False
+
+    def __init__(self, lib) -> None:
+        super().__init__()
+        self._lib, self._comms = lib, (lib,)

@@ -1,0 +1,255 @@
+"""The functional API (torch.distributed names) against numpy goldens: every function, several
+dtypes, even, uneven and zero-size splits, groups, async Works; torch's errors agreed on every rank;
+the operation cache and the remembered call."""
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+import mpicoll
+from mpicoll import CollectiveArgumentError, CollectiveMismatchError
+from mpicoll import functional as F
+from mpicoll._dtypes import DTYPES
+from mpicoll._golden import SEED, golden_reduce, rank_data
+
+from _mpi import RANK, SIZE, WORLD, raises_everywhere, raises_on
+
+mpi1 = pytest.mark.mpi(min_size=1)
+mpi2 = pytest.mark.mpi(min_size=2)
+DTYPES_TRIED = ["int8", "int32", "float16", "bfloat16", "float32", "float64"]
+
+
+def _data(key: str, shape, dtype: str, rank: int = RANK) -> np.ndarray:
+    return rank_data(SEED, f"functional/{key}", rank, shape, DTYPES[dtype])
+
+
+def _all(key: str, shape_of, dtype: str) -> list[np.ndarray]:
+    """Every rank's input (each rank rebuilds them all), ``shape_of(rank)``."""
+    return [_data(key, shape_of(r), dtype, r) for r in range(SIZE)]
+
+
+def _same(got: np.ndarray, want: np.ndarray) -> bool:
+    return got.shape == want.shape and got.dtype == want.dtype and got.tobytes() == want.tobytes()
+
+
+def _finish(work, async_op):
+    if async_op:
+        assert isinstance(work, F.Work)
+        assert work.wait() is True and work.is_completed()
+        return work.result()
+    assert work is None
+    return None
+
+
+@mpi1
+@pytest.mark.parametrize("async_op", [False, True], ids=["sync", "async"])
+@pytest.mark.parametrize("dtype", DTYPES_TRIED)
+def test_all_reduce_broadcast_reduce(dtype, async_op):
+    xs = _all("ar", lambda r: (5, 3), dtype)
+    t = xs[RANK].copy()
+    res = _finish(F.all_reduce(t, op="max", async_op=async_op), async_op)
+    assert _same(t, golden_reduce(xs, DTYPES[dtype], mpicoll._dtypes.REDUCE_OPS["max"]))
+    assert res is None or res[0] is t
+    t = xs[RANK].copy()
+    _finish(F.broadcast(t, src=SIZE - 1, async_op=async_op), async_op)
+    assert _same(t, xs[SIZE - 1])
+    t = xs[RANK].copy()
+    _finish(F.reduce(t, dst=SIZE - 1, async_op=async_op), async_op)
+    assert _same(t, golden_reduce(xs, DTYPES[dtype], mpicoll._dtypes.REDUCE_OPS["sum"]) if RANK == SIZE - 1
+                 else xs[RANK])
+
+
+@mpi1
+@pytest.mark.parametrize("async_op", [False, True], ids=["sync", "async"])
+@pytest.mark.parametrize("dtype", DTYPES_TRIED)
+def test_gathers_and_scatters(dtype, async_op):
+    n = SIZE
+    xs = _all("ag", lambda r: (2, 3), dtype)
+    out = np.empty((2 * n, 3), xs[0].dtype)
+    _finish(F.all_gather_into_tensor(out, xs[RANK], async_op=async_op), async_op)
+    assert _same(out, np.concatenate(xs))
+    stacked = np.empty((n, 2, 3), xs[0].dtype)
+    _finish(F.all_gather_into_tensor(stacked, xs[RANK], async_op=async_op), async_op)
+    assert _same(stacked, np.stack(xs))
+    lst = [np.empty((2, 3), xs[0].dtype) for _ in range(n)]
+    _finish(F.all_gather(lst, xs[RANK], async_op=async_op), async_op)
+    assert all(_same(a, b) for a, b in zip(lst, xs))
+    gl = [np.empty((2, 3), xs[0].dtype) for _ in range(n)] if RANK == 0 else None
+    _finish(F.gather(xs[RANK], gl, dst=0, async_op=async_op), async_op)
+    assert RANK != 0 or all(_same(a, b) for a, b in zip(gl, xs))
+    parts = _all("sc", lambda r: (4,), dtype)                   # the source's list: parts[r] for rank r
+    t = np.empty(4, xs[0].dtype)
+    _finish(F.scatter(t, parts if RANK == n - 1 else None, src=n - 1, async_op=async_op), async_op)
+    assert _same(t, parts[RANK])
+
+
+@mpi1
+@pytest.mark.parametrize("async_op", [False, True], ids=["sync", "async"])
+@pytest.mark.parametrize("dtype", DTYPES_TRIED)
+def test_reduce_scatters(dtype, async_op):
+    n, dt = SIZE, DTYPES[dtype]
+    total = golden_reduce(_all("rs", lambda r: (2 * n, 3), dtype), dt, mpicoll._dtypes.REDUCE_OPS["sum"])
+    out = np.empty((2, 3), dt.np)
+    _finish(F.reduce_scatter_tensor(out, _data("rs", (2 * n, 3), dtype), async_op=async_op), async_op)
+    assert _same(out, total[2 * RANK:2 * RANK + 2])
+    lists = [[_data(f"rsl{k}", (3,), dtype, r) for k in range(n)] for r in range(n)]
+    out = np.empty(3, dt.np)
+    _finish(F.reduce_scatter(out, lists[RANK], async_op=async_op), async_op)
+    assert _same(out, golden_reduce([lists[r][RANK] for r in range(n)], dt, mpicoll._dtypes.REDUCE_OPS["sum"]))
+    splits = [(k * 2 + 1) % 4 for k in range(n)]               # uneven, with zeros when n > 1 ... (1, 3, 1, 3)
+    splits[0] = 0
+    xs = _all("rsu", lambda r: (sum(splits), 2), dtype)
+    out = np.empty((splits[RANK], 2), dt.np)
+    _finish(F.reduce_scatter_tensor_uneven(out, xs[RANK], splits, async_op=async_op), async_op)
+    start = sum(splits[:RANK])
+    assert _same(out, golden_reduce([x[start:start + splits[RANK]] for x in xs], dt,
+                                    mpicoll._dtypes.REDUCE_OPS["sum"]))
+
+
+@mpi1
+@pytest.mark.parametrize("async_op", [False, True], ids=["sync", "async"])
+@pytest.mark.parametrize("dtype", DTYPES_TRIED)
+@pytest.mark.parametrize("kind", ["even", "uneven", "zeros"])
+def test_all_to_all_single_and_all_to_all(dtype, kind, async_op):
+    n = SIZE
+    # split[i][j]: rows rank i sends to rank j
+    if kind == "even":
+        split = [[2] * n for _ in range(n)]
+    elif kind == "uneven":
+        split = [[(i * 3 + j) % 4 for j in range(n)] for i in range(n)]
+    else:
+        split = [[0 if (i + j) % 2 else 2 for j in range(n)] for i in range(n)]
+    xs = [_data(f"a2a/{kind}", (sum(split[r]), 3), dtype, r) for r in range(n)]
+    so = [split[i][RANK] for i in range(n)]
+    out = np.empty((sum(so), 3), xs[0].dtype)
+    si = None if kind == "even" else split[RANK]
+    _finish(F.all_to_all_single(out, xs[RANK], None if kind == "even" else so, si, async_op=async_op), async_op)
+    want = np.concatenate([xs[i][sum(split[i][:RANK]):sum(split[i][:RANK + 1])] for i in range(n)])
+    assert _same(out, want)
+    ins = [xs[RANK][sum(split[RANK][:j]):sum(split[RANK][:j + 1])].copy() for j in range(n)]
+    outs = [np.empty((split[i][RANK], 3), xs[0].dtype) for i in range(n)]
+    _finish(F.all_to_all(outs, ins, async_op=async_op), async_op)
+    assert all(_same(o, w) for o, w in zip(outs, np.split(want, np.cumsum(so)[:-1])))
+
+
+@mpi1
+@pytest.mark.parametrize("dtype", DTYPES_TRIED)
+def test_all_gather_into_tensor_uneven(dtype):
+    n = SIZE
+    rows = [(r * 2) % 3 for r in range(n)]                      # zeros included (rank 0 sends none)
+    xs = _all("agu", lambda r: (rows[r], 2), dtype)
+    out = np.empty((sum(rows), 2), xs[0].dtype)
+    F.all_gather_into_tensor_uneven(out, xs[RANK], rows)
+    assert _same(out, np.concatenate(xs))
+    even = np.empty((2 * n, 2), xs[0].dtype)
+    F.all_gather_into_tensor_uneven(even, _data("ague", (2, 2), dtype))   # None: even
+    assert _same(even, np.concatenate(_all("ague", lambda r: (2, 2), dtype)))
+
+
+@mpi1
+def test_in_place_forms_and_barrier():
+    n = SIZE
+    out = np.zeros((n, 3), np.float32)
+    out[RANK] = RANK + 1
+    F.all_gather_into_tensor(out, out[RANK])                     # input is output's own block
+    assert out[:, 0].tolist() == [r + 1 for r in range(n)]
+    assert F.barrier() is None
+    work = F.barrier(async_op=True)
+    assert work.wait() and work.result() == []
+
+
+@mpi2
+def test_groups_as_lists_names_and_roots():
+    """A list group (declared once, as new_group): ranks outside it make no call and get None; src
+    is a world rank, group_src a rank in the group."""
+    members = list(range(1, SIZE))                               # every rank but 0
+    t = np.array([RANK], np.int64)
+    assert F.all_reduce(t, group=members) is None
+    assert t[0] == (sum(members) if RANK else 0)
+    b = np.array([RANK * 10], np.int64)
+    F.broadcast(b, src=SIZE - 1, group=members)
+    assert b[0] == ((SIZE - 1) * 10 if RANK else 0)
+    b = np.array([RANK * 10], np.int64)
+    F.broadcast(b, group_src=0, group=members)                   # group rank 0 = world rank 1
+    assert b[0] == (10 if RANK else 0)
+    mpicoll.declare_domains({"functional.pair": [0, 1]})
+    if RANK < 2:
+        t = np.array([RANK + 1.0])
+        F.all_reduce(t, group="functional.pair")
+        assert t[0] == 3.0
+    assert F.all_reduce(np.ones(1), group=WORLD.Dup()) is None
+
+
+@mpi2
+def test_a_root_outside_the_group_is_agreed():
+    members = list(range(SIZE - 1))                              # every rank but the last
+    sub = WORLD.Split(0 if RANK in members else 1, RANK)
+    if RANK in members:
+        raises_on(sub, lambda: F.broadcast(np.zeros(2), src=SIZE - 1, group=members), CollectiveArgumentError,
+                  f"broadcast: src={SIZE - 1} on rank 0: must be a world rank in the group ({members})")
+    sub.Free()
+
+
+@mpi2
+@pytest.mark.parametrize("case,fragment", [
+    ("splits_sum", "input_split_sizes=[1"),
+    ("splits_count", "must hold exactly rank_size"),
+    ("output_shape", "all_gather_into_tensor: output.shape="),
+    ("non_contiguous", "must be a C-contiguous writable numpy array"),
+])
+def test_torch_errors_on_one_rank_are_agreed(case, fragment):
+    n, last = SIZE, SIZE - 1
+
+    def call():
+        if case == "splits_sum":
+            out, inp = np.empty((n, 2)), np.empty((n, 2))
+            splits = [1] * n
+            if RANK == last:
+                splits = [1] * (n - 1) + [2]                     # sums to n + 1, not input.shape[0]
+            return F.all_to_all_single(out, inp, [1] * n, splits)
+        if case == "splits_count":
+            splits = [1] * (n + 1 if RANK == last else n)
+            return F.all_to_all_single(np.empty((n, 2)), np.empty((n, 2)), None, splits)
+        if case == "output_shape":
+            return F.all_gather_into_tensor(np.empty((n + (RANK == last), 2)), np.empty((1, 2)))
+        t = np.zeros((4, 2))
+        return F.all_reduce(t[:, 0] if RANK == last else t[:, 0].copy())
+    msg = raises_everywhere(call, CollectiveArgumentError, fragment, f"on rank {last}")
+    assert msg.split(":")[0] in ("all_to_all_single", "all_gather_into_tensor", "all_reduce")
+
+
+@mpi2
+def test_split_sizes_that_disagree_across_ranks():
+    """Rank 0 expects one row more from rank 1 than rank 1 sends: named in torch's terms."""
+    n = SIZE
+    so = [1] * n
+    if RANK == 0:
+        so[1] = 2
+    raises_everywhere(lambda: F.all_to_all_single(np.empty((sum(so), 2)), np.empty((n, 2)), so, [1] * n),
+                      CollectiveMismatchError, "all_to_all_single: output_split_sizes[1] differs across ranks",
+                      "output_split_sizes[1]=2 on rank 0 but rank 1 has input_split_sizes[0]=1")
+
+
+@mpi1
+def test_operations_are_cached_bounded_and_the_call_remembered(monkeypatch):
+    from mpicoll import functional
+    monkeypatch.setattr(functional, "MAX_CACHED", 4)
+    functional._OPS.clear()
+    t = np.ones(3)
+    for _ in range(3):
+        F.all_reduce(t)
+    assert len(functional._OPS) == 1
+    op = next(iter(functional._OPS.values()))
+    for o in ("sum", "max", "min", "prod", "sum"):
+        F.all_reduce(np.ones(2), op=o)
+    assert len(functional._OPS) == 4                              # the least recently used went out
+    off = [op for op in functional._OPS.values()]
+    for o in off:
+        o.validate = False
+    t = np.arange(3.0)
+    for k in range(3):
+        t[:] = k
+        F.all_reduce(t, op="sum")
+        assert t.tolist() == [k * SIZE] * 3
+    assert functional._OPS[next(k for k in functional._OPS if ("reduce_type", "sum") in k[3])]._memo is not None
+    del op
