@@ -108,20 +108,27 @@ def _group(group: Any, fn: str) -> tuple[Any, dict] | None:
                                   "mpi4py communicator", op=fn, param="group")
 
 
-def _op(cls: type, group: Any, fn: str, root: tuple | None = None, **fields: Any) -> Operation | None:
-    """The cached operation of ``cls`` on ``group`` with these Param ``fields`` (None: not a member).
+def _op(cls: type, group: Any, fn: str, root: tuple | None = None, reduce: str | None = None) -> Operation | None:
+    """The cached operation of ``cls`` on ``group`` (None: this rank is not in a list ``group``).
     ``root``: ``(name, world rank, group rank)`` of a rooted function's src/dst (one of the two
-    ranks given, or neither: group rank 0)."""
+    ranks given, or neither: group rank 0); ``reduce``: its reduce op's name."""
+    if group is None or type(group) is str:      # (the common case: one dict lookup)
+        key = (cls, group or "", root, reduce)
+        op = _OPS.get(key)
+        if op is not None:
+            _OPS.move_to_end(key)
+            return op
     g = _group(group, fn)
     if g is None:
         return None
-    key = (cls, g[0], root, tuple(sorted(fields.items())))
+    key = (cls, g[0], root, reduce)
     op = _OPS.get(key)
     if op is None:
+        fields = {} if reduce is None else {"reduce_type": reduce}
         op = cls(cls.PARAM(**g[1], **fields))
         if root is not None:
             op._root_given = root
-        op = _OPS[key] = op
+        _OPS[key] = op
         if len(_OPS) > MAX_CACHED:
             _OPS.popitem(last=False)
     else:
@@ -151,16 +158,23 @@ class _Rooted:
         super()._bind_param()
 
 
+_REDUCE_NAMES = {"sum": "sum", "prod": "prod", "product": "prod", "max": "max", "min": "min"}
+
+
 def _reduce_name(op: Any, fn: str) -> str:
-    return reduce_op(getattr(op, "name", op), op=fn, param="op").name
+    try:
+        return _REDUCE_NAMES[op]
+    except (KeyError, TypeError):
+        return reduce_op(getattr(op, "name", op), op=fn, param="op").name
 
 
-def _run(op: Operation | None, args: tuple, async_op: bool, outputs: list) -> Work | None:
-    """Run (or start, or, inside a capture, capture) one call; torch's return value."""
+def _run(op: Operation | None, args: tuple, async_op: bool, outputs: Any) -> Work | None:
+    """Run (or start, or, inside a capture, capture) one call; torch's return value. ``outputs``:
+    what the Work's result() gives (a list, or the one output array)."""
     if op is None:
         return None
     if async_op:
-        return Work(op._start(*args), outputs)
+        return Work(op._start(*args), outputs if isinstance(outputs, list) else [outputs])
     op._execute(*args)
     return None
 
@@ -551,8 +565,7 @@ def all_reduce(tensor: np.ndarray, op: Any = "sum", group: Any = None, async_op:
     Raises:
         CollectiveError: on every rank of the group, for a bad argument on any of them.
     """
-    return _run(_op(_AllReduce, group, "all_reduce", reduce_type=_reduce_name(op, "all_reduce")), (tensor,), async_op,
-                [tensor])
+    return _run(_op(_AllReduce, group, "all_reduce", reduce=_reduce_name(op, "all_reduce")), (tensor,), async_op, tensor)
 
 
 def broadcast(tensor: np.ndarray, src: int | None = None, group: Any = None, async_op: bool = False,
@@ -565,7 +578,7 @@ def broadcast(tensor: np.ndarray, src: int | None = None, group: Any = None, asy
         group, async_op: as in :func:`all_reduce`.
     """
     op = _op(_Broadcast, group, "broadcast", ("src", src, group_src))
-    return _run(op, (tensor,), async_op, [tensor])
+    return _run(op, (tensor,), async_op, tensor)
 
 
 def reduce(tensor: np.ndarray, dst: int | None = None, op: Any = "sum", group: Any = None, async_op: bool = False,
@@ -577,8 +590,8 @@ def reduce(tensor: np.ndarray, dst: int | None = None, op: Any = "sum", group: A
         dst: the destination as a world rank; or ``group_dst``, a rank in the group.
         tensor, op, group, async_op: as in :func:`all_reduce`.
     """
-    o = _op(_Reduce, group, "reduce", ("dst", dst, group_dst), reduce_type=_reduce_name(op, "reduce"))
-    return _run(o, (tensor,), async_op, [tensor])
+    o = _op(_Reduce, group, "reduce", ("dst", dst, group_dst), reduce=_reduce_name(op, "reduce"))
+    return _run(o, (tensor,), async_op, tensor)
 
 
 def all_gather_into_tensor(output: np.ndarray, input: np.ndarray, group: Any = None,  # noqa: A002
@@ -588,7 +601,7 @@ def all_gather_into_tensor(output: np.ndarray, input: np.ndarray, group: Any = N
 
     ``input`` may be ``output``'s own block ``rank`` (in place).
     """
-    return _run(_op(_AllGatherIntoTensor, group, "all_gather_into_tensor"), (output, input), async_op, [output])
+    return _run(_op(_AllGatherIntoTensor, group, "all_gather_into_tensor"), (output, input), async_op, output)
 
 
 def all_gather(tensor_list: list[np.ndarray], tensor: np.ndarray, group: Any = None,
@@ -609,22 +622,22 @@ def scatter(tensor: np.ndarray, scatter_list: list[np.ndarray] | None = None, sr
     """Fill rank i's ``tensor`` with the source's ``scatter_list[i]`` (``scatter_list`` on the
     source only)."""
     op = _op(_Scatter, group, "scatter", ("src", src, group_src))
-    return _run(op, (tensor, scatter_list), async_op, [tensor])
+    return _run(op, (tensor, scatter_list), async_op, tensor)
 
 
 def reduce_scatter_tensor(output: np.ndarray, input: np.ndarray, op: Any = "sum", group: Any = None,  # noqa: A002
                           async_op: bool = False) -> Work | None:
     """Reduce ``input`` over the group; rank r keeps block r of dim 0 in ``output``. ``input`` is
     ``(world_size * N, ...)`` (blocks along dim 0) or ``(world_size, *output.shape)``."""
-    o = _op(_ReduceScatterTensor, group, "reduce_scatter_tensor", reduce_type=_reduce_name(op, "reduce_scatter_tensor"))
-    return _run(o, (output, input), async_op, [output])
+    o = _op(_ReduceScatterTensor, group, "reduce_scatter_tensor", reduce=_reduce_name(op, "reduce_scatter_tensor"))
+    return _run(o, (output, input), async_op, output)
 
 
 def reduce_scatter(output: np.ndarray, input_list: list[np.ndarray], op: Any = "sum", group: Any = None,
                    async_op: bool = False) -> Work | None:
     """Reduce ``input_list[r]`` over the group into rank r's ``output``."""
-    o = _op(_ReduceScatterList, group, "reduce_scatter", reduce_type=_reduce_name(op, "reduce_scatter"))
-    return _run(o, (output, input_list), async_op, [output])
+    o = _op(_ReduceScatterList, group, "reduce_scatter", reduce=_reduce_name(op, "reduce_scatter"))
+    return _run(o, (output, input_list), async_op, output)
 
 
 def all_to_all_single(output: np.ndarray, input: np.ndarray, output_split_sizes: Any = None,  # noqa: A002
@@ -635,7 +648,7 @@ def all_to_all_single(output: np.ndarray, input: np.ndarray, output_split_sizes:
     Example (2 ranks, even): rank r's ``input = [2r, 2r + 1]`` -> ``output = [r, 2 + r]``.
     """
     return _run(_op(_AllToAllSingle, group, "all_to_all_single"),
-                (output, input, output_split_sizes, input_split_sizes), async_op, [output])
+                (output, input, output_split_sizes, input_split_sizes), async_op, output)
 
 
 def all_to_all(output_tensor_list: list[np.ndarray], input_tensor_list: list[np.ndarray], group: Any = None,
@@ -651,7 +664,7 @@ def all_gather_into_tensor_uneven(output: np.ndarray, input: np.ndarray, output_
     """AllGather along dim 0 with a different number of rows per rank: rank i's ``input`` lands at
     split i of ``output``'s dim 0 (``output_split_sizes``, None = even)."""
     return _run(_op(_AllGatherIntoTensorUneven, group, "all_gather_into_tensor_uneven"),
-                (output, input, output_split_sizes), async_op, [output])
+                (output, input, output_split_sizes), async_op, output)
 
 
 def reduce_scatter_tensor_uneven(output: np.ndarray, input: np.ndarray, input_split_sizes: Any = None,  # noqa: A002
@@ -659,8 +672,8 @@ def reduce_scatter_tensor_uneven(output: np.ndarray, input: np.ndarray, input_sp
     """ReduceScatter along dim 0 with a different number of rows per rank: rank r gets the
     reduction of split r of every rank's ``input`` (``input_split_sizes``, None = even)."""
     o = _op(_ReduceScatterTensorUneven, group, "reduce_scatter_tensor_uneven",
-            reduce_type=_reduce_name(op, "reduce_scatter_tensor_uneven"))
-    return _run(o, (output, input, input_split_sizes), async_op, [output])
+            reduce=_reduce_name(op, "reduce_scatter_tensor_uneven"))
+    return _run(o, (output, input, input_split_sizes), async_op, output)
 
 
 def barrier(group: Any = None, async_op: bool = False) -> Work | None:

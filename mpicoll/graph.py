@@ -44,7 +44,7 @@ from .ops._base import Operation, agree_calls, buffers, resolve
 __all__ = ["Graph", "capture"]
 
 
-def capture(group: Any = None, timeout: float | None = None) -> "_Capture":
+def capture(group: Any = None, timeout: float | None = None, exact: bool = True) -> "_Capture":
     """Capture the collectives made inside a ``with`` block into a :class:`Graph`.
 
     Args:
@@ -52,11 +52,15 @@ def capture(group: Any = None, timeout: float | None = None) -> "_Capture":
             a comm-domain name, or an mpi4py communicator. Every call captured must run on it or
             on a communicator inside it.
         timeout: the replay's watchdog, seconds (default ``MPICOLL_TIMEOUT``).
+        exact: merge calls only where every output stays bit-identical to eager execution (the
+            default). False also merges float reductions over more than 2 ranks, whose last bits
+            may then differ from eager ones (MPI picks its reduction order by message size), as
+            bucketed gradient reductions (DDP) do.
 
     Returns:
         a context manager whose ``__enter__`` returns the :class:`Graph`.
     """
-    return _Capture(Graph(group, timeout))
+    return _Capture(Graph(group, timeout, exact))
 
 
 class _Capture:
@@ -96,8 +100,8 @@ class Graph:
     together, as with any collective.
     """
 
-    def __init__(self, group: Any = None, timeout: float | None = None) -> None:
-        self.group = group
+    def __init__(self, group: Any = None, timeout: float | None = None, exact: bool = True) -> None:
+        self.group, self.exact = group, exact
         self.timeout = timeout_default() if timeout is None else (float(timeout) if timeout and timeout > 0 else None)
         self._entries: list[tuple[Operation, Any, BaseException | None]] = []
         self._plan: Plan | None = None
@@ -133,7 +137,7 @@ class Graph:
         entries = self._entries
         if failure is not None:           # the block failed on this rank: agree that, every rank raises
             entries = entries + [(_Failed(lib), None, failure)]
-        keys = [None if call is None else op.coalesce_key(call) for op, call, _ in entries]
+        keys = [None if call is None else op.coalesce_key(call, self.exact) for op, call, _ in entries]
         joins = self._joins(entries, keys)
         agreed = agree_calls(lib, entries, self.timeout, joins)
         rec, groups, last = Recorder(), [], {}

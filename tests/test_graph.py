@@ -176,3 +176,16 @@ def test_a_bad_call_inside_a_capture_is_agreed_at_its_end():
             F.all_reduce(bad if RANK == SIZE - 1 else np.ones(4))
     raises_everywhere(capture, CollectiveError, "graph call 1 (all_reduce): all_reduce: tensor=",
                       f"on rank {SIZE - 1}")
+
+
+@mpi1
+def test_inexact_capture_merges_float_reductions_too():
+    xs = [np.full(k + 1, RANK + 0.1 * k, np.float32) for k in range(4)]
+    with graph.capture(exact=False) as g:
+        for x in xs:
+            F.all_reduce(x)
+    assert "merged: all_reduce calls [0, 1, 2, 3]" in g.summary() and " 1 MPI call(s)" in g.summary()
+    g.replay()
+    for k, x in enumerate(xs):
+        assert np.allclose(x, sum(r + 0.1 * k for r in range(SIZE)), rtol=1e-6)
+    g.free()

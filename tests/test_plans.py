@@ -312,7 +312,7 @@ def test_a_repeated_call_runs_its_recorded_plan_and_sees_every_change():
     for k in range(4):
         x[:] = k + RANK
         assert ar.execute(x, out=y) is y and y.tolist() == [k * n + sum(range(n))] * 4
-    assert ar._memo is not None                           # (the repeats ran the recorded plan)
+    assert any(e[2] is not None for e in ar._calls.values())   # (the repeats ran the recorded plan)
     x.shape = (2, 2)                                      # reshaped in place: another call
     y2 = np.empty((2, 2), np.int64)
     assert ar.execute(x, out=y2).shape == (2, 2)

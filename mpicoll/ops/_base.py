@@ -19,6 +19,7 @@ picks its MPI calls, from the call and, when validated, the agreed header table)
 from __future__ import annotations
 
 import inspect
+from collections import OrderedDict
 from typing import Any, ClassVar
 
 import numpy as np
@@ -102,8 +103,8 @@ class Operation:
         self._param_error: BaseException | None = None
         self._agreed_once = False
         self._runner = Runner(self.NAME, self.timeout)
-        self._last: tuple | None = None          # (tokens of the last unvalidated call's arguments, its call)
-        self._memo: Plan | None = None           # that call recorded, once it came back
+        #: its last unvalidated calls: key -> [tokens of its arguments, its call, its plan once it came back]
+        self._calls: "OrderedDict[tuple, list]" = OrderedDict()
 
     # -- binding -------------------------------------------------------------------------------------
     def _bind(self) -> LibComm:
@@ -136,15 +137,15 @@ class Operation:
     def _execute(self, *args: Any) -> Any:
         """``execute``: describe -> agree (validation on, and always the first call) -> issue, at once.
 
-        Without agreement, an operation remembers its last call: when the very same call comes back
-        (the same arrays, unmoved; the same counts and flags; nothing allocated for it: ``out``
-        given), it is recorded once and then run as a plan (:meth:`_remembered`)."""
+        Without agreement, an operation remembers its last ``REMEMBERED`` calls: when the very same
+        call comes back (the same arrays, unmoved; the same counts and flags; nothing allocated for
+        it: ``out`` given), it is recorded once and then run as a plan (:meth:`_remembered`)."""
         if CAPTURING:
             return CAPTURING[-1].add(self, args)
         if self._lib is None:
             self._bind()
         agree = self.validate or not self._agreed_once
-        if not agree and self._last is not None:
+        if not agree and self._calls:
             plan = self._remembered(args)
             if plan is not None:
                 return plan.run()
@@ -154,7 +155,7 @@ class Operation:
             np.copyto(call.x, call.src)
         self.issue(call, table, self._runner)
         if not agree and self._fills(args):
-            self._last, self._memo = (_tokens(args, self._VALUES_AT), call), None
+            self._remember(args, call)
         return call.result
 
     def _fills(self, args: tuple) -> bool:
@@ -163,19 +164,29 @@ class Operation:
         at = self._OUT_AT
         return at is None or (len(args) > at and args[at] is not None)
 
+    def _remember(self, args: tuple, call: Call) -> None:
+        key = _key(args)
+        if key is not None:
+            self._calls[key] = [_tokens(args, self._VALUES_AT), call, None]
+            if len(self._calls) > REMEMBERED:
+                self._calls.popitem(last=False)
+
     def _remembered(self, args: tuple) -> Plan | None:
-        """The plan of the last call, when ``args`` are that call's (recorded at its first repeat);
-        None otherwise (or while that plan is started)."""
-        tokens, call = self._last
-        if not _same(args, tokens):
-            self._last = self._memo = None
+        """The plan of a remembered call, when ``args`` are that call's (recorded at its first
+        repeat); None otherwise (or while that plan is started)."""
+        key = _key(args)
+        entry = self._calls.get(key) if key is not None else None
+        if entry is None:
             return None
-        plan = self._memo
+        tokens, call, plan = entry
+        if not _same(args, tokens):
+            del self._calls[key]
+            return None
         if plan is None:
             rec = Recorder()
             self._record(call, None, rec, count=True)
-            plan = self._memo = Plan(rec, self.timeout, persistent=False)
-        return plan if plan.idle else None
+            plan = entry[2] = Plan(rec, self.timeout, persistent=False)
+        return plan if plan._state == 0 else None          # (idle: not started)
 
     def _prepare(self, *args: Any) -> Plan:
         """``prepare``: describe -> agree (always) -> issue into a Recorder -> a Plan."""
@@ -196,7 +207,7 @@ class Operation:
         if self._lib is None:
             self._bind()
         agree = self.validate or not self._agreed_once
-        if not agree and self._last is not None:
+        if not agree and self._calls:
             plan = self._remembered(args)
             if plan is not None:
                 return plan.start()
@@ -205,7 +216,7 @@ class Operation:
         rec = Recorder()
         self._record(call, table, rec, count=False)
         if not agree and self._fills(args):
-            self._last, self._memo = (_tokens(args, self._VALUES_AT), call), None
+            self._remember(args, call)
         return Plan(rec, self.timeout, persistent=False).start()
 
     def _call(self, args: tuple, number: int, agree: bool) -> tuple[Call, np.ndarray | None]:
@@ -242,15 +253,15 @@ class Operation:
         raise NotImplementedError
 
     # -- what a captured graph asks (mpicoll.graph) ------------------------------------------------
-    def coalesce_key(self, call: Call) -> tuple | None:
+    def coalesce_key(self, call: Call, exact: bool = True) -> tuple | None:
         """Calls of a graph with the same key (not None) may run as one (:meth:`issue_many`). The
         key may only depend on what every member of the communicator agreed (dtype, reduce op,
-        root, the communicator): every member groups alike. Default: None (never)."""
+        root, the communicator): every member groups alike. ``exact``: only where every output
+        stays bit-identical to issuing the calls one by one. Default: None (never)."""
         return None
 
     def issue_many(self, calls: list[Call], go: Any) -> None:
-        """The MPI calls of several calls of one :meth:`coalesce_key`, as one: every output
-        bit-identical to issuing them one by one."""
+        """The MPI calls of several calls of one :meth:`coalesce_key`, as one."""
         raise NotImplementedError
 
     def _one_issue(self, base: type) -> bool:
@@ -285,6 +296,27 @@ class Operation:
 #: names of execute arguments read as values (a repeat with them changed is another call)
 VALUE_ARGS = frozenset({"send_count", "send_counts", "sdispls", "recv_count", "recv_counts", "rdispls", "shape",
                         "infer_shape", "scale", "input_split_sizes", "output_split_sizes"})
+
+
+#: calls an operation remembers (see Operation._execute)
+REMEMBERED = 8
+
+
+def _key(args: tuple) -> tuple | None:
+    """Where a call is remembered: its arrays' identities, its values' contents (None: unhashable)."""
+    try:
+        return tuple(map(_key_of, args))
+    except TypeError:
+        return None
+
+
+def _key_of(a: Any) -> Any:
+    if type(a) is np.ndarray:
+        return id(a)
+    if isinstance(a, (list, tuple)):
+        return tuple(map(_key_of, a))
+    hash(a)
+    return a
 
 
 def _tokens(args: tuple, values: frozenset) -> tuple:
@@ -337,20 +369,25 @@ def buffers(call: Call) -> list[np.ndarray]:
     return found
 
 
-def pack(sources: list[np.ndarray], flat: np.ndarray) -> None:
-    """Copy arrays one after the other into ``flat`` (a staging buffer)."""
-    pos = 0
-    for a in sources:
-        flat[pos:pos + a.size] = a.reshape(-1)
-        pos += a.size
+def pack(views: list[np.ndarray], flat: np.ndarray) -> None:
+    """Copy flat views of arrays one after the other into ``flat`` (a staging buffer), in one call."""
+    if views:
+        np.concatenate(views, out=flat)
 
 
-def unpack(flat: np.ndarray, targets: list[np.ndarray]) -> None:
-    """Copy ``flat`` back into arrays, one after the other (:func:`pack`'s inverse)."""
-    pos = 0
-    for a in targets:
-        a.reshape(-1)[...] = flat[pos:pos + a.size]
+def scatter_pairs(flat: np.ndarray, arrays: list[np.ndarray]) -> list[tuple[np.ndarray, np.ndarray]]:
+    """``(array's flat view, its part of flat)`` pairs, :func:`pack`'s layout (made once, at record)."""
+    pairs, pos = [], 0
+    for a in arrays:
+        pairs.append((a.reshape(-1), flat[pos:pos + a.size]))
         pos += a.size
+    return pairs
+
+
+def unpack(pairs: list[tuple[np.ndarray, np.ndarray]]) -> None:
+    """Copy each staging part back into its array (:func:`scatter_pairs`)."""
+    for dst, src in pairs:
+        np.copyto(dst, src)
 
 
 def resolve(op: str, comm: Any, name: Any, rank_size: Any, what: str) -> LibComm:

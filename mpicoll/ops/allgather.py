@@ -12,7 +12,7 @@ from .._golden import (BenchRun, BenchSpec, Case, CheckSpec, bench_data, counts_
                        register_bench, register_check, torch_view)
 from .._params import CommParam
 from .._plan import Call, Plan
-from ._base import Operation, pack
+from ._base import Operation, pack, unpack
 
 
 __all__ = ["AllGatherOperation", "AllGatherParam", "AllGatherVOperation", "AllGatherVParam"]
@@ -72,7 +72,7 @@ class AllGatherOperation(Operation):
         m = call.dt.mpi
         go.mpi(self._lib, "Allgather", [call.x, m], [call.out, m])
 
-    def coalesce_key(self, call) -> tuple | None:
+    def coalesce_key(self, call, exact=True) -> tuple | None:
         if not self._one_issue(AllGatherOperation):
             return None
         return ("AllGather", self._lib.ident, call.dt.code)
@@ -81,9 +81,16 @@ class AllGatherOperation(Operation):
         dt, n = calls[0].dt, self.size
         total = sum(c.x.size for c in calls)
         sin, sout = np.empty(total, dtype=dt.np), np.empty((n, total), dtype=dt.np)
-        go.local(pack, [c.x if c.src is None else c.src for c in calls], sin)
+        for c in calls:
+            if c.src is not None:
+                go.local(np.copyto, c.x, c.src)
+        go.local(pack, [c.x.reshape(-1) for c in calls], sin)
         go.mpi(self._lib, "Allgather", [sin, dt.mpi], [sout, dt.mpi])
-        go.local(_unpack_gathered, sout, [c.out for c in calls])
+        pairs, pos = [], 0
+        for c in calls:                   # call k's block of every rank's row of the merged gather
+            pairs.append((c.out.reshape(n, c.x.size), sout[:, pos:pos + c.x.size]))
+            pos += c.x.size
+        go.local(unpack, pairs)
 
 
 class AllGatherVOperation(Operation):
@@ -162,15 +169,6 @@ class AllGatherVOperation(Operation):
         packed = np.empty(len(rc) * c, dtype=x.dtype)
         go.mpi(comm, "Allgather", send, [packed, m])
         go.local(_place, packed, out.reshape(-1), c, rd)
-
-
-def _unpack_gathered(gathered: np.ndarray, outs: list[np.ndarray]) -> None:
-    """Each call's rows out of a merged AllGather: call k's block of every rank's row."""
-    pos = 0
-    for out in outs:
-        size = out.size // gathered.shape[0]
-        out.reshape(gathered.shape[0], size)[...] = gathered[:, pos:pos + size]
-        pos += size
 
 
 def _place(packed: np.ndarray, flat: np.ndarray, c: int, rd: list[int]) -> None:

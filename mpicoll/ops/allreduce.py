@@ -12,7 +12,7 @@ from .._golden import (TORCH_OPS, BenchRun, BenchSpec, Case, CheckSpec, bench_da
 from .._params import ReduceTypeParam
 from .._plan import Call, Plan
 from .._numeric import from_f32, to_f32
-from ._base import ReduceTypeOperation, alltoall_reduce, pack, prefix, split_even, unpack
+from ._base import ReduceTypeOperation, alltoall_reduce, pack, prefix, scatter_pairs, split_even, unpack
 
 #: float16/bfloat16 AllReduce of at most this many bytes: cast to float32, one native float32
 #: Allreduce, cast back (one collective beats two at small sizes); above: the AllToAll path.
@@ -78,21 +78,25 @@ class AllReduceOperation(ReduceTypeOperation):
     def issue(self, call, table, go) -> None:
         reduce_pieces(go, self._lib, call.x, call.out, call.dt, self._rop)
 
-    def coalesce_key(self, call) -> tuple | None:
-        """Only where the result cannot depend on the size of the message: MPI picks its reduction
-        order by size, so a float sum over more than 2 ranks may round differently when merged.
-        Integers (exact, wrapping) and sum/prod over at most 2 ranks (one operation per element)."""
-        exact = call.dt.np.kind in "iu" or (self.size <= 2 and self._rop.name in ("sum", "prod"))
-        if not exact or not self._one_issue(AllReduceOperation):
+    def coalesce_key(self, call, exact=True) -> tuple | None:
+        """``exact``: only where the result cannot depend on the size of the message (MPI picks its
+        reduction order by size, so a float reduction over more than 2 ranks may round differently
+        when merged): integers (exact, wrapping) and sum/prod over at most 2 ranks (one operation
+        per element)."""
+        same = call.dt.np.kind in "iu" or (self.size <= 2 and self._rop.name in ("sum", "prod"))
+        if (exact and not same) or not self._one_issue(AllReduceOperation):
             return None
         return ("AllReduce", self._lib.ident, call.dt.code, self._rop.code)
 
     def issue_many(self, calls, go) -> None:
         dt = calls[0].dt
         staging = np.empty(sum(c.x.size for c in calls), dtype=dt.np)
-        go.local(pack, [c.x if c.src is None else c.src for c in calls], staging)
+        for c in calls:
+            if c.src is not None:
+                go.local(np.copyto, c.x, c.src)
+        go.local(pack, [c.x.reshape(-1) for c in calls], staging)
         reduce_pieces(go, self._lib, staging, staging, dt, self._rop)
-        go.local(unpack, staging, [c.out for c in calls])
+        go.local(unpack, scatter_pairs(staging, [c.out for c in calls]))
 
 
 def reduce_pieces(go, comm, x: np.ndarray, out: np.ndarray | None, dt, rop, root: int | None = None) -> None:

@@ -10,7 +10,7 @@ from .._dtypes import DTYPES
 from .._golden import BenchRun, BenchSpec, Case, CheckSpec, bench_data, rank_data, register_bench, register_check, torch_view
 from .._params import CommParam
 from .._plan import Call, Plan
-from ._base import Operation, pack, unpack
+from ._base import Operation, pack, scatter_pairs, unpack
 
 
 __all__ = ["BroadcastOperation", "BroadcastParam"]
@@ -64,7 +64,7 @@ class BroadcastOperation(Operation):
     def issue(self, call, table, go) -> None:
         go.mpi(self._lib, "Bcast", [call.x, call.dt.mpi], self._root)
 
-    def coalesce_key(self, call) -> tuple | None:
+    def coalesce_key(self, call, exact=True) -> tuple | None:
         if not self._one_issue(BroadcastOperation):
             return None
         return ("Broadcast", self._lib.ident, call.dt.code, self._root)
@@ -73,10 +73,10 @@ class BroadcastOperation(Operation):
         staging = np.empty(sum(c.x.size for c in calls), dtype=calls[0].dt.np)
         xs = [c.x for c in calls]
         if self.rank == self._root:
-            go.local(pack, xs, staging)
+            go.local(pack, [x.reshape(-1) for x in xs], staging)
         go.mpi(self._lib, "Bcast", [staging, calls[0].dt.mpi], self._root)
         if self.rank != self._root:
-            go.local(unpack, staging, xs)
+            go.local(unpack, scatter_pairs(staging, xs))
 
 
 _SHAPES = {"small": (4, 3), "zero": (0,), "scalar": (), "large": (300_001,)}
