@@ -165,23 +165,19 @@ class Operation:
         return at is None or (len(args) > at and args[at] is not None)
 
     def _remember(self, args: tuple, call: Call) -> None:
-        key = _key(args)
+        key = _key(args, self._VALUES_AT)
         if key is not None:
-            self._calls[key] = [_tokens(args, self._VALUES_AT), call, None]
+            self._calls[key] = [args, call, None]        # (args: kept alive, so the key's identities stay theirs)
             if len(self._calls) > REMEMBERED:
                 self._calls.popitem(last=False)
 
     def _remembered(self, args: tuple) -> Plan | None:
         """The plan of a remembered call, when ``args`` are that call's (recorded at its first
         repeat); None otherwise (or while that plan is started)."""
-        key = _key(args)
-        entry = self._calls.get(key) if key is not None else None
+        entry = self._calls.get(_key(args, self._VALUES_AT))
         if entry is None:
             return None
-        tokens, call, plan = entry
-        if not _same(args, tokens):
-            del self._calls[key]
-            return None
+        _, call, plan = entry
         if plan is None:
             rec = Recorder()
             self._record(call, None, rec, count=True)
@@ -302,56 +298,38 @@ VALUE_ARGS = frozenset({"send_count", "send_counts", "sdispls", "recv_count", "r
 REMEMBERED = 8
 
 
-def _key(args: tuple) -> tuple | None:
-    """Where a call is remembered: its arrays' identities, its values' contents (None: unhashable)."""
+def _key(args: tuple, values: frozenset) -> tuple | None:
+    """What identifies a call: its arrays by identity, shape and dtype (their contents are the data,
+    read on every run), its values (``VALUE_ARGS``, and any list, tuple or scalar) by their contents.
+    None when an argument cannot be told apart so (unhashable). The remembered call keeps its
+    arguments referenced, so an identity in a key stays that array's."""
+    key = []
+    for i, a in enumerate(args):         # (flat and inline: this runs on every unvalidated call)
+        t = type(a)
+        if t is np.ndarray:
+            key.append((a.dtype, a.shape, a.tobytes()) if i in values else (id(a), a.shape, a.dtype))
+        elif t is list or t is tuple:
+            key.append(tuple(a))
+        else:
+            key.append(a)
+    key = tuple(key)
     try:
-        return tuple(map(_key_of, args))
-    except TypeError:
-        return None
+        hash(key)
+        return key
+    except TypeError:                    # (a list of arrays, or an array of counts inside a list)
+        try:
+            return tuple([_deep(a, i in values) for i, a in enumerate(args)])
+        except TypeError:
+            return None
 
 
-def _key_of(a: Any) -> Any:
+def _deep(a: Any, value: bool) -> Any:
     if type(a) is np.ndarray:
-        return id(a)
+        return (a.dtype, a.shape, a.tobytes()) if value else (id(a), a.shape, a.dtype)
     if isinstance(a, (list, tuple)):
-        return tuple(map(_key_of, a))
+        return tuple([_deep(v, value) for v in a])
     hash(a)
     return a
-
-
-def _tokens(args: tuple, values: frozenset) -> tuple:
-    """What identifies a call's arguments: arrays by identity, shape, strides and dtype (their
-    contents are the data, read on every run), values (``VALUE_ARGS``, and any list, tuple or
-    scalar) by a copy of their contents."""
-    return tuple(_token(a, i in values) for i, a in enumerate(args))
-
-
-def _token(a: Any, value: bool) -> tuple:
-    if isinstance(a, np.ndarray):
-        return ("v", a.copy()) if value else ("a", a, a.shape, a.strides, a.dtype)
-    if isinstance(a, (list, tuple)):
-        return ("l", type(a), tuple(_token(v, value) for v in a))
-    return ("o", type(a), a)
-
-
-def _same(args: tuple, tokens: tuple) -> bool:
-    """Whether ``args`` are the call :func:`_tokens` described."""
-    if len(args) != len(tokens):
-        return False
-    for a, t in zip(args, tokens):
-        kind = t[0]
-        if kind == "a":
-            if a is not t[1] or a.shape != t[2] or a.strides != t[3] or a.dtype != t[4]:
-                return False
-        elif kind == "v":
-            if not isinstance(a, np.ndarray) or a.shape != t[1].shape or not np.array_equal(a, t[1]):
-                return False
-        elif kind == "l":
-            if type(a) is not t[1] or len(a) != len(t[2]) or not _same(tuple(a), t[2]):
-                return False
-        elif type(a) is not t[1] or not (a is t[2] or a == t[2]):
-            return False
-    return True
 
 
 def buffers(call: Call) -> list[np.ndarray]:
