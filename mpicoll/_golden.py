@@ -228,6 +228,8 @@ class BenchSpec:
     uses_reduce: bool = False
     uses_root: bool = False
     dtypes: tuple[str, ...] = tuple(DTYPES)
+    #: why it cannot run at ``n`` ranks (None: it can)
+    skip_at: Callable[[int], str | None] = lambda n: None
 
 
 BENCHES: dict[str, BenchSpec] = {}

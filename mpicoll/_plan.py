@@ -9,7 +9,8 @@ An operator's ``describe`` turns its arguments into a :class:`Call`; its ``issue
 * ``go.local(fn, *args)``: local work ``fn(*args)`` (a reduction, a copy) between collectives;
 * ``token = go.start(comm, name, *args)`` and ``go.wait(token)``: the same collective kept in flight
   while the steps between them run (local work, other collectives), at most ``MAX_IN_FLIGHT`` at
-  once (a start beyond that first waits for the oldest).
+  once (a start beyond that first waits for the oldest); ``go.test(token)`` between long local
+  steps lets MPI move it on (MPICH progresses a non-blocking collective only inside MPI calls).
 
 ``execute`` hands ``issue`` a :class:`Runner`, which does each step at once. ``prepare`` (and the
 one-shot non-blocking call, and a captured graph) hands it a :class:`Recorder`, which keeps the
@@ -38,6 +39,7 @@ MAX_IN_FLIGHT = 16
 #: graphs being captured, innermost last (``mpicoll.graph.capture``): while it is not empty, an
 #: operation's execute (and one-shot start) is described into the graph instead of run
 CAPTURING: list = []
+
 
 
 class Call:
@@ -99,15 +101,20 @@ class Runner:
             comm, name, req = entry
             comm.wait([req], self.timeout, name, self.where)
 
+    def test(self, token: int) -> None:
+        entry = self._flight.get(token)
+        if entry is not None:
+            entry[2].Test()
+
 
 # ----------------------------------------------------------------------------- prepare: recorded
 
-COUNT, MPI_CALL, START, WAIT, LOCAL = range(5)
+COUNT, MPI_CALL, START, WAIT, LOCAL, TEST = range(6)
 
 
 class Step:
     """One recorded step: ``kind`` COUNT (a part begins: count its call), MPI_CALL (a blocking
-    collective), START / WAIT (a collective kept in flight, by ``token``) or LOCAL (``fn``);
+    collective), START / WAIT / TEST (a collective kept in flight, by ``token``) or LOCAL (``fn``);
     ``part``: the index of the call it belongs to."""
 
     __slots__ = ("kind", "comm", "name", "fn", "args", "token", "part")
@@ -171,6 +178,10 @@ class Recorder:
         if token in self._open:
             self._open.remove(token)
             self.steps.append(Step(WAIT, None, "", None, (), token, self._part))
+
+    def test(self, token: int) -> None:
+        if token in self._open:
+            self.steps.append(Step(TEST, None, "", None, (), token, self._part))
 
 
 def count_call(comms: tuple[LibComm, ...], op: str) -> int:
@@ -273,6 +284,8 @@ class Plan:
             elif s.kind == WAIT:
                 first = next(t for t in self._steps if t.kind == START and t.token == s.token)
                 bound.append(partial(_wait_from, slots, s.token, first.comm, timeout, first.name, where[s.part]))
+            elif s.kind == TEST:
+                bound.append(partial(_test_in, slots, s.token))
             else:
                 bound.append(partial(s.fn, *s.args))
         if not bound:
@@ -372,6 +385,10 @@ def _nothing() -> None:
 
 def _start_into(slots: list, token: int, comm: LibComm, name: str, args: tuple, where: tuple) -> None:
     slots[token] = comm.start(name, args, where)
+
+
+def _test_in(slots: list, token: int) -> None:
+    slots[token].Test()
 
 
 def _wait_from(slots: list, token: int, comm: LibComm, timeout: float | None, name: str, where: tuple) -> None:
@@ -497,6 +514,8 @@ class Handle:
                 if not self._complete([self._open[s.token]], block, steps[_start_of(steps, self._i, s.token)]):
                     return False
                 del self._open[s.token]
+            elif kind == TEST:
+                self._open[s.token].Test()
             elif self._cur is None or kind == START:
                 req = s.comm.start(s.name if persistent is None else persistent[self._i], s.args,
                                    plan._where[s.part], self)

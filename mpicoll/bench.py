@@ -259,6 +259,11 @@ def _sweep(args, ops, dtypes, redops, compare, reps, validate, comm, raw_comm, d
     for name in ops:
         spec = BENCHES[name]
         mult = max(spec.count_multiple(n), 1)
+        why = spec.skip_at(n)
+        if why:
+            if printer:
+                print(f"# {name}: skipped: {why}", flush=True)
+            continue
         if printer and not any(d in spec.dtypes for d in dtypes):
             print(f"# {name}: skipped: it takes {', '.join(spec.dtypes)} only (add it with -d)", flush=True)
         for dname in [d for d in dtypes if d in spec.dtypes]:

@@ -66,6 +66,8 @@ def test_any_input_layout(name):
     result as the same values C-contiguous, validation on and off. An operator that fills x in
     place (Broadcast) refuses every layout it could not fill, on every rank."""
     spec = CHECKS[name]
+    if not spec.cases(SIZE):
+        pytest.skip(f"{name} has no case at {SIZE} rank(s)")
     case = spec.make(spec.cases(SIZE)[0], "float32" if "float32" in spec.dtypes else spec.dtypes[0], "", RANK,
                      SIZE, SEED)
     x, rest = case.args[0], case.args[1:]
