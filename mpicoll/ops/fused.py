@@ -149,8 +149,8 @@ class AlltoAllAllGatherBatchMatMulParam(CommParam):
             "fastgelu".
         output_y2, output_y3: also return the gathered tokens (y2) and the matmul before the
             activation (y3; needs an activation).
-        chunks: how many chunks of experts the work goes in (overlap: chunk k+1's collectives in
-            flight while chunk k is multiplied); 0 = ``DEFAULT_CHUNKS`` (at most E/ep).
+        chunks: how many tiles the work goes in, over experts, then token rows (overlap: tile k+1's
+            collectives in flight while tile k is multiplied); 0 = ``DEFAULT_CHUNKS``.
         comm_domain / comm: the whole ep x tp mesh, over which arguments are agreed (default: the world).
     """
 
