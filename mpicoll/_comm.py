@@ -24,6 +24,7 @@ import atexit
 import os
 import sys
 import threading
+import time
 import zlib
 from functools import partial
 from typing import Any, Callable
@@ -32,7 +33,7 @@ import numpy as np
 from mpi4py import MPI
 
 from . import _watchdog
-from ._errors import CollectiveMismatchError, CollectiveTimeout
+from ._errors import CollectiveError, CollectiveMismatchError, CollectiveTimeout
 
 #: operator code -> name (filled by the operator registry), to name a peer's call in a timeout
 OP_NAMES: dict[int, str] = {}
@@ -93,6 +94,8 @@ class LibComm:
         self.pending: list = []
         self._win = self._mark = None
         self.plain = not debug and not watched
+        with LOCK:
+            _register_exit()
         if watched:
             self._win = MPI.Win.Allocate(4 * 8, 8, comm=mpi)
             self._mark = np.frombuffer(self._win.tomemory(), dtype=np.int64)
@@ -101,7 +104,6 @@ class LibComm:
             self._win.Lock_all()
             with LOCK:
                 _OPEN.append(self)
-                _register_exit()
 
     @classmethod
     def make(cls, mpi: MPI.Comm, label: str) -> "LibComm":
@@ -266,6 +268,18 @@ class LibComm:
             win.Free()
 
 
+def finalized(op: str, what: str) -> CollectiveError:
+    """The error of a call made after ``MPI.Finalize()``: MPI would end the process from C."""
+    return CollectiveError(f"{op}: {what} after MPI is finalized (MPI.Finalize() was called, or the program is "
+                           "exiting): no MPI call can run any more", op=op, param="MPI")
+
+
+def alive(what: str) -> None:
+    """Raise :func:`finalized` for ``what`` once MPI is finalized (set-up calls: domains, groups)."""
+    if MPI.Is_finalized():
+        raise finalized(what, "a call")
+
+
 def nonblocking(name: str) -> str:
     """The mpi4py name of a blocking collective's non-blocking form: ``Allreduce`` -> ``Iallreduce``."""
     return "I" + name[0].lower() + name[1:]
@@ -293,6 +307,36 @@ def _register_exit() -> None:
         # Runs before mpi4py's own finalizer (atexit is LIFO): MPI must not finalize with a window exposed.
         atexit.register(_shutdown)
         _watch_mpi4py_exit()
+        _WORLD_RANK.append(MPI.COMM_WORLD.Get_rank())
+        _previous_hook.append(sys.excepthook)
+        sys.excepthook = _excepthook
+
+
+_previous_hook: list = []
+
+
+def _excepthook(kind, exc, tb) -> None:
+    """An uncaught error that every member of a communicator raised alike (``exc.members``, world
+    ranks) prints its traceback on the lowest member only, one line on the others: a job prints
+    one traceback, not one per rank. Anything else goes to the previous hook; an uncaught
+    KeyboardInterrupt (Ctrl-C) then aborts the job, under plain ``python`` too."""
+    members = getattr(exc, "members", None)
+    me = _WORLD_RANK[0] if _WORLD_RANK else None
+    if members and me in members and me != min(members):
+        sys.stderr.write(f"world rank {me}: the same {kind.__module__}.{kind.__qualname__} as world rank "
+                         f"{min(members)}, whose traceback is printed\n")
+        sys.stderr.flush()
+        if _EXIT:
+            time.sleep(0.2)                  # (python -m mpi4py aborts next: let that rank print first)
+        return
+    _previous_hook[0](kind, exc, tb)
+    if issubclass(kind, KeyboardInterrupt) and not MPI.Is_finalized():
+        sys.stderr.flush()
+        MPI.COMM_WORLD.Abort(130)            # Ctrl-C stops the job: peers inside a collective never return
+
+
+#: this process's world rank, kept for use after MPI_Finalize
+_WORLD_RANK: list[int] = []
 
 
 def _watch_mpi4py_exit() -> None:

@@ -22,7 +22,7 @@ import numpy as np
 from mpi4py import MPI
 
 from . import _rendezvous, _watchdog
-from ._comm import LOCK, LibComm
+from ._comm import LOCK, LibComm, alive
 from ._errors import CollectiveArgumentError, CollectiveTimeout
 from ._watchdog import timeout_default
 
@@ -47,10 +47,12 @@ def world() -> LibComm:
         comm = _dup(MPI.COMM_WORLD, "the world")
         comm.Set_name("mpicoll.world")
         _WORLD = LibComm.make(comm, "the world (mpicoll.world)")
+        _watchdog.unlink_own_segments()      # (every rank has started: the Idup completed)
     return _WORLD
 
 
 def _dup(comm: MPI.Comm, what: str) -> MPI.Comm:
+    alive(f"duplicating {what}")
     new, req = comm.Idup()
     timeout = timeout_default()
     if timeout is None:
@@ -93,9 +95,10 @@ def lib_domain(name: str, rank_size: int | None = None) -> LibComm:
     every member raises the same error instead of its peers waiting for it.
     """
     comm = lookup(name)
-    me = MPI.COMM_WORLD.Get_rank()
     if comm is not None:
         return comm
+    alive(f"comm domain {name!r}")
+    me = MPI.COMM_WORLD.Get_rank()
     declared = _DECLARED.get(name)
     if declared is not None:
         if me not in declared:
@@ -167,6 +170,7 @@ def declare_domains(table: dict[str, list[int]] | str) -> None:
     if not isinstance(table, dict):
         raise CollectiveArgumentError(f"declare_domains: expected a dict name -> world ranks, got "
                                       f"{type(table).__name__}", param="table")
+    alive("declare_domains")
     world_size = MPI.COMM_WORLD.Get_size()
     for name, ranks in table.items():
         if not isinstance(name, str) or not name:

@@ -8,6 +8,7 @@ collective that their peers never join.
 from __future__ import annotations
 
 import json
+import re
 
 import numpy as np
 from mpi4py import MPI
@@ -44,6 +45,15 @@ class CollectiveTimeout(CollectiveError, TimeoutError):
 
 _CLASSES = {c.__name__: c for c in (CollectiveError, CollectiveArgumentError,
                                     CollectiveMismatchError, CollectiveTimeout)}
+for _cls in _CLASSES.values():
+    _cls.__module__ = "mpicoll"          # shown as mpicoll.CollectiveError in tracebacks, as it is imported
+
+
+def agreed(exc: CollectiveError, world_ranks) -> CollectiveError:
+    """Mark ``exc`` as raised alike on every member of a communicator (``exc.members``: their
+    world ranks), so that an uncaught one prints its traceback once per job (:mod:`mpicoll._exit`)."""
+    exc.members = tuple(world_ranks)
+    return exc
 
 
 def arg_error(op: str, param: str, value: object, rank: int, rule: str) -> CollectiveArgumentError:
@@ -103,7 +113,26 @@ def settle(comm, error: BaseException | None, timeout: float | None, where: tupl
     comm.call("Allgatherv", ([np.frombuffer(mine, dtype=np.uint8), MPI.BYTE], [data, (sizes, displs), MPI.BYTE]),
               timeout, where)
     reports = [json.loads(data[d:d + c].tobytes()) for c, d in zip(sizes.tolist(), displs.tolist()) if c]
-    cls_name, first, op, param, rank = reports[0]
-    others = [r[1] for r in reports[1:] if r[1] != first]
-    message = first + (" (also: " + "; ".join(others) + ")" if others else "")
-    raise _CLASSES.get(cls_name, CollectiveArgumentError)(message, op=op, param=param, rank=rank)
+    cls_name, _, op, param, rank = reports[0]
+    raise agreed(_CLASSES.get(cls_name, CollectiveArgumentError)(grouped(reports), op=op, param=param, rank=rank),
+                 comm.world_ranks)
+
+
+def grouped(reports: list) -> str:
+    """One message from the failing ranks' reports ``[class, message, op, param, rank]``, lowest
+    rank first: messages that differ only in their rank (``on rank 2``, ``world rank 2``) become one,
+    ``on ranks [0, 1, 3]``; the others follow as ``(also: ...)``."""
+    groups: dict[str, list[int]] = {}
+    for _, text, _, _, rank in reports:
+        key = text
+        if isinstance(rank, int):
+            key, found = re.subn(rf"\brank {rank}\b", "\0", text, count=1)
+            if found:
+                groups.setdefault(key, []).append(rank)
+                continue
+        groups.setdefault(key, [])
+
+    def render(key: str, ranks: list[int]) -> str:
+        return key.replace("\0", f"rank {ranks[0]}" if len(ranks) == 1 else f"ranks {ranks}")
+    first, *others = [render(k, r) for k, r in groups.items()]
+    return first + (" (also: " + "; ".join(others) + ")" if others else "")

@@ -7,6 +7,7 @@ from dataclasses import dataclass
 import numpy as np
 from mpi4py import MPI
 
+from ._comm import alive
 from ._domains import declare_domains
 from ._errors import CollectiveArgumentError
 
@@ -46,6 +47,7 @@ def mesh(ep: int, tp: int, layout: str = "tp_contiguous", *, rank: int | None = 
     Returns:
         A :class:`Mesh` with this rank's ``ep_domain``/``tp_domain`` names and local ranks.
     """
+    alive("mesh")
     world = MPI.COMM_WORLD.Get_size()
     for pname, v in (("ep", ep), ("tp", tp)):
         if isinstance(v, bool) or not isinstance(v, (int, np.integer)) or v < 1:

@@ -247,7 +247,7 @@ class Plan:
         Raises:
             CollectiveError: the plan is freed, or started and not yet waited for.
         """
-        if self._state:
+        if self._state or MPI.Is_finalized():
             self._refuse("run")
         if self._go is None:
             self._go = self._bind()
@@ -302,7 +302,7 @@ class Plan:
         Raises:
             CollectiveError: the plan is freed, or already started and not yet waited for.
         """
-        if self._state:
+        if self._state or MPI.Is_finalized():
             self._refuse("start")
         if self._reuse and self._persistent is None:   # made at the first start, on every rank at the same point
             self._persistent = [getattr(s.comm.mpi, s.name + "_init")(*s.args) if s.kind in (MPI_CALL, START)
@@ -358,6 +358,8 @@ class Plan:
                     r.Free()
 
     def _refuse(self, what: str) -> None:
+        if MPI.Is_finalized():
+            raise _comm.finalized(self.op, f"{what}()")
         if self._state == _FREED:
             raise CollectiveError(f"{self.op}: {what}() on a freed plan: prepare a new one", op=self.op,
                                   param="plan")
@@ -435,6 +437,8 @@ class Handle:
     def test(self) -> bool:
         """Make progress without blocking; True once the run is complete (the plan may then be run
         or started again)."""
+        if MPI.Is_finalized():
+            raise _comm.finalized(self._plan.op, "test()")
         if self._advance(block=False):
             self._finish()
             return True
@@ -444,6 +448,8 @@ class Handle:
         """Complete the run (blocking; under the watchdog when the operation has a timeout) and
         return the plan's output. A run started with an ``end`` completes the steps released so
         far; the plan stays started until every step is done."""
+        if MPI.Is_finalized():
+            raise _comm.finalized(self._plan.op, "wait()")
         if self._advance(block=True):
             self._finish()
         return self._plan.result

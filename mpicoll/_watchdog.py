@@ -180,7 +180,7 @@ def abort(message: str, code: int = 1) -> None:
     # Give mpirun's output forwarder a moment: when two ranks time out together, the first Abort
     # kills the job and a message still in the other's pipe was lost (seen once in CI).
     time.sleep(0.2)
-    _unlink_own_segments()
+    unlink_own_segments()
     MPI.COMM_WORLD.Abort(code)
     os._exit(code)  # Abort does not return; if an MPI ever let it, do not run on
 
@@ -190,7 +190,7 @@ def end_process(message: str, code: int = 1) -> None:
     shared-memory files, give ``MPI_Abort`` (in a thread of its own: it may block too) a moment to
     end the job, then end this process whatever MPI does."""
     _say(message)
-    _unlink_own_segments()
+    unlink_own_segments()
     if MPI.Is_initialized() and not MPI.Is_finalized() and MPI.Query_thread() == MPI.THREAD_MULTIPLE:
         threading.Thread(target=MPI.COMM_WORLD.Abort, args=(code,), daemon=True).start()
         time.sleep(1.0)
@@ -205,7 +205,13 @@ def _say(message: str) -> None:
         pass
 
 
-def _unlink_own_segments() -> None:
+def unlink_own_segments() -> None:
+    """Remove the names of the MPICH shared-memory files (one per host and job) this process maps.
+    MPICH removes them in MPI_Finalize only, so a job that ends otherwise (aborted by ``python -m
+    mpi4py`` after an uncaught exception, Ctrl-C, killed) would leave them, a few MB each. Safe once
+    every rank of the job has started (each mapped the file in MPI_Init): the memory lives on
+    until the last of them exits. mpicoll calls it when it makes its world communicator, and
+    again before it aborts."""
     for path in own_shm_segments():
         try:
             os.unlink(path)

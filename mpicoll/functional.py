@@ -28,6 +28,7 @@ import numpy as np
 from mpi4py import MPI
 
 from . import _validate as V
+from ._comm import alive
 from ._domains import declare_domains
 from ._dtypes import reduce_op
 from ._errors import CollectiveArgumentError
@@ -95,6 +96,7 @@ def _group(group: Any, fn: str) -> tuple[Any, dict] | None:
     if isinstance(group, MPI.Comm):                 # (the cached operation keeps it alive: its id is its own)
         return ("comm", id(group)), {"comm": group}
     if isinstance(group, (list, tuple, range)):
+        alive(fn)
         ranks = tuple(sorted({int(r) for r in group}))
         name = _GROUPS.get(ranks)
         if name is None:

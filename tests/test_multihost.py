@@ -8,6 +8,7 @@ import importlib.machinery
 import importlib.util
 import json
 import os
+import signal
 import subprocess
 import sys
 import time
@@ -191,3 +192,49 @@ def test_a_lost_link_ends_the_job_within_the_timeout(tmp_path):
     assert job.returncode != 0 and ended < 5 + 3 + 4, (ended, err[-3000:])
     assert "mpicoll watchdog: AllReduce: timed out after 5 s on rank 0 of the world (mpicoll.world)" in err, err
     assert "it waited for ranks [1] there" in err and "MPI did not return" in err, err
+
+
+PLAN_LOOP = """
+import numpy as np, mpicoll
+x = np.ones(1 << 14, np.float32)
+plan = mpicoll.AllReduceOperation().prepare(x, out=np.empty_like(x))
+print("running", flush=True)
+while True:
+    plan.run()
+"""
+
+
+@pytest.mark.timeout_s(120)
+def test_sigint_to_a_run_stops_the_job_says_so_and_leaves_nothing(tmp_path):
+    """SIGINT to ``scripts/cluster run 2 4`` (to the script alone, as ``kill -INT`` sends it) while
+    the ranks loop on a plan: it passes the signal on to mpiexec, says so, ends with 130 once the
+    job has stopped, removes the hosts, and no host leaves a shared-memory file behind."""
+    import glob
+
+    from mpicoll._watchdog import stale_segments
+    script = tmp_path / "loop.py"
+    script.write_text(PLAN_LOOP)
+    before = set(glob.glob("/dev/shm/mpich_shm_*"))
+    job = subprocess.Popen([sys.executable, str(ROOT / "scripts" / "cluster"), "run", "2", "4", "--",
+                            sys.executable, str(script)], cwd=ROOT, env=launch_env(), stdout=subprocess.PIPE,
+                           stderr=subprocess.PIPE, text=True)
+    try:
+        seen = 0
+        while seen < 4:                                  # (the bed's own lines come first)
+            line = job.stdout.readline()
+            assert line, "the job ended before every rank ran"
+            seen += line.startswith("running")
+        job.send_signal(signal.SIGINT)
+        _, err = job.communicate(timeout=60)
+    finally:
+        if job.poll() is None:
+            job.kill()
+    time.sleep(0.3)
+    left = stale_segments(set(glob.glob("/dev/shm/mpich_shm_*")) - before)
+    for p in left:
+        os.unlink(p)
+    assert job.returncode == 130, err[-3000:]
+    assert "scripts/cluster: interrupted: stopping the job (SIGINT to mpiexec)" in err, err
+    assert "scripts/cluster: job stopped (mpiexec exit status" in err, err
+    assert left == [], f"left behind: {left}"
+    assert not cluster.hosts_up()

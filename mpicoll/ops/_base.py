@@ -26,11 +26,12 @@ import numpy as np
 from mpi4py import MPI
 
 from .. import _validate as V
-from .._comm import OP_NAMES, LibComm, op_code
+from .._comm import OP_NAMES, LibComm, finalized, op_code
 from .._domains import lib_domain, lookup, user_comm, world
 from .._ranktable import rank_table
 from .._dtypes import BY_NP, DType, ReduceOp, reduce_op
-from .._errors import CollectiveArgumentError, CollectiveMismatchError, agree, arg_error, as_collective_error
+from .._errors import (CollectiveArgumentError, CollectiveError, CollectiveMismatchError, agree, agreed, arg_error,
+                       as_collective_error)
 from .._numeric import reduce_chunks
 from .._params import CommParam
 from .._plan import CAPTURING, Call, Handle, Plan, Recorder, Runner, count_call
@@ -110,6 +111,8 @@ class Operation:
     def _bind(self) -> LibComm:
         """Resolve the communicator (first call) and check the param against it. A param error is
         kept, and raised on every rank by the first agreement."""
+        if MPI.Is_finalized():
+            raise finalized(self.NAME, "a call")
         lib = resolve(self.NAME, self.param.comm, self.param.comm_domain, self.param.rank_size, "comm_domain")
         self.comm, self.rank, self.size = lib.mpi, lib.rank, lib.size
         self._lib, self._comms = lib, (lib,)
@@ -219,6 +222,8 @@ class Operation:
         """THE describe-and-agree routine: describe this rank's arguments (a local failure is kept,
         never raised alone), then, when ``agree``, agree them over the operation's communicator:
         every rank raises the same error, or every rank gets the same header table."""
+        if MPI.Is_finalized():
+            raise finalized(self.NAME, "a call")
         if not agree:                        # (no agreement: a local error is this rank's alone)
             if self._param_error is not None:
                 raise self._param_error
@@ -389,7 +394,10 @@ def agree_call(lib: LibComm, op: Operation, call: Call | None, err: BaseExceptio
     header table. A captured graph agrees all its calls at once: :func:`agree_calls`."""
     row, err = _row(lib, op, call, err)
     table = agree(lib, row, err, timeout, op.NAME, number)
-    V.check_table(op.NAME, table, op.PAIR_NAMES, lib.label)
+    try:
+        V.check_table(op.NAME, table, op.PAIR_NAMES, lib.label)
+    except CollectiveError as exc:
+        raise agreed(exc, lib.world_ranks) from None
     op._agreed_once = True
     return table
 
@@ -417,6 +425,14 @@ def agree_calls(lib: LibComm, entries: list[tuple[Operation, Call | None, BaseEx
         err = err or e
     where = ("graph", 1, "its agreement (internal MPI Allgather/Allgatherv)")
     every, counts = V.exchange_rows(lib, rows, err, timeout, where)
+    try:
+        return _check_calls(lib, entries, every, counts)
+    except CollectiveError as exc:
+        raise agreed(exc, lib.world_ranks) from None
+
+
+def _check_calls(lib: LibComm, entries: list, every: np.ndarray, counts: np.ndarray) -> list[tuple[np.ndarray, bool]]:
+    """:func:`agree_calls`' comparison of the gathered rows (the same on every rank)."""
     owner = np.repeat(np.arange(lib.size), counts)
     local = np.concatenate([np.arange(c) for c in counts.tolist()]) if len(every) else np.zeros(0, np.int64)
     mine: dict[int, tuple[np.ndarray, bool]] = {}

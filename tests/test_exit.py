@@ -1,0 +1,143 @@
+"""How a job ends when something goes wrong: one traceback per job for an agreed error, Ctrl-C
+stops the whole job, a call after ``MPI.Finalize()`` is a ``CollectiveError``, and none of these
+leaves MPICH's shared-memory files (``/dev/shm/mpich_shm_*``) behind. Each case is a job of its
+own, launched once from the 1-rank run."""
+from __future__ import annotations
+
+import glob
+import os
+import signal
+import subprocess
+import sys
+import time
+
+import pytest
+from mpi4py import MPI
+
+from _mpi import OPEN_MPI, launch_env, mpirun, remove, run_job
+
+pytestmark = [pytest.mark.mpi(min_size=1),
+              pytest.mark.skipif(MPI.COMM_WORLD.Get_size() != 1, reason="runs its own mpirun jobs once")]
+
+
+def _left(before: set[str]) -> list[str]:
+    from mpicoll._watchdog import stale_segments
+    time.sleep(0.3)                                       # (let the ended processes' mappings go)
+    return stale_segments(set(glob.glob("/dev/shm/mpich_shm_*")) - before)
+
+
+def test_an_agreed_error_prints_one_traceback_per_job_and_leaves_nothing(tmp_path):
+    """The same rule broken on every rank, uncaught, under ``python -m mpi4py``: one traceback (the
+    lowest rank's), one line for each other rank, the message grouped by rank list, the class
+    shown as ``mpicoll.X``; the job ends non-zero and leaves no shared-memory file."""
+    res, _, left = run_job(tmp_path, """
+        import numpy as np, mpicoll
+        mpicoll.AllReduceOperation().execute(np.ones((4, 3), np.float32), out=np.empty((3, 4), np.float32))
+    """, np_=3)
+    remove(left)
+    err = res.stderr
+    assert res.returncode != 0
+    assert err.count("Traceback (most recent call last)") == 1, err
+    assert ("mpicoll.CollectiveArgumentError: AllReduce: out='float32[3, 4]' on ranks [0, 1, 2]: must be "
+            "float32[4, 3]\n") in err, err
+    for r in (1, 2):
+        assert f"world rank {r}: the same mpicoll.CollectiveArgumentError as world rank 0, whose traceback is " \
+               "printed" in err, err
+    assert "(also:" not in err and "mpicoll._errors." not in err
+    assert left == [], f"left behind: {left}"
+
+
+def test_an_error_on_one_rank_still_prints_its_own_traceback(tmp_path):
+    """An error only one rank has (validation off: nothing agreed) keeps Python's usual output on
+    that rank, and the job still leaves nothing behind."""
+    res, _, left = run_job(tmp_path, """
+        from mpi4py import MPI
+        import numpy as np, mpicoll
+        mpicoll.init()
+        if MPI.COMM_WORLD.Get_rank() == 1:
+            raise RuntimeError("only here")
+        MPI.COMM_WORLD.Barrier()
+    """, np_=3)
+    remove(left)
+    assert res.returncode != 0
+    assert "RuntimeError: only here" in res.stderr and "the same" not in res.stderr, res.stderr
+    assert left == [], f"left behind: {left}"
+
+
+LOOP = """
+import numpy as np, mpicoll
+x = np.ones(1 << 14, np.float32)
+plan = mpicoll.AllReduceOperation().prepare(x, out=np.empty_like(x))
+print("running", flush=True)
+while True:
+    plan.run()
+"""
+
+
+@pytest.mark.timeout_s(90)
+@pytest.mark.parametrize("runner", [[], ["-m", "mpi4py"]], ids=["python", "python-m-mpi4py"])
+def test_ctrl_c_in_a_plan_loop_ends_the_job_and_leaves_nothing(tmp_path, runner):
+    """Ctrl-C (SIGINT to the job's process group, as a terminal sends it) while every rank loops
+    on ``plan.run()``: the job ends at once, under plain ``python`` too (a rank's uncaught
+    KeyboardInterrupt aborts the job: its peers are inside a collective that would never
+    return), and no shared-memory file is left."""
+    if OPEN_MPI:
+        pytest.skip("MPICH's shared-memory files; Open MPI's launcher handles Ctrl-C itself")
+    script = tmp_path / "loop.py"
+    script.write_text(LOOP)
+    before = set(glob.glob("/dev/shm/mpich_shm_*"))
+    job = subprocess.Popen(mpirun(3, sys.executable, *runner, str(script)), env=launch_env(), text=True,
+                           stdout=subprocess.PIPE, stderr=subprocess.PIPE, start_new_session=True)
+    try:
+        for _ in range(3):
+            assert "running" in job.stdout.readline()
+        time.sleep(0.5)
+        t0 = time.monotonic()
+        os.killpg(job.pid, signal.SIGINT)
+        _, err = job.communicate(timeout=30)
+        seconds = time.monotonic() - t0
+    finally:
+        if job.poll() is None:
+            os.killpg(job.pid, signal.SIGKILL)
+            job.communicate()
+    left = _left(before)
+    remove(left)
+    assert job.returncode != 0 and seconds < 10, (job.returncode, seconds, err[-2000:])
+    assert "KeyboardInterrupt" in err
+    assert left == [], f"left behind: {left}"
+
+
+def test_calls_after_finalize_raise_a_collective_error(tmp_path):
+    """After ``MPI.Finalize()`` every entry point raises a ``CollectiveError`` naming the operation
+    and saying MPI is finalized (MPI would otherwise end the process from C)."""
+    res, _, left = run_job(tmp_path, """
+        import numpy as np
+        from mpi4py import MPI
+        import mpicoll, mpicoll.functional as F
+        x = np.ones(4, np.float32)
+        op = mpicoll.AllReduceOperation()
+        plan = op.prepare(x, out=np.empty_like(x))
+        handle = plan.start()
+        handle.wait()
+        handle = plan.start()
+        MPI.Finalize()
+        for name, fn in [("execute", lambda: op.execute(x)), ("new", lambda: mpicoll.AllGatherOperation().execute(x)),
+                         ("run", plan.run), ("wait", handle.wait), ("test", handle.test),
+                         ("functional", lambda: F.all_reduce(x)), ("group", lambda: F.all_reduce(x, group=[0])),
+                         ("domain", lambda: mpicoll.domain("d", 1)), ("mesh", lambda: mpicoll.mesh(1, 1)),
+                         ("hccl", lambda: mpicoll.Hccl().init("other"))]:
+            try:
+                fn()
+                print(f"@@{name}|no error@@", flush=True)
+            except mpicoll.CollectiveError as exc:
+                print(f"@@{name}|{exc}@@", flush=True)
+    """, np_=2)
+    remove(left)
+    assert res.returncode == 0, res.stderr[-3000:]
+    got = dict(line.strip("@").split("|", 1) for line in res.stdout.split("@@\n") if line.startswith("@@"))
+    assert len(got) == 10, res.stdout
+    for name, text in got.items():
+        assert "after MPI is finalized (MPI.Finalize() was called" in text, (name, text)
+    assert got["execute"].startswith("AllReduce: a call") and got["run"].startswith("AllReduce: run()")
+    assert got["wait"].startswith("AllReduce: wait()") and got["functional"].startswith("all_reduce: a call")
+    assert got["domain"].startswith("comm domain 'd'") and got["mesh"].startswith("mesh:")
