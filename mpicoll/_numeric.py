@@ -36,7 +36,8 @@ def kernels_in_use() -> str:
         return "C (mpicoll._kernels)"
     if os.environ.get("MPICOLL_KERNELS", "1").strip().lower() in ("0", "false", "off", "no", ""):
         return "numpy (MPICOLL_KERNELS=0)"
-    return "numpy (mpicoll._kernels is not built: install with a C compiler, and run from outside the source tree)"
+    return ("numpy (mpicoll._kernels is not built: `pip install .` builds it where a C compiler is found, and "
+            "puts it beside the sources too)")
 
 
 #: elements per cache tile of the numpy float32 reduction (two float32 tiles stay in L2)

@@ -2,6 +2,9 @@
 only the dtype table's dtypes are taken."""
 from __future__ import annotations
 
+import os
+import shutil
+
 import numpy as np
 import pytest
 
@@ -121,3 +124,13 @@ def test_only_the_dtype_table_is_supported():
             assert want is None and "unsupported" in str(exc), dt
         else:
             assert got is want, dt
+
+
+@pytest.mark.skipif(shutil.which("cc") is None and shutil.which("gcc") is None, reason="no C compiler here")
+@pytest.mark.skipif(os.environ.get("MPICOLL_KERNELS", "1").lower() in ("0", "false", "off", "no", ""),
+                    reason="MPICOLL_KERNELS=0")
+def test_the_kernels_run_where_the_readme_runs():
+    """The README's commands run from the repository root, where ``import mpicoll`` is the source
+    tree: the install puts the built kernels there too (setup.py), so they are in use, and the
+    CLI's headers say so."""
+    assert _numeric.kernels_in_use() == "C (mpicoll._kernels)", (_numeric.__file__, _numeric.kernels_in_use())
