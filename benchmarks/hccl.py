@@ -1,12 +1,12 @@
 """The Hccl handle API's cost: a committed-then-waited task against the blocking primitive on the
-same buffers, and the seed's tiled AllGather against the untiled one.
+same buffers, and the tiled AllGather of the Ascend C documentation's example against the untiled one.
 
     mpirun -bind-to core -np 2 python benchmarks/hccl.py [--sizes 65536,1048576,16777216] [--reps 15]
 
 Part 1, per kind and size (float32, ``nbytes`` per rank input, stride 0, repeat 1): blocks of
 ``commit(h); wait(h)`` on a task prepared once, interleaved with blocks of the raw mpi4py call, of
 the primitive operator's ``execute(x, out=y)`` (validation off and on) on the same arrays. Part 2:
-16 MiB of float16 gathered (the output), as the seed tiles it (per rank: 2 tiles of 128/300 of the
+16 MiB of float16 gathered (the output), tiled as Ascend's example does (per rank: 2 tiles of 128/300 of the
 data with ``repeat=2``, a tail of the rest; two tasks, committed, then waited) against one untiled
 task. Blocks are timed as the slowest rank's mean per call (benchmarks/overhead.py); ratios are
 paired within a repetition, median and quartiles over the repetitions.
@@ -86,7 +86,7 @@ def main() -> None:
                 rows.append((name, nbytes, {k: statistics.median(v) for k, v in t.items()},
                              {k: ratio(t, "task", k) for k in ("raw", "pers", "off", "on")}))
                 req.Free()
-    # part 2: the seed's tiling of a 16 MiB float16 AllGather (output size)
+    # part 2: Ascend's example tiling of a 16 MiB float16 AllGather (output size)
     per = (8 << 20) // n                        # float16 elements per rank
     tile = per * 128 // 300
     tail = per - 2 * tile
@@ -114,7 +114,7 @@ def main() -> None:
             print(f"{name:<14}{nbytes:>10}" + "".join(f"{m[k] * 1e6:>9.1f}" for k in ("raw", "pers", "task", "off", "on"))
                   + cells)
         r = ratio(tiles, "tiled", "untiled")
-        print(f"# seed tiling, AllGather of 16 MiB float16 (output), {per} elements per rank as 2 x {tile} + {tail}:")
+        print(f"# Ascend example tiling, AllGather of 16 MiB float16 (output), {per} elements per rank as 2 x {tile} + {tail}:")
         print(f"untiled {statistics.median(tiles['untiled']) * 1e3:.2f} ms, tiled "
               f"{statistics.median(tiles['tiled']) * 1e3:.2f} ms, tiled/untiled {r[1]:.3f} [{r[0]:.2f}-{r[2]:.2f}]")
 
