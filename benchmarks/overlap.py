@@ -9,22 +9,21 @@ of the slowest rank's times): the plan alone (start, wait), the chunked matmul a
 overlapped; and prints comm + compute against overlapped and the fraction of the communication
 hidden, (comm + compute - overlapped) / comm. MPI moves a non-blocking collective on only inside
 MPI calls (MPICH runs no progress thread by default), so the ``test()`` between chunks is what lets
-it advance. BLAS threads are pinned to 1 (OMP_NUM_THREADS) so that ranks sharing cores do not fight.
+it advance. BLAS threads are limited to the cores per rank (threadpoolctl; 1 when the host's ranks
+outnumber its cores) so that ranks sharing cores do not fight.
 """
 from __future__ import annotations
 
 import argparse
-import os
 import statistics
 import time
 
-os.environ.setdefault("OMP_NUM_THREADS", "1")
-os.environ.setdefault("OPENBLAS_NUM_THREADS", "1")
+import numpy as np
+from mpi4py import MPI
 
-import numpy as np  # noqa: E402
-from mpi4py import MPI  # noqa: E402
-
-import mpicoll  # noqa: E402
+import mpicoll
+from mpicoll._domains import world as lib_world
+from mpicoll.ops.fused import _limit, blas_threads
 
 OPS = ["AllReduce", "AllGather", "ReduceScatter", "AllToAll", "Broadcast"]
 
@@ -41,6 +40,8 @@ def main() -> None:
     ap.add_argument("--mib", type=float, default=16, help="MiB of float32 input per rank")
     ap.add_argument("--chunks", type=int, default=48, help="matmul chunks, a test() after each")
     ap.add_argument("--dim", type=int, default=512, help="each chunk multiplies two dim x dim float32 matrices")
+    ap.add_argument("--blas-threads", type=int, default=0,
+                    help="BLAS threads per rank (default 0: the cores per rank of this host)")
     ap.add_argument("--reps", type=int, default=5)
     args = ap.parse_args()
     world = MPI.COMM_WORLD
@@ -49,6 +50,26 @@ def main() -> None:
     x = np.ones(count, np.float32)
     a = np.random.default_rng(rank).standard_normal((args.dim, args.dim)).astype(np.float32)
     c = np.empty_like(a)
+    threads = args.blas_threads or blas_threads(lib_world())   # the cores per rank on this host (collective)
+    with _limit(threads):
+        rows = measure(args, x, a, c)
+    if rank == 0:
+        hosts = len(set(world.gather(MPI.Get_processor_name(), root=0) or []))
+        print(f"# overlap of a started plan with {args.chunks} x matmul {args.dim}^2 (test() between chunks), "
+              f"float32, {args.mib:g} MiB per rank, {n} ranks on {hosts} host(s), BLAS threads per rank {threads}, "
+              f"median of {args.reps}")
+        print(f"{'op':<15}{'comm ms':>9}{'compute ms':>12}{'sum ms':>9}{'overlapped ms':>15}{'hidden':>8}")
+        for name, m in rows:
+            hidden = (m["comm"] + m["compute"] - m["overlapped"]) / m["comm"]
+            print(f"{name:<15}{m['comm']:>9.1f}{m['compute']:>12.1f}{m['comm'] + m['compute']:>9.1f}"
+                  f"{m['overlapped']:>15.1f}{hidden * 100:>7.0f}%")
+    else:
+        world.gather(MPI.Get_processor_name(), root=0)
+
+
+def measure(args, x: np.ndarray, a: np.ndarray, c: np.ndarray) -> list:
+    """Per operator: the median ms of the plan alone, the chunked matmul alone, and both overlapped."""
+    world = MPI.COMM_WORLD
     rows = []
     for name in args.ops.split(","):
         plan = plan_for(name, x)
@@ -79,17 +100,7 @@ def main() -> None:
                 times[k].append(world.allreduce(time.perf_counter() - t0, MPI.MAX))
         plan.free()
         rows.append((name, {k: statistics.median(v) * 1e3 for k, v in times.items()}))
-    if rank == 0:
-        hosts = len(set(world.gather(MPI.Get_processor_name(), root=0) or []))
-        print(f"# overlap of a started plan with {args.chunks} x matmul {args.dim}^2 (test() between chunks), "
-              f"float32, {args.mib:g} MiB per rank, {n} ranks on {hosts} host(s), median of {args.reps}")
-        print(f"{'op':<15}{'comm ms':>9}{'compute ms':>12}{'sum ms':>9}{'overlapped ms':>15}{'hidden':>8}")
-        for name, m in rows:
-            hidden = (m["comm"] + m["compute"] - m["overlapped"]) / m["comm"]
-            print(f"{name:<15}{m['comm']:>9.1f}{m['compute']:>12.1f}{m['comm'] + m['compute']:>9.1f}"
-                  f"{m['overlapped']:>15.1f}{hidden * 100:>7.0f}%")
-    else:
-        world.gather(MPI.Get_processor_name(), root=0)
+    return rows
 
 
 if __name__ == "__main__":

@@ -8,23 +8,22 @@ It times, interleaved and repeated (medians, each the slowest rank's): the AllGa
 wait), the chunked matmul alone, and both overlapped; and prints comm + compute against overlapped,
 and the fraction of the communication hidden: (comm + compute - overlapped) / comm. Over shared
 memory expect nothing hidden (the same cores copy the bytes); over a network (scripts/cluster, or a
-real cluster) the wire time can hide behind the matmul. Set OMP_NUM_THREADS=1 (the script does,
-unless set) so that numpy's BLAS does not compete with the other ranks for the cores.
+real cluster) the wire time can hide behind the matmul. numpy's BLAS threads are limited to the cores
+per rank (threadpoolctl; 1 when the host's ranks outnumber its cores), so that the ranks' BLAS threads
+do not compete for the cores.
 """
 from __future__ import annotations
 
 import argparse
-import os
 import statistics
 import time
 
-os.environ.setdefault("OMP_NUM_THREADS", "1")
-os.environ.setdefault("OPENBLAS_NUM_THREADS", "1")
+import numpy as np
+from mpi4py import MPI
 
-import numpy as np  # noqa: E402
-from mpi4py import MPI  # noqa: E402
-
-from mpicoll import Hccl, HcclDataType  # noqa: E402
+from mpicoll import Hccl, HcclDataType
+from mpicoll._domains import world as lib_world
+from mpicoll.ops.fused import _limit, blas_threads
 
 
 def main() -> None:
@@ -32,6 +31,8 @@ def main() -> None:
     ap.add_argument("--mib", type=float, default=16, help="MiB gathered (the output, float32)")
     ap.add_argument("--chunks", type=int, default=16, help="matmul chunks (a query() after each)")
     ap.add_argument("--dim", type=int, default=512, help="each chunk multiplies two dim x dim float32 matrices")
+    ap.add_argument("--blas-threads", type=int, default=0,
+                    help="BLAS threads per rank (default 0: the cores per rank of this host)")
     ap.add_argument("--reps", type=int, default=7)
     args = ap.parse_args()
     world = MPI.COMM_WORLD
@@ -41,8 +42,9 @@ def main() -> None:
     y = np.empty(per * n, np.float32)
     a = np.random.default_rng(rank).standard_normal((args.dim, args.dim)).astype(np.float32)
     c = np.empty_like(a)
+    threads = args.blas_threads or blas_threads(lib_world())   # the cores per rank on this host (collective)
 
-    with Hccl().init() as hccl:
+    with Hccl().init() as hccl, _limit(threads):
         h = hccl.all_gather(x, y, per, HcclDataType.FP32)
 
         def comm_only() -> None:
@@ -76,7 +78,7 @@ def main() -> None:
         m = {k: statistics.median(v) * 1e3 for k, v in times.items()}
         hidden = (m["comm"] + m["compute"] - m["overlapped"]) / m["comm"]
         print(f"# Hccl AllGather of {per * n * 4 / (1 << 20):.1f} MiB (float32) beside {args.chunks} x matmul "
-              f"{args.dim}^2, {n} ranks, median of {args.reps}")
+              f"{args.dim}^2, {n} ranks, BLAS threads per rank {threads}, median of {args.reps}")
         print(f"comm {m['comm']:.2f} ms + compute {m['compute']:.2f} ms = {m['comm'] + m['compute']:.2f} ms; "
               f"overlapped {m['overlapped']:.2f} ms; hidden {max(hidden, 0.0) * 100:.0f}% of the communication "
               f"({hidden * 100:+.0f}%)")
