@@ -106,3 +106,9 @@ def agreed(fn, comm=WORLD):
     failed = {r: e for r, e in enumerate(everyone) if e is not None}
     if failed:
         raise AssertionError("failed on " + "; ".join(f"rank {r}: {e}"[:2000] for r, e in failed.items()))
+
+
+def on(ranks) -> str:
+    """How an error names the ranks that broke one rule alike: ``on rank 2``, ``on ranks [0, 1, 2]``."""
+    ranks = list(ranks)
+    return f"on rank {ranks[0]}" if len(ranks) == 1 else f"on ranks {ranks}"
