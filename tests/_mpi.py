@@ -29,6 +29,17 @@ def mpirun(np_: int, *args: str) -> list[str]:
     return cmd + ["-np", str(np_), *args]
 
 
+def await_word(stream, word: str, times: int) -> None:
+    """Read a job's ``stream`` until ``word`` has appeared ``times`` times. The launcher forwards
+    each rank's output as it comes, so two ranks' lines may arrive run together ("runningrunning"
+    then a bare newline): count the word, never the lines. Fails if the job ends first."""
+    seen = 0
+    while seen < times:
+        line = stream.readline()
+        assert line, f"the job ended after {seen} of {times} '{word}'"
+        seen += line.count(word)
+
+
 #: what the outer job's launcher puts in a rank's environment (a nested launcher would take it for
 #: its own job): MPICH/hydra, Open MPI/PRRTE/PMIx
 _LAUNCHER_VARS = ("PMI_", "HYD", "MPI_LOCAL", "PMIX_", "PRTE_", "OMPI_")

@@ -14,7 +14,7 @@ import time
 import pytest
 from mpi4py import MPI
 
-from _mpi import OPEN_MPI, launch_env, mpirun, remove, run_job
+from _mpi import OPEN_MPI, await_word, launch_env, mpirun, remove, run_job
 
 pytestmark = [pytest.mark.mpi(min_size=1),
               pytest.mark.skipif(MPI.COMM_WORLD.Get_size() != 1, reason="runs its own mpirun jobs once")]
@@ -89,8 +89,7 @@ def test_ctrl_c_in_a_plan_loop_ends_the_job_and_leaves_nothing(tmp_path, runner)
     job = subprocess.Popen(mpirun(3, sys.executable, *runner, str(script)), env=launch_env(), text=True,
                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, start_new_session=True)
     try:
-        for _ in range(3):
-            assert "running" in job.stdout.readline()
+        await_word(job.stdout, "running", 3)
         time.sleep(0.5)
         t0 = time.monotonic()
         os.killpg(job.pid, signal.SIGINT)

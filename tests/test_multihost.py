@@ -17,7 +17,7 @@ from pathlib import Path
 import pytest
 from mpi4py import MPI
 
-from _mpi import launch_env
+from _mpi import await_word, launch_env
 
 ROOT = Path(__file__).resolve().parent.parent
 _loader = importlib.machinery.SourceFileLoader("mpicoll_cluster", str(ROOT / "scripts" / "cluster"))
@@ -181,7 +181,7 @@ def test_a_lost_link_ends_the_job_within_the_timeout(tmp_path):
                             "--", sys.executable, str(script)], cwd=ROOT, env=env, stdout=subprocess.PIPE,
                            stderr=subprocess.PIPE, text=True)
     try:
-        assert "looping" in job.stdout.readline()                  # (both ranks print it)
+        await_word(job.stdout, "looping", 2)
         subprocess.run(["ip", "netns", "exec", cluster.host_ns(2), "ip", "link", "set", "eth0", "down"], check=True)
         down = time.monotonic()
         _, err = job.communicate(timeout=60)
@@ -219,11 +219,7 @@ def test_sigint_to_a_run_stops_the_job_says_so_and_leaves_nothing(tmp_path):
                             sys.executable, str(script)], cwd=ROOT, env=launch_env(), stdout=subprocess.PIPE,
                            stderr=subprocess.PIPE, text=True)
     try:
-        seen = 0
-        while seen < 4:                                  # (the bed's own lines come first)
-            line = job.stdout.readline()
-            assert line, "the job ended before every rank ran"
-            seen += line.startswith("running")
+        await_word(job.stdout, "running", 4)              # (the bed's own lines come first)
         job.send_signal(signal.SIGINT)
         _, err = job.communicate(timeout=60)
     finally:
