@@ -2,7 +2,7 @@
 same arrays, same run.
 
     mpirun -bind-to core -np 2 python benchmarks/overhead.py [--sizes 8,65536,16777216] [--reps 21] [--ops AllReduce,...]
-                                                               [--min-iters 10]
+                                                               [--min-iters 10] [--max-iters 4000]
 
 (``-bind-to core``, Open MPI ``--bind-to core``: unbound, more ranks than cores are moved by the
 scheduler and synchronizing calls change speed from run to run; docs/benchmark.md.)
@@ -120,6 +120,8 @@ def main() -> None:
     ap.add_argument("--ops", default="")
     ap.add_argument("--min-iters", type=int, default=10,
                     help="calls per timed block at least (16 MiB: 10 calls, blocks of 50-400 ms)")
+    ap.add_argument("--max-iters", type=int, default=4000,
+                    help="calls per timed block at most (small sizes; lower it when ranks outnumber cores)")
     args = ap.parse_args()
     if args.reps < 2:
         ap.error("--reps must be >= 2 (the quartiles need two repetitions)")
@@ -128,7 +130,7 @@ def main() -> None:
     wanted = set(filter(None, args.ops.split(",")))
     rows = []
     for nbytes in (int(s) for s in args.sizes.split(",")):
-        iters = max(args.min_iters, min(4000, int(2e9 // max(nbytes, 1) // 100)))     # blocks of >= ~10 ms
+        iters = max(args.min_iters, min(args.max_iters, int(2e9 // max(nbytes, 1) // 100)))   # blocks of >= ~10 ms
         for c in cases(raw_comm, nbytes):
             if wanted and c.name not in wanted:
                 continue

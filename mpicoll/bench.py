@@ -15,18 +15,20 @@ import platform
 import socket
 import statistics
 import sys
+import threading
 import time
 from dataclasses import dataclass, field
 
 import numpy as np
 from mpi4py import MPI
 
-from . import ops as _ops  # noqa: F401 - registers the operators
+from . import __version__, ops as _ops  # noqa: F401 - registers the operators
 from ._domains import declare_domains, domain, domain_members, world as lib_world
 from ._dtypes import DTYPES, REDUCE_OPS
 from ._golden import BENCHES, BenchCase, count_wrong
 from ._validate import validate_default
 from .check import UsageError
+from .run import Parser, epilog, kernels_summary, on_ctrl_c, version_text
 
 _SUFFIX = {"": 1, "K": 1024, "M": 1024 ** 2, "G": 1024 ** 3}
 
@@ -62,9 +64,20 @@ def bus_factor(name: str, n: int) -> float:
     return BENCHES[name].bus_factor(n)
 
 
+BENCH_EPILOG = """\
+examples:
+  mpirun -np 2 python -m mpicoll.run bench -b 8 -e 64M -f 4 --compare mpi4py
+  mpirun -np 4 python -m mpicoll.run bench --op AllReduce -d float16 --plan --json rows.json --plot busbw.png
+Ctrl-C: one line, the rows measured so far written to --json, exit status 130.
+"""
+
+
 def build_parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog="python -m mpicoll.run bench",
-                                description="nccl-tests-style sweep of mpicoll's operators (run under mpirun).")
+    p = Parser(prog="python -m mpicoll.run bench", formatter_class=argparse.RawDescriptionHelpFormatter,
+               description="nccl-tests-style sweep of mpicoll's operators (run under mpirun).",
+               epilog=epilog(BENCH_EPILOG))
+    p.add_argument("--version", action="version", version=version_text(),
+                   help="print mpicoll's version and the numeric kernels in use, and exit")
     p.add_argument("--op", default="all", help="operator name(s), comma-separated, or all (default)")
     p.add_argument("-b", "--minbytes", type=parse_size, default=parse_size("8"), help="smallest size (default 8)")
     p.add_argument("-e", "--maxbytes", type=parse_size, default=parse_size("32M"), help="largest size (default 32M)")
@@ -86,8 +99,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--compare", default="", help="also time mpi4py and/or gloo: e.g. mpi4py,gloo")
     p.add_argument("--reps", type=int, default=None,
                    help="interleaved repetitions per point (median kept; default 1, or 3 with --compare)")
-    p.add_argument("--json", help="write every row to this JSON file")
-    p.add_argument("--plot", help="draw busbw vs size to this PNG (needs the plot extra)")
+    p.add_argument("--json", help="write every row to this JSON file (on Ctrl-C: the rows measured so far)")
+    p.add_argument("--plot", help="draw busbw vs size to this PNG, log-log (needs matplotlib: the plot extra)")
     p.add_argument("--quiet", action="store_true", help="no progress on stderr")
     return p
 
@@ -179,6 +192,9 @@ def run_bench(argv: list[str] | None = None) -> int:
     raw_comm = MPI.COMM_WORLD.Split(colors[me] if active else MPI.UNDEFINED, me)
     comm = (domain(dom) if dom else world) if active else None
     printer = active and comm.Get_rank() == 0 and colors[me] == min(c for c in colors if c >= 0)
+    if args.plot:
+        _plot_usable(world, printer)
+    hosts = list(dict.fromkeys(comm.allgather(MPI.Get_processor_name()))) if active else []
     gloo = None
     if "gloo" in compare:
         try:
@@ -188,26 +204,45 @@ def run_bench(argv: list[str] | None = None) -> int:
                 sys.stderr.write("--compare gloo: torch is not installed: pip install '.[compare]' "
                                  "(torch==2.13.0, CPU build)\n")
             compare.remove("gloo")
-    rows: list[Row] = []
-    if printer and len(placement["hosts"]) > 1:
-        print(f"# {nworld} ranks on {len(placement['hosts'])} hosts: {', '.join(placement['hosts'])}", flush=True)
+    kernels = kernels_summary(world)
+    if printer:
+        print(f"# mpicoll {__version__} bench: {nworld} ranks on {_hosts_text(placement['hosts'])}; "
+              f"numeric kernels: {kernels}", flush=True)
     if printer and placement["oversubscribed"] and not placement["bound"]:
         print(f"# note: {placement['local_ranks']} ranks share {placement['cores']} cores here and are not bound "
               "to cores: the scheduler moves them between calls, so the timings (and the ratios of synchronizing "
               "calls) change from run to run; bind them (MPICH: mpirun -bind-to core, Open MPI: --bind-to core)",
               flush=True)
+    rows: list[Row] = []           # filled point by point: what Ctrl-C saves
+    progress = printer and not args.quiet and sys.stderr.isatty()
+    saving, saved = threading.Lock(), []
+
+    def save(interrupted: bool) -> None:
+        """Write the JSON once (the main thread after the sweep, or Ctrl-C's thread: whichever
+        comes first; a write that Ctrl-C cut short is done again)."""
+        with saving:
+            if args.json and not saved:
+                _write_json(args, list(rows), comm.Get_size(), compare, validate, placement, kernels, interrupted)
+                saved.append(True)
+
+    def last_words() -> str:       # Ctrl-C, on the printing rank, from run.ctrl_c_ends_the_job's thread
+        count = len(rows)
+        save(interrupted=True)
+        where = f"; the rows measured so far are in {args.json}" if args.json else ""
+        clear = "\r" + " " * 60 + "\r" if progress else ""      # (the progress line)
+        return f"{clear}python -m mpicoll.run bench: interrupted (Ctrl-C) after {count} point(s){where}"
+    on_ctrl_c(printer, last_words)
     if active:
-        rows = _sweep(args, ops, dtypes, redops, compare, reps, validate, comm, raw_comm, dom, gloo, printer)
+        _sweep(args, ops, dtypes, redops, compare, reps, validate, comm, raw_comm, dom, gloo, printer, rows, progress)
     any_wrong = sum((r.wrong or 0) + (r.ip_wrong or 0) for r in rows)
     if printer:
         bws = [b for r in rows for b in (r.busbw, r.ip_busbw) if b is not None]
         print(f"# Out of bounds values : {any_wrong} {'OK' if any_wrong == 0 else 'FAILED'}")
         print(f"# Avg bus bandwidth    : {statistics.fmean(bws) if bws else 0:.4g}")
         print("#", flush=True)
-        if args.json:
-            _write_json(args, rows, comm.Get_size(), compare, validate, placement)
+        save(interrupted=False)
         if args.plot:
-            _plot(args.plot, rows, comm.Get_size(), compare)
+            _plot(args.plot, rows, comm.Get_size(), compare, mode=_mode(args.plan, validate), hosts=hosts)
     if gloo is not None:
         gloo.close()
     if raw_comm != MPI.COMM_NULL:
@@ -252,10 +287,10 @@ def _layout(args, me: int, nworld: int) -> tuple[list[int], str]:
     return [0] * nworld, ""
 
 
-def _sweep(args, ops, dtypes, redops, compare, reps, validate, comm, raw_comm, dom, gloo, printer) -> list[Row]:
+def _sweep(args, ops, dtypes, redops, compare, reps, validate, comm, raw_comm, dom, gloo, printer, rows,
+           progress) -> None:
+    """Time every point, appending its row to ``rows`` as soon as it is measured."""
     n, rank = comm.Get_size(), comm.Get_rank()
-    progress = printer and not args.quiet and sys.stderr.isatty()
-    rows = []
     for name in ops:
         spec = BENCHES[name]
         mult = max(spec.count_multiple(n), 1)
@@ -284,7 +319,6 @@ def _sweep(args, ops, dtypes, redops, compare, reps, validate, comm, raw_comm, d
                         print(_format(row, compare), flush=True)
     if progress:
         sys.stderr.write("\r" + " " * 60 + "\r")
-    return rows
 
 
 def _point(spec, name, case, args, compare, gloo, reps, comm) -> Row:
@@ -427,10 +461,10 @@ def _format(r: Row, compare) -> str:
     return s
 
 
-def _write_json(args, rows, n, compare, validate, placement) -> None:
+def _write_json(args, rows, n, compare, validate, placement, kernels, interrupted=False) -> None:
     import mpi4py
     doc = {"command": args.command_line, "ratio": "mpicoll/peer", "ranks": n, "validate": validate, "plan": args.plan, "compare": compare,
-           "placement": placement,
+           "placement": placement, "interrupted": interrupted, "mpicoll": __version__, "kernels": kernels,
            "mpi": MPI.Get_library_version().splitlines()[0], "mpi4py": mpi4py.__version__, "numpy": np.__version__,
            "python": platform.python_version(), "host": platform.node(), "cpus": os.cpu_count(),
            "rows": [r.__dict__ for r in rows]}
@@ -438,31 +472,81 @@ def _write_json(args, rows, n, compare, validate, placement) -> None:
         json.dump(doc, fh, indent=1)
 
 
-def _plot(path: str, rows: list[Row], n: int, compare: list[str]) -> None:
-    try:
-        import matplotlib
-        matplotlib.use("Agg")
-        import matplotlib.pyplot as plt
-    except ImportError:
-        sys.stderr.write("--plot needs matplotlib: pip install '.[plot]'\n")
-        return
+def _hosts_text(hosts: list[str], most: int = 8) -> str:
+    """``vm``, ``2 hosts: a, b``; past ``most`` hosts the first ones and how many more."""
+    if len(hosts) == 1:
+        return hosts[0]
+    names = ", ".join(hosts[:most]) + (f", ... ({len(hosts) - most} more)" if len(hosts) > most else "")
+    return f"{len(hosts)} hosts: {names}"
+
+
+def _mode(plan: bool, validate: bool) -> str:
+    """What was timed: ``plan.run()`` or ``execute()``, and whether validation was on."""
+    return f"{'plan.run()' if plan else 'execute()'}, validation {'on' if validate else 'off'}"
+
+
+def size_label(nbytes: float) -> str:
+    """A size for an axis: ``8 B``, ``1 KiB``, ``64 MiB``, ``1.5 GiB`` (powers of 1024)."""
+    for unit, k in (("TiB", 1 << 40), ("GiB", 1 << 30), ("MiB", 1 << 20), ("KiB", 1 << 10)):
+        if nbytes >= k:
+            return f"{nbytes / k:g} {unit}"
+    return f"{nbytes:g} B"
+
+
+def _pyplot():
+    """matplotlib's pyplot, drawing to files (Agg). Raises ImportError when it is not installed."""
+    import matplotlib
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    return plt
+
+
+def _plot_usable(world: MPI.Comm, printer: bool) -> None:
+    """Before the sweep (collective over ``world``): the rank that will draw ``--plot`` can import
+    matplotlib, else a usage error on every rank."""
+    why = None
+    if printer:
+        try:
+            _pyplot()
+            why = ""
+        except ImportError as exc:
+            why = (f"which world rank {world.Get_rank()} (on {MPI.Get_processor_name()}, where the plot is drawn) "
+                   f"cannot import ({exc})")
+    verdict = next((w for w in world.allgather(why) if w is not None), "")
+    if verdict:
+        raise UsageError(f"--plot needs matplotlib, {verdict}: pip install '.[plot]' (or pip install matplotlib)")
+
+
+def _plot(path: str, rows: list[Row], n: int, compare: list[str], *, mode: str | None = None,
+          hosts: list[str] | None = None) -> None:
+    """Draw busbw vs size, one panel per operator, log-log, to the PNG ``path``; the title says
+    ``mode`` (:func:`_mode`), the rank count ``n`` and the ``hosts`` when given."""
+    plt = _pyplot()
+    fig, title = _figure(plt, rows, n, compare, mode, hosts)
+    fig.savefig(path, dpi=110, metadata={"Title": title, "Software": f"mpicoll {__version__}"})
+    plt.close(fig)
+
+
+def _figure(plt, rows: list[Row], n: int, compare: list[str], mode: str | None, hosts: list[str] | None):
+    """The figure of :func:`_plot` and its title."""
+    from matplotlib.ticker import FixedLocator, FuncFormatter, NullFormatter, NullLocator
     ops = list(dict.fromkeys(r.op for r in rows))
     dtypes = sorted({r.type for r in rows})
-    cols = min(3, len(ops))
-    nrows = -(-len(ops) // cols)
+    cols = max(1, min(3, len(ops)))
+    nrows = max(1, -(-len(ops) // cols))
     fig, axes = plt.subplots(nrows, cols, figsize=(5.2 * cols, 3.8 * nrows), squeeze=False)
     colors = {"mpicoll": "tab:blue", "mpicoll in-place": "tab:cyan", "mpi4py": "tab:orange", "gloo": "tab:green"}
     for ax, op in zip(axes.flat, ops):
         mine = [r for r in rows if r.op == op and r.size > 0]
-        factor = BENCHES[op].bus_factor(n)
+        factor = BENCHES[op].bus_factor(n) if op in BENCHES else None
         series: dict[str, dict[int, list[float]]] = {}      # implementation -> size -> busbw per dtype
         for r in mine:
             values = {"mpicoll": r.busbw, "mpicoll in-place": r.ip_busbw}
             for c in compare:
                 t = r.compare.get(c)
-                values[c] = r.size / (t * 1e-6) / 1e9 * factor if t else None
+                values[c] = r.size / (t * 1e-6) / 1e9 * factor if t and factor is not None else None
             for label, bw in values.items():
-                if bw is not None:
+                if bw is not None and bw > 0:                 # (log scale: a 0 has no place; n/a is not drawn)
                     series.setdefault(label, {}).setdefault(r.size, []).append(bw)
         for label, by_size in series.items():
             sizes = sorted(by_size)
@@ -471,15 +555,41 @@ def _plot(path: str, rows: list[Row], n: int, compare: list[str]) -> None:
             if len(dtypes) > 1:   # one line per implementation: the median over the dtypes, their range shaded
                 ax.fill_between(sizes, [min(by_size[s]) for s in sizes], [max(by_size[s]) for s in sizes],
                                 color=colors.get(label), alpha=0.15, lw=0)
-        ax.set_xscale("log", base=2)
         ax.set_title(op)
-        ax.set_xlabel("size (bytes)")
+        ax.set_xlabel("size")
         ax.set_ylabel("bus bandwidth (GB/s)")
-        ax.grid(True, alpha=0.3)
+        if not series:
+            ax.text(0.5, 0.5, "no bus traffic to draw" + (" (bus factor 0 at 1 rank)" if n == 1 else ""),
+                    ha="center", va="center", transform=ax.transAxes, fontsize=8)
+            continue
+        ax.set_xscale("log", base=2)
+        ax.set_yscale("log")
+        sizes = sorted({s for by_size in series.values() for s in by_size})
+        ax.xaxis.set_major_locator(FixedLocator(_size_ticks(sizes[0], sizes[-1])))
+        ax.xaxis.set_major_formatter(FuncFormatter(lambda v, _: size_label(v)))
+        ax.xaxis.set_minor_locator(NullLocator())
+        ax.xaxis.set_minor_formatter(NullFormatter())
+        ax.yaxis.set_major_formatter(FuncFormatter(lambda v, _: f"{v:g}"))
+        ax.tick_params(axis="x", labelsize=7)
+        ax.grid(True, which="major", alpha=0.3)
         ax.legend(fontsize=7, loc="upper left")
     for ax in list(axes.flat)[len(ops):]:
         ax.axis("off")
     what = dtypes[0] if len(dtypes) == 1 else f"median over {', '.join(dtypes)} (shaded: their range)"
-    fig.suptitle(f"mpicoll vs {', '.join(compare) or 'itself'}: bus bandwidth vs size, {n} ranks, {what}")
+    where = f"{n} ranks" + (f" on {_hosts_text(hosts)}" if hosts else "")
+    title = (f"mpicoll vs {', '.join(compare) or 'itself'}: bus bandwidth vs size, "
+             f"{mode + ', ' if mode else ''}{where}, {what}")
+    fig.suptitle(title, fontsize=9)
     fig.tight_layout()
-    fig.savefig(path, dpi=110)
+    return fig, title
+
+
+def _size_ticks(low: int, high: int, most: int = 8) -> list[int]:
+    """Powers of 2 spanning ``low`` .. ``high``, at most ``most``: every one, or every 2nd, 5th,
+    10th, ... exponent, aligned so that 1 KiB, 1 MiB and 1 GiB are among them."""
+    first, last = max(int(low), 1).bit_length() - 1, (max(int(high), 1) - 1).bit_length()
+    for step in (1, 2, 5, 10, 20, 50):
+        exponents = range(first + (-first % step), last + 1, step)
+        if len(exponents) <= most:
+            break
+    return [2 ** e for e in exponents]

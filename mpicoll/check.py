@@ -98,9 +98,12 @@ def run_checks(ops: list[str] | None = None, dtypes: list[str] | None = None, *,
     return rows
 
 
-def format_rows(rows: list[CheckRow], nranks: int) -> str:
-    lines = [f"# mpicoll check: {nranks} rank(s); wrong elements summed over ranks",
-             f"{'operator':<18}{'dtypes':>7}{'cases':>7}{'checks':>8}{'wrong':>8}{'time(s)':>9}  result"]
+def format_rows(rows: list[CheckRow], nranks: int, kernels: str | None = None) -> str:
+    """The check's table; ``kernels``: the numeric kernels the ranks use, for the header."""
+    lines = [f"# mpicoll check: {nranks} rank(s); wrong elements summed over ranks"]
+    if kernels:
+        lines.append(f"# numeric kernels: {kernels}")
+    lines.append(f"{'operator':<18}{'dtypes':>7}{'cases':>7}{'checks':>8}{'wrong':>8}{'time(s)':>9}  result")
     for r in rows:
         lines.append(f"{r.op:<18}{r.dtypes:>7}{r.cases:>7}{r.checks:>8}{r.wrong:>8}{r.seconds:>9.2f}  "
                      f"{'ok' if r.wrong == 0 else 'WRONG'}")

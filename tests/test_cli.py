@@ -38,6 +38,8 @@ def test_demo_prints_the_documented_examples_in_rank_order():
 def test_help_and_list():
     res = run(1, "-m", "mpicoll.run", "--help")
     assert res.returncode == 0 and "--log-dir" in res.stdout and "--demo" in res.stdout
+    from mpicoll._numeric import kernels_in_use
+    assert f"numeric kernels: {kernels_in_use()}\nmore: docs/cli.md" in res.stdout and "--version" in res.stdout
     res = run(2, "-m", "mpicoll.run", "list")
     assert res.returncode == 0 and res.stdout.count("operators:") == 1 and "bfloat16" in res.stdout
 
@@ -124,8 +126,9 @@ def test_demo_at_four_ranks_runs_the_two_rank_example_in_pairs():
 def test_an_uncaught_error_under_plain_python_prints_only_the_error(tmp_path):
     """``mpirun -np 4 python script.py`` (not ``-m mpi4py``) whose ranks raise an uncaught
     CollectiveError after mpicoll made its communicators and the watchdog's windows: stderr holds
-    the tracebacks and nothing from the MPI library (MPICH/UCX used to print dozens of 'UCX WARN
-    ... was not returned to mpool' lines for the windows left behind)."""
+    the error (one traceback, one line for each other rank: mpicoll's excepthook) and nothing from
+    the MPI library (MPICH/UCX used to print dozens of 'UCX WARN ... was not returned to mpool'
+    lines for the windows left behind)."""
     script = tmp_path / "fails.py"
     script.write_text(textwrap.dedent("""
         import numpy as np
@@ -141,10 +144,55 @@ def test_an_uncaught_error_under_plain_python_prints_only_the_error(tmp_path):
                          env=launch_env(MPICOLL_TIMEOUT="60"))
     assert res.returncode != 0
     lines = [ln for ln in res.stderr.splitlines() if ln.strip()]
-    assert sum("rank_size=7" in ln and "CollectiveArgumentError" in ln for ln in lines) == 4, res.stderr
+    assert sum("rank_size=7" in ln and "CollectiveArgumentError" in ln for ln in lines) == 1, res.stderr
+    assert sum("the same mpicoll.CollectiveArgumentError as world rank 0" in ln for ln in lines) == 3, res.stderr
     # (Open MPI prints one "OSC UCX component priority ... failed" line per rank when the watchdog's
     # window is made: its UCX one-sided component declining; docs/reliability.md)
     library = [ln for ln in lines if ("UCX" in ln or "mpool" in ln or "WARN" in ln) and not (OPEN_MPI and "osc_ucx" in ln)]
     assert library == [], library
     lines = [ln for ln in lines if "osc_ucx" not in ln]
-    assert len(lines) <= 4 * 20, res.stderr           # four tracebacks of a few frames each
+    assert len(lines) <= 20 + 3, res.stderr           # one traceback of a few frames, one line per other rank
+
+
+def test_bench_help_and_usage_errors_print_once_per_job():
+    """``bench --help`` and a bench usage error print once per job (world rank 0), as the top-level
+    ``--help`` does; every rank exits alike (0 for --help, 2 for a usage error)."""
+    res = run(2, "-m", "mpicoll.run", "bench", "--help")
+    assert res.returncode == 0, res.stderr
+    assert res.stdout.count("usage: python -m mpicoll.run bench") == 1, res.stdout
+    assert res.stdout.count("--maxbytes") == 1 and "Ctrl-C" in res.stdout
+    for bad, says in ((["--bogus"], "unrecognized arguments: --bogus"),                 # argparse's errors
+                      (["--op", "AllReduceX"], "unknown operator: AllReduceX")):      # the harness' own
+        res = run(2, "-m", "mpicoll.run", "bench", *bad)
+        assert res.returncode == 2, (bad, res.stderr)
+        assert res.stderr.count(says) == 1 and res.stderr.count("error:") == 1, (bad, res.stderr)
+        assert res.stderr.count("usage:") == (1 if bad[0] == "--bogus" else 0), (bad, res.stderr)
+
+
+def test_kernels_in_use_in_the_headers_help_and_version():
+    """Which numeric kernels run (C, or numpy and why): in the check and bench headers (every rank's,
+    grouped when they differ), in ``--help`` (test_help_and_list) and ``--version`` (once per job)."""
+    import mpicoll
+    from mpicoll._numeric import kernels_in_use
+    here = kernels_in_use()           # (the jobs import the same mpicoll, with the same environment)
+    res = run(2, "-m", "mpicoll.run", "--version")
+    assert res.returncode == 0, res.stderr
+    assert res.stdout.startswith(f"mpicoll {mpicoll.__version__} (mpi4py ") and res.stdout.count("mpicoll ") == 1
+    assert res.stdout.rstrip().endswith(f"; numeric kernels: {here}"), res.stdout
+    res = subprocess.run(mpirun(2, sys.executable, "-m", "mpicoll.run", "bench", "--op", "AllReduce", "-b", "8", "-e",
+                                "8", "-n", "1", "-w", "0"), capture_output=True, text=True, timeout=120,
+                         env=launch_env(MPICOLL_KERNELS="0"))
+    assert res.returncode == 0, res.stderr
+    first = res.stdout.splitlines()[0]
+    assert first.startswith(f"# mpicoll {mpicoll.__version__} bench: 2 ranks on ") and \
+        first.endswith("; numeric kernels: numpy (MPICOLL_KERNELS=0)"), res.stdout
+    check = [sys.executable, "-m", "mpicoll.run", "--op", "Broadcast", "--dtype", "int32"]
+    if OPEN_MPI:
+        cmd, says = mpirun(2, *check), here
+    else:                             # ranks that differ: MPICH's MPMD form, -env for one of them
+        cmd = mpirun(1, "-env", "MPICOLL_KERNELS", "0", *check) + [":", "-np", "1", *check]
+        says = here if here.startswith("numpy (MPICOLL_KERNELS=0)") else \
+            f"numpy (MPICOLL_KERNELS=0) on ranks [0]; {here} on ranks [1]"
+    res = subprocess.run(cmd, capture_output=True, text=True, timeout=120, env=launch_env())
+    assert res.returncode == 0, res.stderr
+    assert res.stdout.splitlines()[1] == f"# numeric kernels: {says}", res.stdout

@@ -20,6 +20,9 @@ ROOT = Path(__file__).resolve().parent.parent
 EXAMPLES = sorted((ROOT / "docs" / "examples").glob("*.py"))
 #: examples that need a given rank count (the fused MoE layer: a 2 x 2 mesh)
 ONLY = {"fused": 4}
+#: lines an example must print whole, one per line, at ``n`` ranks (lines printed by several ranks at
+#: once used to run together: "rank 0: hccl example okrank 3: ...")
+LINES = {"hccl": lambda n: [f"rank {r}: hccl example ok" for r in range(n)]}
 
 pytestmark = [pytest.mark.mpi(min_size=1),
               pytest.mark.skipif(MPI.COMM_WORLD.Get_size() != 1, reason="runs its own mpirun jobs once")]
@@ -46,3 +49,6 @@ def test_example_runs(script: Path, nprocs: int):
         pytest.fail(f"{' '.join(cmd)}: timed out after 60 s\nstdout:\n{out}\nstderr:\n{err}")
     assert proc.returncode == 0, f"{' '.join(cmd)}: exit status {proc.returncode}\n{out}\n{err}"
     assert out.strip(), f"{' '.join(cmd)}: printed nothing"
+    printed = out.splitlines()
+    for line in LINES.get(script.stem, lambda n: [])(nprocs):
+        assert line in printed, f"{' '.join(cmd)}: no line {line!r} in\n{out}"
