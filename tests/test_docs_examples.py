@@ -5,6 +5,7 @@ subprocess ``mpirun`` with a time limit, launched once, from a pytest world of s
 """
 from __future__ import annotations
 
+import importlib.util
 import os
 import signal
 import subprocess
@@ -20,6 +21,8 @@ ROOT = Path(__file__).resolve().parent.parent
 EXAMPLES = sorted((ROOT / "docs" / "examples").glob("*.py"))
 #: examples that need a given rank count (the fused MoE layer: a 2 x 2 mesh)
 ONLY = {"fused": 4}
+#: examples that need an optional extra: skipped, with the reason, where it is not installed
+NEEDS = {"torch_ddp": "torch"}
 #: lines an example must print whole, one per line, at ``n`` ranks (lines printed by several ranks at
 #: once used to run together: "rank 0: hccl example okrank 3: ...")
 LINES = {"hccl": lambda n: [f"rank {r}: hccl example ok" for r in range(n)]}
@@ -35,6 +38,9 @@ def test_examples_exist():
 @pytest.mark.parametrize("nprocs", [2, 4])
 @pytest.mark.parametrize("script", EXAMPLES, ids=[p.stem for p in EXAMPLES])
 def test_example_runs(script: Path, nprocs: int):
+    extra = NEEDS.get(script.stem)
+    if extra and importlib.util.find_spec(extra) is None:
+        pytest.skip(f"{script.name} needs {extra}: pip install '.[{extra}]'")
     if ONLY.get(script.stem, nprocs) != nprocs:
         pytest.skip(f"{script.name} needs {ONLY[script.stem]} ranks")
     cmd = mpirun(nprocs, sys.executable, str(script.relative_to(ROOT)))

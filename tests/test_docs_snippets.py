@@ -6,6 +6,7 @@ HTML comment directly above its fence (invisible on the rendered page) can say m
 
     <!-- snippet: skip (a signature, not code) -->    not run; pytest reports the reason (-rs)
     <!-- snippet: np=4 -->                           run under mpirun -np 4 instead of 2
+    <!-- snippet: needs torch -->                    skipped, with the reason, where torch is not installed
     <!-- snippet: setup
     import numpy as np                               lines run first, in the block's namespace
     x = np.ones(4, np.float32)                       (for a fragment: its inputs, imports, helpers)
@@ -47,6 +48,7 @@ class Snippet:
     code: str
     np: int = DEFAULT_NP
     skip: str = ""             # the reason, if skipped
+    needs: str = ""            # a module it imports that an optional extra brings
     setup: str = ""
     setup_line: int = 0        # the page's line of the setup's first line
 
@@ -93,11 +95,13 @@ def parse(path: Path) -> list[Snippet]:
                     snip.skip = rest[1:-1]
                 elif word == "setup" and not rest:
                     snip.setup, snip.setup_line = "\n".join(body), where + 1
+                elif word == "needs" and re.fullmatch(r"[A-Za-z_][\w.]*", rest):
+                    snip.needs = rest
                 elif word == "np" and re.fullmatch(r"=\s*[1-9]\d*", rest):
                     snip.np = int(rest[1:])
                 else:
                     raise ValueError(f"{page}:{where}: unknown snippet comment {word!r} {rest!r} "
-                                     "(skip (reason), np=N, setup)")
+                                     "(skip (reason), np=N, needs MODULE, setup)")
             pending = []
             found.append(snip)
             i = j + 1
@@ -133,6 +137,11 @@ def _run_one(snip: Snippet) -> None:
         exec(_compiled(snip.code, snip.page, snip.line + 1), ns)  # noqa: S102 - the page's own code
 
 
+def _importable(module: str) -> bool:
+    import importlib.util
+    return not module or importlib.util.find_spec(module) is not None
+
+
 def run_page(page: str, np_: int, results: Path) -> None:
     """Run the page's blocks for ``np_`` ranks, in order; rank 0 appends ``ok LINE`` to
     ``results/done`` after each block has passed on every rank. A failing rank writes the
@@ -141,7 +150,7 @@ def run_page(page: str, np_: int, results: Path) -> None:
     world = MPI.COMM_WORLD
     rank = world.Get_rank()
     for snip in parse(ROOT / page):
-        if snip.skip or snip.np != np_:
+        if snip.skip or snip.np != np_ or not _importable(snip.needs):
             continue
         try:
             _run_one(snip)
@@ -208,6 +217,8 @@ def test_snippets_found():
 def test_snippet(snip: Snippet, tmp_path_factory):
     if snip.skip:
         pytest.skip(f"{snip.id}: {snip.skip}")
+    if not _importable(snip.needs):
+        pytest.skip(f"{snip.id}: needs {snip.needs}, which is not installed (an optional extra)")
     job = _job(snip.page, snip.np, tmp_path_factory)
     if snip.line in job["passed"]:
         return

@@ -76,6 +76,18 @@ def test_ranks_on_distinct_hosts_and_bytes_cross_the_links(hosts, nprocs):
         assert 0.98 * model <= sent <= 1.25 * model, (host, sent, model)
 
 
+@pytest.mark.timeout_s(180)
+def test_torch_ddp_example_across_hosts():
+    """docs/examples/torch_ddp.py (DDP on the mpicoll torch backend) on 2 hosts x 1 rank: it trains,
+    and ends with the parameters of one process trained on the whole batches (it asserts so)."""
+    if importlib.util.find_spec("torch") is None:
+        pytest.skip("torch is not installed: pip install '.[torch]'")
+    proc = _cluster("run", "2", "2", "--timeout", "150", "--", sys.executable, "docs/examples/torch_ddp.py")
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    assert "DDP on mpicoll: 2 ranks on 2 host(s)" in proc.stdout, proc.stdout
+    assert not cluster.hosts_up(), "run left hosts behind"
+
+
 def test_rank_table_placement_is_checked_host_by_host(tmp_path):
     table = {"version": "1.0", "status": "completed", "server_count": "2", "server_list": [
         {"server_id": cluster.address(i + 1), "device": [

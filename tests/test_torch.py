@@ -1,0 +1,332 @@
+"""mpicoll as a torch.distributed backend (mpicoll.torch): start-up with mpi://, every collective
+and dtype against numpy goldens, async Works and futures, new_group on comm domains, agreed errors
+through torch, unsupported calls, torch's documented examples, and DDP against a single-process
+run. Skipped, with the reason, where torch is not installed (the core never needs it)."""
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+torch = pytest.importorskip("torch", reason="torch is not installed: pip install '.[torch]' (torch==2.13.0, CPU)")
+import ml_dtypes  # noqa: E402
+import torch.distributed as dist  # noqa: E402
+
+import mpicoll  # noqa: E402
+import mpicoll.torch  # noqa: E402, F401 - registers the backend and mpi://
+from mpicoll._dtypes import DTYPES, REDUCE_OPS  # noqa: E402
+from mpicoll._golden import SEED, golden_reduce, rank_data  # noqa: E402
+
+from _mpi import RANK, SIZE, WORLD  # noqa: E402
+
+pytestmark = pytest.mark.mpi(min_size=1)
+
+NUMERIC = ["float32", "float64", "float16", "bfloat16", "int8", "int16", "int32", "int64", "uint8"]
+ALL = NUMERIC + ["bool"]
+OPS = {"sum": dist.ReduceOp.SUM, "prod": dist.ReduceOp.PRODUCT, "min": dist.ReduceOp.MIN, "max": dist.ReduceOp.MAX}
+
+
+@pytest.fixture(scope="module", autouse=True)
+def world_group():
+    if not dist.is_initialized():
+        dist.init_process_group("mpicoll", init_method="mpi://")
+    yield dist.group.WORLD
+    dist.destroy_process_group()
+
+
+def _np(key: str, shape, dtype: str, rank: int = RANK) -> np.ndarray:
+    """Rank ``rank``'s input as numpy (small integers: every reduction is exact); bool from uint8."""
+    if dtype == "bool":
+        return rank_data(SEED, f"torch/{key}", rank, shape, DTYPES["uint8"]) % 3 == 0
+    return rank_data(SEED, f"torch/{key}", rank, shape, DTYPES[dtype])
+
+
+def _t(a: np.ndarray) -> torch.Tensor:
+    """A tensor holding a copy of ``a`` (bfloat16 through its bits)."""
+    if a.dtype == ml_dtypes.bfloat16:
+        return torch.from_numpy(a.view(np.int16).copy()).view(torch.bfloat16)
+    return torch.from_numpy(a.copy())
+
+
+def _a(t: torch.Tensor) -> np.ndarray:
+    if t.dtype == torch.bfloat16:
+        return t.view(torch.int16).numpy().view(ml_dtypes.bfloat16)
+    return t.numpy()
+
+
+def _same(t: torch.Tensor, want: np.ndarray) -> None:
+    got = _a(t)
+    assert got.dtype == want.dtype and got.shape == want.shape, (got.dtype, got.shape, want.dtype, want.shape)
+    assert got.tobytes() == want.tobytes(), (got, want)
+
+
+def _golden(xs: list[np.ndarray], dtype: str, op: str) -> np.ndarray:
+    if dtype == "bool":       # torch's bool reductions: sum/max = any, prod/min = all
+        stack = np.stack(xs)
+        return stack.any(0) if op in ("sum", "max") else stack.all(0)
+    return golden_reduce(xs, DTYPES[dtype], REDUCE_OPS[op])
+
+
+# ----------------------------------------------------------------------------- start-up
+
+def test_rank_and_size_are_mpis():
+    assert dist.get_rank() == WORLD.Get_rank() and dist.get_world_size() == WORLD.Get_size()
+    assert dist.get_backend() == "mpicoll"
+    assert "ProcessGroupMpicoll" in repr(dist.group.WORLD) or dist.group.WORLD.name() == "mpicoll"
+
+
+# ----------------------------------------------------------------------------- reductions
+
+@pytest.mark.parametrize("op", list(OPS))
+@pytest.mark.parametrize("dtype", ALL)
+def test_all_reduce(dtype, op):
+    xs = [_np("ar", (3, 5), dtype, r) for r in range(SIZE)]
+    t = _t(xs[RANK])
+    assert dist.all_reduce(t, op=OPS[op]) is None
+    _same(t, _golden(xs, dtype, op))
+
+
+@pytest.mark.parametrize("dtype", ["float32", "float64", "float16", "bfloat16"])
+def test_all_reduce_avg(dtype):
+    xs = [_np("avg", (7,), dtype, r) for r in range(SIZE)]
+    t = _t(xs[RANK])
+    dist.all_reduce(t, op=dist.ReduceOp.AVG)
+    want = _t(golden_reduce(xs, DTYPES[dtype], REDUCE_OPS["sum"])) / SIZE
+    assert torch.equal(t, want)
+
+
+@pytest.mark.parametrize("dtype", ALL)
+def test_reduce_and_reduce_scatter(dtype):
+    xs = [_np("red", (2 * SIZE, 3), dtype, r) for r in range(SIZE)]
+    total = _golden(xs, dtype, "max")
+    root = SIZE - 1
+    t = _t(xs[RANK])
+    dist.reduce(t, dst=root, op=dist.ReduceOp.MAX)
+    _same(t, total if RANK == root else xs[RANK])           # (torch leaves the other ranks' tensors as they were)
+    out = _t(xs[RANK][:2])
+    dist.reduce_scatter_tensor(out, _t(xs[RANK]), op=dist.ReduceOp.MAX)
+    _same(out, total[2 * RANK:2 * RANK + 2])
+    out = _t(xs[RANK][:2])
+    dist.reduce_scatter(out, [_t(xs[RANK][2 * r:2 * r + 2]) for r in range(SIZE)], op=dist.ReduceOp.MAX)
+    _same(out, total[2 * RANK:2 * RANK + 2])
+
+
+# ----------------------------------------------------------------------------- data movement
+
+@pytest.mark.parametrize("dtype", ALL)
+def test_broadcast_gather_scatter(dtype):
+    xs = [_np("mv", (4, 2), dtype, r) for r in range(SIZE)]
+    root = SIZE // 2
+    t = _t(xs[RANK])
+    dist.broadcast(t, src=root)
+    _same(t, xs[root])
+    outs = [_t(np.zeros_like(xs[0])) for _ in range(SIZE)] if RANK == root else None
+    dist.gather(_t(xs[RANK]), outs, dst=root)
+    if RANK == root:
+        for r in range(SIZE):
+            _same(outs[r], xs[r])
+    t = _t(np.zeros_like(xs[0]))
+    dist.scatter(t, [_t(x) for x in xs] if RANK == root else None, src=root)
+    _same(t, xs[RANK])
+
+
+@pytest.mark.parametrize("dtype", ALL)
+def test_all_gather(dtype):
+    xs = [_np("ag", (3, 2), dtype, r) for r in range(SIZE)]
+    outs = [_t(np.zeros_like(xs[0])) for _ in range(SIZE)]
+    dist.all_gather(outs, _t(xs[RANK]))
+    for r in range(SIZE):
+        _same(outs[r], xs[r])
+    out = _t(np.zeros((3 * SIZE, 2), xs[0].dtype))
+    dist.all_gather_into_tensor(out, _t(xs[RANK]))
+    _same(out, np.concatenate(xs))
+
+
+@pytest.mark.parametrize("dtype", ALL)
+def test_all_to_all(dtype):
+    # rank r sends block j (r + j + 1 rows: uneven, and a zero block where it lands) to rank j
+    rows = [[(r + j) % 3 for j in range(SIZE)] for r in range(SIZE)]
+    xs = [_np("a2a", (sum(rows[r]), 2), dtype, r) for r in range(SIZE)]
+
+    def block(r, j):
+        start = sum(rows[r][:j])
+        return xs[r][start:start + rows[r][j]]
+    want = np.concatenate([block(r, RANK) for r in range(SIZE)])
+    out = _t(np.zeros_like(want))
+    dist.all_to_all_single(out, _t(xs[RANK]), output_split_sizes=[rows[r][RANK] for r in range(SIZE)],
+                           input_split_sizes=rows[RANK])
+    _same(out, want)
+    even = [_np("even", (2 * SIZE,), dtype, r) for r in range(SIZE)]
+    out = _t(np.zeros_like(even[0]))
+    dist.all_to_all_single(out, _t(even[RANK]))
+    _same(out, np.concatenate([even[r][2 * RANK:2 * RANK + 2] for r in range(SIZE)]))
+    outs = [_t(np.zeros_like(block(r, RANK))) for r in range(SIZE)]
+    dist.all_to_all(outs, [_t(block(RANK, j)) for j in range(SIZE)])
+    for r in range(SIZE):
+        _same(outs[r], block(r, RANK))
+
+
+def test_barrier_and_objects():
+    dist.barrier()
+    objs = [None] * SIZE
+    dist.all_gather_object(objs, {"rank": RANK})
+    assert objs == [{"rank": r} for r in range(SIZE)]
+    box = [{"from": 0}] if RANK == 0 else [None]
+    dist.broadcast_object_list(box, src=0)
+    assert box == [{"from": 0}]
+
+
+# ----------------------------------------------------------------------------- async Work, future
+
+def test_async_work_and_future():
+    t = torch.full((4,), float(RANK + 1))
+    work = dist.all_reduce(t, async_op=True)
+    assert work.wait() is True and work.is_completed()
+    fut = work.get_future()
+    assert fut.done() and torch.equal(fut.value()[0], torch.full((4,), SIZE * (SIZE + 1) / 2))
+    chained = fut.then(lambda f: f.value()[0] * 2)
+    assert torch.equal(chained.wait(), torch.full((4,), SIZE * (SIZE + 1.0)))
+    out = torch.empty(SIZE)
+    work = dist.all_gather_into_tensor(out, torch.tensor([float(RANK)]), async_op=True)
+    work.wait()
+    assert out.tolist() == list(range(SIZE))
+
+
+def test_views_not_copies():
+    """The arrays mpicoll gets share the tensors' memory (bfloat16 and bool too)."""
+    for dtype in (torch.float32, torch.bfloat16, torch.bool, torch.int8):
+        t = torch.zeros(4, dtype=dtype)
+        assert mpicoll.torch._array(t, "test").__array_interface__["data"][0] == t.data_ptr()
+
+
+# ----------------------------------------------------------------------------- groups
+
+@pytest.mark.mpi(min_size=2)
+def test_new_group_is_a_comm_domain():
+    members = list(range(1, SIZE)) if SIZE > 2 else [0, 1]
+    g = dist.new_group(members)
+    odd = dist.new_group([r for r in range(SIZE) if r % 2])
+    if RANK in members:
+        assert dist.get_rank(g) == members.index(RANK) and dist.get_world_size(g) == len(members)
+        t = torch.tensor([float(RANK)])
+        dist.all_reduce(t, group=g)
+        assert t.item() == sum(members)
+        t = torch.tensor([RANK])
+        dist.broadcast(t, src=members[-1], group=g)         # src: a world rank, as torch's
+        assert t.item() == members[-1]
+    else:
+        assert g == dist.GroupMember.NON_GROUP_MEMBER
+    if RANK % 2:
+        out = torch.empty(len(range(1, SIZE, 2)), dtype=torch.int64)
+        dist.all_gather_into_tensor(out, torch.tensor([RANK]), group=odd)
+        assert out.tolist() == list(range(1, SIZE, 2))
+    dist.barrier()
+
+
+# ----------------------------------------------------------------------------- errors
+
+@pytest.mark.mpi(min_size=2)
+def test_a_mismatch_raises_the_agreed_error_on_every_rank():
+    t = torch.ones(RANK + 1)
+    with pytest.raises(mpicoll.CollectiveMismatchError, match=r"all_reduce: tensor.shape differs across ranks"):
+        dist.all_reduce(t)
+    t = torch.ones(2, dtype=torch.float32 if RANK else torch.float64)
+    with pytest.raises(mpicoll.CollectiveMismatchError, match="dtype differs across ranks"):
+        dist.all_reduce(t)
+    dist.all_reduce(torch.ones(2))                         # the ranks are still in step
+
+
+def test_unsupported_calls_say_which():
+    if SIZE > 1:                                           # (torch refuses a send to oneself first)
+        with pytest.raises(NotImplementedError, match="send: not supported by the mpicoll backend"):
+            dist.send(torch.ones(1), dst=(RANK + 1) % SIZE)
+    with pytest.raises(NotImplementedError, match=r"all_reduce: reduce op .*BAND"):
+        dist.all_reduce(torch.ones(1, dtype=torch.int32), op=dist.ReduceOp.BAND)
+    with pytest.raises(NotImplementedError, match="AVG on torch.int32"):
+        dist.all_reduce(torch.ones(1, dtype=torch.int32), op=dist.ReduceOp.AVG)
+    with pytest.raises(mpicoll.CollectiveArgumentError, match="a tensor on meta: the mpicoll backend takes CPU"):
+        dist.all_reduce(torch.ones(1, device="meta"))
+    dist.barrier()
+
+
+def test_init_with_another_rank_is_refused():
+    handler = mpicoll.torch._mpi_rendezvous
+    with pytest.raises(ValueError, match="mpi:// takes it from MPI"):
+        next(handler("mpi://", rank=RANK + 1))
+
+
+# ----------------------------------------------------------------------------- torch's own examples
+
+@pytest.mark.skipif(SIZE != 2, reason="torch documents these results for 2 ranks")
+def test_torch_documented_examples_at_two_ranks():
+    """The examples of torch.distributed's docstrings, with their documented results (2 ranks)."""
+    rank = dist.get_rank()
+    tensor = torch.arange(2, dtype=torch.int64) + 1 + 2 * rank          # all_reduce
+    dist.all_reduce(tensor, op=dist.ReduceOp.SUM)
+    assert tensor.tolist() == [4, 6]
+    tensor_list = [torch.zeros(2, dtype=torch.int64) for _ in range(2)]  # all_gather
+    tensor = torch.arange(2, dtype=torch.int64) + 1 + 2 * rank
+    dist.all_gather(tensor_list, tensor)
+    assert [t.tolist() for t in tensor_list] == [[1, 2], [3, 4]]
+    tensor_out = torch.zeros(4, dtype=torch.int64)                       # all_gather_into_tensor
+    dist.all_gather_into_tensor(tensor_out, torch.arange(2, dtype=torch.int64) + 1 + 2 * rank)
+    assert tensor_out.tolist() == [1, 2, 3, 4]
+    tensor_out2 = torch.zeros(2, 2, dtype=torch.int64)
+    dist.all_gather_into_tensor(tensor_out2, torch.arange(2, dtype=torch.int64) + 1 + 2 * rank)
+    assert tensor_out2.tolist() == [[1, 2], [3, 4]]
+    tensor_out = torch.zeros(2, dtype=torch.int64)                       # reduce_scatter_tensor
+    dist.reduce_scatter_tensor(tensor_out, torch.arange(4, dtype=torch.int64) + 1 + 2 * rank)
+    assert tensor_out.tolist() == ([4, 6] if rank == 0 else [8, 10])
+    objects = ["foo", 12, {1: 2}]                                        # broadcast_object_list
+    objs = objects if rank == 0 else [None, None, None]
+    dist.broadcast_object_list(objs, src=0)
+    assert objs == ["foo", 12, {1: 2}]
+
+
+@pytest.mark.skipif(SIZE != 4, reason="torch documents these results for 4 ranks")
+def test_torch_documented_all_to_all_examples_at_four_ranks():
+    """all_to_all_single's docstring examples, even and uneven splits, with their results (4 ranks)."""
+    rank = dist.get_rank()
+    input = torch.arange(4) + rank * 4  # noqa: A001 - the docstring's names
+    output = torch.empty([4], dtype=torch.int64)
+    dist.all_to_all_single(output, input)
+    assert output.tolist() == [[0, 4, 8, 12], [1, 5, 9, 13], [2, 6, 10, 14], [3, 7, 11, 15]][rank]
+    input = [torch.tensor([0, 1, 2, 3, 4, 5]), torch.tensor([10, 11, 12, 13, 14, 15, 16, 17, 18]),  # noqa: A001
+             torch.tensor([20, 21, 22, 23, 24]), torch.tensor([30, 31, 32, 33, 34, 35, 36])][rank]
+    input_splits = [[2, 2, 1, 1], [3, 2, 2, 2], [2, 1, 1, 1], [2, 2, 2, 1]][rank]
+    output_splits = [[2, 3, 2, 2], [2, 2, 1, 2], [1, 2, 1, 2], [1, 2, 1, 1]][rank]
+    output = torch.empty(sum(output_splits), dtype=torch.int64)
+    dist.all_to_all_single(output, input, output_splits, input_splits)
+    assert output.tolist() == [[0, 1, 10, 11, 12, 20, 21, 30, 31], [2, 3, 13, 14, 22, 32, 33],
+                               [4, 15, 16, 23, 34, 35], [5, 17, 18, 24, 36]][rank]
+
+
+# ----------------------------------------------------------------------------- DDP
+
+def _model(seed: int = 0) -> torch.nn.Module:
+    torch.manual_seed(seed)
+    return torch.nn.Sequential(torch.nn.Linear(8, 16), torch.nn.ReLU(), torch.nn.Linear(16, 16), torch.nn.Tanh(),
+                               torch.nn.Linear(16, 4))
+
+
+def test_ddp_trains_like_one_process_on_the_whole_batch():
+    """DDP on the mpicoll backend, each rank its shard of every batch, 5 SGD steps: the parameters
+    equal those of one process trained on the whole batches (float32 tolerance)."""
+    per_rank, steps = 4, 5
+    g = torch.Generator().manual_seed(1)
+    batches = [(torch.randn(per_rank * SIZE, 8, generator=g), torch.randn(per_rank * SIZE, 4, generator=g))
+               for _ in range(steps)]
+    ddp = torch.nn.parallel.DistributedDataParallel(_model(seed=RANK))   # DDP broadcasts rank 0's parameters
+    opt = torch.optim.SGD(ddp.parameters(), lr=0.1)
+    for x, y in batches:
+        mine = slice(RANK * per_rank, (RANK + 1) * per_rank)
+        opt.zero_grad()
+        torch.nn.functional.mse_loss(ddp(x[mine]), y[mine]).backward()
+        opt.step()
+    single = _model(seed=0)
+    opt = torch.optim.SGD(single.parameters(), lr=0.1)
+    for x, y in batches:
+        opt.zero_grad()
+        torch.nn.functional.mse_loss(single(x), y).backward()
+        opt.step()
+    for a, b in zip(ddp.module.parameters(), single.parameters()):
+        torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-6)
