@@ -498,8 +498,8 @@ def _pack(sources: list[np.ndarray], flat: np.ndarray) -> None:
 
 def _unpack(flat: np.ndarray, targets: list[np.ndarray]) -> None:
     pos = 0
-    for t in targets:
-        t.reshape(-1)[...] = flat[pos:pos + t.size]
+    for t in targets:                       # (copyto: a target may be strided, where reshape(-1) would copy)
+        np.copyto(t, flat[pos:pos + t.size].reshape(t.shape))
         pos += t.size
 
 

@@ -195,7 +195,7 @@ def test_views_not_copies():
     """The arrays mpicoll gets share the tensors' memory (bfloat16 and bool too)."""
     for dtype in (torch.float32, torch.bfloat16, torch.bool, torch.int8):
         t = torch.zeros(4, dtype=dtype)
-        assert mpicoll.torch._array(t, "test").__array_interface__["data"][0] == t.data_ptr()
+        assert mpicoll.torch._array(t, "test", RANK).__array_interface__["data"][0] == t.data_ptr()
 
 
 # ----------------------------------------------------------------------------- groups
@@ -239,19 +239,102 @@ def test_unsupported_calls_say_which():
     if SIZE > 1:                                           # (torch refuses a send to oneself first)
         with pytest.raises(NotImplementedError, match="send: not supported by the mpicoll backend"):
             dist.send(torch.ones(1), dst=(RANK + 1) % SIZE)
-    with pytest.raises(NotImplementedError, match=r"all_reduce: reduce op .*BAND"):
+    with pytest.raises(mpicoll.CollectiveArgumentError, match=r"all_reduce: op='RedOpType.BAND' on ranks? .*not "
+                                                              "supported by the mpicoll backend"):
         dist.all_reduce(torch.ones(1, dtype=torch.int32), op=dist.ReduceOp.BAND)
-    with pytest.raises(NotImplementedError, match="AVG on torch.int32"):
+    with pytest.raises(mpicoll.CollectiveArgumentError, match="AVG on torch.int32.*only floating-point"):
         dist.all_reduce(torch.ones(1, dtype=torch.int32), op=dist.ReduceOp.AVG)
-    with pytest.raises(mpicoll.CollectiveArgumentError, match="a tensor on meta: the mpicoll backend takes CPU"):
+    with pytest.raises(mpicoll.CollectiveArgumentError, match="tensor='meta' on ranks? .*takes CPU tensors"):
         dist.all_reduce(torch.ones(1, device="meta"))
     dist.barrier()
 
 
+@pytest.mark.mpi(min_size=2)
+def test_a_failure_on_one_rank_before_the_call_is_agreed():
+    """A reduce op or a tensor the backend cannot take on one rank only: every rank raises the same
+    error (the peers do not wait in the collective), and the group stays usable."""
+    bad = RANK == SIZE - 1
+    with pytest.raises(mpicoll.CollectiveArgumentError, match=rf"op='RedOpType.BAND' on rank {SIZE - 1}"):
+        dist.all_reduce(torch.ones(2, dtype=torch.int32), op=dist.ReduceOp.BAND if bad else dist.ReduceOp.SUM)
+    with pytest.raises(mpicoll.CollectiveArgumentError, match=rf"tensor='meta' on rank {SIZE - 1}"):
+        dist.broadcast(torch.ones(2, device="meta" if bad else "cpu"), src=0)
+    outs = [torch.empty(1) for _ in range(SIZE)]
+    with pytest.raises(mpicoll.CollectiveArgumentError, match=rf"on rank {SIZE - 1}"):
+        dist.all_gather(outs, torch.ones(1, device="meta" if bad else "cpu"))
+    t = torch.ones(2)
+    dist.all_reduce(t)
+    assert t.tolist() == [SIZE, SIZE]
+
+
+def test_non_contiguous_tensors():
+    """A strided output in a list is filled (through a copy); a strided single tensor is refused
+    on every rank, as torch's own backends refuse it."""
+    outs = [torch.zeros(2, 3).t() for _ in range(SIZE)]                     # (3, 2), strided
+    dist.all_to_all(outs, [torch.full((3, 2), float(RANK * 10 + j)) for j in range(SIZE)])
+    for r in range(SIZE):
+        assert torch.equal(outs[r], torch.full((3, 2), float(r * 10 + RANK)))
+    with pytest.raises(mpicoll.CollectiveArgumentError, match="must be a C-contiguous"):
+        dist.all_reduce(torch.ones(4, 2).t())
+
+
+def test_coalesced_calls_run_one_after_the_other():
+    from torch.distributed.distributed_c10d import _coalescing_manager
+    ts = [torch.full((3,), float(RANK + k)) for k in range(3)]
+    with _coalescing_manager(async_ops=False):
+        for t in ts:
+            dist.all_reduce(t)
+    for k, t in enumerate(ts):
+        assert t.tolist() == [float(sum(r + k for r in range(SIZE)))] * 3
+
+
+@pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
+def test_avg_of_the_other_reductions(dtype):
+    xs = [_np("avgrs", (2 * SIZE,), dtype, r) for r in range(SIZE)]
+    total = _t(golden_reduce(xs, DTYPES[dtype], REDUCE_OPS["sum"])) / SIZE
+    out = _t(xs[RANK][:2])
+    dist.reduce_scatter_tensor(out, _t(xs[RANK]), op=dist.ReduceOp.AVG)
+    assert torch.equal(out, total[2 * RANK:2 * RANK + 2])
+    t = _t(xs[RANK])
+    dist.reduce(t, dst=0, op=dist.ReduceOp.AVG)
+    assert torch.equal(t, total if RANK == 0 else _t(xs[RANK]))
+
+
+@pytest.mark.mpi(min_size=3)
+def test_rooted_calls_on_a_group_whose_ranks_are_not_the_worlds():
+    members = list(range(1, SIZE))
+    g = dist.new_group(members)
+    if RANK not in members:
+        return
+    root = members[-1]                                       # a world rank (torch's dst/src)
+    gathered = [torch.empty(1) for _ in members] if RANK == root else None
+    dist.gather(torch.tensor([float(RANK)]), gathered, dst=root, group=g)
+    if RANK == root:
+        assert [t.item() for t in gathered] == [float(m) for m in members]
+    t = torch.empty(1)
+    dist.scatter(t, [torch.tensor([float(m * 10)]) for m in members] if RANK == root else None, src=root, group=g)
+    assert t.item() == RANK * 10
+    t = torch.tensor([float(RANK)])
+    dist.reduce(t, dst=root, group=g)
+    assert t.item() == (sum(members) if RANK == root else RANK)
+
+
+@pytest.mark.mpi(min_size=2)
+def test_a_group_in_torch_order_is_refused():
+    if RANK > 1:                                           # (torch makes a group on its members only)
+        dist.new_group([1, 0], sort_ranks=False)
+        return
+    with pytest.raises(ValueError, match="sort_ranks=False"):
+        dist.new_group([1, 0], sort_ranks=False)
+
+
 def test_init_with_another_rank_is_refused():
-    handler = mpicoll.torch._mpi_rendezvous
+    from torch.distributed.rendezvous import rendezvous     # (how init_process_group calls it)
     with pytest.raises(ValueError, match="mpi:// takes it from MPI"):
-        next(handler("mpi://", rank=RANK + 1))
+        next(rendezvous("mpi://", rank=RANK + 1, world_size=SIZE))
+    store, rank, size = next(rendezvous("mpi://", rank=RANK, world_size=SIZE))
+    assert (rank, size) == (RANK, SIZE)
+    with pytest.raises(RuntimeError, match="no store shared between the ranks"):
+        store.get("another rank's key")
 
 
 # ----------------------------------------------------------------------------- torch's own examples
@@ -330,3 +413,10 @@ def test_ddp_trains_like_one_process_on_the_whole_batch():
         opt.step()
     for a, b in zip(ddp.module.parameters(), single.parameters()):
         torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-6)
+
+
+def test_a_gloo_group_under_mpi_init_fails_at_once():
+    """mpi://'s store is this process's alone: a store-based group cannot rendezvous, and says so at
+    once instead of waiting for gloo's timeout (the last test: torch may keep part of that group)."""
+    with pytest.raises(RuntimeError):
+        dist.new_group(backend="gloo")

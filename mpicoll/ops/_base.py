@@ -225,16 +225,18 @@ class Operation:
         if MPI.Is_finalized():
             raise finalized(self.NAME, "a call")
         if not agree:                        # (no agreement: a local error is this rank's alone)
-            if self._param_error is not None:
-                raise self._param_error
+            failed = self._param_error or _found(args)
+            if failed is not None:
+                raise failed
             return self.describe(*args), None
         call, err = self._described(args)
         return call, agree_call(self._lib, self, call, err, self.timeout, number)
 
     def _described(self, args: tuple) -> tuple[Call | None, BaseException | None]:
         """``describe(*args)``, or the error it (or the Param, at binding) raised on this rank."""
-        if self._param_error is not None:
-            return None, self._param_error
+        failed = self._param_error or _found(args)
+        if failed is not None:
+            return None, failed
         try:
             return self.describe(*args), None
         except Exception as exc:  # noqa: BLE001 - every local failure is agreed, never raised alone
@@ -301,6 +303,16 @@ VALUE_ARGS = frozenset({"send_count", "send_counts", "sdispls", "recv_count", "r
 
 #: calls an operation remembers (see Operation._execute)
 REMEMBERED = 8
+
+
+def _found(args: tuple) -> CollectiveError | None:
+    """A ``CollectiveError`` passed in place of an argument: a failure the caller found on this rank
+    before it could make the call (:mod:`mpicoll.torch`: a tensor or a reduce op it cannot map),
+    raised through the call's agreement like an error of ``describe``, so that no peer waits."""
+    for a in args:
+        if isinstance(a, CollectiveError):
+            return a
+    return None
 
 
 def _key(args: tuple, values: frozenset) -> tuple | None:
