@@ -139,7 +139,10 @@ def _run_one(snip: Snippet) -> None:
 
 def _importable(module: str) -> bool:
     import importlib.util
-    return not module or importlib.util.find_spec(module) is not None
+    try:
+        return not module or importlib.util.find_spec(module) is not None
+    except ModuleNotFoundError:          # (a dotted name whose package is missing)
+        return False
 
 
 def run_page(page: str, np_: int, results: Path) -> None:
