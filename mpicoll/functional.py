@@ -206,6 +206,19 @@ def _splits(fn: str, name: str, splits: Any, n: int, dim0: int, rank: int, dim_n
     return s
 
 
+def _split_pair(fn: str, rank: int, output: Any, input: Any, both_dim0: bool = False):  # noqa: A002
+    """``(output, input)`` of a call split along dim 0 (:func:`_tensor`'s arrays): one dtype and the
+    same rows (the dims after 0); ``both_dim0``: each must have a dim 0."""
+    output = _tensor(fn, "output", output, rank)
+    input = _tensor(fn, "input", input, rank, writes=False)  # noqa: A001
+    if both_dim0 and (input.ndim < 1 or output.ndim < 1):
+        raise V.arg_error(fn, "input.shape" if input.ndim < 1 else "output.shape", (), rank, "needs a dim 0 to split")
+    if input.ndim < 1 or output.shape[1:] != input.shape[1:] or output.dtype != input.dtype:
+        raise V.arg_error(fn, "output", f"{output.dtype}{list(output.shape)}", rank, f"must be {input.dtype}"
+                          f"[*, {', '.join(map(str, input.shape[1:]))}] (input's dtype and rows)")
+    return output, input
+
+
 def _rows(t: np.ndarray) -> int:
     """Elements per row of dim 0."""
     return int(np.prod(t.shape[1:], dtype=np.int64)) if t.ndim else 1
@@ -290,13 +303,7 @@ class _AllToAllSingle(AllToAllVV2Operation):
 
     def describe(self, output, input, output_split_sizes=None, input_split_sizes=None) -> Call:  # noqa: A002
         fn, r, n = self.NAME, self.rank, self.size
-        output = _tensor(fn, "output", output, r)
-        input = _tensor(fn, "input", input, r, writes=False)  # noqa: A001
-        if input.ndim < 1 or output.ndim < 1:
-            raise V.arg_error(fn, "input.shape" if input.ndim < 1 else "output.shape", (), r, "needs a dim 0 to split")
-        if output.dtype != input.dtype or output.shape[1:] != input.shape[1:]:
-            raise V.arg_error(fn, "output", f"{output.dtype}{list(output.shape)}", r, f"must be {input.dtype}"
-                              f"[*, {', '.join(map(str, input.shape[1:]))}] (input's dtype and rows)")
+        output, input = _split_pair(fn, r, output, input, both_dim0=True)  # noqa: A001
         si = _splits(fn, "input_split_sizes", input_split_sizes, n, input.shape[0], r, "input.shape[0]")
         so = _splits(fn, "output_split_sizes", output_split_sizes, n, output.shape[0], r, "output.shape[0]")
         row = _rows(input)
@@ -315,11 +322,7 @@ class _AllGatherIntoTensorUneven(AllGatherVOperation):
 
     def describe(self, output, input, output_split_sizes=None) -> Call:  # noqa: A002
         fn, r, n = self.NAME, self.rank, self.size
-        output = _tensor(fn, "output", output, r)
-        input = _tensor(fn, "input", input, r, writes=False)  # noqa: A001
-        if input.ndim < 1 or output.shape[1:] != input.shape[1:] or output.dtype != input.dtype:
-            raise V.arg_error(fn, "output", f"{output.dtype}{list(output.shape)}", r, f"must be {input.dtype}"
-                              f"[*, {', '.join(map(str, input.shape[1:]))}] (input's dtype and rows)")
+        output, input = _split_pair(fn, r, output, input)  # noqa: A001
         so = _splits(fn, "output_split_sizes", output_split_sizes, n, output.shape[0], r, "output.shape[0]")
         row = _rows(input)
         rc = [s * row for s in so]
@@ -337,11 +340,7 @@ class _ReduceScatterTensorUneven(ReduceScatterVOperation):
 
     def describe(self, output, input, input_split_sizes=None) -> Call:  # noqa: A002
         fn, r, n = self.NAME, self.rank, self.size
-        output = _tensor(fn, "output", output, r)
-        input = _tensor(fn, "input", input, r, writes=False)  # noqa: A001
-        if input.ndim < 1 or output.shape[1:] != input.shape[1:] or output.dtype != input.dtype:
-            raise V.arg_error(fn, "output", f"{output.dtype}{list(output.shape)}", r, f"must be {input.dtype}"
-                              f"[*, {', '.join(map(str, input.shape[1:]))}] (input's dtype and rows)")
+        output, input = _split_pair(fn, r, output, input)  # noqa: A001
         si = _splits(fn, "input_split_sizes", input_split_sizes, n, input.shape[0], r, "input.shape[0]")
         row = _rows(input)
         sc = [s * row for s in si]

@@ -20,6 +20,7 @@ from typing import Callable, Iterator
 from mpi4py import MPI
 
 from . import __version__
+from ._numeric import kernels_in_use
 
 USAGE_EPILOG = """\
 examples:
@@ -40,17 +41,10 @@ environment (read by the library on every rank; set them alike everywhere):
 """
 
 
-def kernels_text() -> str:
-    """This rank's numeric kernels, as the headers and ``--help`` say it: "C (mpicoll._kernels)" or
-    "numpy (why)"."""
-    from ._numeric import kernels_in_use
-    return kernels_in_use()
-
-
 def kernels_summary(comm: MPI.Comm) -> str:
     """The numeric kernels the ranks of ``comm`` use (collective): one text when every rank uses the
     same, else each text with its ranks."""
-    seen = comm.allgather(kernels_text())
+    seen = comm.allgather(kernels_in_use())
     if len(set(seen)) == 1:
         return seen[0]
     ranks: dict[str, list[int]] = {}
@@ -64,12 +58,12 @@ def version_text() -> str:
     import mpi4py
     vendor, numbers = MPI.get_vendor()
     return (f"mpicoll {__version__} (mpi4py {mpi4py.__version__}, {vendor} {'.'.join(map(str, numbers))}); "
-            f"numeric kernels: {kernels_text()}")
+            f"numeric kernels: {kernels_in_use()}")
 
 
 def epilog(text: str) -> str:
     """A ``--help`` epilog: ``text``, then the kernels in use and where the docs are."""
-    return f"{text}numeric kernels: {kernels_text()}\nmore: docs/cli.md\n"
+    return f"{text}numeric kernels: {kernels_in_use()}\nmore: docs/cli.md\n"
 
 
 class Parser(argparse.ArgumentParser):
