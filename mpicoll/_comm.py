@@ -14,9 +14,10 @@ ahead of it until that work has started all its collectives there (:meth:`LibCom
 order is then the program order, the same on every rank, without a copy of the communicator.
 
 Making one is collective over its members, who then agree the settings that change which MPI calls
-a rank makes (``MPICOLL_VALIDATE``, ``MPICOLL_DEBUG``) and whether any of them runs a watchdog
-(``MPICOLL_TIMEOUT``): then every member keeps an arrival mark, a few int64 in an RMA window, that a
-timed-out peer reads to name the ranks that never arrived.
+a rank makes (``MPICOLL_VALIDATE``, ``MPICOLL_DEBUG``, ``MPICOLL_SHM``), whether every member runs on
+one node (``local``: then large reductions may go through a shared window, :mod:`mpicoll._shm`) and
+whether any of them runs a watchdog (``MPICOLL_TIMEOUT``): then every member keeps an arrival mark,
+a few int64 in an RMA window, that a timed-out peer reads to name the ranks that never arrived.
 """
 from __future__ import annotations
 
@@ -39,7 +40,7 @@ from ._errors import CollectiveError, CollectiveMismatchError, CollectiveTimeout
 OP_NAMES: dict[int, str] = {}
 #: guards the process-wide state (caches, the exit list) for programs that call mpicoll from threads
 LOCK = threading.RLock()
-_OPEN: list["LibComm"] = []        # communicators holding an arrival window, in creation order
+_OPEN: list["LibComm"] = []        # communicators holding a window (arrival, node), in creation order
 #: how many started runs wait in some communicator's ``pending`` queue (a plan's run() drains its
 #: communicators only when this is not 0)
 QUEUED = 0
@@ -71,16 +72,19 @@ class LibComm:
         ident: a number for it, the same on every member (its label and members): how a captured
             graph tells its communicators apart.
         validate, debug: the agreed defaults of ``MPICOLL_VALIDATE`` and ``MPICOLL_DEBUG``.
+        local: every member runs on one node and ``MPICOLL_SHM`` is on (agreed): large reductions
+            may use the node window (:meth:`node_window`).
         calls: operator name -> how many calls of it this rank has made on it (as the user counts).
         seq: how many collectives mpicoll has started on it (kept where it is read: with arrival
             marks or in debug mode).
         pending: started work with collectives still to start here, oldest first.
     """
 
-    __slots__ = ("mpi", "label", "rank", "size", "world_ranks", "ident", "validate", "debug", "calls", "seq",
-                 "pending", "plain", "_win", "_mark", "__weakref__")
+    __slots__ = ("mpi", "label", "rank", "size", "world_ranks", "ident", "validate", "debug", "local", "calls",
+                 "seq", "pending", "plain", "_win", "_mark", "_node", "__weakref__")
 
-    def __init__(self, mpi: MPI.Comm, label: str, validate: bool, debug: bool, watched: bool) -> None:
+    def __init__(self, mpi: MPI.Comm, label: str, validate: bool, debug: bool, watched: bool,
+                 local: bool = False) -> None:
         self.mpi, self.label = mpi, label
         self.rank, self.size = mpi.Get_rank(), mpi.Get_size()
         group, world = mpi.Get_group(), MPI.COMM_WORLD.Get_group()
@@ -88,7 +92,8 @@ class LibComm:
         self.ident = zlib.crc32(f"{label}:{self.world_ranks}".encode()) | len(self.world_ranks) << 32   # (the same on every member)
         group.Free()
         world.Free()
-        self.validate, self.debug = validate, debug
+        self.validate, self.debug, self.local = validate, debug, local
+        self._node = None
         self.calls: dict[str, int] = {}
         self.seq = 0
         self.pending: list = []
@@ -108,18 +113,23 @@ class LibComm:
     @classmethod
     def make(cls, mpi: MPI.Comm, label: str) -> "LibComm":
         """Wrap a communicator mpicoll has just created (collective over its members): agree the
-        settings, and make the arrival window if any member runs a watchdog.
+        settings and whether all members share one node, and make the arrival window if any member
+        runs a watchdog.
 
         Raises:
-            CollectiveMismatchError: ``MPICOLL_VALIDATE`` or ``MPICOLL_DEBUG`` set differently on
-                the members (each would make different MPI calls), on every member.
+            CollectiveMismatchError: ``MPICOLL_VALIDATE``, ``MPICOLL_DEBUG`` or ``MPICOLL_SHM`` set
+                differently on the members (each would make different MPI calls), on every member.
         """
+        node = mpi.Split_type(MPI.COMM_TYPE_SHARED)
+        one_node = node.Get_size() == mpi.Get_size()
+        node.Free()
         mine = np.array([env_flag("MPICOLL_VALIDATE", "1"), env_flag("MPICOLL_DEBUG", "0"),
-                         _watchdog.timeout_default() is not None], dtype=np.int64)
-        table = np.empty((mpi.Get_size(), 3), dtype=np.int64)
+                         _watchdog.timeout_default() is not None, env_flag("MPICOLL_SHM", "1"), one_node],
+                        dtype=np.int64)
+        table = np.empty((mpi.Get_size(), 5), dtype=np.int64)
         timed_call(mpi, "Allgather", ([mine, MPI.INT64_T], [table, MPI.INT64_T]), _watchdog.timeout_default(),
                    lambda: f"setting up {label}: timed out agreeing its settings")
-        for col, name in ((0, "MPICOLL_VALIDATE"), (1, "MPICOLL_DEBUG")):
+        for col, name in ((0, "MPICOLL_VALIDATE"), (1, "MPICOLL_DEBUG"), (3, "MPICOLL_SHM")):
             values = table[:, col].tolist()
             if len(set(values)) > 1:
                 on = [r for r, v in enumerate(values) if v]
@@ -128,7 +138,22 @@ class LibComm:
                 raise CollectiveMismatchError(
                     f"{label}: {name} differs across ranks: on for ranks {on}, off for ranks {off}: set it alike "
                     "on every rank (it decides which MPI calls a rank makes)", param=name, rank=off[0])
-        return cls(mpi, label, bool(table[0, 0]), bool(table[0, 1]), bool(table[:, 2].any()))
+        return cls(mpi, label, bool(table[0, 0]), bool(table[0, 1]), bool(table[:, 2].any()),
+                   bool(table[0, 3]) and bool(table[:, 4].all()))
+
+    def node_window(self):
+        """This communicator's shared window (:class:`mpicoll._shm.NodeWindow`), made on first use:
+        collective over the members, which all reach it at the same call (it is made from an
+        ``issue`` choice on agreed facts). Freed by :meth:`close`."""
+        if self._node is None:
+            from ._shm import NodeWindow
+            if self.pending:
+                self.drain(None)
+            self._node = NodeWindow(self)
+            with LOCK:
+                if self not in _OPEN:
+                    _OPEN.append(self)
+        return self._node
 
     @property
     def watched(self) -> bool:
@@ -257,13 +282,15 @@ class LibComm:
         self.mpi.Free()
 
     def close(self) -> None:
-        """Free the arrival window, if any (collective over the members)."""
+        """Free the arrival window and the node window, if any (collective over the members)."""
+        with LOCK:
+            if self in _OPEN:
+                _OPEN.remove(self)
+        if self._node is not None:
+            self._node.free()              # (kept, freed: a plan still holding it raises, not crashes)
         if self._win is not None:
             win, self._win, self._mark = self._win, None, None
             self.plain = not self.debug
-            with LOCK:
-                if self in _OPEN:
-                    _OPEN.remove(self)
             win.Unlock_all()
             win.Free()
 

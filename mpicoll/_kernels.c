@@ -5,9 +5,10 @@
  * dispatch) and the compiler's _Float16 otherwise; both round to nearest even, as numpy does, so
  * results are bit-identical to the numpy path. If this file does not compile, mpicoll uses numpy.
  *
- *   reduce_f16(parts, out, nrows, op)  out[i] = float16(op-reduce over rows r of float32(parts[r][i]))
- *                                      in row order, accumulated in float32; op 0 sum 1 prod 2 max 3 min
- *   reduce_bf16(parts, out, nrows, op)  the same for bfloat16
+ *   reduce_f16(rows, out, op)          out[i] = float16(op-reduce over r of float32(rows[r][i])): rows is a
+ *                                      sequence of buffers (anywhere: a private array, a shared window),
+ *                                      reduced in order, accumulated in float32; op 0 sum 1 prod 2 max 3 min
+ *   reduce_bf16(rows, out, op)         the same for bfloat16
  *   f16_to_f32(src, dst), f32_to_f16(src, dst)
  *   dequant_sum, dequant_sum_quantize, quantize_i8   int8 quantization kernels of mpicoll._numeric (below)
  *   use_simd(on) -> previous             switch the F16C/AVX2 loops off (tests of the portable loops)
@@ -32,15 +33,15 @@ static inline float minf_nan(float a, float b) { return (a < b || a != a) ? a : 
     ATTR static void f2h_##SUFFIX(const float *s, _Float16 *d, Py_ssize_t n) {                      \
         for (Py_ssize_t i = 0; i < n; i++) d[i] = (_Float16)s[i];                                   \
     }                                                                                              \
-    ATTR static void reduce_##SUFFIX(const _Float16 *p, _Float16 *out, Py_ssize_t rows,              \
-                                     Py_ssize_t stride, Py_ssize_t c, int op) {                    \
+    ATTR static void reduce_##SUFFIX(const _Float16 *const *p, _Float16 *out, Py_ssize_t rows,       \
+                                     Py_ssize_t c, int op) {                                       \
         float acc[TILE];                                                                           \
         for (Py_ssize_t s = 0; s < c; s += TILE) {                                                  \
             Py_ssize_t m = c - s < TILE ? c - s : TILE;                                            \
-            const _Float16 *r0 = p + s;                                                            \
+            const _Float16 *r0 = p[0] + s;                                                         \
             for (Py_ssize_t i = 0; i < m; i++) acc[i] = (float)r0[i];                              \
             for (Py_ssize_t r = 1; r < rows; r++) {                                                \
-                const _Float16 *q = p + r * stride + s;                                            \
+                const _Float16 *q = p[r] + s;                                                      \
                 switch (op) {                                                                      \
                 case 0: for (Py_ssize_t i = 0; i < m; i++) acc[i] += (float)q[i]; break;           \
                 case 1: for (Py_ssize_t i = 0; i < m; i++) acc[i] *= (float)q[i]; break;           \
@@ -81,15 +82,23 @@ F16C_ATTR static inline __m256 vop(__m256 a, __m256 b, int op) {
     }
 }
 
-F16C_ATTR static void reduce_f16c(const _Float16 *p, _Float16 *out, Py_ssize_t rows, Py_ssize_t c, int op) {
+F16C_ATTR static void reduce_f16c(const _Float16 *const *p, _Float16 *out, Py_ssize_t rows, Py_ssize_t c,
+                                   int op) {
     Py_ssize_t i = 0;
     for (; i + 8 <= c; i += 8) {      /* 8 lanes at a time, the rows in order, the sum in a register */
-        __m256 acc = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(p + i)));
+        __m256 acc = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(p[0] + i)));
         for (Py_ssize_t r = 1; r < rows; r++)
-            acc = vop(acc, _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(p + r * c + i))), op);
+            acc = vop(acc, _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(p[r] + i))), op);
         _mm_storeu_si128((__m128i *)(out + i), _mm256_cvtps_ph(acc, _MM_FROUND_TO_NEAREST_INT));
     }
-    if (i < c) reduce_generic(p + i, out + i, rows, c, c - i, op);
+    for (; i < c; i++) {              /* the tail, one element at a time, in the same order */
+        float acc = (float)p[0][i];
+        for (Py_ssize_t r = 1; r < rows; r++) {
+            float q = (float)p[r][i];
+            acc = op == 0 ? acc + q : op == 1 ? acc * q : op == 2 ? maxf_nan(acc, q) : minf_nan(acc, q);
+        }
+        out[i] = (_Float16)acc;
+    }
 }
 #endif
 
@@ -105,14 +114,14 @@ static inline uint16_t f2bf(float f) {
 }
 
 #define DEFINE_BF16(SUFFIX, ATTR)                                                                 \
-    ATTR static void reduce_bf16_##SUFFIX(const uint16_t *p, uint16_t *out, Py_ssize_t rows,         \
+    ATTR static void reduce_bf16_##SUFFIX(const uint16_t *const *p, uint16_t *out, Py_ssize_t rows,  \
                                           Py_ssize_t c, int op) {                                  \
         float acc[TILE];                                                                           \
         for (Py_ssize_t s = 0; s < c; s += TILE) {                                                  \
             Py_ssize_t m = c - s < TILE ? c - s : TILE;                                            \
-            for (Py_ssize_t i = 0; i < m; i++) acc[i] = bf2f(p[s + i]);                            \
+            for (Py_ssize_t i = 0; i < m; i++) acc[i] = bf2f(p[0][s + i]);                         \
             for (Py_ssize_t r = 1; r < rows; r++) {                                                \
-                const uint16_t *q = p + r * c + s;                                                 \
+                const uint16_t *q = p[r] + s;                                                      \
                 switch (op) {                                                                      \
                 case 0: for (Py_ssize_t i = 0; i < m; i++) acc[i] += bf2f(q[i]); break;            \
                 case 1: for (Py_ssize_t i = 0; i < m; i++) acc[i] *= bf2f(q[i]); break;            \
@@ -167,32 +176,54 @@ static PyObject *py_f32_to_f16(PyObject *self, PyObject *args) {
     Py_RETURN_NONE;
 }
 
-/* reduce_f16 / reduce_bf16: parse (parts, out, rows, op), check the sizes, run without the GIL */
+/* reduce_f16 / reduce_bf16: parse (rows, out, op), check every row's size, run without the GIL */
 static PyObject *reduce_rows(PyObject *args, int bf16) {
-    Py_buffer s, d;
-    Py_ssize_t rows;
+    PyObject *seq, *fast;
+    Py_buffer d;
     int op;
-    if (!PyArg_ParseTuple(args, "y*w*ni", &s, &d, &rows, &op)) return NULL;
+    if (!PyArg_ParseTuple(args, "Ow*i", &seq, &d, &op)) return NULL;
     Py_ssize_t c = d.len / 2;
-    if (rows < 1 || s.len < rows * c * 2 || op < 0 || op > 3) {
-        PyBuffer_Release(&s); PyBuffer_Release(&d);
-        return PyErr_Format(PyExc_ValueError, "reduce: bad shape or op (rows=%zd, op=%d)", rows, op);
+    if (!(fast = PySequence_Fast(seq, "reduce: rows must be a sequence of buffers"))) { PyBuffer_Release(&d); return NULL; }
+    Py_ssize_t rows = PySequence_Fast_GET_SIZE(fast), got = 0;
+    Py_buffer *bufs = PyMem_Calloc(rows ? rows : 1, sizeof(Py_buffer));
+    const void **ptrs = PyMem_Calloc(rows ? rows : 1, sizeof(void *));
+    PyObject *result = NULL;
+    if (!bufs || !ptrs) { PyErr_NoMemory(); goto done; }
+    if (rows < 1 || op < 0 || op > 3) {
+        PyErr_Format(PyExc_ValueError, "reduce: bad rows or op (rows=%zd, op=%d)", rows, op);
+        goto done;
+    }
+    for (; got < rows; got++) {
+        if (PyObject_GetBuffer(PySequence_Fast_GET_ITEM(fast, got), &bufs[got], PyBUF_SIMPLE) < 0) goto done;
+        if (bufs[got].len < c * 2) {
+            PyErr_Format(PyExc_ValueError, "reduce: row %zd has %zd bytes, out needs %zd", got, bufs[got].len, c * 2);
+            got++;
+            goto done;
+        }
+        ptrs[got] = bufs[got].buf;
     }
     Py_BEGIN_ALLOW_THREADS
     if (bf16) {
 #ifdef HAVE_F16C_VARIANT
-        if (use_f16c) reduce_bf16_avx2(s.buf, d.buf, rows, c, op); else
+        if (use_f16c) reduce_bf16_avx2((const uint16_t *const *)ptrs, d.buf, rows, c, op); else
 #endif
-        reduce_bf16_generic(s.buf, d.buf, rows, c, op);
+        reduce_bf16_generic((const uint16_t *const *)ptrs, d.buf, rows, c, op);
     } else {
 #ifdef HAVE_F16C_VARIANT
-        if (use_f16c) reduce_f16c(s.buf, d.buf, rows, c, op); else
+        if (use_f16c) reduce_f16c((const _Float16 *const *)ptrs, d.buf, rows, c, op); else
 #endif
-        reduce_generic(s.buf, d.buf, rows, c, c, op);
+        reduce_generic((const _Float16 *const *)ptrs, d.buf, rows, c, op);
     }
     Py_END_ALLOW_THREADS
-    PyBuffer_Release(&s); PyBuffer_Release(&d);
-    Py_RETURN_NONE;
+    result = Py_None;
+    Py_INCREF(result);
+done:
+    for (Py_ssize_t i = 0; i < got; i++) PyBuffer_Release(&bufs[i]);
+    PyMem_Free(bufs);
+    PyMem_Free(ptrs);
+    Py_DECREF(fast);
+    PyBuffer_Release(&d);
+    return result;
 }
 
 static PyObject *py_reduce_f16(PyObject *self, PyObject *args) { return reduce_rows(args, 0); }
@@ -488,11 +519,11 @@ static PyObject *py_use_simd(PyObject *self, PyObject *args) {
 
 static PyMethodDef methods[] = {
     {"reduce_bf16", py_reduce_bf16, METH_VARARGS,
-     "reduce_bf16(parts, out, rows, op): float32-accumulated row reduction of bfloat16, rounded once"},
+     "reduce_bf16(rows, out, op): float32-accumulated reduction of bfloat16 rows (buffers), rounded once"},
     {"f16_to_f32", py_f16_to_f32, METH_VARARGS, "f16_to_f32(src, dst): float16 buffer -> float32 buffer"},
     {"f32_to_f16", py_f32_to_f16, METH_VARARGS, "f32_to_f16(src, dst): float32 -> float16, round to nearest even"},
     {"reduce_f16", py_reduce_f16, METH_VARARGS,
-     "reduce_f16(parts, out, rows, op): float32-accumulated row reduction of float16, rounded once"},
+     "reduce_f16(rows, out, op): float32-accumulated reduction of float16 rows (buffers), rounded once"},
     {"dequant_sum", py_dequant_sum, METH_VARARGS,
      "dequant_sum(q, scales, out, rows, block, out_itemsize): float32 sum over int8 rows times their scales, rounded once"},
     {"dequant_sum_quantize", py_dequant_sum_quantize, METH_VARARGS,

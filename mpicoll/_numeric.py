@@ -64,31 +64,51 @@ def from_f32(acc: np.ndarray, out: np.ndarray) -> np.ndarray:
 
 
 def reduce_chunks(parts: np.ndarray, dt: DType, rop: ReduceOp, out: np.ndarray) -> np.ndarray:
-    """Reduce ``parts[i]`` (one row per source rank) in rank order into ``out``: integers in their
-    own dtype (wrapping, as MPI does), 16-bit floats accumulated in float32 and rounded once.
+    """Reduce ``parts[i]`` (one row per source rank) in rank order into ``out``: :func:`reduce_rows`
+    of the rows of a 2-D array."""
+    return reduce_rows(list(parts), dt, rop, out)
 
-    With the C kernels: one vectorised pass over the rows, bit-identical to numpy. Otherwise numpy
-    tile by tile, so that the float32 accumulator and the converted row stay in cache.
+
+def reduce_rows(rows: list[np.ndarray], dt: DType, rop: ReduceOp, out: np.ndarray) -> np.ndarray:
+    """Reduce the contiguous 1-D arrays ``rows`` (one per source rank, each as long as ``out``,
+    wherever they live: a private array, a shared window) in their order into ``out``, in one pass
+    over the data: integers in their own dtype (wrapping, as MPI does), 16-bit floats accumulated
+    in float32 and rounded once, other floats as ``((r0 op r1) op r2) ...``. ``out`` may be one
+    of the rows only if it is the first.
+
+    With the C kernels, 16-bit floats take one vectorised pass, bit-identical to numpy. Otherwise
+    numpy works tile by tile, so that the accumulator stays in cache while the rows stream by.
     """
-    n, c = parts.shape
     out = out.reshape(-1)
-    if dt.reduce == "native":
-        if n:
-            rop.ufunc.reduce(parts, axis=0, out=out)
+    n, c = len(rows), out.size
+    if not n or not c:
         return out
-    if KERNELS is not None and n:
+    if dt.reduce == "native":
+        if n == 1:
+            np.copyto(out, rows[0])
+        elif n == 2:
+            rop.ufunc(rows[0], rows[1], out=out)
+        else:
+            for s in range(0, c, TILE):
+                e = min(s + TILE, c)
+                o = out[s:e]
+                rop.ufunc(rows[0][s:e], rows[1][s:e], out=o)
+                for r in rows[2:]:
+                    rop.ufunc(o, r[s:e], out=o)
+        return out
+    if KERNELS is not None:
         kernel = KERNELS.reduce_f16 if dt.name == "float16" else KERNELS.reduce_bf16
-        kernel(parts.view(np.uint16), out.view(np.uint16), n, rop.code - 1)
+        kernel([r.view(np.uint16) for r in rows], out.view(np.uint16), rop.code - 1)
         return out
     acc = np.empty(min(c, TILE), dtype=np.float32)
     tmp = np.empty_like(acc)
     with np.errstate(over="ignore", invalid="ignore"):   # overflow to inf / NaN are the IEEE answers
-        for s in range(0, c, TILE):  # each step is vectorised over a tile and over the ranks' rows
+        for s in range(0, c, TILE):  # each step is vectorised over a tile
             e = min(s + TILE, c)
             a, t = acc[:e - s], tmp[:e - s]
-            np.copyto(a, parts[0, s:e])
-            for i in range(1, n):
-                np.copyto(t, parts[i, s:e])
+            np.copyto(a, rows[0][s:e])
+            for r in rows[1:]:
+                np.copyto(t, r[s:e])
                 rop.ufunc(a, t, out=a)
             np.copyto(out[s:e], a, casting="unsafe")
     return out

@@ -27,7 +27,7 @@ def test_reduce_is_bit_identical_to_numpy(rows, cols, op):
     parts = np.where(rng.random((rows, cols)) < 0.3, rng.choice(SPECIAL, (rows, cols)),
                      rng.standard_normal((rows, cols)) * 100).astype(np.float16)
     out = np.empty(cols, np.float16)
-    KERNELS.reduce_f16(parts, out, rows, op)
+    KERNELS.reduce_f16(list(parts), out, op)
     ufunc = (np.add, np.multiply, np.maximum, np.minimum)[op]
     acc = parts[0].astype(np.float32)
     with np.errstate(all="ignore"):
@@ -47,7 +47,7 @@ def test_bfloat16_reduce_is_bit_identical_to_ml_dtypes(op):
     parts = np.where(rng.random((3, 5001)) < 0.3, rng.choice(vals, (3, 5001)),
                      rng.standard_normal((3, 5001)) * 100).astype(ml_dtypes.bfloat16)
     out = np.empty(5001, ml_dtypes.bfloat16)
-    KERNELS.reduce_bf16(parts.view(np.uint16), out.view(np.uint16), 3, op)
+    KERNELS.reduce_bf16(list(parts.view(np.uint16)), out.view(np.uint16), op)
     ufunc = (np.add, np.multiply, np.maximum, np.minimum)[op]
     with np.errstate(all="ignore"):
         acc = parts[0].astype(np.float32)

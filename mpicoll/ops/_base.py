@@ -25,6 +25,7 @@ from typing import Any, ClassVar
 import numpy as np
 from mpi4py import MPI
 
+from .. import _shm
 from .. import _validate as V
 from .._comm import OP_NAMES, LibComm, finalized, op_code
 from .._domains import lib_domain, lookup, user_comm, world
@@ -554,12 +555,17 @@ def reduce_scatter(go: Any, comm: LibComm, blocks: np.ndarray, counts: list[int]
     ``blocks``: this rank's blocks in rank order, packed (block j: ``counts[j]`` elements), or,
     with ``block_type``, one block per rank in that datatype. ``counts``: the blocks' sizes, the
     same list on every rank. ``packed_everywhere``: every rank's blocks are packed (agreed: a
-    rank's layout is its own). MPI's own reduction runs for the dtypes it reduces natively when
+    rank's layout is its own). On one node, packed blocks from ``_shm.REDUCE_SCATTER_BYTES`` on
+    go through the node's shared window (:mod:`mpicoll._shm`). Otherwise MPI's own reduction runs for the dtypes it reduces natively when
     every rank's blocks are packed (``Reduce_scatter_block`` for equal counts, else
     ``Reduce_scatter``); otherwise an AllToAll of the blocks and a rank-order reduction
     (:func:`alltoall_reduce`: float16/bfloat16 accumulated in float32).
     """
     equal = counts.count(counts[0]) == len(counts)
+    if packed_everywhere and block_type is None and _shm.serves(comm, sum(counts) * dt.itemsize,
+                                                                _shm.REDUCE_SCATTER_BYTES):
+        _shm.reduce_scatter(go, comm, blocks, counts, dt, rop, out)     # one node: the shared window
+        return
     if dt.reduce == "native" and packed_everywhere:
         if equal:
             go.mpi(comm, "Reduce_scatter_block", [blocks, dt.mpi], [out, dt.mpi], rop.mpi)

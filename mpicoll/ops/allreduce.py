@@ -10,6 +10,7 @@ from .._dtypes import DTYPES, reduce_op
 from .._golden import (TORCH_OPS, BenchRun, BenchSpec, Case, CheckSpec, bench_data, golden_reduce, rank_data,
                        raw_reduce_type, reduce_case_names, register_bench, register_check, torch_view)
 from .._params import ReduceTypeParam
+from .. import _shm
 from .._plan import Call, Plan
 from .._numeric import from_f32, to_f32
 from ._base import ReduceTypeOperation, alltoall_reduce, pack, prefix, scatter_pairs, split_even, unpack
@@ -102,10 +103,14 @@ class AllReduceOperation(ReduceTypeOperation):
 def reduce_pieces(go, comm, x: np.ndarray, out: np.ndarray | None, dt, rop, root: int | None = None) -> None:
     """The MPI calls of AllReduce (``root`` None: every rank gets ``out``) or Reduce (only rank
     ``root`` gets it; ``out`` None elsewhere), chosen from the dtype and the size alone (the same on
-    every rank): MPI's own reduction in one call; 16-bit floats up to SMALL_F32_BYTES as one float32
+    every rank): on one node from ``_shm.ALLREDUCE_BYTES`` on, the node's shared window
+    (:mod:`mpicoll._shm`); else MPI's own reduction in one call; 16-bit floats up to SMALL_F32_BYTES as one float32
     reduction; else, and from PIECED_BYTES on in PIECE_BYTES pieces, AllToAll + a local reduction
     in rank order + AllGather (or Gather). ``out`` may be ``x`` (in place)."""
     n, in_place = comm.size, out is x
+    if root is None and _shm.serves(comm, x.nbytes, _shm.ALLREDUCE_BYTES):    # one node: the shared window
+        _shm.allreduce(go, comm, x, out, dt, rop)
+        return
     pieced = x.nbytes >= PIECED_BYTES and n > 1
     if not pieced and _mpi_reduces(dt, x.size, n):                             # MPI's own reduction, one call
         _native(go, comm, x, out, dt, rop, root, in_place)

@@ -1,0 +1,156 @@
+"""The node's shared window (mpicoll._shm) against mpicoll's MPI path and raw mpi4py, same run.
+
+    mpirun -bind-to core -np 2 python benchmarks/shm.py [--sizes 1,4,16,64] [--dtypes float32,bfloat16]
+                                                        [--ops AllReduce,ReduceScatter] [--reps 7] [--json F]
+
+Sizes are MiB of each rank's input. For every operator, dtype and size it interleaves blocks of
+``plan.run()`` on a communicator made with the window (``MPICOLL_SHM=1``, the default), of
+``plan.run()`` on one made without it (``MPICOLL_SHM=0``: mpicoll's MPI path), of the raw mpi4py call
+(``comm.Allreduce`` / ``comm.Reduce_scatter_block``; none for bfloat16, which MPI cannot reduce), and
+of one core's memcpy of the same bytes (rank 0 alone, ``np.copyto``), each in turn first, each block
+timed as the slowest rank's mean. Prints median times, bus bandwidth (nccl-tests' factors:
+AllReduce 2(n-1)/n, ReduceScatter (n-1)/n of the input bytes) over memcpy's bandwidth, and the
+medians of the ratios paired within a repetition. Plans run with validation off: the loop a user
+writes for speed.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import time
+
+import numpy as np
+from mpi4py import MPI
+
+import mpicoll
+import mpicoll._shm
+from mpicoll._dtypes import DTYPES
+
+W = MPI.COMM_WORLD
+
+
+COMMS: dict = {}      # slot (None: no window) -> its duplicate of the world, made once: the window lives with it
+
+
+def make_plan(cls, param_cls, slot: int | None, *args, **kw):
+    """A plan of an operation on a duplicate of the world kept for ``slot``: made with a window of
+    ``slot`` bytes per rank per round, or without the window (None)."""
+    if slot not in COMMS:
+        COMMS[slot] = W.Dup()
+    old = os.environ.get("MPICOLL_SHM")
+    os.environ["MPICOLL_SHM"] = "0" if slot is None else "1"
+    if slot:
+        mpicoll._shm.SLOT_BYTES = slot
+    try:
+        return cls(param_cls(comm=COMMS[slot], reduce_type="sum"), validate=False).prepare(*args, **kw)
+    finally:
+        if old is None:
+            del os.environ["MPICOLL_SHM"]
+        else:
+            os.environ["MPICOLL_SHM"] = old
+
+
+def variants(op_name: str, dtype: str, nbytes: int, slots: list[int]) -> dict:
+    """name -> a no-argument call, for one operator, dtype and size."""
+    n, dt = W.size, DTYPES[dtype]
+    count = max(nbytes // dt.itemsize // n, 1) * n
+    x = (np.arange(count) % 7).astype(dt.np)
+    raw_comm = COMMS.setdefault("raw", W.Dup())
+    out = {}
+    if op_name == "AllReduce":
+        y = np.empty_like(x)
+        for name, slot in [(f"window{k}", s) for k, s in enumerate(slots)] + [("mpi", None)]:
+            out[name] = make_plan(mpicoll.AllReduceOperation, mpicoll.AllReduceParam, slot, x, out=y).run
+        if dt.reduce == "native":
+            out["raw"] = lambda: raw_comm.Allreduce([x, dt.mpi], [y, dt.mpi], MPI.SUM)
+    else:
+        y = np.empty(count // n, dtype=dt.np)
+        for name, slot in [(f"window{k}", s) for k, s in enumerate(slots)] + [("mpi", None)]:
+            out[name] = make_plan(mpicoll.ReduceScatterOperation, mpicoll.ReduceScatterParam, slot, x, out=y).run
+        if dt.reduce == "native":
+            out["raw"] = lambda: raw_comm.Reduce_scatter_block([x, dt.mpi], [y, dt.mpi], MPI.SUM)
+    src, dst = x.copy(), np.empty_like(x)
+
+    def memcpy():
+        if W.rank == 0:
+            np.copyto(dst, src)
+    out["memcpy"] = memcpy
+    return out
+
+
+def block(fn, iters: int) -> float:
+    """The slowest rank's mean time per call over ``iters`` calls."""
+    W.Barrier()
+    t = time.perf_counter()
+    for _ in range(iters):
+        fn()
+    t = (time.perf_counter() - t) / iters
+    return W.allreduce(t, op=MPI.MAX)
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--sizes", default="1,4,16,64")
+    ap.add_argument("--dtypes", default="float32,bfloat16")
+    ap.add_argument("--ops", default="AllReduce,ReduceScatter")
+    ap.add_argument("--reps", type=int, default=7)
+    ap.add_argument("--json", default=None)
+    ap.add_argument("--slot", default=str(mpicoll._shm.SLOT_BYTES),
+                    help="window bytes per rank per round; several (comma-separated) compare windows of each "
+                         "size in the same run (the first is 'window' in the ratios)")
+    ap.add_argument("--no-threshold", action="store_true",
+                    help="use the window at every size (an experiment: how the thresholds were chosen)")
+    a = ap.parse_args()
+    if a.no_threshold:
+        mpicoll._shm.ALLREDUCE_BYTES = mpicoll._shm.REDUCE_SCATTER_BYTES = 0
+    slots = [int(s) for s in a.slot.split(",")]
+    n, rows = W.size, []
+    wins = [f"window{k}" for k in range(len(slots))]
+    if W.rank == 0:
+        print(f"# mpicoll {mpicoll.__version__}: shared window vs MPI path vs raw mpi4py, {n} ranks, "
+              f"{MPI.Get_library_version().splitlines()[0].strip()}; ms = median of the slowest rank's mean")
+        print("# windows: " + ", ".join(f"{w} = {s} B per rank per round" for w, s in zip(wins, slots)))
+        print(f"{'op':<14}{'dtype':<9}{'MiB':>5} " + "".join(f"{w + ' ms':>11}{'/mpi':>6}{'/raw':>6}" for w in wins)
+              + f" {'mpi ms':>8} {'raw ms':>8} {'memcpy':>8} {'busbw/memcpy':>13}")
+    for op_name in a.ops.split(","):
+        factor = 2 * (n - 1) / n if op_name == "AllReduce" else (n - 1) / n
+        for dtype in a.dtypes.split(","):
+            for mib in (float(s) for s in a.sizes.split(",")):
+                nbytes = int(mib * 2 ** 20)
+                calls = variants(op_name, dtype, nbytes, slots)
+                names = list(calls)
+                warm = time.perf_counter() + (3.0 if not rows else 0.0)
+                while True:                                 # warm up (the first time: fresh window memory is
+                    for fn in calls.values():               # slow to write for a few seconds on this VM)
+                        fn()
+                    if W.allreduce(time.perf_counter() >= warm, op=MPI.LAND):
+                        break
+                iters = max(2, min(50, int(0.3 / max(block(calls["mpi"], 1), 1e-6))))
+                times = {k: [] for k in names}
+                for rep in range(a.reps):
+                    for k in names[rep % len(names):] + names[:rep % len(names)]:
+                        times[k].append(block(calls[k], iters))
+                med = {k: statistics.median(v) for k, v in times.items()}
+                ratio = {(w, k): statistics.median(a / b for a, b in zip(times[w], times[k]))
+                         for w in wins for k in ("mpi", "raw") if k in times}
+                busbw = [nbytes * factor / med[w] / (nbytes / med["memcpy"]) for w in wins]
+                rows.append({"op": op_name, "dtype": dtype, "MiB": mib, "ranks": n, "slots": slots,
+                             "ms": {k: v * 1e3 for k, v in med.items()},
+                             "ratios": {f"{w}/{k}": v for (w, k), v in ratio.items()}, "busbw/memcpy": busbw})
+                if W.rank == 0:
+                    def f(v, width, fmt):
+                        return f"{'-':>{width}}" if v is None else f"{v:{width}{fmt}}"
+                    cells = "".join(f"{med[w] * 1e3:11.2f}{ratio[w, 'mpi']:6.2f}{f(ratio.get((w, 'raw')), 6, '.2f')}"
+                                    for w in wins)
+                    print(f"{op_name:<14}{dtype:<9}{mib:5g} {cells} {med['mpi'] * 1e3:8.2f} "
+                          f"{f(med['raw'] * 1e3 if 'raw' in med else None, 8, '.2f')} {med['memcpy'] * 1e3:8.2f} "
+                          f"{' '.join(f'{b:.2f}' for b in busbw):>13}", flush=True)
+    if W.rank == 0 and a.json:
+        with open(a.json, "w") as f:
+            json.dump(rows, f, indent=1)
+
+
+if __name__ == "__main__":
+    main()

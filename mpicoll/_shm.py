@@ -1,0 +1,167 @@
+"""Reductions through one MPI shared window per node-local communicator.
+
+Where every member of a communicator runs on one node (``LibComm.local``: agreed when mpicoll makes
+the communicator, and ``MPICOLL_SHM`` on), AllReduce and ReduceScatter(V) from a size up (the
+thresholds below: constants, the same on every rank, so the choice is made from agreed facts only)
+run through a window of MPI shared memory (``MPI.Win.Allocate_shared``) instead of MPI's collective:
+
+* each rank copies the blocks the other ranks reduce into its own slot of the window;
+* the ranks synchronise (``Win.Sync`` + ``Barrier`` + ``Win.Sync``: the MPI memory model's rule for
+  shared windows; the ``Barrier`` is an ordinary mpicoll collective, timed by the watchdog);
+* each rank reduces its own block in one pass over every rank's copy, in rank order
+  (:func:`~mpicoll._numeric.reduce_rows`: its own block straight from its input, float16/bfloat16
+  accumulated in float32), writing the result where it is needed (ReduceScatter: the output);
+* AllReduce: the ranks synchronise again and each copies the reduced blocks of the others out.
+
+Large payloads go in rounds of at most ``SLOT_BYTES`` (AllReduce: of the message; ReduceScatter: of
+each rank's blocks together). The window has two halves per rank, used by alternate rounds, so one
+round's copies-in never overwrite what a peer may still read from the round before: a
+ReduceScatter round needs one ``Barrier``, an AllReduce round two. The half in use is state of the
+window, advanced by every round at run time: every member runs the same rounds in the same order.
+
+One window per communicator, ``2 * SLOT_BYTES`` per rank, made (collectively) by the first call
+that needs it and freed with the communicator (or at exit). MPI owns the memory: MPICH unlinks its
+backing file once every rank has mapped it, so nothing is left in ``/dev/shm`` however the job ends.
+"""
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
+from mpi4py import MPI
+
+from ._errors import CollectiveError
+from ._numeric import reduce_rows
+
+if TYPE_CHECKING:
+    from ._comm import LibComm
+    from ._dtypes import DType, ReduceOp
+
+#: bytes per rank per round (and per half of the window)
+SLOT_BYTES = 2 * 1024 * 1024
+#: AllReduce payloads of at least this many bytes use the window (measured: benchmarks/shm.py)
+ALLREDUCE_BYTES = 64 * 1024
+#: ReduceScatter(V) payloads (all blocks of one rank) of at least this many bytes use the window
+REDUCE_SCATTER_BYTES = 64 * 1024
+
+
+def serves(comm: LibComm, nbytes: int, threshold: int) -> bool:
+    """Whether a reduction of ``nbytes`` (the same on every rank) on ``comm`` goes through its node
+    window: every member on one node (agreed), more than one member, at least ``threshold`` bytes."""
+    return comm.local and comm.size > 1 and nbytes >= threshold
+
+
+class NodeWindow:
+    """One communicator's shared window: ``2 * SLOT_BYTES`` per rank, in two halves.
+
+    Attributes:
+        win: the MPI window (every member holds a passive-target epoch on it from the start).
+        half: the half the next round uses (0 or 1), the same on every member.
+        slot_bytes: bytes per rank per half (``SLOT_BYTES`` when it was made).
+    """
+
+    def __init__(self, comm: LibComm) -> None:
+        self.label, self.slot_bytes = comm.label, SLOT_BYTES
+        self.win = MPI.Win.Allocate_shared(2 * self.slot_bytes, 1, comm=comm.mpi)
+        self.win.Lock_all(MPI.MODE_NOCHECK)
+        self._segments = [np.frombuffer(self.win.Shared_query(r)[0], dtype=np.uint8) for r in range(comm.size)]
+        self.half = 0
+
+    def slots(self, rank: int, dtype: np.dtype) -> tuple[np.ndarray, np.ndarray]:
+        """Rank ``rank``'s two halves, as arrays of ``dtype``."""
+        seg, b = self._segments[rank], self.slot_bytes
+        return seg[:b].view(dtype), seg[b:2 * b].view(dtype)
+
+    def free(self) -> None:
+        """Free the window (collective over the members)."""
+        if self.win is not None:
+            win, self.win, self._segments = self.win, None, []
+            win.Unlock_all()
+            win.Free()
+
+    # -- the steps of a round (recorded by plans; each picks the views of the half in use) ----------
+    def check(self) -> None:
+        """Raise, rather than touch freed memory, when a plan runs after its communicator was freed."""
+        if self.win is None:
+            raise CollectiveError(f"{self.label} was freed (or the program is exiting): its shared window is gone",
+                                  param="comm")
+
+    def put(self, pairs: tuple[list, list]) -> None:
+        """Copy this rank's blocks into its slot, then make the writes visible."""
+        for dst, src in pairs[self.half]:
+            np.copyto(dst, src)
+        self.win.Sync()
+
+    def reduce(self, rows: tuple[list, list], dt: DType, rop: ReduceOp, outs: tuple[Any, Any], publish: bool) -> None:
+        """Reduce this rank's block from every rank's copy (after a Barrier); ``publish``: others
+        read the result from the window next (AllReduce)."""
+        self.win.Sync()
+        reduce_rows(rows[self.half], dt, rop, outs[self.half])
+        if publish:
+            self.win.Sync()
+
+    def get(self, pairs: tuple[list, list]) -> None:
+        """Copy the reduced blocks out of the window (after a Barrier)."""
+        self.win.Sync()
+        for dst, src in pairs[self.half]:
+            np.copyto(dst, src)
+
+    def flip(self) -> None:
+        self.half ^= 1
+
+
+def _barrier(go, comm: LibComm) -> None:
+    go.mpi(comm, "Barrier")
+
+
+def allreduce(go, comm: LibComm, x: np.ndarray, out: np.ndarray, dt: DType, rop: ReduceOp) -> None:
+    """AllReduce of ``x`` into ``out`` (may be ``x``) through the node window, in rounds of at most
+    ``SLOT_BYTES``: each rank reduces one block of the round (``split_even``: the first ranks get
+    one element more), in rank order, into its slot; then every rank copies every block out."""
+    from .ops._base import prefix, split_even
+    node, n, me = comm.node_window(), comm.size, comm.rank
+    flat, oflat = x.reshape(-1), out.reshape(-1)
+    per = node.slot_bytes // dt.itemsize
+    slots = [node.slots(r, dt.np) for r in range(n)]
+    go.local(node.check)
+    for s in range(0, flat.size, per):
+        xs, os_ = flat[s:s + per], oflat[s:s + per]
+        counts = split_even(xs.size, n)
+        bounds = [(int(a), int(a + c)) for a, c in zip(prefix(counts), counts)]
+        lo, hi = bounds[me]
+        put = tuple([(m[:lo], xs[:lo]), (m[hi:xs.size], xs[hi:])] for m in slots[me])
+        rows = tuple([xs[lo:hi] if r == me else slots[r][h][lo:hi] for r in range(n)] for h in (0, 1))
+        outs = tuple(m[lo:hi] for m in slots[me])
+        get = tuple([(os_[a:b], slots[r][h][a:b]) for r, (a, b) in enumerate(bounds)] for h in (0, 1))
+        go.local(node.put, put)
+        _barrier(go, comm)
+        go.local(node.reduce, rows, dt, rop, outs, True)
+        _barrier(go, comm)
+        go.local(node.get, get)
+        go.local(node.flip)
+
+
+def reduce_scatter(go, comm: LibComm, blocks: np.ndarray, counts: list[int], dt: DType, rop: ReduceOp,
+                   out: np.ndarray) -> None:
+    """ReduceScatter(V) of the packed ``blocks`` (block j: ``counts[j]`` elements, rank j's) into
+    ``out`` through the node window, in rounds: a round takes up to ``SLOT_BYTES / n`` bytes of
+    every block; each rank copies the others' parts into its slot and, after a Barrier, reduces
+    its own part from every slot (its own straight from ``blocks``) into ``out``."""
+    from .ops._base import prefix
+    node, n, me = comm.node_window(), comm.size, comm.rank
+    flat, oflat = blocks.reshape(-1), out.reshape(-1)
+    b = max(node.slot_bytes // dt.itemsize // n, 1)
+    starts = prefix(counts)
+    slots = [node.slots(r, dt.np) for r in range(n)]
+    go.local(node.check)
+    for a in range(0, max(counts), b):
+        put = tuple([(m[j * b:j * b + min(b, counts[j] - a)], flat[starts[j] + a:starts[j] + min(a + b, counts[j])])
+                     for j in range(n) if j != me and counts[j] > a] for m in slots[me])
+        go.local(node.put, put)
+        _barrier(go, comm)
+        e = min(a + b, counts[me])
+        if e > a:
+            mine = flat[starts[me] + a:starts[me] + e]
+            rows = tuple([mine if r == me else slots[r][h][me * b:me * b + e - a] for r in range(n)] for h in (0, 1))
+            go.local(node.reduce, rows, dt, rop, (oflat[a:e], oflat[a:e]), False)
+        go.local(node.flip)

@@ -1,0 +1,292 @@
+"""The node's shared window (mpicoll._shm): AllReduce and ReduceScatter(V) through it, bit for bit
+against the rank-order numpy golden in every dtype and reduce op; sizes around the threshold and
+the round boundaries; in place; plans, the Hccl client, graph replays, the functional API; two
+communicators with windows at once; the settings; a rank that never arrives; nothing left behind.
+
+Most tests run on a fresh duplicate of the world whose window has SLOT bytes per rank per round and
+thresholds of THRESHOLD bytes, so that small arrays take many rounds (the module's constants are
+the same on every rank, as they must be).
+"""
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import textwrap
+
+import numpy as np
+import pytest
+
+import mpicoll
+from mpicoll import _shm
+from mpicoll._domains import user_comm
+from mpicoll._dtypes import DTYPES, REDUCE_OPS
+from mpicoll import CollectiveMismatchError
+from mpicoll._golden import SEED, count_wrong, golden_reduce, rank_data
+
+from _mpi import RANK, SIZE, WORLD, launch_env, mpirun, raises_everywhere
+
+mpi1 = pytest.mark.mpi(min_size=1)
+mpi2 = pytest.mark.mpi(min_size=2)
+
+SLOT = 4096
+THRESHOLD = 1024
+
+
+@pytest.fixture
+def comm(monkeypatch):
+    """A fresh duplicate of the world with a small window (freed after the test)."""
+    monkeypatch.setattr(_shm, "SLOT_BYTES", SLOT)
+    monkeypatch.setattr(_shm, "ALLREDUCE_BYTES", THRESHOLD)
+    monkeypatch.setattr(_shm, "REDUCE_SCATTER_BYTES", THRESHOLD)
+    c = WORLD.Dup()
+    yield c
+    c.Free()
+
+
+def sizes(itemsize: int) -> list[int]:
+    """Element counts around the threshold and the round boundaries (one round: SLOT bytes)."""
+    t, r = THRESHOLD // itemsize, SLOT // itemsize
+    return [t - 1, t, t + 1, r - 1, r, r + 1, 3 * r + 7 * SIZE + 1]
+
+
+def used_window(comm) -> bool:
+    return user_comm(comm)._node is not None
+
+
+@mpi1
+@pytest.mark.parametrize("dtype", list(DTYPES))
+def test_allreduce_every_op_and_size_bit_for_bit(comm, dtype):
+    dt = DTYPES[dtype]
+    for rname, rop in REDUCE_OPS.items():
+        op = mpicoll.AllReduceOperation(mpicoll.AllReduceParam(comm=comm, reduce_type=rname))
+        for size in sizes(dt.itemsize):
+            kind = "random" if dt.np.kind == "f" and size * dt.itemsize >= THRESHOLD and SIZE > 1 else "int"
+            xs = [rank_data(SEED, f"shm/ar/{dtype}/{rname}/{size}", r, size, dt, kind) for r in range(SIZE)]
+            golden = golden_reduce(xs, dt, rop)
+            assert count_wrong(op.execute(xs[RANK]), golden) == 0, (rname, size)
+            x = xs[RANK].copy()
+            assert op.execute(x, out=x) is x and count_wrong(x, golden) == 0, (rname, size, "in place")
+    assert used_window(comm) == (SIZE > 1)
+
+
+@mpi1
+@pytest.mark.parametrize("dtype", list(DTYPES))
+def test_reduce_scatter_every_op_and_size_bit_for_bit(comm, dtype):
+    dt = DTYPES[dtype]
+    for rname, rop in REDUCE_OPS.items():
+        op = mpicoll.ReduceScatterOperation(mpicoll.ReduceScatterParam(comm=comm, reduce_type=rname))
+        for block in sorted({max(s // SIZE, 1) for s in sizes(dt.itemsize)}):
+            kind = "random" if dt.np.kind == "f" and SIZE > 1 else "int"
+            xs = [rank_data(SEED, f"shm/rs/{dtype}/{rname}/{block}", r, (SIZE * block, 2), dt, kind)
+                  for r in range(SIZE)]
+            golden = golden_reduce(xs, dt, rop)[RANK * block:(RANK + 1) * block]
+            assert count_wrong(op.execute(xs[RANK]), golden) == 0, (rname, block)
+            x = xs[RANK].copy()
+            mine = x[RANK * block:(RANK + 1) * block]
+            assert op.execute(x, out=mine) is mine and count_wrong(mine, golden) == 0, (rname, block, "in place")
+    assert used_window(comm) == (SIZE > 1)
+
+
+def count_patterns(total: int) -> dict[str, list[int]]:
+    n = SIZE
+    return {"even": [total // n] * n,
+            "uneven": [total // n + k for k in range(n)],
+            "one rank only": [0] * (n - 1) + [total],
+            "first rank only": [total] + [0] * (n - 1),
+            "half zero": [total if k % 2 else 0 for k in range(n)],
+            "all zero": [0] * n}
+
+
+@mpi1
+@pytest.mark.parametrize("dtype", ["int8", "int32", "uint16", "float16", "bfloat16", "float32", "float64"])
+def test_reduce_scatter_v_uneven_and_zero_counts(comm, dtype):
+    dt, rop = DTYPES[dtype], REDUCE_OPS["sum"]
+    op = mpicoll.ReduceScatterVOperation(mpicoll.ReduceScatterVParam(comm=comm, reduce_type="sum"))
+    for total in (THRESHOLD // dt.itemsize, 3 * SLOT // dt.itemsize + 5):
+        for name, counts in count_patterns(total).items():
+            displs = np.concatenate(([0], np.cumsum(counts)[:-1])).tolist()
+            xs = [rank_data(SEED, f"shm/rsv/{dtype}/{total}/{name}", r, sum(counts), dt,
+                            "random" if dt.np.kind == "f" else "int") for r in range(SIZE)]
+            full = golden_reduce(xs, dt, rop)
+            golden = full[displs[RANK]:displs[RANK] + counts[RANK]]
+            got = op.execute(xs[RANK], counts, displs, counts[RANK])
+            assert count_wrong(got, golden) == 0, (total, name)
+            # a permuted layout with gaps: packed first, then the same path
+            gap = 3
+            perm = list(reversed(range(SIZE)))
+            sd, pos = [0] * SIZE, 0
+            for j in perm:
+                sd[j], pos = pos, pos + counts[j] + gap
+            x = np.full(pos, 99, dtype=dt.np)
+            for j in range(SIZE):
+                x[sd[j]:sd[j] + counts[j]] = xs[RANK][displs[j]:displs[j] + counts[j]]
+            assert count_wrong(op.execute(x, counts, sd, counts[RANK]), golden) == 0, (total, name, "gapped")
+
+
+@mpi1
+def test_plans_hccl_graph_and_functional_take_the_window(comm):
+    dt = DTYPES["float32"]
+    n = 3 * SLOT // 4 + 5
+    xs = [rank_data(SEED, "shm/plans", r, n, dt, "random") for r in range(SIZE)]
+    golden = golden_reduce(xs, dt, REDUCE_OPS["sum"])
+    x = xs[RANK].copy()
+    ar = mpicoll.AllReduceOperation(mpicoll.AllReduceParam(comm=comm, reduce_type="sum"))
+    rs = mpicoll.ReduceScatterOperation(mpicoll.ReduceScatterParam(comm=comm, reduce_type="sum"))
+    k = n // SIZE
+    with ar.prepare(x) as p1, ar.prepare(x[:n - 1]) as p2, rs.prepare(x[:k * SIZE]) as p3:
+        for it in range(5):          # plans, one-shot calls and started plans interleaved on one window
+            assert count_wrong(p1.run(), golden) == 0, it
+            assert count_wrong(p2.start().wait(), golden[:n - 1]) == 0, it
+            assert count_wrong(ar.execute(x), golden) == 0, it
+            assert count_wrong(p3.run(), golden_reduce([a[:k * SIZE] for a in xs], dt, REDUCE_OPS["sum"])
+                               [RANK * k:(RANK + 1) * k]) == 0, it
+    assert used_window(comm) == (SIZE > 1)
+
+    from mpicoll import functional as F, graph
+    t = x.copy()
+    F.all_reduce(t, group=comm)
+    assert count_wrong(t, golden) == 0
+    with graph.capture() as g:
+        y = x.copy()
+        F.all_reduce(y, group=comm)
+    for _ in range(3):
+        np.copyto(y, x)
+        g.replay()
+        assert count_wrong(y, golden) == 0
+
+    from mpicoll.hccl import Hccl, HcclDataType, HcclReduceOp
+    out = np.empty_like(x)
+    with Hccl().init(comm) as hccl:            # two rounds of n // 2 and the rest through the window
+        c = n // 2
+        h = hccl.all_reduce(x, out, c, HcclDataType.FP32, HcclReduceOp.SUM, repeat=2, commit=True)
+        assert hccl.wait(h) == 2
+    assert count_wrong(out[:2 * c], golden[:2 * c]) == 0
+
+
+@mpi2
+def test_two_communicators_with_windows_at_once(comm, monkeypatch):
+    other = WORLD.Split(0, SIZE - 1 - RANK)               # the ranks reversed: another window, another order
+    try:
+        dt, rop = DTYPES["bfloat16"], REDUCE_OPS["sum"]
+        n = 2 * SLOT // 2 + 3
+        xs = [rank_data(SEED, "shm/two", r, n, dt, "random") for r in range(SIZE)]
+        a = mpicoll.AllReduceOperation(mpicoll.AllReduceParam(comm=comm, reduce_type="sum"))
+        b = mpicoll.AllReduceOperation(mpicoll.AllReduceParam(comm=other, reduce_type="sum"))
+        for _ in range(3):
+            assert count_wrong(a.execute(xs[RANK]), golden_reduce(xs, dt, rop)) == 0
+            assert count_wrong(b.execute(xs[RANK]), golden_reduce(xs[::-1], dt, rop)) == 0
+        assert used_window(comm) and used_window(other)
+    finally:
+        other.Free()
+
+
+@mpi1
+def test_mpicoll_shm_off_keeps_mpi_paths(monkeypatch):
+    monkeypatch.setenv("MPICOLL_SHM", "0")
+    monkeypatch.setattr(_shm, "ALLREDUCE_BYTES", THRESHOLD)
+    c = WORLD.Dup()
+    try:
+        x = np.ones(4096, np.float32)
+        got = mpicoll.AllReduceOperation(mpicoll.AllReduceParam(comm=c)).execute(x)
+        assert got.tolist() == [SIZE] * 4096
+        assert not user_comm(c).local and not used_window(c)
+    finally:
+        c.Free()
+
+
+@mpi1
+def test_the_world_is_one_node_here():
+    assert mpicoll._domains.world().local == (os.environ.get("MPICOLL_SHM", "1") != "0")
+
+
+# ----------------------------------------------------------------------------- jobs of their own
+
+def run(tmp_path, body: str, np_: int = 2, env: dict | None = None, timeout: float = 60):
+    script = tmp_path / "job.py"
+    script.write_text(textwrap.dedent(body))
+    clean = {k: v for k, v in launch_env().items() if not k.startswith("MPICOLL_")}
+    clean.update(env or {})
+    return subprocess.run(mpirun(np_, sys.executable, "-m", "mpi4py", str(script)), capture_output=True, text=True,
+                          timeout=timeout, env=clean)
+
+
+def shm_files() -> set[str]:
+    return set(os.listdir("/dev/shm")) if os.path.isdir("/dev/shm") else set()
+
+
+def mapped(names: set[str]) -> set[str]:
+    """Those of ``names`` that a live process still maps."""
+    found = set()
+    for maps in (f"/proc/{p}/maps" for p in os.listdir("/proc") if p.isdigit()):
+        try:
+            with open(maps, encoding="utf-8", errors="replace") as fh:
+                text = fh.read()
+        except OSError:
+            continue
+        found |= {n for n in names if f"/dev/shm/{n}" in text}
+    return found
+
+
+JOB = """
+    import os, signal, sys, time
+    import numpy as np
+    from mpi4py import MPI
+    import mpicoll
+    r = MPI.COMM_WORLD.Get_rank()
+    op = mpicoll.AllReduceOperation(mpicoll.AllReduceParam(reduce_type="sum"))
+    x = np.ones(1 << 20, np.float32)
+    assert op.execute(x)[0] == MPI.COMM_WORLD.Get_size()
+    print("WINDOW_ON" if mpicoll._domains.world()._node is not None else "WINDOW_OFF", flush=True)
+    how = {how!r}
+    if how == "raise":
+        raise RuntimeError("boom on every rank")
+    if how == "kill" and r == 1:
+        os.kill(os.getpid(), signal.SIGKILL)
+    if how == "kill":
+        time.sleep(30)
+"""
+
+
+@pytest.mark.skipif(RANK != 0, reason="one job, launched from rank 0")
+@pytest.mark.parametrize("how", ["exit", "raise", "kill"])
+def test_nothing_left_in_dev_shm(tmp_path, how):
+    before = shm_files()
+    res = run(tmp_path, JOB.format(how=how), timeout=60)
+    assert res.stdout.count("WINDOW_ON") >= (2 if how != "kill" else 1), res.stdout + res.stderr
+    assert (res.returncode == 0) == (how == "exit"), res.stderr
+    left = shm_files() - before
+    assert not (left - mapped(left)), f"left in /dev/shm after '{how}': {sorted(left)}"
+
+
+@pytest.mark.skipif(RANK != 0, reason="one job, launched from rank 0")
+def test_a_rank_that_never_arrives_times_out_naming_the_operator(tmp_path):
+    res = run(tmp_path, """
+        import numpy as np
+        from mpi4py import MPI
+        import mpicoll
+        op = mpicoll.AllReduceOperation(mpicoll.AllReduceParam(reduce_type="sum"), validate=False)
+        x = np.ones(1 << 18, np.float32)
+        op.execute(x)                                   # the window exists from here on
+        if MPI.COMM_WORLD.Get_rank() == 0:
+            op.execute(x)                               # the watchdog ends the job
+        else:
+            import time; time.sleep(30)
+    """, env={"MPICOLL_TIMEOUT": "2"}, timeout=60)
+    out = res.stdout + res.stderr
+    assert res.returncode != 0, out
+    assert "AllReduce: timed out after 2 s on rank 0" in out and "waiting in MPI Barrier" in out, out
+    assert "ranks that did not arrive: [1]" in out, out
+
+
+@mpi2
+def test_mpicoll_shm_set_on_some_ranks_only_raises_everywhere(monkeypatch):
+    """It decides which MPI calls a rank makes (a Barrier of the window, or MPI's collective):
+    agreed when mpicoll makes the communicator, like MPICOLL_VALIDATE."""
+    if RANK == 0:
+        monkeypatch.setenv("MPICOLL_SHM", "0")
+    comm = WORLD.Dup()
+    raises_everywhere(lambda: mpicoll.AllReduceOperation(mpicoll.AllReduceParam(comm=comm)).execute(np.ones(2)),
+                      CollectiveMismatchError, "MPICOLL_SHM differs across ranks: on for ranks",
+                      "off for ranks [0]")
+    comm.Free()
