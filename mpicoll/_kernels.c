@@ -10,6 +10,7 @@
  *                                      reduced in order, accumulated in float32; op 0 sum 1 prod 2 max 3 min
  *   reduce_bf16(rows, out, op)         the same for bfloat16
  *   f16_to_f32(src, dst), f32_to_f16(src, dst)
+ *   stream_copy(src, dst)              a copy with non-temporal stores (data another process reads next)
  *   dequant_sum, dequant_sum_quantize, quantize_i8   int8 quantization kernels of mpicoll._numeric (below)
  *   use_simd(on) -> previous             switch the F16C/AVX2 loops off (tests of the portable loops)
  */
@@ -134,8 +135,42 @@ static inline uint16_t f2bf(float f) {
     }
 
 DEFINE_BF16(generic, )
+
 #ifdef HAVE_F16C_VARIANT
-DEFINE_BF16(avx2, __attribute__((target("avx2"))))
+/* 8 bfloat16 -> 8 float32 (a shift), and back with f2bf's rounding and NaN rule, lane for lane */
+F16C_ATTR static inline __m256 bf16x8_to_f32(const uint16_t *p) {
+    return _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_cvtepu16_epi32(_mm_loadu_si128((const __m128i *)p)), 16));
+}
+
+F16C_ATTR static inline __m128i f32x8_to_bf16(__m256 v) {
+    __m256i b = _mm256_castps_si256(v);
+    __m256i lsb = _mm256_and_si256(_mm256_srli_epi32(b, 16), _mm256_set1_epi32(1));
+    __m256i r = _mm256_srli_epi32(_mm256_add_epi32(_mm256_add_epi32(b, _mm256_set1_epi32(0x7fff)), lsb), 16);
+    __m256i nan = _mm256_cmpgt_epi32(_mm256_and_si256(b, _mm256_set1_epi32(0x7fffffff)), _mm256_set1_epi32(0x7f800000));
+    __m256i quiet = _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi32(b, 16), _mm256_set1_epi32(0x8000)),
+                                    _mm256_set1_epi32(0x7fc0));
+    r = _mm256_blendv_epi8(r, quiet, nan);
+    return _mm_packus_epi32(_mm256_castsi256_si128(r), _mm256_extracti128_si256(r, 1));
+}
+
+F16C_ATTR static void reduce_bf16_avx2(const uint16_t *const *p, uint16_t *out, Py_ssize_t rows, Py_ssize_t c,
+                                       int op) {
+    Py_ssize_t i = 0;
+    for (; i + 8 <= c; i += 8) {      /* 8 lanes at a time, the rows in order, the sum in a register */
+        __m256 acc = bf16x8_to_f32(p[0] + i);
+        for (Py_ssize_t r = 1; r < rows; r++)
+            acc = vop(acc, bf16x8_to_f32(p[r] + i), op);
+        _mm_storeu_si128((__m128i *)(out + i), f32x8_to_bf16(acc));
+    }
+    for (; i < c; i++) {              /* the tail, one element at a time, in the same order */
+        float acc = bf2f(p[0][i]);
+        for (Py_ssize_t r = 1; r < rows; r++) {
+            float q = bf2f(p[r][i]);
+            acc = op == 0 ? acc + q : op == 1 ? acc * q : op == 2 ? maxf_nan(acc, q) : minf_nan(acc, q);
+        }
+        out[i] = f2bf(acc);
+    }
+}
 #endif
 
 static int use_f16c = 0;
@@ -509,6 +544,45 @@ static PyObject *py_quantize_i8(PyObject *self, PyObject *args) {
 
 static int have_f16c = 0;   /* what the CPU offers; use_f16c may be switched off for tests */
 
+/* stream_copy: a copy whose stores bypass the cache (non-temporal), for data another process reads
+ * next from shared memory. An ordinary store to a line that a peer core has cached must first fetch
+ * the line and invalidate the peer's copy; on a virtual machine whose cores sit on different dies
+ * that made copies into mpicoll's shared window 7-10x slower for seconds at a time. */
+#ifdef HAVE_F16C_VARIANT
+__attribute__((target("avx2"))) static void stream_avx2(const char *s, char *d, Py_ssize_t n) {
+    Py_ssize_t i = 0;
+    while (i < n && ((uintptr_t)(d + i) & 31)) { d[i] = s[i]; i++; }
+    for (; i + 128 <= n; i += 128) {
+        __m256i a = _mm256_loadu_si256((const __m256i *)(s + i)), b = _mm256_loadu_si256((const __m256i *)(s + i + 32));
+        __m256i c = _mm256_loadu_si256((const __m256i *)(s + i + 64)), e = _mm256_loadu_si256((const __m256i *)(s + i + 96));
+        _mm256_stream_si256((__m256i *)(d + i), a);
+        _mm256_stream_si256((__m256i *)(d + i + 32), b);
+        _mm256_stream_si256((__m256i *)(d + i + 64), c);
+        _mm256_stream_si256((__m256i *)(d + i + 96), e);
+    }
+    for (; i + 32 <= n; i += 32) _mm256_stream_si256((__m256i *)(d + i), _mm256_loadu_si256((const __m256i *)(s + i)));
+    for (; i < n; i++) d[i] = s[i];
+    _mm_sfence();               /* the streamed stores are ordered before whatever the caller does next */
+}
+#endif
+
+static PyObject *py_stream_copy(PyObject *self, PyObject *args) {
+    Py_buffer s, d;
+    if (!PyArg_ParseTuple(args, "y*w*", &s, &d)) return NULL;
+    if (s.len != d.len) {
+        PyBuffer_Release(&s); PyBuffer_Release(&d);
+        return PyErr_Format(PyExc_ValueError, "stream_copy: %zd bytes into %zd", s.len, d.len);
+    }
+    Py_BEGIN_ALLOW_THREADS
+#ifdef HAVE_F16C_VARIANT
+    if (use_f16c) stream_avx2(s.buf, d.buf, s.len); else
+#endif
+    memcpy(d.buf, s.buf, (size_t)s.len);
+    Py_END_ALLOW_THREADS
+    PyBuffer_Release(&s); PyBuffer_Release(&d);
+    Py_RETURN_NONE;
+}
+
 static PyObject *py_use_simd(PyObject *self, PyObject *args) {
     int on;
     if (!PyArg_ParseTuple(args, "p", &on)) return NULL;
@@ -531,6 +605,8 @@ static PyMethodDef methods[] = {
      "quantize_i8 of it per qblock, fused"},
     {"quantize_i8", py_quantize_i8, METH_VARARGS,
      "quantize_i8(src, q, scales, block, src_itemsize): symmetric absmax int8 quantization per block"},
+    {"stream_copy", py_stream_copy, METH_VARARGS,
+     "stream_copy(src, dst): copy bytes with non-temporal stores (AVX2), or memcpy"},
     {"use_simd", py_use_simd, METH_VARARGS,
      "use_simd(on) -> bool: use the F16C/AVX2 loops (when the CPU has them) or the portable C ones; returns the "
      "previous setting (for tests)"},

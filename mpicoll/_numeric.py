@@ -63,6 +63,15 @@ def from_f32(acc: np.ndarray, out: np.ndarray) -> np.ndarray:
     return out
 
 
+def stream_copy(dst: np.ndarray, src: np.ndarray) -> None:
+    """Copy contiguous ``src`` into ``dst`` with stores that bypass the cache (the C kernel; numpy
+    copies plainly): for data another process reads next from shared memory (mpicoll._shm)."""
+    if KERNELS is not None:
+        KERNELS.stream_copy(src.view(np.uint8), dst.view(np.uint8))
+    else:
+        np.copyto(dst, src)
+
+
 def reduce_chunks(parts: np.ndarray, dt: DType, rop: ReduceOp, out: np.ndarray) -> np.ndarray:
     """Reduce ``parts[i]`` (one row per source rank) in rank order into ``out``: :func:`reduce_rows`
     of the rows of a 2-D array."""

@@ -31,7 +31,7 @@ import numpy as np
 from mpi4py import MPI
 
 from ._errors import CollectiveError
-from ._numeric import reduce_rows
+from ._numeric import reduce_rows, stream_copy
 
 if TYPE_CHECKING:
     from ._comm import LibComm
@@ -87,21 +87,24 @@ class NodeWindow:
                                   param="comm")
 
     def put(self, pairs: tuple[list, list]) -> None:
-        """Copy this rank's blocks into its slot, then make the writes visible."""
+        """Copy this rank's blocks into its slot (stores that bypass the cache: the lines were last
+        read by a peer), then make the writes visible."""
         for dst, src in pairs[self.half]:
-            np.copyto(dst, src)
+            stream_copy(dst, src)
         self.win.Sync()
 
-    def reduce(self, rows: tuple[list, list], dt: DType, rop: ReduceOp, outs: tuple[Any, Any], publish: bool) -> None:
-        """Reduce this rank's block from every rank's copy (after a Barrier); ``publish``: others
-        read the result from the window next (AllReduce)."""
+    def reduce(self, rows: tuple[list, list], dt: DType, rop: ReduceOp, out: np.ndarray,
+               shared: tuple[np.ndarray, np.ndarray] | None) -> None:
+        """Reduce this rank's block from every rank's copy into ``out`` (after a Barrier);
+        ``shared``: also place the result in the window, where the peers read it next (AllReduce)."""
         self.win.Sync()
-        reduce_rows(rows[self.half], dt, rop, outs[self.half])
-        if publish:
+        reduce_rows(rows[self.half], dt, rop, out)
+        if shared is not None:
+            stream_copy(shared[self.half], out)
             self.win.Sync()
 
     def get(self, pairs: tuple[list, list]) -> None:
-        """Copy the reduced blocks out of the window (after a Barrier)."""
+        """Copy the reduced blocks out (after a Barrier)."""
         self.win.Sync()
         for dst, src in pairs[self.half]:
             np.copyto(dst, src)
@@ -114,30 +117,34 @@ def _barrier(go, comm: LibComm) -> None:
     go.mpi(comm, "Barrier")
 
 
-def allreduce(go, comm: LibComm, x: np.ndarray, out: np.ndarray, dt: DType, rop: ReduceOp) -> None:
-    """AllReduce of ``x`` into ``out`` (may be ``x``) through the node window, in rounds of at most
-    ``SLOT_BYTES``: each rank reduces one block of the round (``split_even``: the first ranks get
-    one element more), in rank order, into its slot; then every rank copies every block out."""
+def allreduce(go, comm: LibComm, x: np.ndarray, out: np.ndarray | None, dt: DType, rop: ReduceOp) -> None:
+    """AllReduce (or Reduce) of ``x`` into ``out`` (may be ``x``; None: a Reduce's other ranks)
+    through the node window, in rounds of at most ``SLOT_BYTES``: each rank reduces one block of
+    the round (``split_even``: the first ranks get one element more), in rank order, and places it
+    in its slot; then every rank with an ``out`` copies the blocks out."""
     from .ops._base import prefix, split_even
     node, n, me = comm.node_window(), comm.size, comm.rank
-    flat, oflat = x.reshape(-1), out.reshape(-1)
+    flat, oflat = x.reshape(-1), None if out is None else out.reshape(-1)
     per = node.slot_bytes // dt.itemsize
     slots = [node.slots(r, dt.np) for r in range(n)]
+    mine = np.empty(-(-min(per, flat.size) // n), dtype=dt.np)   # this rank's reduced block, privately
     go.local(node.check)
     for s in range(0, flat.size, per):
-        xs, os_ = flat[s:s + per], oflat[s:s + per]
+        xs = flat[s:s + per]
         counts = split_even(xs.size, n)
         bounds = [(int(a), int(a + c)) for a, c in zip(prefix(counts), counts)]
         lo, hi = bounds[me]
         put = tuple([(m[:lo], xs[:lo]), (m[hi:xs.size], xs[hi:])] for m in slots[me])
         rows = tuple([xs[lo:hi] if r == me else slots[r][h][lo:hi] for r in range(n)] for h in (0, 1))
-        outs = tuple(m[lo:hi] for m in slots[me])
-        get = tuple([(os_[a:b], slots[r][h][a:b]) for r, (a, b) in enumerate(bounds)] for h in (0, 1))
         go.local(node.put, put)
         _barrier(go, comm)
-        go.local(node.reduce, rows, dt, rop, outs, True)
+        go.local(node.reduce, rows, dt, rop, mine[:hi - lo], tuple(m[lo:hi] for m in slots[me]))
         _barrier(go, comm)
-        go.local(node.get, get)
+        if oflat is not None:
+            os_ = oflat[s:s + per]
+            get = tuple([(os_[a:b], mine[:hi - lo] if r == me else slots[r][h][a:b])
+                         for r, (a, b) in enumerate(bounds)] for h in (0, 1))
+            go.local(node.get, get)
         go.local(node.flip)
 
 
@@ -163,5 +170,5 @@ def reduce_scatter(go, comm: LibComm, blocks: np.ndarray, counts: list[int], dt:
         if e > a:
             mine = flat[starts[me] + a:starts[me] + e]
             rows = tuple([mine if r == me else slots[r][h][me * b:me * b + e - a] for r in range(n)] for h in (0, 1))
-            go.local(node.reduce, rows, dt, rop, (oflat[a:e], oflat[a:e]), False)
+            go.local(node.reduce, rows, dt, rop, oflat[a:e], None)
         go.local(node.flip)

@@ -134,3 +134,14 @@ def test_the_kernels_run_where_the_readme_runs():
     tree: the install puts the built kernels there too (setup.py), so they are in use, and the
     CLI's headers say so."""
     assert _numeric.kernels_in_use() == "C (mpicoll._kernels)", (_numeric.__file__, _numeric.kernels_in_use())
+
+
+@pytest.mark.parametrize("length", [0, 1, 31, 32, 33, 127, 128, 129, 4099])
+@pytest.mark.parametrize("offset", [0, 1, 7, 31])
+def test_stream_copy_equals_a_copy(length, offset):
+    from mpicoll._numeric import stream_copy
+    src = np.arange(length + 64, dtype=np.uint8)[3:3 + length]
+    dst = np.zeros(length + 64, dtype=np.uint8)
+    stream_copy(dst[offset:offset + length], src)
+    assert np.array_equal(dst[offset:offset + length], src)
+    assert not dst[:offset].any() and not dst[offset + length:].any()

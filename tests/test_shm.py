@@ -290,3 +290,21 @@ def test_mpicoll_shm_set_on_some_ranks_only_raises_everywhere(monkeypatch):
                       CollectiveMismatchError, "MPICOLL_SHM differs across ranks: on for ranks",
                       "off for ranks [0]")
     comm.Free()
+
+
+@mpi1
+@pytest.mark.parametrize("dtype", ["int8", "int64", "uint32", "float16", "bfloat16", "float32", "float64"])
+def test_reduce_to_each_root_bit_for_bit(comm, dtype):
+    dt, rop = DTYPES[dtype], REDUCE_OPS["max" if dtype == "int8" else "sum"]
+    for root in range(SIZE):
+        op = mpicoll.ReduceOperation(mpicoll.ReduceParam(comm=comm, rank_root=root, reduce_type=rop.name))
+        for size in sizes(dt.itemsize)[1::2]:
+            xs = [rank_data(SEED, f"shm/reduce/{dtype}/{root}/{size}", r, size, dt,
+                            "random" if dt.np.kind == "f" and SIZE > 1 else "int") for r in range(SIZE)]
+            golden = golden_reduce(xs, dt, rop)
+            got = op.execute(xs[RANK])
+            assert (count_wrong(got, golden) == 0) if RANK == root else got is None, (root, size)
+            x = xs[RANK].copy()
+            got = op.execute(x, out=x)
+            assert (got is x and count_wrong(x, golden) == 0) if RANK == root else got is None, (root, size)
+    assert used_window(comm) == (SIZE > 1)

@@ -108,7 +108,7 @@ def reduce_pieces(go, comm, x: np.ndarray, out: np.ndarray | None, dt, rop, root
     reduction; else, and from PIECED_BYTES on in PIECE_BYTES pieces, AllToAll + a local reduction
     in rank order + AllGather (or Gather). ``out`` may be ``x`` (in place)."""
     n, in_place = comm.size, out is x
-    if root is None and _shm.serves(comm, x.nbytes, _shm.ALLREDUCE_BYTES):    # one node: the shared window
+    if _shm.serves(comm, x.nbytes, _shm.ALLREDUCE_BYTES):                     # one node: the shared window
         _shm.allreduce(go, comm, x, out, dt, rop)
         return
     pieced = x.nbytes >= PIECED_BYTES and n > 1
