@@ -87,6 +87,9 @@ class Runner:
     def local(self, fn: Callable, *args: Any) -> None:
         fn(*args)
 
+    def atomic(self) -> None:
+        """(A recorded plan's steps must run in one go: see :meth:`Recorder.atomic`; here they do.)"""
+
     def start(self, comm: LibComm, name: str, *args: Any) -> int:
         if len(self._flight) >= MAX_IN_FLIGHT:
             self.wait(next(iter(self._flight)))
@@ -146,6 +149,7 @@ class Recorder:
         self._open: list[int] = []
         self._part = -1
         self._op: tuple | None = None
+        self.atomic_runs = False
 
     def begin(self, op: str, comms: tuple[LibComm, ...], count: bool = True) -> None:
         """A call of ``op`` begins (``count``: it counts itself on ``comms`` each time it runs)."""
@@ -164,6 +168,12 @@ class Recorder:
 
     def local(self, fn: Callable, *args: Any) -> None:
         self.steps.append(Step(LOCAL, None, "", fn, args, -1, self._part))
+
+    def atomic(self) -> None:
+        """The steps being recorded share state with other runs on their communicator between
+        their collectives (the node's shared window): a started run of the plan completes at once,
+        blocking, and so does every release, so that no other run's steps come in between."""
+        self.atomic_runs = True
 
     def start(self, comm: LibComm, name: str, *args: Any) -> int:
         if len(self._open) >= MAX_IN_FLIGHT:
@@ -220,7 +230,7 @@ class Plan:
         parts: the calls, in order (:class:`Part`).
     """
 
-    __slots__ = ("op", "result", "parts", "_timeout", "_steps", "_used", "_tokens", "_persistent", "_reuse",
+    __slots__ = ("op", "result", "parts", "_timeout", "_steps", "_atomic", "_used", "_tokens", "_persistent", "_reuse",
                  "_handle", "_state", "_go", "_tally", "_where", "__weakref__")
 
     def __init__(self, rec: Recorder, timeout: float | None, persistent: bool = True) -> None:
@@ -229,6 +239,7 @@ class Plan:
         self.result = self.parts[0].result if len(self.parts) == 1 else tuple(p.result for p in self.parts)
         self._timeout = timeout
         self._steps = rec.steps
+        self._atomic = rec.atomic_runs
         self._tokens = rec.tokens
         self._used = tuple(dict.fromkeys(s.comm for s in rec.steps if s.comm is not None))
         self._where = [(p.op, None, "") for p in self.parts]
@@ -500,7 +511,7 @@ class Handle:
         if self._done:
             return True
         try:
-            self._done = self._run_steps(block, upto)
+            self._done = self._run_steps(block or self._plan._atomic, upto)
         finally:
             if not self._done:
                 self._queue()

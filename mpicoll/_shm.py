@@ -128,6 +128,7 @@ def allreduce(go, comm: LibComm, x: np.ndarray, out: np.ndarray | None, dt: DTyp
     per = node.slot_bytes // dt.itemsize
     slots = [node.slots(r, dt.np) for r in range(n)]
     mine = np.empty(-(-min(per, flat.size) // n), dtype=dt.np)   # this rank's reduced block, privately
+    go.atomic()
     go.local(node.check)
     for s in range(0, flat.size, per):
         xs = flat[s:s + per]
@@ -160,6 +161,7 @@ def reduce_scatter(go, comm: LibComm, blocks: np.ndarray, counts: list[int], dt:
     b = max(node.slot_bytes // dt.itemsize // n, 1)
     starts = prefix(counts)
     slots = [node.slots(r, dt.np) for r in range(n)]
+    go.atomic()
     go.local(node.check)
     for a in range(0, max(counts), b):
         put = tuple([(m[j * b:j * b + min(b, counts[j] - a)], flat[starts[j] + a:starts[j] + min(a + b, counts[j])])

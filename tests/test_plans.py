@@ -127,7 +127,8 @@ def test_misuse_is_refused():
 def test_many_plans_in_flight_beside_other_collectives(dtype):
     """Plans started together, other collectives on the same communicator in between, waited in
     another order: multi-step plans (float16 AllReduce of 1 MiB: AllToAll, reduction, AllGather)
-    run on private copies of the communicator, so nothing interleaves wrongly."""
+    run in program order on the communicator (through the shared window on one node: complete at
+    start), so nothing interleaves wrongly."""
     n = 1 << 19
     xs = [np.full(n, k + RANK, dtype) for k in range(3)]
     ar = mpicoll.AllReduceOperation()

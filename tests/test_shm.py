@@ -308,3 +308,21 @@ def test_reduce_to_each_root_bit_for_bit(comm, dtype):
             got = op.execute(x, out=x)
             assert (got is x and count_wrong(x, golden) == 0) if RANK == root else got is None, (root, size)
     assert used_window(comm) == (SIZE > 1)
+
+
+@mpi1
+def test_started_plans_in_flight_complete_at_start_and_keep_order(comm):
+    """Runs share the window between their collectives: a started plan holding window steps
+    completes at start (blocking), so later runs never overwrite what it still reads."""
+    dt, rop = DTYPES["float16"], REDUCE_OPS["sum"]
+    n = 3 * SLOT // 2 + 1
+    xs = [[rank_data(SEED, f"shm/flight/{k}", r, n, dt, "random") for r in range(SIZE)] for k in range(3)]
+    ar = mpicoll.AllReduceOperation(mpicoll.AllReduceParam(comm=comm, reduce_type="sum"))
+    ag = mpicoll.AllGatherOperation(mpicoll.AllGatherParam(comm=comm))
+    plans = [ar.prepare(x[RANK]) for x in xs]
+    handles = [p.start() for p in plans]
+    assert ag.execute(np.array([RANK])).reshape(-1).tolist() == list(range(SIZE))
+    for k in (2, 0, 1):
+        assert count_wrong(handles[k].wait(), golden_reduce(xs[k], dt, rop)) == 0, k
+    for p in plans:
+        p.free()
