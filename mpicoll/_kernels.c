@@ -174,6 +174,60 @@ F16C_ATTR static void reduce_bf16_avx2(const uint16_t *const *p, uint16_t *out, 
 #endif
 
 static int use_f16c = 0;
+static int use_avx512 = 0;   /* the 16-lane reductions (AVX-512F), when the CPU has them and use_f16c is on */
+
+#ifdef HAVE_F16C_VARIANT
+#define AVX512_ATTR __attribute__((target("avx512f,avx2,f16c")))
+
+AVX512_ATTR static inline __m512 vop16(__m512 a, __m512 b, int op) {
+    switch (op) {
+    case 0: return _mm512_add_ps(a, b);
+    case 1: return _mm512_mul_ps(a, b);
+    case 2: return _mm512_mask_blend_ps(_mm512_cmp_ps_mask(a, b, _CMP_GT_OQ) | _mm512_cmp_ps_mask(a, a, _CMP_UNORD_Q), b, a);
+    default: return _mm512_mask_blend_ps(_mm512_cmp_ps_mask(a, b, _CMP_LT_OQ) | _mm512_cmp_ps_mask(a, a, _CMP_UNORD_Q), b, a);
+    }
+}
+
+AVX512_ATTR static inline __m512 bf16x16_to_f32(const uint16_t *p) {
+    return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(_mm256_loadu_si256((const __m256i *)p)), 16));
+}
+
+AVX512_ATTR static inline __m256i f32x16_to_bf16(__m512 v) {     /* f2bf, lane for lane */
+    __m512i b = _mm512_castps_si512(v);
+    __m512i lsb = _mm512_and_si512(_mm512_srli_epi32(b, 16), _mm512_set1_epi32(1));
+    __m512i r = _mm512_srli_epi32(_mm512_add_epi32(_mm512_add_epi32(b, _mm512_set1_epi32(0x7fff)), lsb), 16);
+    __mmask16 nan = _mm512_cmpgt_epi32_mask(_mm512_and_si512(b, _mm512_set1_epi32(0x7fffffff)),
+                                            _mm512_set1_epi32(0x7f800000));
+    __m512i quiet = _mm512_or_si512(_mm512_and_si512(_mm512_srli_epi32(b, 16), _mm512_set1_epi32(0x8000)),
+                                    _mm512_set1_epi32(0x7fc0));
+    return _mm512_cvtepi32_epi16(_mm512_mask_blend_epi32(nan, r, quiet));
+}
+
+/* 16 lanes at a time, the rows in order; the tail (< 16) by the AVX2 loops */
+AVX512_ATTR static Py_ssize_t reduce_bf16_avx512(const uint16_t *const *p, uint16_t *out, Py_ssize_t rows,
+                                                 Py_ssize_t c, int op) {
+    Py_ssize_t i = 0;
+    for (; i + 16 <= c; i += 16) {
+        __m512 acc = bf16x16_to_f32(p[0] + i);
+        for (Py_ssize_t r = 1; r < rows; r++)
+            acc = vop16(acc, bf16x16_to_f32(p[r] + i), op);
+        _mm256_storeu_si256((__m256i *)(out + i), f32x16_to_bf16(acc));
+    }
+    return i;
+}
+
+AVX512_ATTR static Py_ssize_t reduce_f16_avx512(const _Float16 *const *p, _Float16 *out, Py_ssize_t rows,
+                                                Py_ssize_t c, int op) {
+    Py_ssize_t i = 0;
+    for (; i + 16 <= c; i += 16) {
+        __m512 acc = _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)(p[0] + i)));
+        for (Py_ssize_t r = 1; r < rows; r++)
+            acc = vop16(acc, _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)(p[r] + i))), op);
+        _mm256_storeu_si256((__m256i *)(out + i), _mm512_cvtps_ph(acc, _MM_FROUND_TO_NEAREST_INT));
+    }
+    return i;
+}
+#endif
 
 static PyObject *py_f16_to_f32(PyObject *self, PyObject *args) {
     Py_buffer s, d;
@@ -238,16 +292,25 @@ static PyObject *reduce_rows(PyObject *args, int bf16) {
         ptrs[got] = bufs[got].buf;
     }
     Py_BEGIN_ALLOW_THREADS
+    Py_ssize_t done = 0;
+#ifdef HAVE_F16C_VARIANT
+    if (use_avx512)             /* the bulk 16 lanes at a time; the rest below, from row offset done */
+        done = bf16 ? reduce_bf16_avx512((const uint16_t *const *)ptrs, d.buf, rows, c, op)
+                    : reduce_f16_avx512((const _Float16 *const *)ptrs, d.buf, rows, c, op);
+    if (done)
+        for (Py_ssize_t r = 0; r < rows; r++) ptrs[r] = (const char *)ptrs[r] + 2 * done;
+#endif
+    void *rest = (char *)d.buf + 2 * done;
     if (bf16) {
 #ifdef HAVE_F16C_VARIANT
-        if (use_f16c) reduce_bf16_avx2((const uint16_t *const *)ptrs, d.buf, rows, c, op); else
+        if (use_f16c) reduce_bf16_avx2((const uint16_t *const *)ptrs, rest, rows, c - done, op); else
 #endif
-        reduce_bf16_generic((const uint16_t *const *)ptrs, d.buf, rows, c, op);
+        reduce_bf16_generic((const uint16_t *const *)ptrs, rest, rows, c - done, op);
     } else {
 #ifdef HAVE_F16C_VARIANT
-        if (use_f16c) reduce_f16c((const _Float16 *const *)ptrs, d.buf, rows, c, op); else
+        if (use_f16c) reduce_f16c((const _Float16 *const *)ptrs, rest, rows, c - done, op); else
 #endif
-        reduce_generic((const _Float16 *const *)ptrs, d.buf, rows, c, op);
+        reduce_generic((const _Float16 *const *)ptrs, rest, rows, c - done, op);
     }
     Py_END_ALLOW_THREADS
     result = Py_None;
@@ -543,6 +606,7 @@ static PyObject *py_quantize_i8(PyObject *self, PyObject *args) {
 }
 
 static int have_f16c = 0;   /* what the CPU offers; use_f16c may be switched off for tests */
+static int have_avx512 = 0;
 
 /* stream_copy: a copy whose stores bypass the cache (non-temporal), for data another process reads
  * next from shared memory. An ordinary store to a line that a peer core has cached must first fetch
@@ -588,6 +652,15 @@ static PyObject *py_use_simd(PyObject *self, PyObject *args) {
     if (!PyArg_ParseTuple(args, "p", &on)) return NULL;
     int before = use_f16c;
     use_f16c = on && have_f16c;
+    use_avx512 = use_f16c && have_avx512;
+    return PyBool_FromLong(before);
+}
+
+static PyObject *py_use_avx512(PyObject *self, PyObject *args) {
+    int on;
+    if (!PyArg_ParseTuple(args, "p", &on)) return NULL;
+    int before = use_avx512;
+    use_avx512 = on && use_f16c && have_avx512;
     return PyBool_FromLong(before);
 }
 
@@ -607,6 +680,9 @@ static PyMethodDef methods[] = {
      "quantize_i8(src, q, scales, block, src_itemsize): symmetric absmax int8 quantization per block"},
     {"stream_copy", py_stream_copy, METH_VARARGS,
      "stream_copy(src, dst): copy bytes with non-temporal stores (AVX2), or memcpy"},
+    {"use_avx512", py_use_avx512, METH_VARARGS,
+     "use_avx512(on) -> bool: use the 16-lane float16/bfloat16 reductions (when the CPU has AVX-512F and SIMD is "
+     "on) or the 8-lane ones; returns the previous setting (for tests)"},
     {"use_simd", py_use_simd, METH_VARARGS,
      "use_simd(on) -> bool: use the F16C/AVX2 loops (when the CPU has them) or the portable C ones; returns the "
      "previous setting (for tests)"},
@@ -620,8 +696,11 @@ PyMODINIT_FUNC PyInit__kernels(void) {
 #ifdef HAVE_F16C_VARIANT
     __builtin_cpu_init();
     use_f16c = __builtin_cpu_supports("f16c") && __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma");
+    use_avx512 = use_f16c && __builtin_cpu_supports("avx512f");
 #endif
     have_f16c = use_f16c;
+    have_avx512 = use_avx512;
     PyModule_AddIntConstant(m, "F16C", use_f16c);
+    PyModule_AddIntConstant(m, "AVX512", use_avx512);
     return m;
 }

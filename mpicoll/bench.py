@@ -96,7 +96,8 @@ def build_parser() -> argparse.ArgumentParser:
                    help="mpicoll's cross-rank checks (default: MPICOLL_VALIDATE, on)")
     p.add_argument("--plan", action="store_true",
                    help="time prepared plans (op.prepare(...).run()) instead of execute()")
-    p.add_argument("--compare", default="", help="also time mpi4py and/or gloo: e.g. mpi4py,gloo")
+    p.add_argument("--compare", default="", help="also time mpi4py, gloo and/or deepspeed (its CPU shared-memory "
+                   "allreduce; AllReduce only): e.g. mpi4py,gloo")
     p.add_argument("--reps", type=int, default=None,
                    help="interleaved repetitions per point (median kept; default 1, or 3 with --compare)")
     p.add_argument("--json", help="write every row to this JSON file (on Ctrl-C: the rows measured so far)")
@@ -151,7 +152,7 @@ class _Gloo:
         port = world.bcast(port, root=0)
         dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=world.Get_rank(),
                                 world_size=world.Get_size())
-        self.group = None
+        self.group, self.deepspeed = None, None
         me = colors[world.Get_rank()]
         for color in sorted(c for c in set(colors) if c >= 0):   # new_group is collective: same order
             g = dist.new_group([r for r, c in enumerate(colors) if c == color])
@@ -160,6 +161,24 @@ class _Gloo:
 
     def close(self) -> None:
         self.dist.destroy_process_group()
+
+
+class _DeepSpeed:
+    """DeepSpeed's CPU shared-memory allreduce (``deepspeed.comm.inference_all_reduce``, built from
+    its ``shm.cpp`` on first use) over the gloo process group of ``gloo``; only AllReduce. In the
+    shape of torch.distributed for the operators' ``torch_call``: ``all_reduce`` is DeepSpeed's
+    call, any other collective is missing (n/a)."""
+
+    def __init__(self, gloo: _Gloo, world: MPI.Comm) -> None:
+        os.environ.setdefault("DS_ACCELERATOR", "cpu")
+        os.environ["LOCAL_SIZE"], os.environ["LOCAL_RANK"] = str(world.Get_size()), str(world.Get_rank())
+        import deepspeed
+        import deepspeed.comm
+        deepspeed.init_distributed(dist_backend="gloo")     # (wraps the process group gloo made)
+        self._comm, self.torch, self.ReduceOp = deepspeed.comm, gloo.torch, gloo.dist.ReduceOp
+
+    def all_reduce(self, tensor, op, group=None):
+        return self._comm.inference_all_reduce(tensor, op=op)
 
 
 def _time(comm: MPI.Comm, fn, iters: int) -> float:
@@ -182,8 +201,8 @@ def run_bench(argv: list[str] | None = None) -> int:
     redops = _select(args.op_type, list(REDUCE_OPS), "reduce op")
     compare = [c for c in args.compare.split(",") if c]
     for c in compare:
-        if c not in ("mpi4py", "gloo"):
-            raise UsageError(f"--compare: unknown implementation {c!r} (mpi4py, gloo)")
+        if c not in ("mpi4py", "gloo", "deepspeed"):
+            raise UsageError(f"--compare: unknown implementation {c!r} (mpi4py, gloo, deepspeed)")
     reps = args.reps or (3 if compare else 1)
     validate = validate_default() if args.validate is None else bool(args.validate)
     colors, dom = _layout(args, me, nworld)
@@ -196,14 +215,23 @@ def run_bench(argv: list[str] | None = None) -> int:
         _plot_usable(world, printer)
     hosts = list(dict.fromkeys(comm.allgather(MPI.Get_processor_name()))) if active else []
     gloo = None
-    if "gloo" in compare:
+    if "gloo" in compare or "deepspeed" in compare:
         try:
             gloo = _Gloo(MPI.COMM_WORLD, colors)
         except ImportError:
             if me == 0:
-                sys.stderr.write("--compare gloo: torch is not installed: pip install '.[compare]' "
-                                 "(torch==2.13.0, CPU build)\n")
-            compare.remove("gloo")
+                sys.stderr.write(f"--compare {','.join(c for c in compare if c != 'mpi4py')}: torch is not installed: "
+                                 "pip install '.[compare]' (torch==2.13.0, CPU build)\n")
+            compare = [c for c in compare if c == "mpi4py"]
+    if "deepspeed" in compare:
+        try:
+            if any(c != 0 for c in colors):
+                raise ImportError("its shared-memory allreduce spans every rank of a node: only without --domain layouts")
+            gloo.deepspeed = _DeepSpeed(gloo, MPI.COMM_WORLD)
+        except ImportError as e:
+            if me == 0:
+                sys.stderr.write(f"--compare deepspeed: not available ({e}): pip install deepspeed ninja\n")
+            compare.remove("deepspeed")
     kernels = kernels_summary(world)
     if printer:
         print(f"# mpicoll {__version__} bench: {nworld} ranks on {_hosts_text(placement['hosts'])}; "
@@ -340,18 +368,21 @@ def _point(spec, name, case, args, compare, gloo, reps, comm) -> Row:
     if "mpi4py" in compare:
         impls["mpi4py"] = b.raw
     if "gloo" in compare:
-        impls["gloo"] = _gloo_fn(b, gloo, comm) if gloo is not None else None
+        impls["gloo"] = _torch_fn(b, gloo.dist, gloo, comm) if gloo is not None else None
+    if "deepspeed" in compare:
+        impls["deepspeed"] = _torch_fn(b, gloo.deepspeed, gloo, comm)
     live = {k: fn for k, fn in impls.items() if fn is not None}     # the same keys on every rank
     for fn in live.values():
         for _ in range(args.warmup_iters):
             fn()
     times: dict[str, list[float]] = {k: [] for k in live}
-    order = [k for k in live if k != "gloo"]
+    torches = [k for k in ("gloo", "deepspeed") if k in live]
+    order = [k for k in live if k not in torches]
     for rep in range(reps):        # interleaved, so drift on a shared machine hits every implementation alike,
         for k in order[rep % len(order):] + order[:rep % len(order)]:   # each in turn first
             times[k].append(_time(comm, live[k], args.iters))
-        if "gloo" in live:         # last, then a pause: whatever ran right after gloo measured 1.2-1.5x slower
-            times["gloo"].append(_time(comm, live["gloo"], args.iters))
+        for k in torches:          # last, then a pause: whatever ran right after gloo measured 1.2-1.5x slower
+            times[k].append(_time(comm, live[k], args.iters))
             _settle(comm)
     med = {k: statistics.median(v) for k, v in times.items()}
     factor = spec.bus_factor(n)
@@ -398,15 +429,16 @@ def _settle(comm: MPI.Comm, seconds: float = 0.05) -> None:
     comm.Barrier()
 
 
-def _gloo_fn(b, gloo, comm: MPI.Comm):
-    """The torch.distributed call on this point's memory, or None (agreed on every rank) when gloo
-    cannot run it (dtype or operation not supported)."""
+def _torch_fn(b, dist, gloo, comm: MPI.Comm):
+    """The torch.distributed call (``dist``: torch.distributed over gloo, or DeepSpeed's) on this
+    point's memory, or None (agreed on every rank) when the peer cannot run it (dtype or operation
+    not supported)."""
     fn = None
     if b.torch_call is not None:
         try:
-            fn = b.torch_call(gloo.dist, gloo.torch, gloo.group)
+            fn = b.torch_call(dist, gloo.torch, gloo.group)
             fn()
-        except Exception:  # noqa: BLE001 - unsupported by gloo: reported as n/a
+        except Exception:  # noqa: BLE001 - unsupported by the peer: reported as n/a
             fn = None
     if comm.allreduce(fn is not None, op=MPI.LAND):
         return fn
@@ -535,7 +567,8 @@ def _figure(plt, rows: list[Row], n: int, compare: list[str], mode: str | None, 
     cols = max(1, min(3, len(ops)))
     nrows = max(1, -(-len(ops) // cols))
     fig, axes = plt.subplots(nrows, cols, figsize=(5.2 * cols, 3.8 * nrows), squeeze=False)
-    colors = {"mpicoll": "tab:blue", "mpicoll in-place": "tab:cyan", "mpi4py": "tab:orange", "gloo": "tab:green"}
+    colors = {"mpicoll": "tab:blue", "mpicoll in-place": "tab:cyan", "mpi4py": "tab:orange", "gloo": "tab:green",
+              "deepspeed": "tab:red"}
     for ax, op in zip(axes.flat, ops):
         mine = [r for r in rows if r.op == op and r.size > 0]
         factor = BENCHES[op].bus_factor(n) if op in BENCHES else None
