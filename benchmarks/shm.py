@@ -34,7 +34,7 @@ W = MPI.COMM_WORLD
 COMMS: dict = {}      # slot (None: no window) -> its duplicate of the world, made once: the window lives with it
 
 
-def make_plan(cls, param_cls, slot: int | None, *args, **kw):
+def make_plan(cls, param_cls, slot: int | None, *args, one_shot: int | None = None, **kw):
     """A plan of an operation on a duplicate of the world kept for ``slot``: made with a window of
     ``slot`` bytes per rank per round, or without the window (None)."""
     if slot not in COMMS:
@@ -43,6 +43,8 @@ def make_plan(cls, param_cls, slot: int | None, *args, **kw):
     os.environ["MPICOLL_SHM"] = "0" if slot is None else "1"
     if slot:
         mpicoll._shm.SLOT_BYTES = slot
+    if one_shot is not None:
+        mpicoll._shm.ONE_SHOT_BYTES = one_shot
     try:
         return cls(param_cls(comm=COMMS[slot], reduce_type="sum"), validate=False).prepare(*args, **kw)
     finally:
@@ -52,7 +54,7 @@ def make_plan(cls, param_cls, slot: int | None, *args, **kw):
             os.environ["MPICOLL_SHM"] = old
 
 
-def variants(op_name: str, dtype: str, nbytes: int, slots: list[int]) -> dict:
+def variants(op_name: str, dtype: str, nbytes: int, slots: list[int], one_shots: list[int]) -> dict:
     """name -> a no-argument call, for one operator, dtype and size."""
     n, dt = W.size, DTYPES[dtype]
     count = max(nbytes // dt.itemsize // n, 1) * n
@@ -61,8 +63,9 @@ def variants(op_name: str, dtype: str, nbytes: int, slots: list[int]) -> dict:
     out = {}
     if op_name == "AllReduce":
         y = np.empty_like(x)
-        for name, slot in [(f"window{k}", s) for k, s in enumerate(slots)] + [("mpi", None)]:
-            out[name] = make_plan(mpicoll.AllReduceOperation, mpicoll.AllReduceParam, slot, x, out=y).run
+        for name, slot, shot in [(f"window{k}", s, o) for k, (s, o) in enumerate(zip(slots, one_shots))] + [
+                ("mpi", None, None)]:
+            out[name] = make_plan(mpicoll.AllReduceOperation, mpicoll.AllReduceParam, slot, x, out=y, one_shot=shot).run
         if dt.reduce == "native":
             out["raw"] = lambda: raw_comm.Allreduce([x, dt.mpi], [y, dt.mpi], MPI.SUM)
     else:
@@ -100,18 +103,26 @@ def main() -> None:
     ap.add_argument("--slot", default=str(mpicoll._shm.SLOT_BYTES),
                     help="window bytes per rank per round; several (comma-separated) compare windows of each "
                          "size in the same run (the first is 'window' in the ratios)")
+    ap.add_argument("--one-shot", default=str(mpicoll._shm.ONE_SHOT_BYTES),
+                    help="AllReduce bytes up to which the window goes in one shot; several compare, paired with "
+                         "--slot's values in order")
     ap.add_argument("--no-threshold", action="store_true",
                     help="use the window at every size (an experiment: how the thresholds were chosen)")
     a = ap.parse_args()
     if a.no_threshold:
         mpicoll._shm.ALLREDUCE_BYTES = mpicoll._shm.REDUCE_SCATTER_BYTES = 0
-    slots = [int(s) for s in a.slot.split(",")]
+    ap_slots = [int(s) for s in a.slot.split(",")]
+    ap_shots = [int(s) for s in a.one_shot.split(",")]
+    k = max(len(ap_slots), len(ap_shots))
+    slots = (ap_slots * k)[:k]
+    one_shots = (ap_shots * k)[:k]
     n, rows = W.size, []
     wins = [f"window{k}" for k in range(len(slots))]
     if W.rank == 0:
         print(f"# mpicoll {mpicoll.__version__}: shared window vs MPI path vs raw mpi4py, {n} ranks, "
               f"{MPI.Get_library_version().splitlines()[0].strip()}; ms = median of the slowest rank's mean")
-        print("# windows: " + ", ".join(f"{w} = {s} B per rank per round" for w, s in zip(wins, slots)))
+        print("# windows: " + ", ".join(f"{w} = {s} B per rank per round, one shot up to {o} B"
+                                        for w, s, o in zip(wins, slots, one_shots)))
         print(f"{'op':<14}{'dtype':<9}{'MiB':>5} " + "".join(f"{w + ' ms':>11}{'/mpi':>6}{'/raw':>6}" for w in wins)
               + f" {'mpi ms':>8} {'raw ms':>8} {'memcpy':>8} {'busbw/memcpy':>13}")
     for op_name in a.ops.split(","):
@@ -119,7 +130,7 @@ def main() -> None:
         for dtype in a.dtypes.split(","):
             for mib in (float(s) for s in a.sizes.split(",")):
                 nbytes = int(mib * 2 ** 20)
-                calls = variants(op_name, dtype, nbytes, slots)
+                calls = variants(op_name, dtype, nbytes, slots, one_shots)
                 names = list(calls)
                 warm = time.perf_counter() + (3.0 if not rows else 0.0)
                 while True:                                 # warm up (the first time: fresh window memory is

@@ -33,9 +33,11 @@ SLOT = 4096
 THRESHOLD = 1024
 
 
-@pytest.fixture
-def comm(monkeypatch):
-    """A fresh duplicate of the world with a small window (freed after the test)."""
+@pytest.fixture(params=["two-shot", "one-shot"])
+def comm(monkeypatch, request):
+    """A fresh duplicate of the world with a small window (freed after the test); AllReduce in one
+    shot up to the slot size, or always in two."""
+    monkeypatch.setattr(_shm, "ONE_SHOT_BYTES", SLOT * SIZE if request.param == "one-shot" else 0)
     monkeypatch.setattr(_shm, "SLOT_BYTES", SLOT)
     monkeypatch.setattr(_shm, "ALLREDUCE_BYTES", THRESHOLD)
     monkeypatch.setattr(_shm, "REDUCE_SCATTER_BYTES", THRESHOLD)
