@@ -7,6 +7,7 @@ The built kernels also go beside the sources (what ``build_ext --inplace`` does)
 commands run from the repository root, where ``python -m mpicoll.run`` imports ``./mpicoll``, not
 the installed copy, and would otherwise run without them.
 """
+import os
 import shutil
 from pathlib import Path
 
@@ -23,8 +24,9 @@ class BuildKernels(build_ext):
             built = Path(self.get_ext_fullpath(ext.name))
             beside = SOURCE.joinpath(*ext.name.split(".")[:-1], built.name)
             if built.exists() and built.resolve() != beside.resolve():
-                try:
-                    shutil.copyfile(built, beside)
+                try:                         # (a new file renamed over the old: a running job keeps its mapping)
+                    shutil.copyfile(built, beside.with_name(beside.name + ".new"))
+                    os.replace(beside.with_name(beside.name + ".new"), beside)
                 except OSError:              # (a read-only source tree: the installed copy still has them)
                     pass
 
