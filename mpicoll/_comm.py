@@ -120,13 +120,9 @@ class LibComm:
             CollectiveMismatchError: ``MPICOLL_VALIDATE``, ``MPICOLL_DEBUG`` or ``MPICOLL_SHM`` set
                 differently on the members (each would make different MPI calls), on every member.
         """
-        node = mpi.Split_type(MPI.COMM_TYPE_SHARED)
-        one_node = node.Get_size() == mpi.Get_size()
-        node.Free()
         mine = np.array([env_flag("MPICOLL_VALIDATE", "1"), env_flag("MPICOLL_DEBUG", "0"),
-                         _watchdog.timeout_default() is not None, env_flag("MPICOLL_SHM", "1"), one_node],
-                        dtype=np.int64)
-        table = np.empty((mpi.Get_size(), 5), dtype=np.int64)
+                         _watchdog.timeout_default() is not None, env_flag("MPICOLL_SHM", "1")], dtype=np.int64)
+        table = np.empty((mpi.Get_size(), 4), dtype=np.int64)
         timed_call(mpi, "Allgather", ([mine, MPI.INT64_T], [table, MPI.INT64_T]), _watchdog.timeout_default(),
                    lambda: f"setting up {label}: timed out agreeing its settings")
         for col, name in ((0, "MPICOLL_VALIDATE"), (1, "MPICOLL_DEBUG"), (3, "MPICOLL_SHM")):
@@ -138,8 +134,12 @@ class LibComm:
                 raise CollectiveMismatchError(
                     f"{label}: {name} differs across ranks: on for ranks {on}, off for ranks {off}: set it alike "
                     "on every rank (it decides which MPI calls a rank makes)", param=name, rank=off[0])
-        return cls(mpi, label, bool(table[0, 0]), bool(table[0, 1]), bool(table[:, 2].any()),
-                   bool(table[0, 3]) and bool(table[:, 4].all()))
+        one_node = False
+        if table[0, 3]:            # (every member splits, or none: the setting is agreed)
+            node = mpi.Split_type(MPI.COMM_TYPE_SHARED)
+            one_node = node.Get_size() == mpi.Get_size()    # (all on one node: the whole comm everywhere, else
+            node.Free()                                     # smaller everywhere: the same verdict on every member)
+        return cls(mpi, label, bool(table[0, 0]), bool(table[0, 1]), bool(table[:, 2].any()), one_node)
 
     def node_window(self):
         """This communicator's shared window (:class:`mpicoll._shm.NodeWindow`), made on first use:
@@ -149,6 +149,9 @@ class LibComm:
             from ._shm import NodeWindow
             if self.pending:
                 self.drain(None)
+            timed_call(self.mpi, "Barrier", (), _watchdog.timeout_default(),   # (Allocate_shared is not timed)
+                       lambda: f"{self.label}: timed out waiting for every member to make its shared window "
+                               "(a rank never made its first large reduction there)")
             self._node = NodeWindow(self)
             with LOCK:
                 if self not in _OPEN:

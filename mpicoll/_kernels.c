@@ -11,6 +11,7 @@
  *   reduce_bf16(rows, out, op)         the same for bfloat16
  *   f16_to_f32(src, dst), f32_to_f16(src, dst)
  *   stream_copy(src, dst)              a copy with non-temporal stores (data another process reads next)
+ *   use_avx512(on) -> previous          switch the 16-lane (AVX-512F) reductions off (tests of the 8-lane ones)
  *   dequant_sum, dequant_sum_quantize, quantize_i8   int8 quantization kernels of mpicoll._numeric (below)
  *   use_simd(on) -> previous             switch the F16C/AVX2 loops off (tests of the portable loops)
  */
@@ -294,7 +295,7 @@ static PyObject *reduce_rows(PyObject *args, int bf16) {
     Py_BEGIN_ALLOW_THREADS
     Py_ssize_t done = 0;
 #ifdef HAVE_F16C_VARIANT
-    if (use_avx512)             /* the bulk 16 lanes at a time; the rest below, from row offset done */
+    if (use_f16c && use_avx512) /* the bulk 16 lanes at a time; the rest below, from row offset done */
         done = bf16 ? reduce_bf16_avx512((const uint16_t *const *)ptrs, d.buf, rows, c, op)
                     : reduce_f16_avx512((const _Float16 *const *)ptrs, d.buf, rows, c, op);
     if (done)
@@ -652,7 +653,6 @@ static PyObject *py_use_simd(PyObject *self, PyObject *args) {
     if (!PyArg_ParseTuple(args, "p", &on)) return NULL;
     int before = use_f16c;
     use_f16c = on && have_f16c;
-    use_avx512 = use_f16c && have_avx512;
     return PyBool_FromLong(before);
 }
 
@@ -660,7 +660,7 @@ static PyObject *py_use_avx512(PyObject *self, PyObject *args) {
     int on;
     if (!PyArg_ParseTuple(args, "p", &on)) return NULL;
     int before = use_avx512;
-    use_avx512 = on && use_f16c && have_avx512;
+    use_avx512 = on && have_avx512;
     return PyBool_FromLong(before);
 }
 
@@ -681,8 +681,8 @@ static PyMethodDef methods[] = {
     {"stream_copy", py_stream_copy, METH_VARARGS,
      "stream_copy(src, dst): copy bytes with non-temporal stores (AVX2), or memcpy"},
     {"use_avx512", py_use_avx512, METH_VARARGS,
-     "use_avx512(on) -> bool: use the 16-lane float16/bfloat16 reductions (when the CPU has AVX-512F and SIMD is "
-     "on) or the 8-lane ones; returns the previous setting (for tests)"},
+     "use_avx512(on) -> bool: use the 16-lane float16/bfloat16 reductions (when the CPU has AVX-512F and use_simd "
+     "is on) or the 8-lane ones; returns the previous setting (for tests)"},
     {"use_simd", py_use_simd, METH_VARARGS,
      "use_simd(on) -> bool: use the F16C/AVX2 loops (when the CPU has them) or the portable C ones; returns the "
      "previous setting (for tests)"},

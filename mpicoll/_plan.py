@@ -87,8 +87,9 @@ class Runner:
     def local(self, fn: Callable, *args: Any) -> None:
         fn(*args)
 
-    def atomic(self) -> None:
-        """(A recorded plan's steps must run in one go: see :meth:`Recorder.atomic`; here they do.)"""
+    def hold(self, on: bool) -> None:
+        """(Recorded steps between ``hold(True)`` and ``hold(False)`` run in one go: see
+        :meth:`Recorder.hold`; here every step does.)"""
 
     def start(self, comm: LibComm, name: str, *args: Any) -> int:
         if len(self._flight) >= MAX_IN_FLIGHT:
@@ -149,7 +150,6 @@ class Recorder:
         self._open: list[int] = []
         self._part = -1
         self._op: tuple | None = None
-        self.atomic_runs = False
 
     def begin(self, op: str, comms: tuple[LibComm, ...], count: bool = True) -> None:
         """A call of ``op`` begins (``count``: it counts itself on ``comms`` each time it runs)."""
@@ -169,11 +169,11 @@ class Recorder:
     def local(self, fn: Callable, *args: Any) -> None:
         self.steps.append(Step(LOCAL, None, "", fn, args, -1, self._part))
 
-    def atomic(self) -> None:
-        """The steps being recorded share state with other runs on their communicator between
-        their collectives (the node's shared window): a started run of the plan completes at once,
-        blocking, and so does every release, so that no other run's steps come in between."""
-        self.atomic_runs = True
+    def hold(self, on: bool) -> None:
+        """The steps recorded from ``hold(True)`` to ``hold(False)`` share state with other runs on
+        their communicator between their collectives (the node's shared window): a started run
+        goes through them in one go, blocking, so that no other run's steps come in between."""
+        self.local(_held if on else _released)
 
     def start(self, comm: LibComm, name: str, *args: Any) -> int:
         if len(self._open) >= MAX_IN_FLIGHT:
@@ -230,7 +230,7 @@ class Plan:
         parts: the calls, in order (:class:`Part`).
     """
 
-    __slots__ = ("op", "result", "parts", "_timeout", "_steps", "_atomic", "_used", "_tokens", "_persistent", "_reuse",
+    __slots__ = ("op", "result", "parts", "_timeout", "_steps", "_used", "_tokens", "_persistent", "_reuse",
                  "_handle", "_state", "_go", "_tally", "_where", "__weakref__")
 
     def __init__(self, rec: Recorder, timeout: float | None, persistent: bool = True) -> None:
@@ -239,7 +239,6 @@ class Plan:
         self.result = self.parts[0].result if len(self.parts) == 1 else tuple(p.result for p in self.parts)
         self._timeout = timeout
         self._steps = rec.steps
-        self._atomic = rec.atomic_runs
         self._tokens = rec.tokens
         self._used = tuple(dict.fromkeys(s.comm for s in rec.steps if s.comm is not None))
         self._where = [(p.op, None, "") for p in self.parts]
@@ -511,7 +510,7 @@ class Handle:
         if self._done:
             return True
         try:
-            self._done = self._run_steps(block or self._plan._atomic, upto)
+            self._done = self._run_steps(block, upto)
         finally:
             if not self._done:
                 self._queue()
@@ -520,11 +519,15 @@ class Handle:
     def _run_steps(self, block: bool, upto: int | None) -> bool:
         plan = self._plan
         steps, persistent = plan._steps, plan._persistent
+        held, asked = False, block    # (between Recorder.hold's marks: block, and do not stop at upto)
         while self._i < self._end:
             s = steps[self._i]
             kind = s.kind
             if kind == LOCAL:
                 s.fn(*s.args)
+                if s.fn is _held or s.fn is _released:
+                    held = s.fn is _held
+                    block = asked or held
             elif kind == COUNT:
                 count_call(*s.args)
             elif kind == WAIT:
@@ -540,7 +543,7 @@ class Handle:
                     self._cur, self._started = req, time.monotonic()   # (the timeout counts per collective)
                     if self._queued and self._i >= self._last:
                         self._unqueue()
-                    if upto is not None and self._i >= upto:
+                    if upto is not None and self._i >= upto and not held:
                         return False
                     continue
                 self._open[s.token] = req
@@ -551,7 +554,7 @@ class Handle:
             self._i += 1
             if self._queued and self._i > self._last:
                 self._unqueue()
-            if upto is not None and self._i > upto:
+            if upto is not None and self._i > upto and not held:
                 return False
         return self._i == len(steps)
 
@@ -568,6 +571,14 @@ class Handle:
         if timeout is not None and time.monotonic() - self._started > timeout:
             step.comm.wait(reqs, 0.0, step.name, where)
         return False
+
+
+def _held() -> None:
+    """The mark :meth:`Recorder.hold` records where steps that must run in one go begin."""
+
+
+def _released() -> None:
+    """The mark where they end."""
 
 
 def _last_collective(steps: list[Step], end: int) -> int:

@@ -66,7 +66,7 @@ class NodeWindow:
     """
 
     def __init__(self, comm: LibComm) -> None:
-        self.label, self.slot_bytes = comm.label, SLOT_BYTES
+        self.label, self.slot_bytes = comm.label, max(SLOT_BYTES // 64 * 64, 64)   # (every dtype's multiple)
         self.win = MPI.Win.Allocate_shared(2 * self.slot_bytes, 1, comm=comm.mpi)
         self.win.Lock_all(MPI.MODE_NOCHECK)
         self._segments = [np.frombuffer(self.win.Shared_query(r)[0], dtype=np.uint8) for r in range(comm.size)]
@@ -74,6 +74,7 @@ class NodeWindow:
 
     def slots(self, rank: int, dtype: np.dtype) -> tuple[np.ndarray, np.ndarray]:
         """Rank ``rank``'s two halves, as arrays of ``dtype``."""
+        self.check()
         seg, b = self._segments[rank], self.slot_bytes
         return seg[:b].view(dtype), seg[b:2 * b].view(dtype)
 
@@ -94,6 +95,7 @@ class NodeWindow:
     def put(self, pairs: tuple[list, list]) -> None:
         """Copy this rank's blocks into its slot (stores that bypass the cache: the lines were last
         read by a peer), then make the writes visible."""
+        self.win.Sync()                # (the peers' reads of this half, a Barrier ago, are over)
         for dst, src in pairs[self.half]:
             stream_copy(dst, src)
         self.win.Sync()
@@ -122,8 +124,9 @@ def _barrier(go, comm: LibComm) -> None:
     go.mpi(comm, "Barrier")
 
 
-def allreduce(go, comm: LibComm, x: np.ndarray, out: np.ndarray | None, dt: DType, rop: ReduceOp) -> None:
-    """AllReduce (or Reduce) of ``x`` into ``out`` (may be ``x``; None: a Reduce's other ranks)
+def allreduce(go, comm: LibComm, x: np.ndarray, out: np.ndarray | None, dt: DType, rop: ReduceOp,
+              in_place: bool) -> None:
+    """AllReduce (or Reduce) of ``x`` into ``out`` (``in_place``: ``out`` is ``x``; None: a Reduce's other ranks)
     through the node window. Up to ``ONE_SHOT_BYTES / n``, in one shot (each rank with an ``out``
     reduces the whole message from every slot, in rank order); else in rounds of at most
     ``SLOT_BYTES``: each rank reduces one block of the round (``split_even``: the first ranks get one
@@ -134,11 +137,10 @@ def allreduce(go, comm: LibComm, x: np.ndarray, out: np.ndarray | None, dt: DTyp
     flat, oflat = x.reshape(-1), None if out is None else out.reshape(-1)
     per = node.slot_bytes // dt.itemsize
     slots = [node.slots(r, dt.np) for r in range(n)]
-    go.atomic()
+    go.hold(True)
     go.local(node.check)
     if flat.nbytes * n <= ONE_SHOT_BYTES and flat.nbytes <= node.slot_bytes:
         own = tuple(m[:flat.size] for m in slots[me])     # (in place on a rank > 0: its row from its slot)
-        in_place = oflat is not None and np.shares_memory(oflat, flat)
         rows = tuple([flat if r == me and (me == 0 or not in_place) else slots[r][h][:flat.size]
                       for r in range(n)] for h in (0, 1))
         go.local(node.put, tuple([(o, flat)] for o in own))
@@ -146,6 +148,7 @@ def allreduce(go, comm: LibComm, x: np.ndarray, out: np.ndarray | None, dt: DTyp
         if oflat is not None:
             go.local(node.reduce, rows, dt, rop, oflat, None)
         go.local(node.flip)
+        go.hold(False)
         return
     mine = np.empty(-(-min(per, flat.size) // n), dtype=dt.np)   # this rank's reduced block, privately
     for s in range(0, flat.size, per):
@@ -165,6 +168,7 @@ def allreduce(go, comm: LibComm, x: np.ndarray, out: np.ndarray | None, dt: DTyp
                          for r, (a, b) in enumerate(bounds)] for h in (0, 1))
             go.local(node.get, get)
         go.local(node.flip)
+    go.hold(False)
 
 
 def reduce_scatter(go, comm: LibComm, blocks: np.ndarray, counts: list[int], dt: DType, rop: ReduceOp,
@@ -179,7 +183,7 @@ def reduce_scatter(go, comm: LibComm, blocks: np.ndarray, counts: list[int], dt:
     b = max(node.slot_bytes // dt.itemsize // n, 1)
     starts = prefix(counts)
     slots = [node.slots(r, dt.np) for r in range(n)]
-    go.atomic()
+    go.hold(True)
     go.local(node.check)
     for a in range(0, max(counts), b):
         put = tuple([(m[j * b:j * b + min(b, counts[j] - a)], flat[starts[j] + a:starts[j] + min(a + b, counts[j])])
@@ -192,3 +196,4 @@ def reduce_scatter(go, comm: LibComm, blocks: np.ndarray, counts: list[int], dt:
             rows = tuple([mine if r == me else slots[r][h][me * b:me * b + e - a] for r in range(n)] for h in (0, 1))
             go.local(node.reduce, rows, dt, rop, oflat[a:e], None)
         go.local(node.flip)
+    go.hold(False)

@@ -224,13 +224,20 @@ def run_bench(argv: list[str] | None = None) -> int:
                                  "pip install '.[compare]' (torch==2.13.0, CPU build)\n")
             compare = [c for c in compare if c == "mpi4py"]
     if "deepspeed" in compare:
-        try:
-            if any(c != 0 for c in colors):
-                raise ImportError("its shared-memory allreduce spans every rank of a node: only without --domain layouts")
-            gloo.deepspeed = _DeepSpeed(gloo, MPI.COMM_WORLD)
-        except ImportError as e:
+        why = None
+        if any(c != 0 for c in colors):
+            why = "its shared-memory allreduce spans every rank: not with --domain layouts"
+        elif len(placement["hosts"]) > 1:
+            why = "its shared-memory allreduce is for the ranks of one host"
+        else:
+            try:
+                gloo.deepspeed = _DeepSpeed(gloo, MPI.COMM_WORLD)
+            except ImportError as e:
+                why = f"{e}: pip install deepspeed ninja"
+        why = next((w for w in world.allgather(why) if w), None)     # (every rank drops it alike)
+        if why:
             if me == 0:
-                sys.stderr.write(f"--compare deepspeed: not available ({e}): pip install deepspeed ninja\n")
+                sys.stderr.write(f"--compare deepspeed: not available ({why})\n")
             compare.remove("deepspeed")
     kernels = kernels_summary(world)
     if printer:

@@ -24,10 +24,10 @@ def simd(request):
     """Each loop the CPU has: 16 lanes (AVX-512F), 8 lanes (F16C/AVX2), the portable C loops."""
     if request.param == "avx512" and not KERNELS.AVX512 or request.param == "avx2" and not KERNELS.F16C:
         pytest.skip(f"this CPU has no {request.param}")
-    before = KERNELS.use_simd(request.param != "portable"), KERNELS.use_avx512(request.param == "avx512")
+    simd, avx512 = KERNELS.use_simd(request.param != "portable"), KERNELS.use_avx512(request.param == "avx512")
     yield request.param
-    KERNELS.use_simd(before[0])
-    KERNELS.use_avx512(before[1])
+    KERNELS.use_simd(simd)
+    KERNELS.use_avx512(avx512)
 
 
 @half

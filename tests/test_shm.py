@@ -328,3 +328,14 @@ def test_started_plans_in_flight_complete_at_start_and_keep_order(comm):
         assert count_wrong(handles[k].wait(), golden_reduce(xs[k], dt, rop)) == 0, k
     for p in plans:
         p.free()
+
+
+@mpi2
+def test_a_plan_on_a_freed_communicator_raises_instead_of_touching_its_window(monkeypatch):
+    monkeypatch.setattr(_shm, "ALLREDUCE_BYTES", THRESHOLD)
+    c = WORLD.Dup()
+    plan = mpicoll.AllReduceOperation(mpicoll.AllReduceParam(comm=c)).prepare(np.ones(4096, np.float32))
+    assert plan.run()[0] == SIZE and used_window(c)
+    c.Free()                                  # frees mpicoll's duplicate and its window
+    with pytest.raises(mpicoll.CollectiveError, match="freed"):
+        plan.run()

@@ -109,7 +109,7 @@ def reduce_pieces(go, comm, x: np.ndarray, out: np.ndarray | None, dt, rop, root
     in rank order + AllGather (or Gather). ``out`` may be ``x`` (in place)."""
     n, in_place = comm.size, out is x
     if _shm.serves(comm, x.nbytes, _shm.ALLREDUCE_BYTES):                     # one node: the shared window
-        _shm.allreduce(go, comm, x, out, dt, rop)
+        _shm.allreduce(go, comm, x, out, dt, rop, in_place)
         return
     pieced = x.nbytes >= PIECED_BYTES and n > 1
     if not pieced and _mpi_reduces(dt, x.size, n):                             # MPI's own reduction, one call
