@@ -93,17 +93,18 @@ def reduce_rows(rows: list[np.ndarray], dt: DType, rop: ReduceOp, out: np.ndarra
     if not n or not c:
         return out
     if dt.reduce == "native":
-        if n == 1:
-            np.copyto(out, rows[0])
-        elif n == 2:
-            rop.ufunc(rows[0], rows[1], out=out)
-        else:
-            for s in range(0, c, TILE):
-                e = min(s + TILE, c)
-                o = out[s:e]
-                rop.ufunc(rows[0][s:e], rows[1][s:e], out=o)
-                for r in rows[2:]:
-                    rop.ufunc(o, r[s:e], out=o)
+        with np.errstate(over="ignore", invalid="ignore"):   # overflow to inf / NaN are the IEEE answers, as MPI's
+            if n == 1:
+                np.copyto(out, rows[0])
+            elif n == 2:
+                rop.ufunc(rows[0], rows[1], out=out)
+            else:
+                for s in range(0, c, TILE):
+                    e = min(s + TILE, c)
+                    o = out[s:e]
+                    rop.ufunc(rows[0][s:e], rows[1][s:e], out=o)
+                    for r in rows[2:]:
+                        rop.ufunc(o, r[s:e], out=o)
         return out
     if KERNELS is not None:
         kernel = KERNELS.reduce_f16 if dt.name == "float16" else KERNELS.reduce_bf16

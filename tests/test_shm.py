@@ -339,3 +339,13 @@ def test_a_plan_on_a_freed_communicator_raises_instead_of_touching_its_window(mo
     c.Free()                                  # frees mpicoll's duplicate and its window
     with pytest.raises(mpicoll.CollectiveError, match="freed"):
         plan.run()
+
+
+@mpi2
+def test_float_overflow_is_inf_without_a_warning(comm):
+    import warnings
+    x = np.full(4096, 3e38, np.float32)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        got = mpicoll.AllReduceOperation(mpicoll.AllReduceParam(comm=comm)).execute(x)
+    assert np.isinf(got).all()
