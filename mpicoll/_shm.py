@@ -174,26 +174,31 @@ def allreduce(go, comm: LibComm, x: np.ndarray, out: np.ndarray | None, dt: DTyp
 def reduce_scatter(go, comm: LibComm, blocks: np.ndarray, counts: list[int], dt: DType, rop: ReduceOp,
                    out: np.ndarray) -> None:
     """ReduceScatter(V) of the packed ``blocks`` (block j: ``counts[j]`` elements, rank j's) into
-    ``out`` through the node window, in rounds: a round takes up to ``SLOT_BYTES / n`` bytes of
-    every block; each rank copies the others' parts into its slot and, after a Barrier, reduces
-    its own part from every slot (its own straight from ``blocks``) into ``out``."""
+    ``out`` through the node window, in rounds: round k takes the k-th ``take[j]`` elements of every
+    block j (``take`` in proportion to the counts, together at most a slot, so that skewed counts
+    need no more rounds than even ones); each rank copies the others' parts into its slot and, after
+    a Barrier, reduces its own part from every slot (its own straight from ``blocks``) into ``out``."""
     from .ops._base import prefix
     node, n, me = comm.node_window(), comm.size, comm.rank
     flat, oflat = blocks.reshape(-1), out.reshape(-1)
-    b = max(node.slot_bytes // dt.itemsize // n, 1)
+    per = node.slot_bytes // dt.itemsize
+    rounds = max(-(-sum(counts) // max(per - n, 1)), 1)        # (sum of ceil(c / rounds) <= per)
+    take = [-(-c // rounds) for c in counts]
+    at = prefix(take)                                          # block j's place in a slot
     starts = prefix(counts)
     slots = [node.slots(r, dt.np) for r in range(n)]
     go.hold(True)
     go.local(node.check)
-    for a in range(0, max(counts), b):
-        put = tuple([(m[j * b:j * b + min(b, counts[j] - a)], flat[starts[j] + a:starts[j] + min(a + b, counts[j])])
-                     for j in range(n) if j != me and counts[j] > a] for m in slots[me])
+    for k in range(rounds):
+        part = [(k * t, min((k + 1) * t, c)) for t, c in zip(take, counts)]     # block j's range this round
+        put = tuple([(m[at[j]:at[j] + e - a], flat[starts[j] + a:starts[j] + e])
+                     for j, (a, e) in enumerate(part) if j != me and e > a] for m in slots[me])
         go.local(node.put, put)
         _barrier(go, comm)
-        e = min(a + b, counts[me])
+        a, e = part[me]
         if e > a:
             mine = flat[starts[me] + a:starts[me] + e]
-            rows = tuple([mine if r == me else slots[r][h][me * b:me * b + e - a] for r in range(n)] for h in (0, 1))
+            rows = tuple([mine if r == me else slots[r][h][at[me]:at[me] + e - a] for r in range(n)] for h in (0, 1))
             go.local(node.reduce, rows, dt, rop, oflat[a:e], None)
         go.local(node.flip)
     go.hold(False)
