@@ -13,11 +13,15 @@ run through a window of MPI shared memory (``MPI.Win.Allocate_shared``) instead 
   accumulated in float32), writing the result where it is needed (ReduceScatter: the output);
 * AllReduce: the ranks synchronise again and each copies the reduced blocks of the others out.
 
-Large payloads go in rounds of at most ``SLOT_BYTES`` (AllReduce: of the message; ReduceScatter: of
-each rank's blocks together). The window has two halves per rank, used by alternate rounds, so one
+Small AllReduces (``ONE_SHOT_BYTES``) go in one shot instead: every rank copies its whole input in
+and, after one Barrier, reduces the whole message from every slot. Large payloads go in rounds of
+at most ``SLOT_BYTES`` (AllReduce: of the message; ReduceScatter: of all blocks together, each in
+proportion to its count). The window has two halves per rank, used by alternate rounds, so one
 round's copies-in never overwrite what a peer may still read from the round before: a
-ReduceScatter round needs one ``Barrier``, an AllReduce round two. The half in use is state of the
-window, advanced by every round at run time: every member runs the same rounds in the same order.
+ReduceScatter round or a one-shot AllReduce needs one ``Barrier``, a two-shot AllReduce round two.
+The half in use is state of the window, advanced by every round at run time: every member runs the
+same rounds in the same order, and a started run holds a call's steps together
+(``Recorder.hold``), so that runs in flight never interleave them.
 
 One window per communicator, ``2 * SLOT_BYTES`` per rank, made (collectively) by the first call
 that needs it and freed with the communicator (or at exit). MPI owns the memory: MPICH unlinks its
