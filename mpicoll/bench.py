@@ -23,7 +23,8 @@ import numpy as np
 from mpi4py import MPI
 
 from . import __version__, ops as _ops  # noqa: F401 - registers the operators
-from ._domains import declare_domains, domain, domain_members, world as lib_world
+from . import _shm
+from ._domains import declare_domains, domain, domain_members, lookup, world as lib_world
 from ._dtypes import DTYPES, REDUCE_OPS
 from ._golden import BENCHES, BenchCase, count_wrong
 from ._validate import validate_default
@@ -243,6 +244,12 @@ def run_bench(argv: list[str] | None = None) -> int:
     if printer:
         print(f"# mpicoll {__version__} bench: {nworld} ranks on {_hosts_text(placement['hosts'])}; "
               f"numeric kernels: {kernels}", flush=True)
+    if printer:
+        lib = lookup(dom) if dom else lib_world()
+        print("# " + (f"one node: AllReduce, Reduce from {_shm.ALLREDUCE_BYTES // 1024} KiB and ReduceScatter(V) from "
+                      f"{_shm.REDUCE_SCATTER_BYTES // 1024} KiB through the shared window (docs/shm.md)" if lib.local
+                      else "no shared window (ranks on several hosts, or MPICOLL_SHM=0): MPI's collectives"),
+              flush=True)
     if printer and placement["oversubscribed"] and not placement["bound"]:
         print(f"# note: {placement['local_ranks']} ranks share {placement['cores']} cores here and are not bound "
               "to cores: the scheduler moves them between calls, so the timings (and the ratios of synchronizing "
