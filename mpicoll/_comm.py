@@ -397,7 +397,7 @@ def failing_exit() -> bool:
 
 
 def _shutdown() -> None:
-    """Free the arrival windows at a clean exit, newest first (every member made them in the same
+    """Free the windows (arrival marks, node windows) at a clean exit, newest first (every member made them in the same
     order, so every member frees them in the same order). After an unhandled exception or a
     non-zero exit (``python -m mpi4py`` then aborts the job) skip it: freeing is collective and
     would wait for ranks that are still inside some collective, turning a prompt abort into a hang."""

@@ -556,8 +556,9 @@ def reduce_scatter(go: Any, comm: LibComm, blocks: np.ndarray, counts: list[int]
     with ``block_type``, one block per rank in that datatype. ``counts``: the blocks' sizes, the
     same list on every rank. ``packed_everywhere``: every rank's blocks are packed (agreed: a
     rank's layout is its own). On one node, packed blocks from ``_shm.REDUCE_SCATTER_BYTES`` on
-    go through the node's shared window (:mod:`mpicoll._shm`). Otherwise MPI's own reduction runs for the dtypes it reduces natively when
-    every rank's blocks are packed (``Reduce_scatter_block`` for equal counts, else
+    go through the node's shared window (:mod:`mpicoll._shm`). Otherwise MPI's own reduction runs
+    for the dtypes it reduces natively when every rank's blocks are packed (``Reduce_scatter_block``
+    for equal counts, else
     ``Reduce_scatter``); otherwise an AllToAll of the blocks and a rank-order reduction
     (:func:`alltoall_reduce`: float16/bfloat16 accumulated in float32).
     """

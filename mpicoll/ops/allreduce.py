@@ -104,9 +104,10 @@ def reduce_pieces(go, comm, x: np.ndarray, out: np.ndarray | None, dt, rop, root
     """The MPI calls of AllReduce (``root`` None: every rank gets ``out``) or Reduce (only rank
     ``root`` gets it; ``out`` None elsewhere), chosen from the dtype and the size alone (the same on
     every rank): on one node from ``_shm.ALLREDUCE_BYTES`` on, the node's shared window
-    (:mod:`mpicoll._shm`); else MPI's own reduction in one call; 16-bit floats up to SMALL_F32_BYTES as one float32
-    reduction; else, and from PIECED_BYTES on in PIECE_BYTES pieces, AllToAll + a local reduction
-    in rank order + AllGather (or Gather). ``out`` may be ``x`` (in place)."""
+    (:mod:`mpicoll._shm`); else MPI's own reduction in one call; 16-bit floats up to
+    SMALL_F32_BYTES as one float32 reduction; else, and from PIECED_BYTES on in PIECE_BYTES
+    pieces, AllToAll + a local reduction in rank order + AllGather (or Gather). ``out`` may be
+    ``x`` (in place)."""
     n, in_place = comm.size, out is x
     if _shm.serves(comm, x.nbytes, _shm.ALLREDUCE_BYTES):                     # one node: the shared window
         _shm.allreduce(go, comm, x, out, dt, rop, in_place)
