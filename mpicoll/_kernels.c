@@ -84,23 +84,18 @@ F16C_ATTR static inline __m256 vop(__m256 a, __m256 b, int op) {
     }
 }
 
-F16C_ATTR static void reduce_f16c(const _Float16 *const *p, _Float16 *out, Py_ssize_t rows, Py_ssize_t c,
-                                   int op) {
+/* 8 lanes at a time, the rows in order, the sum in a register; returns how many elements it did (the
+ * tail, < 8, is left to the portable loop: reduce_rows) */
+F16C_ATTR static Py_ssize_t reduce_f16c(const _Float16 *const *p, _Float16 *out, Py_ssize_t rows, Py_ssize_t c,
+                                        int op) {
     Py_ssize_t i = 0;
-    for (; i + 8 <= c; i += 8) {      /* 8 lanes at a time, the rows in order, the sum in a register */
+    for (; i + 8 <= c; i += 8) {
         __m256 acc = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(p[0] + i)));
         for (Py_ssize_t r = 1; r < rows; r++)
             acc = vop(acc, _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(p[r] + i))), op);
         _mm_storeu_si128((__m128i *)(out + i), _mm256_cvtps_ph(acc, _MM_FROUND_TO_NEAREST_INT));
     }
-    for (; i < c; i++) {              /* the tail, one element at a time, in the same order */
-        float acc = (float)p[0][i];
-        for (Py_ssize_t r = 1; r < rows; r++) {
-            float q = (float)p[r][i];
-            acc = op == 0 ? acc + q : op == 1 ? acc * q : op == 2 ? maxf_nan(acc, q) : minf_nan(acc, q);
-        }
-        out[i] = (_Float16)acc;
-    }
+    return i;
 }
 #endif
 
@@ -154,23 +149,17 @@ F16C_ATTR static inline __m128i f32x8_to_bf16(__m256 v) {
     return _mm_packus_epi32(_mm256_castsi256_si128(r), _mm256_extracti128_si256(r, 1));
 }
 
-F16C_ATTR static void reduce_bf16_avx2(const uint16_t *const *p, uint16_t *out, Py_ssize_t rows, Py_ssize_t c,
-                                       int op) {
+/* the same for bfloat16: the bulk 8 lanes at a time, returns how many it did */
+F16C_ATTR static Py_ssize_t reduce_bf16_avx2(const uint16_t *const *p, uint16_t *out, Py_ssize_t rows,
+                                             Py_ssize_t c, int op) {
     Py_ssize_t i = 0;
-    for (; i + 8 <= c; i += 8) {      /* 8 lanes at a time, the rows in order, the sum in a register */
+    for (; i + 8 <= c; i += 8) {
         __m256 acc = bf16x8_to_f32(p[0] + i);
         for (Py_ssize_t r = 1; r < rows; r++)
             acc = vop(acc, bf16x8_to_f32(p[r] + i), op);
         _mm_storeu_si128((__m128i *)(out + i), f32x8_to_bf16(acc));
     }
-    for (; i < c; i++) {              /* the tail, one element at a time, in the same order */
-        float acc = bf2f(p[0][i]);
-        for (Py_ssize_t r = 1; r < rows; r++) {
-            float q = bf2f(p[r][i]);
-            acc = op == 0 ? acc + q : op == 1 ? acc * q : op == 2 ? maxf_nan(acc, q) : minf_nan(acc, q);
-        }
-        out[i] = f2bf(acc);
-    }
+    return i;
 }
 #endif
 
@@ -204,7 +193,7 @@ AVX512_ATTR static inline __m256i f32x16_to_bf16(__m512 v) {     /* f2bf, lane f
     return _mm512_cvtepi32_epi16(_mm512_mask_blend_epi32(nan, r, quiet));
 }
 
-/* 16 lanes at a time, the rows in order; the tail (< 16) by the AVX2 loops */
+/* 16 lanes at a time, the rows in order; returns how many it did (the rest: the narrower loops) */
 AVX512_ATTR static Py_ssize_t reduce_bf16_avx512(const uint16_t *const *p, uint16_t *out, Py_ssize_t rows,
                                                  Py_ssize_t c, int op) {
     Py_ssize_t i = 0;
@@ -266,6 +255,12 @@ static PyObject *py_f32_to_f16(PyObject *self, PyObject *args) {
     Py_RETURN_NONE;
 }
 
+/* move every row pointer past k 16-bit elements; returns k */
+static Py_ssize_t past(const void **ptrs, Py_ssize_t rows, Py_ssize_t k) {
+    for (Py_ssize_t r = 0; r < rows; r++) ptrs[r] = (const char *)ptrs[r] + 2 * k;
+    return k;
+}
+
 /* reduce_f16 / reduce_bf16: parse (rows, out, op), check every row's size, run without the GIL */
 static PyObject *reduce_rows(PyObject *args, int bf16) {
     PyObject *seq, *fast;
@@ -293,26 +288,24 @@ static PyObject *reduce_rows(PyObject *args, int bf16) {
         ptrs[got] = bufs[got].buf;
     }
     Py_BEGIN_ALLOW_THREADS
+    /* the widest loops the CPU has first, each leaving its tail to the next (16 lanes, 8 lanes, the
+     * portable loop); the row pointers move past what is done */
     Py_ssize_t done = 0;
+    const void *const *rp = ptrs;
 #ifdef HAVE_F16C_VARIANT
-    if (use_f16c && use_avx512) /* the bulk 16 lanes at a time; the rest below, from row offset done */
-        done = bf16 ? reduce_bf16_avx512((const uint16_t *const *)ptrs, d.buf, rows, c, op)
-                    : reduce_f16_avx512((const _Float16 *const *)ptrs, d.buf, rows, c, op);
-    if (done)
-        for (Py_ssize_t r = 0; r < rows; r++) ptrs[r] = (const char *)ptrs[r] + 2 * done;
+    if (use_f16c && use_avx512)
+        done += past(ptrs, rows, bf16 ? reduce_bf16_avx512((const uint16_t *const *)rp, (uint16_t *)d.buf, rows, c, op)
+                                      : reduce_f16_avx512((const _Float16 *const *)rp, (_Float16 *)d.buf, rows, c, op));
+    if (use_f16c)
+        done += past(ptrs, rows, bf16 ? reduce_bf16_avx2((const uint16_t *const *)rp, (uint16_t *)d.buf + done, rows,
+                                                         c - done, op)
+                                      : reduce_f16c((const _Float16 *const *)rp, (_Float16 *)d.buf + done, rows,
+                                                    c - done, op));
 #endif
-    void *rest = (char *)d.buf + 2 * done;
-    if (bf16) {
-#ifdef HAVE_F16C_VARIANT
-        if (use_f16c) reduce_bf16_avx2((const uint16_t *const *)ptrs, rest, rows, c - done, op); else
-#endif
-        reduce_bf16_generic((const uint16_t *const *)ptrs, rest, rows, c - done, op);
-    } else {
-#ifdef HAVE_F16C_VARIANT
-        if (use_f16c) reduce_f16c((const _Float16 *const *)ptrs, rest, rows, c - done, op); else
-#endif
-        reduce_generic((const _Float16 *const *)ptrs, rest, rows, c - done, op);
-    }
+    if (bf16)
+        reduce_bf16_generic((const uint16_t *const *)rp, (uint16_t *)d.buf + done, rows, c - done, op);
+    else
+        reduce_generic((const _Float16 *const *)rp, (_Float16 *)d.buf + done, rows, c - done, op);
     Py_END_ALLOW_THREADS
     result = Py_None;
     Py_INCREF(result);
