@@ -60,20 +60,17 @@ def variants(op_name: str, dtype: str, nbytes: int, slots: list[int], one_shots:
     count = max(nbytes // dt.itemsize // n, 1) * n
     x = (np.arange(count) % 7).astype(dt.np)
     raw_comm = COMMS.setdefault("raw", W.Dup())
-    out = {}
     if op_name == "AllReduce":
-        y = np.empty_like(x)
-        for name, slot, shot in [(f"window{k}", s, o) for k, (s, o) in enumerate(zip(slots, one_shots))] + [
-                ("mpi", None, None)]:
-            out[name] = make_plan(mpicoll.AllReduceOperation, mpicoll.AllReduceParam, slot, x, out=y, one_shot=shot).run
-        if dt.reduce == "native":
-            out["raw"] = lambda: raw_comm.Allreduce([x, dt.mpi], [y, dt.mpi], MPI.SUM)
+        cls, param, y = mpicoll.AllReduceOperation, mpicoll.AllReduceParam, np.empty_like(x)
+        raw = lambda: raw_comm.Allreduce([x, dt.mpi], [y, dt.mpi], MPI.SUM)              # noqa: E731
     else:
-        y = np.empty(count // n, dtype=dt.np)
-        for name, slot in [(f"window{k}", s) for k, s in enumerate(slots)] + [("mpi", None)]:
-            out[name] = make_plan(mpicoll.ReduceScatterOperation, mpicoll.ReduceScatterParam, slot, x, out=y).run
-        if dt.reduce == "native":
-            out["raw"] = lambda: raw_comm.Reduce_scatter_block([x, dt.mpi], [y, dt.mpi], MPI.SUM)
+        cls, param, y = mpicoll.ReduceScatterOperation, mpicoll.ReduceScatterParam, np.empty(count // n, dt.np)
+        raw = lambda: raw_comm.Reduce_scatter_block([x, dt.mpi], [y, dt.mpi], MPI.SUM)   # noqa: E731
+    out = {name: make_plan(cls, param, slot, x, out=y, one_shot=shot).run
+           for name, slot, shot in [(f"window{k}", s, o) for k, (s, o) in enumerate(zip(slots, one_shots))]
+           + [("mpi", None, None)]}
+    if dt.reduce == "native":
+        out["raw"] = raw
     src, dst = x.copy(), np.empty_like(x)
 
     def memcpy():

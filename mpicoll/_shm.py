@@ -124,10 +124,6 @@ class NodeWindow:
         self.half ^= 1
 
 
-def _barrier(go, comm: LibComm) -> None:
-    go.mpi(comm, "Barrier")
-
-
 def allreduce(go, comm: LibComm, x: np.ndarray, out: np.ndarray | None, dt: DType, rop: ReduceOp,
               in_place: bool) -> None:
     """AllReduce (or Reduce) of ``x`` into ``out`` (``in_place``: ``out`` is ``x``; None: a Reduce's other ranks)
@@ -148,7 +144,7 @@ def allreduce(go, comm: LibComm, x: np.ndarray, out: np.ndarray | None, dt: DTyp
         rows = tuple([flat if r == me and (me == 0 or not in_place) else slots[r][h][:flat.size]
                       for r in range(n)] for h in (0, 1))
         go.local(node.put, tuple([(o, flat)] for o in own))
-        _barrier(go, comm)
+        go.mpi(comm, "Barrier")
         if oflat is not None:
             go.local(node.reduce, rows, dt, rop, oflat, None)
         go.local(node.flip)
@@ -163,9 +159,9 @@ def allreduce(go, comm: LibComm, x: np.ndarray, out: np.ndarray | None, dt: DTyp
         put = tuple([(m[:lo], xs[:lo]), (m[hi:xs.size], xs[hi:])] for m in slots[me])
         rows = tuple([xs[lo:hi] if r == me else slots[r][h][lo:hi] for r in range(n)] for h in (0, 1))
         go.local(node.put, put)
-        _barrier(go, comm)
+        go.mpi(comm, "Barrier")
         go.local(node.reduce, rows, dt, rop, mine[:hi - lo], tuple(m[lo:hi] for m in slots[me]))
-        _barrier(go, comm)
+        go.mpi(comm, "Barrier")
         if oflat is not None:
             os_ = oflat[s:s + per]
             get = tuple([(os_[a:b], mine[:hi - lo] if r == me else slots[r][h][a:b])
@@ -198,7 +194,7 @@ def reduce_scatter(go, comm: LibComm, blocks: np.ndarray, counts: list[int], dt:
         put = tuple([(m[at[j]:at[j] + e - a], flat[starts[j] + a:starts[j] + e])
                      for j, (a, e) in enumerate(part) if j != me and e > a] for m in slots[me])
         go.local(node.put, put)
-        _barrier(go, comm)
+        go.mpi(comm, "Barrier")
         a, e = part[me]
         if e > a:
             mine = flat[starts[me] + a:starts[me] + e]

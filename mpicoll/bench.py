@@ -244,7 +244,6 @@ def run_bench(argv: list[str] | None = None) -> int:
     if printer:
         print(f"# mpicoll {__version__} bench: {nworld} ranks on {_hosts_text(placement['hosts'])}; "
               f"numeric kernels: {kernels}", flush=True)
-    if printer:
         lib = lookup(dom) if dom else lib_world()
         print("# " + (f"one node: AllReduce, Reduce from {_shm.ALLREDUCE_BYTES // 1024} KiB and ReduceScatter(V) from "
                       f"{_shm.REDUCE_SCATTER_BYTES // 1024} KiB through the shared window (docs/shm.md)" if lib.local
