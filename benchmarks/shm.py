@@ -2,6 +2,7 @@
 
     mpirun -bind-to core -np 2 python benchmarks/shm.py [--sizes 1,4,16,64] [--dtypes float32,bfloat16]
                                                         [--ops AllReduce,ReduceScatter] [--reps 7] [--json F]
+    scripts/cluster run 2 4 [--rate 1gbit] -- python benchmarks/shm.py --ops AllReduce --tx    (several hosts)
 
 Sizes are MiB of each rank's input. For every operator, dtype and size it interleaves blocks of
 ``plan.run()`` on a communicator made with the window (``MPICOLL_SHM=1``, the default), of
@@ -12,6 +13,11 @@ timed as the slowest rank's mean. Prints median times, bus bandwidth (nccl-tests
 AllReduce 2(n-1)/n, ReduceScatter (n-1)/n of the input bytes) over memcpy's bandwidth, and the
 medians of the ratios paired within a repetition. Plans run with validation off: the loop a user
 writes for speed.
+
+Across hosts (the test bed, docs/multihost.md) the window's variant is the tiered AllReduce
+(``LibComm.tiers``) and ``--tx`` adds, for each variant, the bytes one call sends from the busiest
+host (its ``eth0`` counters), over the message size: a bandwidth-optimal AllReduce over N hosts sends
+``2 (N - 1) / N``.
 """
 from __future__ import annotations
 
@@ -80,6 +86,22 @@ def variants(op_name: str, dtype: str, nbytes: int, slots: list[int], one_shots:
     return out
 
 
+def sent(fn) -> float:
+    """The bytes one call of ``fn`` sends from the busiest host (each host's ``eth0`` counter)."""
+    def tx() -> int:
+        with open("/sys/class/net/eth0/statistics/tx_bytes") as fh:
+            return int(fh.read())
+    W.Barrier()
+    before = tx()
+    W.Barrier()
+    fn()
+    W.Barrier()
+    hosts: dict = {}
+    for host, delta in W.allgather((MPI.Get_processor_name(), tx() - before)):
+        hosts[host] = delta                 # (ranks on one host read the same counter)
+    return max(hosts.values())
+
+
 def block(fn, iters: int) -> float:
     """The slowest rank's mean time per call over ``iters`` calls."""
     W.Barrier()
@@ -97,6 +119,8 @@ def main() -> None:
     ap.add_argument("--ops", default="AllReduce,ReduceScatter")
     ap.add_argument("--reps", type=int, default=7)
     ap.add_argument("--json", default=None)
+    ap.add_argument("--tx", action="store_true", help="also the bytes each variant sends from the busiest host, over "
+                                                      "the message size (several hosts: the test bed)")
     ap.add_argument("--slot", default=str(mpicoll._shm.SLOT_BYTES),
                     help="window bytes per rank per round; several (comma-separated) compare windows of each "
                          "size in the same run (the first is 'window' in the ratios)")
@@ -121,7 +145,8 @@ def main() -> None:
         print("# windows: " + ", ".join(f"{w} = {s} B per rank per round, one shot up to {o} B"
                                         for w, s, o in zip(wins, slots, one_shots)))
         print(f"{'op':<14}{'dtype':<9}{'MiB':>5} " + "".join(f"{w + ' ms':>11}{'/mpi':>6}{'/raw':>6}" for w in wins)
-              + f" {'mpi ms':>8} {'raw ms':>8} {'memcpy':>8} {'busbw/memcpy':>13}")
+              + f" {'mpi ms':>8} {'raw ms':>8} {'memcpy':>8} {'busbw/memcpy':>13}"
+              + ("  tx/host: " + " ".join(w for w in wins) + " mpi raw" if a.tx else ""))
     for op_name in a.ops.split(","):
         factor = 2 * (n - 1) / n if op_name == "AllReduce" else (n - 1) / n
         for dtype in a.dtypes.split(","):
@@ -144,9 +169,11 @@ def main() -> None:
                 ratio = {(w, k): statistics.median(a / b for a, b in zip(times[w], times[k]))
                          for w in wins for k in ("mpi", "raw") if k in times}
                 busbw = [nbytes * factor / med[w] / (nbytes / med["memcpy"]) for w in wins]
+                tx = {k: sent(calls[k]) / nbytes for k in names if k != "memcpy"} if a.tx else {}
                 rows.append({"op": op_name, "dtype": dtype, "MiB": mib, "ranks": n, "slots": slots,
                              "ms": {k: v * 1e3 for k, v in med.items()},
-                             "ratios": {f"{w}/{k}": v for (w, k), v in ratio.items()}, "busbw/memcpy": busbw})
+                             "ratios": {f"{w}/{k}": v for (w, k), v in ratio.items()}, "busbw/memcpy": busbw,
+                             "tx/host": tx})
                 if W.rank == 0:
                     def f(v, width, fmt):
                         return f"{'-':>{width}}" if v is None else f"{v:{width}{fmt}}"
@@ -154,7 +181,8 @@ def main() -> None:
                                     for w in wins)
                     print(f"{op_name:<14}{dtype:<9}{mib:5g} {cells} {med['mpi'] * 1e3:8.2f} "
                           f"{f(med['raw'] * 1e3 if 'raw' in med else None, 8, '.2f')} {med['memcpy'] * 1e3:8.2f} "
-                          f"{' '.join(f'{b:.2f}' for b in busbw):>13}", flush=True)
+                          f"{' '.join(f'{b:.2f}' for b in busbw):>13}"
+                          + ("  " + " ".join(f"{v:.2f}" for v in tx.values()) if tx else ""), flush=True)
     if W.rank == 0 and a.json:
         with open(a.json, "w") as f:
             json.dump(rows, f, indent=1)

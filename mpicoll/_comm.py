@@ -15,8 +15,9 @@ order is then the program order, the same on every rank, without a copy of the c
 
 Making one is collective over its members, who then agree the settings that change which MPI calls
 a rank makes (``MPICOLL_VALIDATE``, ``MPICOLL_DEBUG``, ``MPICOLL_SHM``), whether every member runs on
-one node (``local``: then large reductions may go through a shared window, :mod:`mpicoll._shm`) and
-whether any of them runs a watchdog (``MPICOLL_TIMEOUT``): then every member keeps an arrival mark,
+one node (``local``: then large reductions may go through a shared window, :mod:`mpicoll._shm`), or
+else how many members each node holds (``per_node``: then a large AllReduce may go in tiers, node by
+node and across nodes, :meth:`LibComm.tiers`), and whether any of them runs a watchdog (``MPICOLL_TIMEOUT``): then every member keeps an arrival mark,
 a few int64 in an RMA window, that a timed-out peer reads to name the ranks that never arrived.
 """
 from __future__ import annotations
@@ -74,6 +75,9 @@ class LibComm:
         validate, debug: the agreed defaults of ``MPICOLL_VALIDATE`` and ``MPICOLL_DEBUG``.
         local: every member runs on one node and ``MPICOLL_SHM`` is on (agreed): large reductions
             may use the node window (:meth:`node_window`).
+        per_node: the members span several nodes, each holding this many (more than one) of them,
+            and ``MPICOLL_SHM`` is on (agreed; else 0): a large AllReduce may go in tiers
+            (:meth:`tiers`).
         calls: operator name -> how many calls of it this rank has made on it (as the user counts).
         seq: how many collectives mpicoll has started on it (kept where it is read: with arrival
             marks or in debug mode).
@@ -81,10 +85,10 @@ class LibComm:
     """
 
     __slots__ = ("mpi", "label", "rank", "size", "world_ranks", "ident", "validate", "debug", "local", "calls",
-                 "seq", "pending", "plain", "_win", "_mark", "_node", "__weakref__")
+                 "seq", "pending", "plain", "per_node", "_win", "_mark", "_node", "_split", "_tiers", "__weakref__")
 
     def __init__(self, mpi: MPI.Comm, label: str, validate: bool, debug: bool, watched: bool,
-                 local: bool = False) -> None:
+                 local: bool = False, split: MPI.Comm | None = None) -> None:
         self.mpi, self.label = mpi, label
         self.rank, self.size = mpi.Get_rank(), mpi.Get_size()
         group, world = mpi.Get_group(), MPI.COMM_WORLD.Get_group()
@@ -93,7 +97,9 @@ class LibComm:
         group.Free()
         world.Free()
         self.validate, self.debug, self.local = validate, debug, local
-        self._node = None
+        self._node = self._tiers = None
+        self._split = split                # (this rank's node's members, kept for tiers(); None: no tiers)
+        self.per_node = 0 if split is None else split.Get_size()
         self.calls: dict[str, int] = {}
         self.seq = 0
         self.pending: list = []
@@ -134,12 +140,19 @@ class LibComm:
                 raise CollectiveMismatchError(
                     f"{label}: {name} differs across ranks: on for ranks {on}, off for ranks {off}: set it alike "
                     "on every rank (it decides which MPI calls a rank makes)", param=name, rank=off[0])
-        one_node = False
+        one_node, split = False, None
         if table[0, 3]:            # (every member splits, or none: the setting is agreed)
-            node = mpi.Split_type(MPI.COMM_TYPE_SHARED)
-            one_node = node.Get_size() == mpi.Get_size()    # (all on one node: the whole comm everywhere, else
-            node.Free()                                     # smaller everywhere: the same verdict on every member)
-        return cls(mpi, label, bool(table[0, 0]), bool(table[0, 1]), bool(table[:, 2].any()), one_node)
+            split = mpi.Split_type(MPI.COMM_TYPE_SHARED)
+            here = split.Get_size()
+            one_node = here == mpi.Get_size()   # (all on one node: the whole comm everywhere, else smaller
+            if not one_node:                    # everywhere: the same verdict on every member)
+                span = np.array([here, -here], dtype=np.int64)      # (-min, max: alike on every node?)
+                timed_call(mpi, "Allreduce", (MPI.IN_PLACE, [span, MPI.INT64_T], MPI.MAX),
+                           _watchdog.timeout_default(), lambda: f"setting up {label}: timed out agreeing its layout")
+            if one_node or here == 1 or span[0] != -span[1]:
+                split.Free()
+                split = None
+        return cls(mpi, label, bool(table[0, 0]), bool(table[0, 1]), bool(table[:, 2].any()), one_node, split)
 
     def node_window(self):
         """This communicator's shared window (:class:`mpicoll._shm.NodeWindow`), made on first use:
@@ -157,6 +170,22 @@ class LibComm:
                 if self not in _OPEN:
                     _OPEN.append(self)
         return self._node
+
+    def tiers(self) -> tuple["LibComm", "LibComm"]:
+        """The two communicators of a tiered AllReduce (``per_node`` > 0), made on first use like
+        :meth:`node_window`: this rank's node's members (``local``: they share a node window), and
+        the members with this rank's index on its node, one per node (rank order kept in both)."""
+        if self._tiers is None:
+            if self.pending:
+                self.drain(None)
+            timed_call(self.mpi, "Barrier", (), _watchdog.timeout_default(),     # (Split is not timed)
+                       lambda: f"{self.label}: timed out waiting for every member to make its node and "
+                               "cross-node communicators (a rank never made its first large AllReduce there)")
+            k = self._split.Get_rank()
+            across = self.mpi.Split(k, self.rank)
+            self._tiers = (LibComm.make(self._split, f"{self.label}: the members on this node"),
+                           LibComm.make(across, f"{self.label}: the members with node index {k}"))
+        return self._tiers
 
     @property
     def watched(self) -> bool:
@@ -244,8 +273,9 @@ class LibComm:
         op, number, step = where
         if number is None:            # (the call in progress is the latest counted)
             number = self.calls.get(op, 0)
-        return op, (f"{op}: timed out after {timeout:g} s on rank {self.rank} of {self.label}, in its "
-                    f"{ordinal(number)} {op} call there, waiting in {step or f'MPI {name}'}")
+        which = f"its {ordinal(number)} {op} call there" if number else f"a call of {op}"   # (0: a tier's)
+        return op, (f"{op}: timed out after {timeout:g} s on rank {self.rank} of {self.label}, in {which}, "
+                    f"waiting in {step or f'MPI {name}'}")
 
     def _expired(self, timeout: float, name: str, where: tuple) -> CollectiveTimeout:
         op, head = self._head(timeout, name, where)
@@ -266,8 +296,11 @@ class LibComm:
                 where_now.append(f"rank {r} has made no mpicoll call there")
             else:
                 peer_op = OP_NAMES.get(code, f"operator #{code}")
-                where_now.append(f"rank {r} is in or after its {ordinal(k)} {peer_op} call there")
-        return CollectiveTimeout(f"{head}; ranks that did not arrive: {missing} ({'; '.join(where_now)})",
+                which = f"its {ordinal(k)} {peer_op} call there" if k else f"a call of {peer_op}"   # (0: a tier's)
+                where_now.append(f"rank {r} is in or after {which}")
+        world = "" if self.world_ranks == tuple(range(self.size)) else \
+            f" (world ranks {[self.world_ranks[r] for r in missing]})"
+        return CollectiveTimeout(f"{head}; ranks that did not arrive: {missing}{world} ({'; '.join(where_now)})",
                                  op=op, param="timeout", rank=missing[0])
 
     def _lost(self, timeout: float, name: str, where: tuple) -> str:
@@ -280,12 +313,20 @@ class LibComm:
                 f"{[w for _, w in peers]})")
 
     def free(self) -> None:
-        """Free the arrival window and the communicator (collective over the members)."""
+        """Free the windows and the communicator, with its tiers' (collective over the members)."""
         self.close()
+        if self._tiers is not None:
+            for tier in self._tiers:
+                tier.free()
+        elif self._split is not None:
+            self._split.Free()
+        self._split = self._tiers = None
         self.mpi.Free()
 
     def close(self) -> None:
-        """Free the arrival window and the node window, if any (collective over the members)."""
+        """Free the arrival window and the node window, if any, and its tiers' (collective over the members)."""
+        for tier in self._tiers or ():
+            tier.close()
         with LOCK:
             if self in _OPEN:
                 _OPEN.remove(self)

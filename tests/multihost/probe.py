@@ -1,12 +1,16 @@
 """Run inside the test bed (scripts/cluster run N NP -- python tests/multihost/probe.py): which host
-each rank runs on, and the bytes each host's link sent during one 16 MiB float32 AllReduce (mpicoll).
-Rank 0 prints one JSON line: {"hosts": [...per rank...], "tx": {host: bytes}, "nbytes": S}."""
+each rank runs on, and the bytes each host's link sent during one 16 MiB AllReduce (mpicoll) of
+float32 (MPI's own reduction) and of bfloat16 (in tiers where each host runs several ranks).
+Rank 0 prints one JSON line: {"hosts": [...per rank...], "tx": {dtype: {host: bytes}}, "nbytes": S,
+"tiers": whether the bfloat16 AllReduce went in tiers}."""
 import json
 
+import ml_dtypes
 import numpy as np
 from mpi4py import MPI
 
 import mpicoll
+from mpicoll._domains import world as lib_world
 
 
 def tx() -> int:
@@ -16,17 +20,19 @@ def tx() -> int:
 
 world = MPI.COMM_WORLD
 host = MPI.Get_processor_name()
-x = np.ones(4 << 20, np.float32)                       # 16 MiB
 op = mpicoll.AllReduceOperation(mpicoll.AllReduceParam(reduce_type="sum"))
-op.execute(x[:16])                                     # forms the communicators first
-world.Barrier()
-before = tx()
-world.Barrier()
-y = op.execute(x)
-world.Barrier()
-after = tx()
-assert float(y[0]) == world.Get_size() and float(y[-1]) == world.Get_size()
+sent = {}
+for dtype in (np.float32, ml_dtypes.bfloat16):
+    x = np.ones((16 << 20) // np.dtype(dtype).itemsize, dtype)      # 16 MiB
+    op.execute(x[:16])                                              # forms the communicators first
+    world.Barrier()
+    before = tx()
+    world.Barrier()
+    y = op.execute(x)
+    world.Barrier()
+    after = tx()
+    assert float(y[0]) == world.Get_size() and float(y[-1]) == world.Get_size()
+    sent[np.dtype(dtype).name] = dict(world.gather((host, after - before)) or [])
 hosts = world.gather(host)
-deltas = world.gather((host, after - before))
 if world.Get_rank() == 0:
-    print(json.dumps({"hosts": hosts, "tx": dict(deltas), "nbytes": x.nbytes}))
+    print(json.dumps({"hosts": hosts, "tx": sent, "nbytes": 16 << 20, "tiers": lib_world()._tiers is not None}))
