@@ -8,7 +8,8 @@ Sizes are MiB of each rank's input. For every operator, dtype and size it interl
 ``plan.run()`` on a communicator made with the window (``MPICOLL_SHM=1``, the default), of
 ``plan.run()`` on one made without it (``MPICOLL_SHM=0``: mpicoll's MPI path), of the raw mpi4py call
 (``comm.Allreduce`` / ``comm.Reduce_scatter_block``; none for bfloat16, which MPI cannot reduce), and
-of one core's memcpy of the same bytes (rank 0 alone, ``np.copyto``), each in turn first, each block
+of one core's memcpy of the same bytes (rank 0 alone, ``np.copyto``), and (``--buffer``) of a plan whose
+input is a node buffer (``mpicoll.node_buffer``: read in place by the peers), each in turn first, each block
 timed as the slowest rank's mean. Prints median times, bus bandwidth (nccl-tests' factors:
 AllReduce 2(n-1)/n, ReduceScatter (n-1)/n of the input bytes) over memcpy's bandwidth, and the
 medians of the ratios paired within a repetition. Plans run with validation off: the loop a user
@@ -60,7 +61,7 @@ def make_plan(cls, param_cls, slot: int | None, *args, one_shot: int | None = No
             os.environ["MPICOLL_SHM"] = old
 
 
-def variants(op_name: str, dtype: str, nbytes: int, slots: list[int], one_shots: list[int]) -> dict:
+def variants(op_name: str, dtype: str, nbytes: int, slots: list[int], one_shots: list[int], buffer: bool) -> dict:
     """name -> a no-argument call, for one operator, dtype and size."""
     n, dt = W.size, DTYPES[dtype]
     count = max(nbytes // dt.itemsize // n, 1) * n
@@ -75,6 +76,10 @@ def variants(op_name: str, dtype: str, nbytes: int, slots: list[int], one_shots:
     out = {name: make_plan(cls, param, slot, x, out=y, one_shot=shot).run
            for name, slot, shot in [(f"window{k}", s, o) for k, (s, o) in enumerate(zip(slots, one_shots))]
            + [("mpi", None, None)]}
+    if buffer:
+        resident = mpicoll.node_buffer(x.shape, x.dtype, comm=COMMS[slots[0]])
+        resident[:] = x
+        out["buffer"] = make_plan(cls, param, slots[0], resident, out=y).run
     if dt.reduce == "native":
         out["raw"] = raw
     src, dst = x.copy(), np.empty_like(x)
@@ -119,6 +124,7 @@ def main() -> None:
     ap.add_argument("--ops", default="AllReduce,ReduceScatter")
     ap.add_argument("--reps", type=int, default=7)
     ap.add_argument("--json", default=None)
+    ap.add_argument("--buffer", action="store_true", help="also a plan whose input is a node buffer")
     ap.add_argument("--tx", action="store_true", help="also the bytes each variant sends from the busiest host, over "
                                                       "the message size (several hosts: the test bed)")
     ap.add_argument("--slot", default=str(mpicoll._shm.SLOT_BYTES),
@@ -138,7 +144,7 @@ def main() -> None:
     slots = (ap_slots * k)[:k]
     one_shots = (ap_shots * k)[:k]
     n, rows = W.size, []
-    wins = [f"window{k}" for k in range(len(slots))]
+    wins = [f"window{k}" for k in range(len(slots))] + (["buffer"] if a.buffer else [])
     if W.rank == 0:
         print(f"# mpicoll {mpicoll.__version__}: shared window vs MPI path vs raw mpi4py, {n} ranks, "
               f"{MPI.Get_library_version().splitlines()[0].strip()}; ms = median of the slowest rank's mean")
@@ -152,7 +158,7 @@ def main() -> None:
         for dtype in a.dtypes.split(","):
             for mib in (float(s) for s in a.sizes.split(",")):
                 nbytes = int(mib * 2 ** 20)
-                calls = variants(op_name, dtype, nbytes, slots, one_shots)
+                calls = variants(op_name, dtype, nbytes, slots, one_shots, a.buffer)
                 names = list(calls)
                 warm = time.perf_counter() + (3.0 if not rows else 0.0)
                 while True:                                 # warm up (the first time: fresh window memory is

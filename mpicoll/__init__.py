@@ -9,6 +9,7 @@ from ._dtypes import ALL_DTYPES, HcclDataType, HcclReduceOp
 from ._errors import CollectiveArgumentError, CollectiveError, CollectiveMismatchError, CollectiveTimeout
 from ._params import CommMode, CommParam
 from ._plan import Handle, Plan
+from ._shm import node_buffer
 from .hccl import Hccl
 from .ops import *  # noqa: F401,F403 - every operator module's public names (ops.__all__)
 from .ops import __all__ as _ops_all
@@ -18,5 +19,6 @@ __version__ = "0.1.0"
 __all__ = [
     "ALL_DTYPES", "CollectiveArgumentError", "CollectiveError", "CollectiveMismatchError", "CollectiveTimeout",
     "CommMode", "CommParam", "Handle", "Hccl", "HcclDataType", "HcclReduceOp", "Mesh", "Plan", "RankTable",
-    "declare_domains", "domain", "domain_members", "init", "load_rank_table", "mesh", "rank_table", *_ops_all,
+    "declare_domains", "domain", "domain_members", "init", "load_rank_table", "mesh", "node_buffer", "rank_table",
+    *_ops_all,
 ]

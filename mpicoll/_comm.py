@@ -75,6 +75,7 @@ class LibComm:
         validate, debug: the agreed defaults of ``MPICOLL_VALIDATE`` and ``MPICOLL_DEBUG``.
         local: every member runs on one node and ``MPICOLL_SHM`` is on (agreed): large reductions
             may use the node window (:meth:`node_window`).
+        buffers: its node buffers (:func:`mpicoll._shm.node_buffer`), freed with it.
         per_node: the members span several nodes, each holding this many (more than one) of them,
             and ``MPICOLL_SHM`` is on (agreed; else 0): a large AllReduce may go in tiers
             (:meth:`tiers`).
@@ -85,7 +86,8 @@ class LibComm:
     """
 
     __slots__ = ("mpi", "label", "rank", "size", "world_ranks", "ident", "validate", "debug", "local", "calls",
-                 "seq", "pending", "plain", "per_node", "_win", "_mark", "_node", "_split", "_tiers", "__weakref__")
+                 "seq", "pending", "plain", "per_node", "buffers", "_win", "_mark", "_node", "_split",
+                 "_tiers", "__weakref__")
 
     def __init__(self, mpi: MPI.Comm, label: str, validate: bool, debug: bool, watched: bool,
                  local: bool = False, split: MPI.Comm | None = None) -> None:
@@ -98,6 +100,7 @@ class LibComm:
         world.Free()
         self.validate, self.debug, self.local = validate, debug, local
         self._node = self._tiers = None
+        self.buffers: list = []            # its node buffers (mpicoll._shm.node_buffer), in allocation order
         self._split = split                # (this rank's node's members, kept for tiers(); None: no tiers)
         self.per_node = 0 if split is None else split.Get_size()
         self.calls: dict[str, int] = {}
@@ -170,6 +173,13 @@ class LibComm:
                 if self not in _OPEN:
                     _OPEN.append(self)
         return self._node
+
+    def add_buffer(self, buf) -> None:
+        """Register a node buffer (:class:`mpicoll._shm.NodeBuffer`) just allocated on it."""
+        self.buffers.append(buf)
+        with LOCK:
+            if self not in _OPEN:
+                _OPEN.append(self)
 
     def tiers(self) -> tuple["LibComm", "LibComm"]:
         """The two communicators of a tiered AllReduce (``per_node`` > 0), made on first use like
@@ -324,7 +334,7 @@ class LibComm:
         self.mpi.Free()
 
     def close(self) -> None:
-        """Free the arrival window and the node window, if any, and its tiers' (collective over the members)."""
+        """Free the arrival window, the node window and buffers, if any, and its tiers' (collective over the members)."""
         for tier in self._tiers or ():
             tier.close()
         with LOCK:
@@ -332,6 +342,8 @@ class LibComm:
                 _OPEN.remove(self)
         if self._node is not None:
             self._node.free()              # (kept, freed: a plan still holding it raises, not crashes)
+        for buf in self.buffers:
+            buf.free()
         if self._win is not None:
             win, self._win, self._mark = self._win, None, None
             self.plain = not self.debug

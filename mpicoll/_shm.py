@@ -26,14 +26,24 @@ same rounds in the same order, and a started run holds a call's steps together
 One window per communicator, ``2 * SLOT_BYTES`` per rank, made (collectively) by the first call
 that needs it and freed with the communicator (or at exit). MPI owns the memory: MPICH unlinks its
 backing file once every rank has mapped it, so nothing is left in ``/dev/shm`` however the job ends.
+
+Inputs that live in shared memory already (:func:`node_buffer`: a window of its own, allocated by
+the user once) skip the copies in: when every rank's input is the same place of the same node buffer
+(agreed: the header's ``H_INFO`` carries it, :func:`ref`; so only agreed calls, plans among them, use
+it), each rank reduces straight from the peers' inputs (:func:`resident`), and a last ``Barrier``
+keeps every input untouched until the peers have read it.
 """
 from __future__ import annotations
 
+import time
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
 from mpi4py import MPI
 
+from . import _validate as V
+from . import _watchdog
+from ._dtypes import lookup
 from ._errors import CollectiveError
 from ._numeric import reduce_rows, stream_copy
 
@@ -52,6 +62,13 @@ REDUCE_SCATTER_BYTES = 64 * 1024
 #: every slot (one Barrier instead of two, but every rank reads every rank's whole input: measured
 #: 0.6-0.7x the two-shot time at 64 KiB, 2 and 4 ranks; 1.1-1.5x at 1-2 MiB, 4 ranks)
 ONE_SHOT_BYTES = 512 * 1024
+#: Copies into the window are streamed (stores that bypass the cache) or plain (``np.copyto``),
+#: whichever this rank measured faster lately: every PROBE_EVERY-th copy takes the other kind to
+#: compare (copies of at least PROBE_BYTES are timed). On this 2-core VM, plain copies into lines
+#: another core read last run 7-10x slower for seconds at a time (streamed copies do not), and
+#: streamed copies cost 1.2-1.9x plain ones otherwise. A local choice: either kind writes the same bytes.
+PROBE_EVERY = 16
+PROBE_BYTES = 64 * 1024
 
 
 def serves(comm: LibComm, nbytes: int, threshold: int) -> bool:
@@ -75,6 +92,9 @@ class NodeWindow:
         self.win.Lock_all(MPI.MODE_NOCHECK)
         self._segments = [np.frombuffer(self.win.Shared_query(r)[0], dtype=np.uint8) for r in range(comm.size)]
         self.half = 0
+        self.plain = False              # the kind of copy in use (False: streamed)
+        self._cost = [0.0, 0.0]         # seconds per byte lately: streamed, plain (0: not measured yet)
+        self._copies = 0
 
     def slots(self, rank: int, dtype: np.dtype) -> tuple[np.ndarray, np.ndarray]:
         """Rank ``rank``'s two halves, as arrays of ``dtype``."""
@@ -96,12 +116,27 @@ class NodeWindow:
             raise CollectiveError(f"{self.label} was freed (or the program is exiting): its shared window is gone",
                                   param="comm")
 
+    def _copy(self, pairs: list) -> None:
+        """Copy ``(dst, src)`` pairs into the window, streamed or plain (``PROBE_EVERY``), timed."""
+        self._copies += 1
+        plain = self.plain != (self._copies % PROBE_EVERY == 0)
+        t = time.perf_counter()
+        for dst, src in pairs:
+            if plain:
+                np.copyto(dst, src)
+            else:
+                stream_copy(dst, src)
+        nbytes = sum(dst.nbytes for dst, _ in pairs)
+        if nbytes >= PROBE_BYTES:
+            cost, old = (time.perf_counter() - t) / nbytes, self._cost[plain]
+            self._cost[plain] = 0.75 * old + 0.25 * cost if old else cost
+            if all(self._cost):
+                self.plain = self._cost[1] < self._cost[0]
+
     def put(self, pairs: tuple[list, list]) -> None:
-        """Copy this rank's blocks into its slot (stores that bypass the cache: the lines were last
-        read by a peer), then make the writes visible."""
+        """Copy this rank's blocks into its slot, then make the writes visible."""
         self.win.Sync()                # (the peers' reads of this half, a Barrier ago, are over)
-        for dst, src in pairs[self.half]:
-            stream_copy(dst, src)
+        self._copy(pairs[self.half])
         self.win.Sync()
 
     def reduce(self, rows: tuple[list, list], dt: DType, rop: ReduceOp, out: np.ndarray,
@@ -111,7 +146,7 @@ class NodeWindow:
         self.win.Sync()
         reduce_rows(rows[self.half], dt, rop, out)
         if shared is not None:
-            stream_copy(shared[self.half], out)
+            self._copy([(shared[self.half], out)])
             self.win.Sync()
 
     def get(self, pairs: tuple[list, list]) -> None:
@@ -124,29 +159,125 @@ class NodeWindow:
         self.half ^= 1
 
 
+class NodeBuffer:
+    """An array's memory in a shared window of its own (:func:`node_buffer`): every member's part
+    mapped into every member (``segments``), registered on its communicator (``LibComm.buffers``)."""
+
+    def __init__(self, comm: LibComm, nbytes: int) -> None:
+        self.label, self.nbytes = comm.label, nbytes
+        self.win = MPI.Win.Allocate_shared(nbytes, 1, comm=comm.mpi)
+        self.win.Lock_all(MPI.MODE_NOCHECK)
+        self.segments = [np.frombuffer(self.win.Shared_query(r)[0], dtype=np.uint8) for r in range(comm.size)]
+        self.base = self.segments[comm.rank].ctypes.data if nbytes else 0
+
+    def views(self, offset: int, nbytes: int, dtype: np.dtype) -> list[np.ndarray]:
+        """Every member's bytes ``[offset, offset + nbytes)`` of its part, as flat arrays of ``dtype``."""
+        return [seg[offset:offset + nbytes].view(dtype) for seg in self.segments]
+
+    def sync(self) -> None:
+        """``Win.Sync`` (around the Barrier that publishes the members' inputs); raise once freed."""
+        if self.win is None:
+            raise CollectiveError(f"a node buffer of {self.label} was freed with it: a plan on it cannot run",
+                                  param="x")
+        self.win.Sync()
+
+    def free(self) -> None:
+        if self.win is not None:
+            win, self.win, self.segments = self.win, None, []
+            win.Unlock_all()
+            win.Free()
+
+
+def node_buffer(shape: int | tuple, dtype: Any = np.float32, comm: MPI.Comm | None = None,
+                comm_domain: str = "") -> np.ndarray:
+    """A new array whose memory every member of the communicator can read: pass it (or a
+    C-contiguous part of it, at the same place on every rank) as the input of AllReduce, Reduce,
+    ReduceScatter or ReduceScatterV, and the ranks reduce straight from each other's arrays instead
+    of copying them into the communicator's window first (docs/shm.md). Collective over the members
+    (a shared window per buffer: allocate a few, once, and reuse them); it lives as long as the
+    communicator (the world's: until exit). Where the members span several nodes (or the window is
+    off: ``MPICOLL_SHM=0``), an ordinary array. Its content is not initialised.
+
+    Args:
+        shape, dtype: the array's (every dtype mpicoll knows).
+        comm, comm_domain: the communicator, as an operation's Param names it (default: the world).
+    """
+    from .ops._base import resolve
+    from ._comm import timed_call
+    lib = resolve("node_buffer", comm, comm_domain, None, "comm_domain")
+    dt = lookup(dtype, op="node_buffer", param="dtype", rank=lib.rank)
+    shape = (int(shape),) if np.ndim(shape) == 0 else tuple(int(d) for d in shape)
+    if not lib.local:                                   # (agreed when the communicator was made)
+        return np.empty(shape, dtype=dt.np)
+    nbytes = int(np.prod(shape, dtype=np.int64)) * dt.itemsize
+    if lib.pending:
+        lib.drain(None)
+    timed_call(lib.mpi, "Barrier", (), _watchdog.timeout_default(),      # (Allocate_shared is not timed)
+               lambda: f"node_buffer: timed out on {lib.label} waiting for every member to allocate it")
+    buf = NodeBuffer(lib, nbytes)
+    lib.add_buffer(buf)
+    return buf.segments[lib.rank][:nbytes].view(dt.np).reshape(shape)
+
+
+def ref(comm: LibComm, x: np.ndarray) -> int:
+    """The ``H_INFO`` bits that say where ``x`` (C-contiguous) lies in a node buffer of ``comm``:
+    ``(offset << 16 | buffer number) << 1``; 0 when it lies in none."""
+    if comm.buffers and x.nbytes:
+        at = x.ctypes.data
+        for k, buf in enumerate(comm.buffers, 1):
+            if buf.base <= at and at + x.nbytes <= buf.base + buf.nbytes:
+                return ((at - buf.base) << 16 | k) << 1
+    return 0
+
+
+def resident(comm: LibComm, table: np.ndarray | None, x: np.ndarray) -> tuple[NodeBuffer, list] | None:
+    """When every rank's ``x`` is the same place of the same node buffer (the agreed ``table``'s
+    ``H_INFO``): that buffer and every rank's ``x`` (flat views); else None."""
+    if table is None or not comm.local:
+        return None
+    refs = table[:, V.H_INFO] >> 1
+    if not refs[0] or (refs != refs[0]).any():
+        return None
+    k, offset = int(refs[0]) & 0xFFFF, int(refs[0]) >> 16
+    buf = comm.buffers[k - 1]
+    return buf, buf.views(offset, x.nbytes, x.dtype)
+
+
 def allreduce(go, comm: LibComm, x: np.ndarray, out: np.ndarray | None, dt: DType, rop: ReduceOp,
-              in_place: bool) -> None:
+              in_place: bool, inputs: tuple[NodeBuffer, list] | None = None) -> None:
     """AllReduce (or Reduce) of ``x`` into ``out`` (``in_place``: ``out`` is ``x``; None: a Reduce's other ranks)
     through the node window. Up to ``ONE_SHOT_BYTES / n``, in one shot (each rank with an ``out``
     reduces the whole message from every slot, in rank order); else in rounds of at most
     ``SLOT_BYTES``: each rank reduces one block of the round (``split_even``: the first ranks get one
     element more), in rank order, and places it in its slot; then every rank with an ``out`` copies
-    the blocks out."""
+    the blocks out. ``inputs`` (:func:`resident`): every rank's input is in a node buffer, read
+    there instead of copied in (not in place in one shot: the result would overwrite an input a peer
+    still reads)."""
     from .ops._base import prefix, split_even
     node, n, me = comm.node_window(), comm.size, comm.rank
     flat, oflat = x.reshape(-1), None if out is None else out.reshape(-1)
     per = node.slot_bytes // dt.itemsize
     slots = [node.slots(r, dt.np) for r in range(n)]
+    buf, peers = inputs or (None, None)
     go.hold(True)
     go.local(node.check)
     if flat.nbytes * n <= ONE_SHOT_BYTES and flat.nbytes <= node.slot_bytes:
-        own = tuple(m[:flat.size] for m in slots[me])     # (in place on a rank > 0: its row from its slot)
-        rows = tuple([flat if r == me and (me == 0 or not in_place) else slots[r][h][:flat.size]
-                      for r in range(n)] for h in (0, 1))
-        go.local(node.put, tuple([(o, flat)] for o in own))
+        if buf is not None and not in_place:
+            rows = ([flat if r == me else p for r, p in enumerate(peers)],) * 2
+            go.local(buf.sync)
+        else:
+            own = tuple(m[:flat.size] for m in slots[me])     # (in place on a rank > 0: its row from its slot)
+            rows = tuple([flat if r == me and (me == 0 or not in_place) else slots[r][h][:flat.size]
+                          for r in range(n)] for h in (0, 1))
+            go.local(node.put, tuple([(o, flat)] for o in own))
+            buf = None
         go.mpi(comm, "Barrier")
+        if buf is not None:
+            go.local(buf.sync)
         if oflat is not None:
             go.local(node.reduce, rows, dt, rop, oflat, None)
+        if buf is not None:
+            go.mpi(comm, "Barrier")                    # (every peer has read this rank's input)
         go.local(node.flip)
         go.hold(False)
         return
@@ -156,10 +287,16 @@ def allreduce(go, comm: LibComm, x: np.ndarray, out: np.ndarray | None, dt: DTyp
         counts = split_even(xs.size, n)
         bounds = [(int(a), int(a + c)) for a, c in zip(prefix(counts), counts)]
         lo, hi = bounds[me]
-        put = tuple([(m[:lo], xs[:lo]), (m[hi:xs.size], xs[hi:])] for m in slots[me])
-        rows = tuple([xs[lo:hi] if r == me else slots[r][h][lo:hi] for r in range(n)] for h in (0, 1))
-        go.local(node.put, put)
+        if buf is None:
+            put = tuple([(m[:lo], xs[:lo]), (m[hi:xs.size], xs[hi:])] for m in slots[me])
+            rows = tuple([xs[lo:hi] if r == me else slots[r][h][lo:hi] for r in range(n)] for h in (0, 1))
+            go.local(node.put, put)
+        else:                                          # (peers read this round's inputs before the next Barrier)
+            rows = ([xs[lo:hi] if r == me else p[s + lo:s + hi] for r, p in enumerate(peers)],) * 2
+            go.local(buf.sync)
         go.mpi(comm, "Barrier")
+        if buf is not None:
+            go.local(buf.sync)
         go.local(node.reduce, rows, dt, rop, mine[:hi - lo], tuple(m[lo:hi] for m in slots[me]))
         go.mpi(comm, "Barrier")
         if oflat is not None:
@@ -172,15 +309,31 @@ def allreduce(go, comm: LibComm, x: np.ndarray, out: np.ndarray | None, dt: DTyp
 
 
 def reduce_scatter(go, comm: LibComm, blocks: np.ndarray, counts: list[int], dt: DType, rop: ReduceOp,
-                   out: np.ndarray) -> None:
+                   out: np.ndarray, inputs: tuple[NodeBuffer, list] | None = None) -> None:
     """ReduceScatter(V) of the packed ``blocks`` (block j: ``counts[j]`` elements, rank j's) into
     ``out`` through the node window, in rounds: round k takes the k-th ``take[j]`` elements of every
     block j (``take`` in proportion to the counts, together at most a slot, so that skewed counts
     need no more rounds than even ones); each rank copies the others' parts into its slot and, after
-    a Barrier, reduces its own part from every slot (its own straight from ``blocks``) into ``out``."""
+    a Barrier, reduces its own part from every slot (its own straight from ``blocks``) into ``out``.
+    ``inputs`` (:func:`resident`): every rank's blocks are in a node buffer: after one Barrier each
+    rank reduces its whole block straight from them, and a second keeps them until all have read."""
     from .ops._base import prefix
     node, n, me = comm.node_window(), comm.size, comm.rank
     flat, oflat = blocks.reshape(-1), out.reshape(-1)
+    if inputs is not None:
+        buf, peers = inputs
+        a = int(sum(counts[:me]))
+        rows = [p[a:a + counts[me]] for p in peers]
+        rows[me] = flat[a:a + counts[me]]
+        go.hold(True)
+        go.local(node.check)
+        go.local(buf.sync)
+        go.mpi(comm, "Barrier")
+        go.local(buf.sync)
+        go.local(node.reduce, (rows, rows), dt, rop, oflat, None)
+        go.mpi(comm, "Barrier")                        # (every peer has read this rank's blocks)
+        go.hold(False)
+        return
     per = node.slot_bytes // dt.itemsize
     rounds = max(-(-sum(counts) // max(per - n, 1)), 1)        # (sum of ceil(c / rounds) <= per)
     take = [-(-c // rounds) for c in counts]

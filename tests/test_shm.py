@@ -349,3 +349,144 @@ def test_float_overflow_is_inf_without_a_warning(comm):
         warnings.simplefilter("error")
         got = mpicoll.AllReduceOperation(mpicoll.AllReduceParam(comm=comm)).execute(x)
     assert np.isinf(got).all()
+
+
+# ----------------------------------------------------------------------------- node buffers (inputs read in place)
+
+def counted_puts(monkeypatch) -> list:
+    """Count the window's copies-in (NodeWindow.put) from now on."""
+    seen: list = []
+    put = _shm.NodeWindow.put
+    monkeypatch.setattr(_shm.NodeWindow, "put", lambda self, pairs: (seen.append(1), put(self, pairs))[1])
+    return seen
+
+
+@mpi1
+@pytest.mark.parametrize("dtype", list(DTYPES))
+def test_node_buffer_inputs_are_read_in_place_bit_for_bit(comm, dtype, monkeypatch):
+    dt = DTYPES[dtype]
+    puts = counted_puts(monkeypatch)
+    for size in sizes(dt.itemsize):
+        kind = "random" if dt.np.kind == "f" and size * dt.itemsize >= THRESHOLD and SIZE > 1 else "int"
+        xs = [rank_data(SEED, f"shm/buf/{dtype}/{size}", r, size, dt, kind) for r in range(SIZE)]
+        buf = mpicoll.node_buffer(size + 5, dt.np, comm=comm)[3:3 + size]     # (at the same place on every rank)
+        for rname in ("sum", "max"):
+            rop = REDUCE_OPS[rname]
+            golden = golden_reduce(xs, dt, rop)
+            ar = mpicoll.AllReduceOperation(mpicoll.AllReduceParam(comm=comm, reduce_type=rname))
+            np.copyto(buf, xs[RANK])
+            assert count_wrong(ar.execute(buf), golden) == 0, (size, rname)
+            assert count_wrong(buf, xs[RANK]) == 0, (size, rname, "input untouched")
+            before = len(puts)
+            assert ar.execute(buf, out=buf) is buf and count_wrong(buf, golden) == 0, (size, rname, "in place")
+            del puts[before:]                 # (in place in one shot copies in: the result overwrites the input)
+            root = SIZE - 1
+            red = mpicoll.ReduceOperation(mpicoll.ReduceParam(comm=comm, reduce_type=rname, rank_root=root))
+            np.copyto(buf, xs[RANK])
+            got = red.execute(buf)
+            assert (got is None) == (RANK != root) and (got is None or count_wrong(got, golden) == 0), (size, rname)
+            k = size // SIZE
+            rs = mpicoll.ReduceScatterOperation(mpicoll.ReduceScatterParam(comm=comm, reduce_type=rname))
+            got = rs.execute(buf[:k * SIZE])
+            want = golden_reduce([a[:k * SIZE] for a in xs], dt, rop)[RANK * k:(RANK + 1) * k]
+            assert count_wrong(got, want) == 0, (size, rname, "ReduceScatter")
+            counts = [k + (j == SIZE - 1) * (size - k * SIZE) for j in range(SIZE)]
+            rsv = mpicoll.ReduceScatterVOperation(mpicoll.ReduceScatterVParam(comm=comm, reduce_type=rname))
+            got = rsv.execute(buf, counts, np.cumsum([0] + counts[:-1]), counts[RANK])
+            a = sum(counts[:RANK])
+            assert count_wrong(got, golden[a:a + counts[RANK]]) == 0, (size, rname, "ReduceScatterV")
+    assert not puts, "a node buffer's input was copied into the window"
+    assert used_window(comm) == (SIZE > 1)
+
+
+@mpi1
+def test_node_buffer_plans_run_again_on_new_content(comm, monkeypatch):
+    dt, rop = DTYPES["bfloat16"], REDUCE_OPS["sum"]
+    n = 3 * SLOT // 2 + 7
+    buf = mpicoll.node_buffer((n,), dt.np, comm=comm)
+    ar = mpicoll.AllReduceOperation(mpicoll.AllReduceParam(comm=comm, reduce_type="sum"))
+    rs = mpicoll.ReduceScatterOperation(mpicoll.ReduceScatterParam(comm=comm, reduce_type="sum"))
+    k = n // SIZE
+    out = np.empty_like(buf)
+    puts = counted_puts(monkeypatch)
+    with ar.prepare(buf, out=out) as p1, rs.prepare(buf[:k * SIZE]) as p2:
+        for it in range(4):
+            xs = [rank_data(SEED, f"shm/bufplan/{it}", r, n, dt, "random") for r in range(SIZE)]
+            golden = golden_reduce(xs, dt, rop)
+            np.copyto(buf, xs[RANK])
+            assert count_wrong(p1.run(), golden) == 0, it
+            started = p1.start()                       # a started run, with other collectives in between
+            other = ar.execute(np.ones(4, np.float32))
+            assert count_wrong(started.wait(), golden) == 0 and other.tolist() == [SIZE] * 4, it
+            want = golden_reduce([a[:k * SIZE] for a in xs], dt, rop)[RANK * k:(RANK + 1) * k]
+            assert count_wrong(p2.run(), want) == 0, it
+    assert not puts
+
+
+@mpi2
+def test_node_buffer_read_in_place_only_where_every_rank_agrees(comm, monkeypatch):
+    """Rank 0 passes a private array, or a buffer at another place: every rank copies in (agreed
+    from the header), and the results stay right; with validation off (no header), the same."""
+    dt, rop = DTYPES["float32"], REDUCE_OPS["sum"]
+    n = SLOT // 4 + 3
+    xs = [rank_data(SEED, "shm/bufmix", r, n, dt, "random") for r in range(SIZE)]
+    golden = golden_reduce(xs, dt, rop)
+    buf = mpicoll.node_buffer(n + 1, np.float32, comm=comm)
+    puts = counted_puts(monkeypatch)
+    for mine in (xs[RANK].copy() if RANK == 0 else buf[:n], buf[1:] if RANK == 0 else buf[:n]):
+        np.copyto(mine, xs[RANK])
+        ar = mpicoll.AllReduceOperation(mpicoll.AllReduceParam(comm=comm, reduce_type="sum"))
+        before = len(puts)
+        assert count_wrong(ar.execute(mine), golden) == 0
+        assert len(puts) > before
+    off = mpicoll.AllReduceOperation(mpicoll.AllReduceParam(comm=comm, reduce_type="sum"), validate=False)
+    np.copyto(buf[:n], xs[RANK])
+    off.execute(buf[:n])                                 # (the first call agrees)
+    before = len(puts)
+    assert count_wrong(off.execute(buf[:n]), golden) == 0 and len(puts) > before
+
+
+@mpi1
+def test_node_buffer_where_there_is_no_window(monkeypatch):
+    monkeypatch.setenv("MPICOLL_SHM", "0")
+    c = WORLD.Dup()
+    try:
+        buf = mpicoll.node_buffer((3, 4), "int32", comm=c)
+        assert buf.shape == (3, 4) and buf.dtype == np.int32 and not user_comm(c).buffers
+    finally:
+        c.Free()
+    with pytest.raises(mpicoll.CollectiveArgumentError, match="node_buffer.*dtype"):
+        mpicoll.node_buffer(4, object)
+
+
+@mpi1
+def test_a_plan_on_a_freed_node_buffer_raises():
+    c = WORLD.Dup()
+    buf = mpicoll.node_buffer(_shm.ALLREDUCE_BYTES // 4, np.float32, comm=c)      # (through the window)
+    buf[:] = 1
+    plan = mpicoll.AllReduceOperation(mpicoll.AllReduceParam(comm=c)).prepare(buf)
+    assert plan.run()[0] == SIZE
+    c.Free()
+    if SIZE > 1:
+        with pytest.raises(mpicoll.CollectiveError, match="freed"):
+            plan.run()
+
+
+@mpi2
+@pytest.mark.parametrize("dtype", ["bfloat16", "float32", "int8"])
+def test_streamed_and_plain_copies_give_the_same_bits(comm, dtype, monkeypatch):
+    """Copies into the window alternate between the two kinds (PROBE_EVERY=2), each timed: the
+    results stay bit-identical, and both kinds were measured."""
+    monkeypatch.setattr(_shm, "PROBE_EVERY", 2)
+    monkeypatch.setattr(_shm, "PROBE_BYTES", 1)
+    dt = DTYPES[dtype]
+    op = mpicoll.AllReduceOperation(mpicoll.AllReduceParam(comm=comm, reduce_type="sum"))
+    rs = mpicoll.ReduceScatterOperation(mpicoll.ReduceScatterParam(comm=comm, reduce_type="sum"))
+    for size in sizes(dt.itemsize):
+        xs = [rank_data(SEED, f"shm/copies/{dtype}/{size}", r, size * SIZE, dt,
+                        "random" if dt.np.kind == "f" else "int") for r in range(SIZE)]
+        golden = golden_reduce(xs, dt, REDUCE_OPS["sum"])
+        for _ in range(2):
+            assert count_wrong(op.execute(xs[RANK]), golden) == 0, size
+            assert count_wrong(rs.execute(xs[RANK]), golden[RANK * size:(RANK + 1) * size]) == 0, size
+    assert all(user_comm(comm).node_window()._cost)

@@ -549,7 +549,7 @@ def alltoall_reduce(go: Any, comm: LibComm, flat: np.ndarray, dt: DType, rop: Re
 
 def reduce_scatter(go: Any, comm: LibComm, blocks: np.ndarray, counts: list[int], dt: DType, rop: ReduceOp,
                    out: np.ndarray, packed_everywhere: bool = True, block_type: MPI.Datatype | None = None,
-                   recv: np.ndarray | None = None) -> None:
+                   recv: np.ndarray | None = None, inputs=None) -> None:
     """THE choice of a reduce-scatter's MPI calls (ReduceScatter, ReduceScatterV, the Hccl client).
 
     ``blocks``: this rank's blocks in rank order, packed (block j: ``counts[j]`` elements), or,
@@ -560,12 +560,13 @@ def reduce_scatter(go: Any, comm: LibComm, blocks: np.ndarray, counts: list[int]
     for the dtypes it reduces natively when every rank's blocks are packed (``Reduce_scatter_block``
     for equal counts, else
     ``Reduce_scatter``); otherwise an AllToAll of the blocks and a rank-order reduction
-    (:func:`alltoall_reduce`: float16/bfloat16 accumulated in float32).
+    (:func:`alltoall_reduce`: float16/bfloat16 accumulated in float32). ``inputs``: every rank's
+    ``blocks`` in a node buffer (:func:`_shm.resident`), read there by the window path.
     """
     equal = counts.count(counts[0]) == len(counts)
     if packed_everywhere and block_type is None and _shm.serves(comm, sum(counts) * dt.itemsize,
                                                                 _shm.REDUCE_SCATTER_BYTES):
-        _shm.reduce_scatter(go, comm, blocks, counts, dt, rop, out)     # one node: the shared window
+        _shm.reduce_scatter(go, comm, blocks, counts, dt, rop, out, inputs)     # one node: the shared window
         return
     if dt.reduce == "native" and packed_everywhere:
         if equal:

@@ -84,10 +84,12 @@ class AllReduceOperation(ReduceTypeOperation):
         out = self._out(out, x.shape, x.dtype, x if src is None else src, in_place_ok=src is None)
         call = Call(dt, x, out, x.shape)
         call.src, call.reduce = src, self._rop
+        if src is None:
+            call.info = _shm.ref(self._lib, x)
         return call
 
     def issue(self, call, table, go) -> None:
-        reduce_pieces(go, self._lib, call.x, call.out, call.dt, self._rop)
+        reduce_pieces(go, self._lib, call.x, call.out, call.dt, self._rop, inputs=_shm.resident(self._lib, table, call.x))
 
     def coalesce_key(self, call, exact=True) -> tuple | None:
         """``exact``: only where the result cannot depend on the size of the message (MPI picks its
@@ -110,7 +112,8 @@ class AllReduceOperation(ReduceTypeOperation):
         go.local(unpack, scatter_pairs(staging, [c.out for c in calls]))
 
 
-def reduce_pieces(go, comm, x: np.ndarray, out: np.ndarray | None, dt, rop, root: int | None = None) -> None:
+def reduce_pieces(go, comm, x: np.ndarray, out: np.ndarray | None, dt, rop, root: int | None = None,
+                  inputs=None) -> None:
     """The MPI calls of AllReduce (``root`` None: every rank gets ``out``) or Reduce (only rank
     ``root`` gets it; ``out`` None elsewhere), chosen from the dtype and the size alone (the same on
     every rank): on one node from ``_shm.ALLREDUCE_BYTES`` on, the node's shared window
@@ -118,10 +121,10 @@ def reduce_pieces(go, comm, x: np.ndarray, out: np.ndarray | None, dt, rop, root
     MPI does not reduce itself, from TIERED_BYTES on, in tiers (:func:`_tiered`); else MPI's own
     reduction in one call; 16-bit floats up to SMALL_F32_BYTES as one float32 reduction; else, and from PIECED_BYTES on in PIECE_BYTES
     pieces, AllToAll + a local reduction in rank order + AllGather (or Gather). ``out`` may be
-    ``x`` (in place)."""
+    ``x`` (in place). ``inputs``: every rank's ``x`` in a node buffer (:func:`_shm.resident`)."""
     n, in_place = comm.size, out is x
     if _shm.serves(comm, x.nbytes, _shm.ALLREDUCE_BYTES):                     # one node: the shared window
-        _shm.allreduce(go, comm, x, out, dt, rop, in_place)
+        _shm.allreduce(go, comm, x, out, dt, rop, in_place, inputs)
         return
     if root is None and comm.per_node and x.nbytes >= TIERED_BYTES and not _mpi_reduces(dt, x.size, n):
         # several nodes, and the flat path would be our own (blind to nodes): in tiers

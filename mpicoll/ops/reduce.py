@@ -5,6 +5,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from .. import _shm
 from .._dtypes import DTYPES, reduce_op
 from .._golden import (TORCH_OPS, BenchRun, BenchSpec, Case, CheckSpec, bench_data, golden_reduce, rank_data,
                        raw_reduce_type, reduce_case_names, register_bench, register_check, torch_view)
@@ -64,10 +65,13 @@ class ReduceOperation(ReduceTypeOperation):
             out = self._out(out, x.shape, x.dtype, x if src is None else src, in_place_ok=src is None)
         call = Call(dt, x, out if root else None, x.shape)
         call.src, call.root, call.reduce = src, self._root, self._rop
+        if src is None:
+            call.info = _shm.ref(self._lib, x)
         return call
 
     def issue(self, call, table, go) -> None:
-        reduce_pieces(go, self._lib, call.x, call.out, call.dt, self._rop, self._root)
+        reduce_pieces(go, self._lib, call.x, call.out, call.dt, self._rop, self._root,
+                      _shm.resident(self._lib, table, call.x))
 
 
 # ----------------------------------------------------------------------------- golden check

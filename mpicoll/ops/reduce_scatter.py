@@ -5,6 +5,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from .. import _shm
 from .. import _validate as V
 from .._dtypes import DTYPES, reduce_op
 from .._golden import (TORCH_OPS, BenchRun, BenchSpec, Case, CheckSpec, bench_data, counts_matrix, displs,
@@ -69,11 +70,14 @@ class ReduceScatterOperation(ReduceTypeOperation):
             out = self._out(out, (k, *x.shape[1:]), x.dtype, x if src is None else src)
         call = Call(dt, x, out, x.shape)
         call.src, call.reduce = src, self._rop
+        if src is None:
+            call.info = _shm.ref(self._lib, x)
         return call
 
     def issue(self, call, table, go) -> None:
         x = call.x.reshape(-1)
-        reduce_scatter(go, self._lib, x, [x.size // self.size] * self.size, call.dt, self._rop, call.out)
+        reduce_scatter(go, self._lib, x, [x.size // self.size] * self.size, call.dt, self._rop, call.out,
+                       inputs=_shm.resident(self._lib, table, x))
 
 
 class ReduceScatterVOperation(ReduceTypeOperation):
@@ -125,7 +129,7 @@ class ReduceScatterVOperation(ReduceTypeOperation):
         out = self._out(out, (rc,), x.dtype, x if src is None else src)
         call = Call(dt, x, out)
         call.src, call.reduce, call.send, call.recv, call.args = src, self._rop, sc, [rc] * n, (sc, sd)
-        call.info = V.BIT_PACKED if packed else 0
+        call.info = V.BIT_PACKED | _shm.ref(self._lib, x.reshape(-1)[:sum(sc)]) if packed and src is None else int(packed)
         return call
 
     def issue(self, call, table, go) -> None:
@@ -133,12 +137,14 @@ class ReduceScatterVOperation(ReduceTypeOperation):
         flat = x.reshape(-1)
         # send_counts are the same list on every rank (each is a rank's recv_count): every rank
         # decides alike from them; the layout is each rank's own
+        inputs = None
         if call.info & V.BIT_PACKED:
             blocks = flat[:sum(sc)]
+            inputs = _shm.resident(comm, table, blocks)     # (every rank's blocks packed in a node buffer)
         else:                   # (packed into rank order first: every rank then has packed blocks)
             blocks = np.empty(sum(sc), dtype=x.dtype)
             go.local(_pack, flat, sc, sd, blocks)
-        reduce_scatter(go, comm, blocks, sc, dt, self._rop, out)
+        reduce_scatter(go, comm, blocks, sc, dt, self._rop, out, inputs=inputs)
 
 
 def _pack(flat: np.ndarray, counts: list[int], displs: list[int], blocks: np.ndarray) -> None:
