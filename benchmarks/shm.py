@@ -4,7 +4,8 @@
                                                         [--ops AllReduce,ReduceScatter] [--reps 7] [--json F]
     scripts/cluster run 2 4 [--rate 1gbit] -- python benchmarks/shm.py --ops AllReduce --tx    (several hosts)
 
-Sizes are MiB of each rank's input. For every operator, dtype and size it interleaves blocks of
+Sizes are MiB of each rank's input (AllGather: of the output; ``--ops`` also takes AllGather and
+Broadcast, whose window variant is MPI's path: only ``--buffer`` changes them). For every operator, dtype and size it interleaves blocks of
 ``plan.run()`` on a communicator made with the window (``MPICOLL_SHM=1``, the default), of
 ``plan.run()`` on one made without it (``MPICOLL_SHM=0``: mpicoll's MPI path), of the raw mpi4py call
 (``comm.Allreduce`` / ``comm.Reduce_scatter_block``; none for bfloat16, which MPI cannot reduce), and
@@ -53,7 +54,8 @@ def make_plan(cls, param_cls, slot: int | None, *args, one_shot: int | None = No
     if one_shot is not None:
         mpicoll._shm.ONE_SHOT_BYTES = one_shot
     try:
-        return cls(param_cls(comm=COMMS[slot], reduce_type="sum"), validate=False).prepare(*args, **kw)
+        more = {"reduce_type": "sum"} if "reduce_type" in param_cls.__dataclass_fields__ else {}
+        return cls(param_cls(comm=COMMS[slot], **more), validate=False).prepare(*args, **kw)
     finally:
         if old is None:
             del os.environ["MPICOLL_SHM"]
@@ -70,16 +72,24 @@ def variants(op_name: str, dtype: str, nbytes: int, slots: list[int], one_shots:
     if op_name == "AllReduce":
         cls, param, y = mpicoll.AllReduceOperation, mpicoll.AllReduceParam, np.empty_like(x)
         raw = lambda: raw_comm.Allreduce([x, dt.mpi], [y, dt.mpi], MPI.SUM)              # noqa: E731
-    else:
+    elif op_name == "ReduceScatter":
         cls, param, y = mpicoll.ReduceScatterOperation, mpicoll.ReduceScatterParam, np.empty(count // n, dt.np)
         raw = lambda: raw_comm.Reduce_scatter_block([x, dt.mpi], [y, dt.mpi], MPI.SUM)   # noqa: E731
-    out = {name: make_plan(cls, param, slot, x, out=y, one_shot=shot).run
+    elif op_name == "AllGather":                   # (the size is the output's: each rank gives 1/n of it)
+        x = x[:count // n]
+        cls, param, y = mpicoll.AllGatherOperation, mpicoll.AllGatherParam, np.empty((n, x.size), dt.np)
+        raw = lambda: raw_comm.Allgather([x, dt.mpi], [y, dt.mpi])                        # noqa: E731
+    else:
+        cls, param, y = mpicoll.BroadcastOperation, mpicoll.BroadcastParam, None
+        raw = lambda: raw_comm.Bcast([x, dt.mpi], 0)                                      # noqa: E731
+    kw = {} if y is None else {"out": y}
+    out = {name: make_plan(cls, param, slot, x, one_shot=shot, **kw).run
            for name, slot, shot in [(f"window{k}", s, o) for k, (s, o) in enumerate(zip(slots, one_shots))]
            + [("mpi", None, None)]}
     if buffer:
         resident = mpicoll.node_buffer(x.shape, x.dtype, comm=COMMS[slots[0]])
         resident[:] = x
-        out["buffer"] = make_plan(cls, param, slots[0], resident, out=y).run
+        out["buffer"] = make_plan(cls, param, slots[0], resident, **kw).run
     if dt.reduce == "native":
         out["raw"] = raw
     src, dst = x.copy(), np.empty_like(x)
@@ -154,7 +164,7 @@ def main() -> None:
               + f" {'mpi ms':>8} {'raw ms':>8} {'memcpy':>8} {'busbw/memcpy':>13}"
               + ("  tx/host: " + " ".join(w for w in wins) + " mpi raw" if a.tx else ""))
     for op_name in a.ops.split(","):
-        factor = 2 * (n - 1) / n if op_name == "AllReduce" else (n - 1) / n
+        factor = {"AllReduce": 2 * (n - 1) / n, "Broadcast": 1}.get(op_name, (n - 1) / n)
         for dtype in a.dtypes.split(","):
             for mib in (float(s) for s in a.sizes.split(",")):
                 nbytes = int(mib * 2 ** 20)

@@ -490,3 +490,42 @@ def test_streamed_and_plain_copies_give_the_same_bits(comm, dtype, monkeypatch):
             assert count_wrong(op.execute(xs[RANK]), golden) == 0, size
             assert count_wrong(rs.execute(xs[RANK]), golden[RANK * size:(RANK + 1) * size]) == 0, size
     assert all(user_comm(comm).node_window()._cost)
+
+
+@mpi1
+@pytest.mark.parametrize("dtype", list(DTYPES))
+def test_allgather_and_broadcast_copy_from_node_buffers(comm, dtype, monkeypatch):
+    """From a node buffer (the same place on every rank), AllGather and Broadcast copy straight
+    from the peers' buffers (``_shm.gather``) between GATHER_BYTES / from BROADCAST_BYTES, and
+    through MPI otherwise; every dtype, every root, plans and started plans; bit for bit."""
+    monkeypatch.setattr(_shm, "GATHER_BYTES", (THRESHOLD, 4 * SLOT))
+    monkeypatch.setattr(_shm, "BROADCAST_BYTES", THRESHOLD)
+    used: list = []
+    gather = _shm.gather
+    monkeypatch.setattr(_shm, "gather", lambda *a, **k: (used.append(1), gather(*a, **k))[1])
+    dt = DTYPES[dtype]
+    ag = mpicoll.AllGatherOperation(mpicoll.AllGatherParam(comm=comm))
+    for size in (THRESHOLD // dt.itemsize // SIZE - 1, THRESHOLD // dt.itemsize, SLOT // dt.itemsize + 3,
+                 4 * SLOT // dt.itemsize // SIZE + 1):
+        xs = [rank_data(SEED, f"shm/ag/{dtype}/{size}", r, (size,), dt) for r in range(SIZE)]
+        buf = mpicoll.node_buffer((size + 2,), dt.np, comm=comm)[1:1 + size]
+        before = len(used)
+        for it in range(2):
+            np.copyto(buf, xs[RANK])
+            assert count_wrong(ag.execute(buf), np.stack(xs)) == 0, (size, it)
+        with ag.prepare(buf, out=np.empty((SIZE, size), dt.np)) as plan:
+            for it in range(2):
+                ys = [rank_data(SEED + it, f"shm/ag/{dtype}/{size}", r, (size,), dt) for r in range(SIZE)]
+                np.copyto(buf, ys[RANK])
+                assert count_wrong(plan.start().wait() if it else plan.run(), np.stack(ys)) == 0, (size, it)
+        assert (len(used) > before) == (SIZE > 1 and THRESHOLD <= SIZE * size * dt.itemsize <= 4 * SLOT), size
+        for root in range(SIZE):
+            bc = mpicoll.BroadcastOperation(mpicoll.BroadcastParam(comm=comm, rank_root=root))
+            before = len(used)
+            np.copyto(buf, xs[RANK])
+            assert bc.execute(buf) is buf and count_wrong(buf, xs[root]) == 0, (size, root)
+            with bc.prepare(buf) as plan:
+                np.copyto(buf, xs[RANK])
+                plan.start().wait()
+                assert count_wrong(buf, xs[root]) == 0, (size, root, "started")
+            assert (len(used) > before) == (SIZE > 1 and size * dt.itemsize >= THRESHOLD), (size, root)

@@ -5,6 +5,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from .. import _shm
 from .. import _validate as V
 from .._dtypes import DTYPES
 from .._golden import BenchRun, BenchSpec, Case, CheckSpec, bench_data, rank_data, register_bench, register_check, torch_view
@@ -58,10 +59,14 @@ class BroadcastOperation(Operation):
                               "(it is filled in place)")
         x, dt = V.array(self.NAME, "x", x, self.rank)
         call = Call(dt, x, x, x.shape)
-        call.root = self._root
+        call.root, call.info = self._root, _shm.ref(self._lib, x)
         return call
 
     def issue(self, call, table, go) -> None:
+        inputs = _shm.resident(self._lib, table, call.x)
+        if _shm.copies(self._lib, call.x.nbytes, inputs, (_shm.BROADCAST_BYTES, np.inf)):         # the root's array in a node buffer: copied once
+            _shm.gather(go, self._lib, inputs, call.x, self._root)
+            return
         go.mpi(self._lib, "Bcast", [call.x, call.dt.mpi], self._root)
 
     def coalesce_key(self, call, exact=True) -> tuple | None:
