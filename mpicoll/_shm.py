@@ -180,9 +180,9 @@ class NodeBuffer:
         self.segments = [np.frombuffer(self.win.Shared_query(r)[0], dtype=np.uint8) for r in range(comm.size)]
         self.base = self.segments[comm.rank].ctypes.data if nbytes else 0
 
-    def views(self, offset: int, nbytes: int, dtype: np.dtype) -> list[np.ndarray]:
-        """Every member's bytes ``[offset, offset + nbytes)`` of its part, as flat arrays of ``dtype``."""
-        return [seg[offset:offset + nbytes].view(dtype) for seg in self.segments]
+    def views(self, offset: int, sizes: list[int], dtype: np.dtype) -> list[np.ndarray]:
+        """Member r's bytes ``[offset, offset + sizes[r])`` of its part, as flat arrays of ``dtype``."""
+        return [seg[offset:offset + b].view(dtype) for seg, b in zip(self.segments, sizes)]
 
     def sync(self) -> None:
         """``Win.Sync`` (around the Barrier that publishes the members' inputs); raise once freed."""
@@ -232,7 +232,7 @@ def node_buffer(shape: int | tuple, dtype: Any = np.float32, comm: MPI.Comm | No
 def ref(comm: LibComm, x: np.ndarray) -> int:
     """The ``H_INFO`` bits that say where ``x`` (C-contiguous) lies in a node buffer of ``comm``:
     ``(offset << 16 | buffer number) << 1``; 0 when it lies in none."""
-    if comm.buffers and x.nbytes:
+    if comm.buffers:
         at = x.ctypes.data
         for k, buf in enumerate(comm.buffers, 1):
             if buf.base <= at and at + x.nbytes <= buf.base + buf.nbytes:
@@ -240,9 +240,11 @@ def ref(comm: LibComm, x: np.ndarray) -> int:
     return 0
 
 
-def resident(comm: LibComm, table: np.ndarray | None, x: np.ndarray) -> tuple[NodeBuffer, list] | None:
+def resident(comm: LibComm, table: np.ndarray | None, x: np.ndarray,
+             counts: list[int] | None = None) -> tuple[NodeBuffer, list] | None:
     """When every rank's ``x`` is the same place of the same node buffer (the agreed ``table``'s
-    ``H_INFO``): that buffer and every rank's ``x`` (flat views); else None."""
+    ``H_INFO``): that buffer and every rank's ``x`` (flat views; rank r's of ``counts[r]`` elements
+    when given, else of x's size); else None."""
     if table is None or not comm.local:
         return None
     refs = table[:, V.H_INFO] >> 1
@@ -250,7 +252,8 @@ def resident(comm: LibComm, table: np.ndarray | None, x: np.ndarray) -> tuple[No
         return None
     k, offset = int(refs[0]) & 0xFFFF, int(refs[0]) >> 16
     buf = comm.buffers[k - 1]
-    return buf, buf.views(offset, x.nbytes, x.dtype)
+    sizes = [x.nbytes] * comm.size if counts is None else [c * x.itemsize for c in counts]
+    return buf, buf.views(offset, sizes, x.dtype)
 
 
 def copies(comm: LibComm, nbytes: int, inputs: tuple[NodeBuffer, list] | None, sizes: tuple[int, float]) -> bool:
@@ -264,17 +267,12 @@ def _copy_pairs(pairs: list) -> None:
         np.copyto(dst, src)
 
 
-def gather(go, comm: LibComm, inputs: tuple[NodeBuffer, list], out: np.ndarray, root: int | None = None) -> None:
-    """AllGather (``root`` None: row r of ``out`` from rank r's node buffer) or Broadcast (``out``
-    from the root's) by copying from the peers' node buffers once, between two Barriers: the first
-    publishes the inputs, the second keeps them until every rank has copied them."""
+def gather(go, comm: LibComm, inputs: tuple[NodeBuffer, list], dests: list) -> None:
+    """AllGather(V) or Broadcast by copying from the peers' node buffers once: rank r's input into
+    ``dests[r]`` (None: nothing of rank r's), between two Barriers: the first publishes the inputs,
+    the second keeps them until every rank has copied them."""
     buf, peers = inputs
-    me = comm.rank
-    if root is None:
-        rows = out.reshape(comm.size, -1)
-        pairs = [(rows[r], p) for r, p in enumerate(peers)]
-    else:
-        pairs = [] if me == root else [(out.reshape(-1), peers[root])]
+    pairs = [(d, p) for d, p in zip(dests, peers) if d is not None]
     go.local(buf.sync)
     go.mpi(comm, "Barrier")
     go.local(buf.sync)
@@ -320,7 +318,8 @@ def allreduce(go, comm: LibComm, x: np.ndarray, out: np.ndarray | None, dt: DTyp
         go.local(node.flip)
         go.hold(False)
         return
-    mine = np.empty(-(-min(per, flat.size) // n), dtype=dt.np)   # this rank's reduced block, privately
+    direct = oflat is not None and not in_place     # (reduce straight into the output; else privately first)
+    mine = None if direct else np.empty(-(-min(per, flat.size) // n), dtype=dt.np)
     for s in range(0, flat.size, per):
         xs = flat[s:s + per]
         counts = split_even(xs.size, n)
@@ -336,12 +335,13 @@ def allreduce(go, comm: LibComm, x: np.ndarray, out: np.ndarray | None, dt: DTyp
         go.mpi(comm, "Barrier")
         if buf is not None:
             go.local(buf.sync)
-        go.local(node.reduce, rows, dt, rop, mine[:hi - lo], tuple(m[lo:hi] for m in slots[me]))
+        block = oflat[s + lo:s + hi] if direct else mine[:hi - lo]
+        go.local(node.reduce, rows, dt, rop, block, tuple(m[lo:hi] for m in slots[me]))
         go.mpi(comm, "Barrier")
         if oflat is not None:
             os_ = oflat[s:s + per]
-            get = tuple([(os_[a:b], mine[:hi - lo] if r == me else slots[r][h][a:b])
-                         for r, (a, b) in enumerate(bounds)] for h in (0, 1))
+            get = tuple([(os_[a:b], slots[r][h][a:b]) for r, (a, b) in enumerate(bounds) if r != me]
+                        + ([] if direct else [(os_[lo:hi], mine[:hi - lo])]) for h in (0, 1))
             go.local(node.get, get)
         go.local(node.flip)
     go.hold(False)

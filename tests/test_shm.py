@@ -237,7 +237,8 @@ JOB = """
     import mpicoll
     r = MPI.COMM_WORLD.Get_rank()
     op = mpicoll.AllReduceOperation(mpicoll.AllReduceParam(reduce_type="sum"))
-    x = np.ones(1 << 20, np.float32)
+    x = mpicoll.node_buffer(1 << 20, np.float32)       # (a node buffer too: its own shared window)
+    x[:] = 1
     assert op.execute(x)[0] == MPI.COMM_WORLD.Get_size()
     print("WINDOW_ON" if mpicoll._domains.world()._node is not None else "WINDOW_OFF", flush=True)
     how = {how!r}
@@ -529,3 +530,32 @@ def test_allgather_and_broadcast_copy_from_node_buffers(comm, dtype, monkeypatch
                 plan.start().wait()
                 assert count_wrong(buf, xs[root]) == 0, (size, root, "started")
             assert (len(used) > before) == (SIZE > 1 and size * dt.itemsize >= THRESHOLD), (size, root)
+
+
+@mpi1
+@pytest.mark.parametrize("dtype", ["int8", "bfloat16", "float32", "float64"])
+def test_allgatherv_copies_from_node_buffers(comm, dtype, monkeypatch):
+    """AllGatherV of node buffers (each rank's first send_count elements, at the same place on
+    every rank): uneven, zero and one-rank-only counts, permuted rdispls, in plans."""
+    monkeypatch.setattr(_shm, "GATHER_BYTES", (THRESHOLD, 4 * SLOT))
+    used: list = []
+    gather = _shm.gather
+    monkeypatch.setattr(_shm, "gather", lambda *a, **k: (used.append(1), gather(*a, **k))[1])
+    dt = DTYPES[dtype]
+    op = mpicoll.AllGatherVOperation(mpicoll.AllGatherVParam(comm=comm))
+    total = SLOT // dt.itemsize + 5
+    for name, counts in count_patterns(total).items():
+        xs = [rank_data(SEED, f"shm/agv/{dtype}/{name}", r, (max(counts[r], 1),), dt) for r in range(SIZE)]
+        buf = mpicoll.node_buffer(max(counts) + 1, dt.np, comm=comm)
+        np.copyto(buf[:xs[RANK].size], xs[RANK])
+        rd, pos = [0] * SIZE, 0
+        for j in reversed(range(SIZE)):                     # rank order reversed
+            rd[j], pos = pos, pos + counts[j]
+        want = np.zeros(pos, dt.np)
+        for j in range(SIZE):
+            want[rd[j]:rd[j] + counts[j]] = xs[j][:counts[j]]
+        before = len(used)
+        with op.prepare(buf, counts[RANK], counts, rd, out=np.zeros(pos, dt.np)) as plan:
+            for _ in range(2):
+                assert count_wrong(plan.run(), want) == 0, name
+        assert (len(used) > before) == (SIZE > 1 and pos * dt.itemsize >= THRESHOLD), name

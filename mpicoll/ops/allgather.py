@@ -74,7 +74,7 @@ class AllGatherOperation(Operation):
     def issue(self, call, table, go) -> None:
         inputs = _shm.resident(self._lib, table, call.x)
         if _shm.copies(self._lib, call.out.nbytes, inputs, _shm.GATHER_BYTES):       # every input in a node buffer: copied once
-            _shm.gather(go, self._lib, inputs, call.out)
+            _shm.gather(go, self._lib, inputs, list(call.out.reshape(self.size, -1)))
             return
         m = call.dt.mpi
         go.mpi(self._lib, "Allgather", [call.x, m], [call.out, m])
@@ -157,10 +157,17 @@ class AllGatherVOperation(Operation):
         out = self._out(out, dims, x.dtype, x if src is None else src)
         call = Call(dt, x, out)
         call.src, call.send, call.recv, call.args = src, [sc] * n, rc, (sc, rc, rd, packed)
+        if src is None:
+            call.info = _shm.ref(self._lib, x.reshape(-1)[:sc])
         return call
 
     def issue(self, call, table, go) -> None:
         x, out, m, (sc, rc, rd, packed), comm = call.x, call.out, call.dt.mpi, call.args, self._lib
+        inputs = _shm.resident(comm, table, x, rc)        # (recv_counts: every rank's send count, agreed)
+        if _shm.copies(comm, out.nbytes, inputs, _shm.GATHER_BYTES):
+            flat = out.reshape(-1)
+            _shm.gather(go, comm, inputs, [flat[d:d + c] for c, d in zip(rc, rd)])
+            return
         send = [x, sc, m]
         if rc.count(rc[0]) != len(rc):
             go.mpi(comm, "Allgatherv", send, [out, (rc, rd), m])
