@@ -163,20 +163,27 @@ class LibComm:
         ``issue`` choice on agreed facts). Freed by :meth:`close`."""
         if self._node is None:
             from ._shm import NodeWindow
-            if self.pending:
-                self.drain(None)
-            timed_call(self.mpi, "Barrier", (), _watchdog.timeout_default(),   # (Allocate_shared is not timed)
-                       lambda: f"{self.label}: timed out waiting for every member to make its shared window "
-                               "(a rank never made its first large reduction there)")
+            self.meet("make its shared window (a rank never made its first large reduction there)")
             self._node = NodeWindow(self)
-            with LOCK:
-                if self not in _OPEN:
-                    _OPEN.append(self)
+            self._hold_open()
         return self._node
+
+    def meet(self, what: str) -> None:
+        """A Barrier under the watchdog before a collective set-up step that is not timed itself
+        (``Allocate_shared``, ``Split``), after the work queued here: a member that never comes
+        gives ``CollectiveTimeout`` saying ``what`` it was waiting for."""
+        if self.pending:
+            self.drain(None)
+        timed_call(self.mpi, "Barrier", (), _watchdog.timeout_default(),
+                   lambda: f"{self.label}: timed out waiting for every member to {what}")
 
     def add_buffer(self, buf) -> None:
         """Register a node buffer (:class:`mpicoll._shm.NodeBuffer`) just allocated on it."""
         self.buffers.append(buf)
+        self._hold_open()
+
+    def _hold_open(self) -> None:
+        """List it among the communicators whose windows a clean exit frees."""
         with LOCK:
             if self not in _OPEN:
                 _OPEN.append(self)
@@ -186,11 +193,8 @@ class LibComm:
         :meth:`node_window`: this rank's node's members (``local``: they share a node window), and
         the members with this rank's index on its node, one per node (rank order kept in both)."""
         if self._tiers is None:
-            if self.pending:
-                self.drain(None)
-            timed_call(self.mpi, "Barrier", (), _watchdog.timeout_default(),     # (Split is not timed)
-                       lambda: f"{self.label}: timed out waiting for every member to make its node and "
-                               "cross-node communicators (a rank never made its first large AllReduce there)")
+            self.meet("make its node and cross-node communicators (a rank never made its first large "
+                      "AllReduce there)")
             k = self._split.Get_rank()
             across = self.mpi.Split(k, self.rank)
             self._tiers = (LibComm.make(self._split, f"{self.label}: the members on this node"),

@@ -43,7 +43,6 @@ import numpy as np
 from mpi4py import MPI
 
 from . import _validate as V
-from . import _watchdog
 from ._dtypes import lookup
 from ._errors import CollectiveError
 from ._numeric import reduce_rows, stream_copy
@@ -213,17 +212,13 @@ def node_buffer(shape: int | tuple, dtype: Any = np.float32, comm: MPI.Comm | No
         comm, comm_domain: the communicator, as an operation's Param names it (default: the world).
     """
     from .ops._base import resolve
-    from ._comm import timed_call
     lib = resolve("node_buffer", comm, comm_domain, None, "comm_domain")
     dt = lookup(dtype, op="node_buffer", param="dtype", rank=lib.rank)
     shape = (int(shape),) if np.ndim(shape) == 0 else tuple(int(d) for d in shape)
     if not lib.local:                                   # (agreed when the communicator was made)
         return np.empty(shape, dtype=dt.np)
     nbytes = int(np.prod(shape, dtype=np.int64)) * dt.itemsize
-    if lib.pending:
-        lib.drain(None)
-    timed_call(lib.mpi, "Barrier", (), _watchdog.timeout_default(),      # (Allocate_shared is not timed)
-               lambda: f"node_buffer: timed out on {lib.label} waiting for every member to allocate it")
+    lib.meet("allocate a node buffer (mpicoll.node_buffer)")
     buf = NodeBuffer(lib, nbytes)
     lib.add_buffer(buf)
     return buf.segments[lib.rank][:nbytes].view(dt.np).reshape(shape)
