@@ -44,7 +44,8 @@ from mpi4py import MPI
 
 from . import _validate as V
 from ._dtypes import lookup
-from ._errors import CollectiveError
+from . import _watchdog
+from ._errors import CollectiveError, agree, arg_error, as_collective_error
 from ._numeric import reduce_rows, stream_copy
 
 if TYPE_CHECKING:
@@ -202,10 +203,13 @@ def node_buffer(shape: int | tuple, dtype: Any = np.float32, comm: MPI.Comm | No
     """A new array whose memory every member of the communicator can read: pass it (or a
     C-contiguous part of it, at the same place on every rank) as the input of AllReduce, Reduce,
     ReduceScatter or ReduceScatterV, and the ranks reduce straight from each other's arrays instead
-    of copying them into the communicator's window first (docs/shm.md). Collective over the members
-    (a shared window per buffer: allocate a few, once, and reuse them); it lives as long as the
-    communicator (the world's: until exit). Where the members span several nodes (or the window is
-    off: ``MPICOLL_SHM=0``), an ordinary array. Its content is not initialised.
+    of copying them into the communicator's window first; AllGather(V) and Broadcast copy straight
+    from them (docs/shm.md). Collective over the members (a shared window per buffer: allocate a
+    few, once, and reuse them); a bad argument on one rank raises on every rank. It lives as long as
+    the communicator (the world's: until exit); after that the array points at unmapped memory
+    (touching it crashes the process; a plan that reads it in place raises). Where the members span
+    several nodes (or the window is off: ``MPICOLL_SHM=0``), an ordinary array. Its content is not
+    initialised.
 
     Args:
         shape, dtype: the array's (every dtype mpicoll knows).
@@ -213,12 +217,23 @@ def node_buffer(shape: int | tuple, dtype: Any = np.float32, comm: MPI.Comm | No
     """
     from .ops._base import resolve
     lib = resolve("node_buffer", comm, comm_domain, None, "comm_domain")
-    dt = lookup(dtype, op="node_buffer", param="dtype", rank=lib.rank)
-    shape = (int(shape),) if np.ndim(shape) == 0 else tuple(int(d) for d in shape)
+    error = None
+    try:
+        dt = lookup(dtype, op="node_buffer", param="dtype", rank=lib.rank)
+        shape = (int(shape),) if np.ndim(shape) == 0 else tuple(int(d) for d in shape)
+        if any(d < 0 for d in shape):
+            raise arg_error("node_buffer", "shape", shape, lib.rank, "dims must be >= 0")
+    except Exception as exc:  # noqa: BLE001 - agreed: every member raises it
+        error = as_collective_error(exc, "node_buffer", lib.rank)
+    if lib.pending:
+        lib.drain(None)
+    agree(lib, np.zeros(1, dtype=np.int64), error, _watchdog.timeout_default(), "node_buffer", 0)
     if not lib.local:                                   # (agreed when the communicator was made)
         return np.empty(shape, dtype=dt.np)
+    if len(lib.buffers) >= 0xFFFF:                      # (the same count on every member)
+        raise CollectiveError(f"node_buffer: {lib.label} has {len(lib.buffers)} node buffers already, the most "
+                              "one communicator holds: reuse them", op="node_buffer", param="shape")
     nbytes = int(np.prod(shape, dtype=np.int64)) * dt.itemsize
-    lib.meet("allocate a node buffer (mpicoll.node_buffer)")
     buf = NodeBuffer(lib, nbytes)
     lib.add_buffer(buf)
     return buf.segments[lib.rank][:nbytes].view(dt.np).reshape(shape)
@@ -283,8 +298,8 @@ def allreduce(go, comm: LibComm, x: np.ndarray, out: np.ndarray | None, dt: DTyp
     ``SLOT_BYTES``: each rank reduces one block of the round (``split_even``: the first ranks get one
     element more), in rank order, and places it in its slot; then every rank with an ``out`` copies
     the blocks out. ``inputs`` (:func:`resident`): every rank's input is in a node buffer, read
-    there instead of copied in (not in place in one shot: the result would overwrite an input a peer
-    still reads)."""
+    there instead of copied in (in one shot, a last Barrier keeps the inputs until every peer has
+    read them; an in-place result waits for it in a private array)."""
     from .ops._base import prefix, split_even
     node, n, me = comm.node_window(), comm.size, comm.rank
     flat, oflat = x.reshape(-1), None if out is None else out.reshape(-1)
@@ -294,22 +309,25 @@ def allreduce(go, comm: LibComm, x: np.ndarray, out: np.ndarray | None, dt: DTyp
     go.hold(True)
     go.local(node.check)
     if flat.nbytes * n <= ONE_SHOT_BYTES and flat.nbytes <= node.slot_bytes:
-        if buf is not None and not in_place:
+        if buf is not None:            # (agreed: the same steps on every rank, in place or not)
             rows = ([flat if r == me else p for r, p in enumerate(peers)],) * 2
+            into = np.empty_like(flat) if in_place else oflat      # (in place: x is read by the peers
+            go.local(buf.sync)                                     # until the last Barrier)
+            go.mpi(comm, "Barrier")
             go.local(buf.sync)
+            if into is not None:
+                go.local(node.reduce, rows, dt, rop, into, None)
+            go.mpi(comm, "Barrier")                    # (every peer has read this rank's input)
+            if in_place:
+                go.local(np.copyto, oflat, into)
         else:
             own = tuple(m[:flat.size] for m in slots[me])     # (in place on a rank > 0: its row from its slot)
             rows = tuple([flat if r == me and (me == 0 or not in_place) else slots[r][h][:flat.size]
                           for r in range(n)] for h in (0, 1))
             go.local(node.put, tuple([(o, flat)] for o in own))
-            buf = None
-        go.mpi(comm, "Barrier")
-        if buf is not None:
-            go.local(buf.sync)
-        if oflat is not None:
-            go.local(node.reduce, rows, dt, rop, oflat, None)
-        if buf is not None:
-            go.mpi(comm, "Barrier")                    # (every peer has read this rank's input)
+            go.mpi(comm, "Barrier")
+            if oflat is not None:
+                go.local(node.reduce, rows, dt, rop, oflat, None)
         go.local(node.flip)
         go.hold(False)
         return
@@ -352,22 +370,20 @@ def reduce_scatter(go, comm: LibComm, blocks: np.ndarray, counts: list[int], dt:
     ``inputs`` (:func:`resident`): every rank's blocks are in a node buffer: after one Barrier each
     rank reduces its whole block straight from them, and a second keeps them until all have read."""
     from .ops._base import prefix
-    node, n, me = comm.node_window(), comm.size, comm.rank
+    n, me = comm.size, comm.rank
     flat, oflat = blocks.reshape(-1), out.reshape(-1)
-    if inputs is not None:
+    if inputs is not None:                             # (no window: read straight from the buffers)
         buf, peers = inputs
         a = int(sum(counts[:me]))
         rows = [p[a:a + counts[me]] for p in peers]
         rows[me] = flat[a:a + counts[me]]
-        go.hold(True)
-        go.local(node.check)
         go.local(buf.sync)
         go.mpi(comm, "Barrier")
         go.local(buf.sync)
-        go.local(node.reduce, (rows, rows), dt, rop, oflat, None)
+        go.local(reduce_rows, rows, dt, rop, oflat)
         go.mpi(comm, "Barrier")                        # (every peer has read this rank's blocks)
-        go.hold(False)
         return
+    node = comm.node_window()
     per = node.slot_bytes // dt.itemsize
     rounds = max(-(-sum(counts) // max(per - n, 1)), 1)        # (sum of ceil(c / rounds) <= per)
     take = [-(-c // rounds) for c in counts]

@@ -559,3 +559,37 @@ def test_allgatherv_copies_from_node_buffers(comm, dtype, monkeypatch):
             for _ in range(2):
                 assert count_wrong(plan.run(), want) == 0, name
         assert (len(used) > before) == (SIZE > 1 and pos * dt.itemsize >= THRESHOLD), name
+
+
+@mpi2
+@pytest.mark.parametrize("nbytes", [THRESHOLD, 3 * SLOT + 12], ids=["one-shot", "two-shot"])
+def test_node_buffer_in_place_on_some_ranks_only(comm, nbytes):
+    """In place is each rank's own choice (not agreed): a Reduce in place on the root only (the
+    functional API's form), an AllReduce in place on rank 0 only; every rank takes the same steps."""
+    dt = DTYPES["float32"]
+    size = nbytes // 4
+    xs = [rank_data(SEED, f"shm/bufinplace/{size}", r, size, dt, "random") for r in range(SIZE)]
+    golden = golden_reduce(xs, dt, REDUCE_OPS["sum"])
+    buf = mpicoll.node_buffer(size, np.float32, comm=comm)
+    for root in range(SIZE):
+        red = mpicoll.ReduceOperation(mpicoll.ReduceParam(comm=comm, reduce_type="sum", rank_root=root))
+        np.copyto(buf, xs[RANK])
+        got = red.execute(buf, out=buf if RANK == root else None)
+        assert (got is buf and count_wrong(buf, golden) == 0) if RANK == root else got is None, root
+    ar = mpicoll.AllReduceOperation(mpicoll.AllReduceParam(comm=comm, reduce_type="sum"))
+    for _ in range(2):
+        np.copyto(buf, xs[RANK])
+        got = ar.execute(buf, out=buf if RANK == 0 else None)
+        assert count_wrong(got, golden) == 0
+    from mpicoll import functional as F
+    np.copyto(buf, xs[RANK])
+    F.reduce(buf, dst=0, group=comm)
+    assert count_wrong(buf, golden if RANK == 0 else xs[RANK]) == 0
+
+
+@mpi2
+def test_node_buffer_bad_argument_on_one_rank_raises_everywhere(comm):
+    raises_everywhere(lambda: mpicoll.node_buffer(4, object if RANK == 1 else np.float32, comm=comm),
+                      mpicoll.CollectiveArgumentError, "node_buffer", "rank 1")
+    raises_everywhere(lambda: mpicoll.node_buffer((2, -1) if RANK == 0 else (2, 1), np.int8, comm=comm),
+                      mpicoll.CollectiveArgumentError, "node_buffer: shape=(2, -1) on rank 0")

@@ -53,7 +53,7 @@ class AllReduceOperation(ReduceTypeOperation):
     """Element-wise reduction over all ranks; every rank gets the result.
 
     Integers reduce in their own dtype and wrap on overflow, as MPI does; float16/bfloat16
-    accumulate in float32 and round once.
+    accumulate in float32 and round once (across nodes in tiers: once per tier, docs/shm.md).
 
     Example (4 ranks, ``x = np.array([[rank]], np.float32)``)::
 
