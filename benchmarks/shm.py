@@ -147,7 +147,7 @@ def main() -> None:
                     help="use the window at every size (an experiment: how the thresholds were chosen)")
     a = ap.parse_args()
     if a.no_threshold:
-        mpicoll._shm.ALLREDUCE_BYTES = mpicoll._shm.REDUCE_SCATTER_BYTES = 0
+        mpicoll._shm.ALLREDUCE_BYTES = mpicoll._shm.ALLREDUCE_16BIT_BYTES = mpicoll._shm.REDUCE_SCATTER_BYTES = 0
     ap_slots = [int(s) for s in a.slot.split(",")]
     ap_shots = [int(s) for s in a.one_shot.split(",")]
     k = max(len(ap_slots), len(ap_shots))

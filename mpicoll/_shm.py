@@ -56,6 +56,10 @@ if TYPE_CHECKING:
 SLOT_BYTES = 2 * 1024 * 1024
 #: AllReduce payloads of at least this many bytes use the window (measured: benchmarks/shm.py)
 ALLREDUCE_BYTES = 64 * 1024
+#: float16/bfloat16 AllReduce payloads from this size use the window: their MPI path casts to
+#: float32 and back (measured with --no-threshold: the window took 0.30-0.38x that path's time at
+#: 8 KiB, 2 ranks, 0.50-0.55x at 4 ranks; at 1-4 KiB 0.6-1.2x)
+ALLREDUCE_16BIT_BYTES = 8 * 1024
 #: ReduceScatter(V) payloads (all blocks of one rank) of at least this many bytes use the window
 REDUCE_SCATTER_BYTES = 64 * 1024
 #: AllReduce payloads whose size times the rank count is at most this many bytes go in one shot: every

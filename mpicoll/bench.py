@@ -245,7 +245,8 @@ def run_bench(argv: list[str] | None = None) -> int:
         print(f"# mpicoll {__version__} bench: {nworld} ranks on {_hosts_text(placement['hosts'])}; "
               f"numeric kernels: {kernels}", flush=True)
         lib = lookup(dom) if dom else lib_world()
-        print("# " + (f"one node: AllReduce, Reduce from {_shm.ALLREDUCE_BYTES // 1024} KiB and ReduceScatter(V) from "
+        print("# " + (f"one node: AllReduce, Reduce from {_shm.ALLREDUCE_BYTES // 1024} KiB (16-bit floats: "
+                      f"{_shm.ALLREDUCE_16BIT_BYTES // 1024} KiB) and ReduceScatter(V) from "
                       f"{_shm.REDUCE_SCATTER_BYTES // 1024} KiB through the shared window (docs/shm.md)" if lib.local
                       else "no shared window (ranks on several hosts, or MPICOLL_SHM=0): MPI's collectives"),
               flush=True)

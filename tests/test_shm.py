@@ -40,6 +40,7 @@ def comm(monkeypatch, request):
     monkeypatch.setattr(_shm, "ONE_SHOT_BYTES", SLOT * SIZE if request.param == "one-shot" else 0)
     monkeypatch.setattr(_shm, "SLOT_BYTES", SLOT)
     monkeypatch.setattr(_shm, "ALLREDUCE_BYTES", THRESHOLD)
+    monkeypatch.setattr(_shm, "ALLREDUCE_16BIT_BYTES", THRESHOLD)
     monkeypatch.setattr(_shm, "REDUCE_SCATTER_BYTES", THRESHOLD)
     c = WORLD.Dup()
     yield c
@@ -187,6 +188,7 @@ def test_two_communicators_with_windows_at_once(comm, monkeypatch):
 def test_mpicoll_shm_off_keeps_mpi_paths(monkeypatch):
     monkeypatch.setenv("MPICOLL_SHM", "0")
     monkeypatch.setattr(_shm, "ALLREDUCE_BYTES", THRESHOLD)
+    monkeypatch.setattr(_shm, "ALLREDUCE_16BIT_BYTES", THRESHOLD)
     c = WORLD.Dup()
     try:
         x = np.ones(4096, np.float32)
@@ -334,6 +336,7 @@ def test_started_plans_in_flight_complete_at_start_and_keep_order(comm):
 @mpi2
 def test_a_plan_on_a_freed_communicator_raises_instead_of_touching_its_window(monkeypatch):
     monkeypatch.setattr(_shm, "ALLREDUCE_BYTES", THRESHOLD)
+    monkeypatch.setattr(_shm, "ALLREDUCE_16BIT_BYTES", THRESHOLD)
     c = WORLD.Dup()
     plan = mpicoll.AllReduceOperation(mpicoll.AllReduceParam(comm=c)).prepare(np.ones(4096, np.float32))
     assert plan.run()[0] == SIZE and used_window(c)

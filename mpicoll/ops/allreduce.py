@@ -116,14 +116,16 @@ def reduce_pieces(go, comm, x: np.ndarray, out: np.ndarray | None, dt, rop, root
                   inputs=None) -> None:
     """The MPI calls of AllReduce (``root`` None: every rank gets ``out``) or Reduce (only rank
     ``root`` gets it; ``out`` None elsewhere), chosen from the dtype and the size alone (the same on
-    every rank): on one node from ``_shm.ALLREDUCE_BYTES`` on, the node's shared window
+    every rank): on one node from ``_shm.ALLREDUCE_BYTES`` on (16-bit floats:
+    ``ALLREDUCE_16BIT_BYTES``), the node's shared window
     (:mod:`mpicoll._shm`); over several nodes with more than one member each, an AllReduce that
     MPI does not reduce itself, from TIERED_BYTES on, in tiers (:func:`_tiered`); else MPI's own
     reduction in one call; 16-bit floats up to SMALL_F32_BYTES as one float32 reduction; else, and from PIECED_BYTES on in PIECE_BYTES
     pieces, AllToAll + a local reduction in rank order + AllGather (or Gather). ``out`` may be
     ``x`` (in place). ``inputs``: every rank's ``x`` in a node buffer (:func:`_shm.resident`)."""
     n, in_place = comm.size, out is x
-    if _shm.serves(comm, x.nbytes, _shm.ALLREDUCE_BYTES):                     # one node: the shared window
+    window = _shm.ALLREDUCE_BYTES if dt.reduce == "native" else _shm.ALLREDUCE_16BIT_BYTES
+    if _shm.serves(comm, x.nbytes, window):                                    # one node: the shared window
         _shm.allreduce(go, comm, x, out, dt, rop, in_place, inputs)
         return
     if root is None and comm.per_node and x.nbytes >= TIERED_BYTES and not _mpi_reduces(dt, x.size, n):
