@@ -5,8 +5,8 @@
     scripts/cluster run 2 4 [--rate 1gbit] -- python benchmarks/shm.py --ops AllReduce --tx    (several hosts)
 
 Sizes are MiB of each rank's input (AllGather: of the output; ``--ops`` also takes AllGather and
-Broadcast, whose window variant is MPI's path: only ``--buffer`` changes them). For every operator, dtype and size it interleaves blocks of
-``plan.run()`` on a communicator made with the window (``MPICOLL_SHM=1``, the default), of
+Broadcast, whose window variant is MPI's path: only ``--buffer`` changes them). For every operator,
+dtype and size it interleaves blocks of ``plan.run()`` on a communicator made with the window (``MPICOLL_SHM=1``, the default), of
 ``plan.run()`` on one made without it (``MPICOLL_SHM=0``: mpicoll's MPI path), of the raw mpi4py call
 (``comm.Allreduce`` / ``comm.Reduce_scatter_block``; none for bfloat16, which MPI cannot reduce), and
 of one core's memcpy of the same bytes (rank 0 alone, ``np.copyto``), and (``--buffer``) of a plan whose

@@ -17,8 +17,9 @@ Making one is collective over its members, who then agree the settings that chan
 a rank makes (``MPICOLL_VALIDATE``, ``MPICOLL_DEBUG``, ``MPICOLL_SHM``), whether every member runs on
 one node (``local``: then large reductions may go through a shared window, :mod:`mpicoll._shm`), or
 else how many members each node holds (``per_node``: then a large AllReduce may go in tiers, node by
-node and across nodes, :meth:`LibComm.tiers`), and whether any of them runs a watchdog (``MPICOLL_TIMEOUT``): then every member keeps an arrival mark,
-a few int64 in an RMA window, that a timed-out peer reads to name the ranks that never arrived.
+node and across nodes, :meth:`LibComm.tiers`), and whether any of them runs a watchdog
+(``MPICOLL_TIMEOUT``): then every member keeps an arrival mark, a few int64 in an RMA window, that a
+timed-out peer reads to name the ranks that never arrived.
 """
 from __future__ import annotations
 
@@ -338,7 +339,8 @@ class LibComm:
         self.mpi.Free()
 
     def close(self) -> None:
-        """Free the arrival window, the node window and buffers, if any, and its tiers' (collective over the members)."""
+        """Free the arrival window, the node window and the node buffers, if any, and its tiers'
+        (collective over the members)."""
         for tier in self._tiers or ():
             tier.close()
         with LOCK:
@@ -454,10 +456,11 @@ def failing_exit() -> bool:
 
 
 def _shutdown() -> None:
-    """Free the windows (arrival marks, node windows) at a clean exit, newest first (every member made them in the same
-    order, so every member frees them in the same order). After an unhandled exception or a
-    non-zero exit (``python -m mpi4py`` then aborts the job) skip it: freeing is collective and
-    would wait for ranks that are still inside some collective, turning a prompt abort into a hang."""
+    """Free the windows (arrival marks, node windows, node buffers) at a clean exit, newest first
+    (every member made them in the same order, so every member frees them in the same order).
+    After an unhandled exception or a non-zero exit (``python -m mpi4py`` then aborts the job) skip
+    it: freeing is collective and would wait for ranks that are still inside some collective,
+    turning a prompt abort into a hang."""
     if MPI.Is_finalized() or failing_exit():
         return
     for comm in reversed(list(_OPEN)):

@@ -91,20 +91,36 @@ def serves(comm: LibComm, nbytes: int, threshold: int) -> bool:
     return comm.local and comm.size > 1 and nbytes >= threshold
 
 
-class NodeWindow:
+class _Shared:
+    """``nbytes`` of MPI shared memory per member (collective over the communicator's members):
+    ``segments[r]`` is member r's part, mapped here; every member holds a passive-target epoch on
+    ``win`` from the start, so that ``Win.Sync`` may order the stores and loads."""
+
+    def __init__(self, comm: LibComm, nbytes: int) -> None:
+        self.label = comm.label
+        self.win = MPI.Win.Allocate_shared(nbytes, 1, comm=comm.mpi)
+        self.win.Lock_all(MPI.MODE_NOCHECK)
+        self.segments = [np.frombuffer(self.win.Shared_query(r)[0], dtype=np.uint8) for r in range(comm.size)]
+
+    def free(self) -> None:
+        """Free the window (collective over the members); a plan that still holds it raises."""
+        if self.win is not None:
+            win, self.win, self.segments = self.win, None, []
+            win.Unlock_all()
+            win.Free()
+
+
+class NodeWindow(_Shared):
     """One communicator's shared window: ``2 * SLOT_BYTES`` per rank, in two halves.
 
     Attributes:
-        win: the MPI window (every member holds a passive-target epoch on it from the start).
         half: the half the next round uses (0 or 1), the same on every member.
         slot_bytes: bytes per rank per half (``SLOT_BYTES`` when it was made).
     """
 
     def __init__(self, comm: LibComm) -> None:
-        self.label, self.slot_bytes = comm.label, max(SLOT_BYTES // 64 * 64, 64)   # (every dtype's multiple)
-        self.win = MPI.Win.Allocate_shared(2 * self.slot_bytes, 1, comm=comm.mpi)
-        self.win.Lock_all(MPI.MODE_NOCHECK)
-        self._segments = [np.frombuffer(self.win.Shared_query(r)[0], dtype=np.uint8) for r in range(comm.size)]
+        self.slot_bytes = max(SLOT_BYTES // 64 * 64, 64)          # (every dtype's multiple)
+        super().__init__(comm, 2 * self.slot_bytes)
         self.half = 0
         self.plain = False              # the kind of copy in use (False: streamed)
         self._cost = [0.0, 0.0]         # seconds per byte lately: streamed, plain (0: not measured yet)
@@ -113,15 +129,8 @@ class NodeWindow:
     def slots(self, rank: int, dtype: np.dtype) -> tuple[np.ndarray, np.ndarray]:
         """Rank ``rank``'s two halves, as arrays of ``dtype``."""
         self.check()
-        seg, b = self._segments[rank], self.slot_bytes
+        seg, b = self.segments[rank], self.slot_bytes
         return seg[:b].view(dtype), seg[b:2 * b].view(dtype)
-
-    def free(self) -> None:
-        """Free the window (collective over the members)."""
-        if self.win is not None:
-            win, self.win, self._segments = self.win, None, []
-            win.Unlock_all()
-            win.Free()
 
     # -- the steps of a round (recorded by plans; each picks the views of the half in use) ----------
     def check(self) -> None:
@@ -166,22 +175,19 @@ class NodeWindow:
     def get(self, pairs: tuple[list, list]) -> None:
         """Copy the reduced blocks out (after a Barrier)."""
         self.win.Sync()
-        for dst, src in pairs[self.half]:
-            np.copyto(dst, src)
+        _copy_pairs(pairs[self.half])
 
     def flip(self) -> None:
         self.half ^= 1
 
 
-class NodeBuffer:
-    """An array's memory in a shared window of its own (:func:`node_buffer`): every member's part
-    mapped into every member (``segments``), registered on its communicator (``LibComm.buffers``)."""
+class NodeBuffer(_Shared):
+    """An array's memory in a shared window of its own (:func:`node_buffer`), registered on its
+    communicator (``LibComm.buffers``); ``base``: where this member's part starts here."""
 
     def __init__(self, comm: LibComm, nbytes: int) -> None:
-        self.label, self.nbytes = comm.label, nbytes
-        self.win = MPI.Win.Allocate_shared(nbytes, 1, comm=comm.mpi)
-        self.win.Lock_all(MPI.MODE_NOCHECK)
-        self.segments = [np.frombuffer(self.win.Shared_query(r)[0], dtype=np.uint8) for r in range(comm.size)]
+        super().__init__(comm, nbytes)
+        self.nbytes = nbytes
         self.base = self.segments[comm.rank].ctypes.data if nbytes else 0
 
     def views(self, offset: int, sizes: list[int], dtype: np.dtype) -> list[np.ndarray]:
@@ -194,12 +200,6 @@ class NodeBuffer:
             raise CollectiveError(f"a node buffer of {self.label} was freed with it: a plan on it cannot run",
                                   param="x")
         self.win.Sync()
-
-    def free(self) -> None:
-        if self.win is not None:
-            win, self.win, self.segments = self.win, None, []
-            win.Unlock_all()
-            win.Free()
 
 
 def node_buffer(shape: int | tuple, dtype: Any = np.float32, comm: MPI.Comm | None = None,
@@ -281,15 +281,21 @@ def _copy_pairs(pairs: list) -> None:
         np.copyto(dst, src)
 
 
+def _publish(go, comm: LibComm, buf: NodeBuffer) -> None:
+    """The steps after which every member's node-buffer input is visible to every member:
+    ``Win.Sync``, ``Barrier``, ``Win.Sync``."""
+    go.local(buf.sync)
+    go.mpi(comm, "Barrier")
+    go.local(buf.sync)
+
+
 def gather(go, comm: LibComm, inputs: tuple[NodeBuffer, list], dests: list) -> None:
     """AllGather(V) or Broadcast by copying from the peers' node buffers once: rank r's input into
     ``dests[r]`` (None: nothing of rank r's), between two Barriers: the first publishes the inputs,
     the second keeps them until every rank has copied them."""
     buf, peers = inputs
     pairs = [(d, p) for d, p in zip(dests, peers) if d is not None]
-    go.local(buf.sync)
-    go.mpi(comm, "Barrier")
-    go.local(buf.sync)
+    _publish(go, comm, buf)
     go.local(_copy_pairs, pairs)
     go.mpi(comm, "Barrier")
 
@@ -316,9 +322,7 @@ def allreduce(go, comm: LibComm, x: np.ndarray, out: np.ndarray | None, dt: DTyp
         if buf is not None:            # (agreed: the same steps on every rank, in place or not)
             rows = ([flat if r == me else p for r, p in enumerate(peers)],) * 2
             into = np.empty_like(flat) if in_place else oflat      # (in place: x is read by the peers
-            go.local(buf.sync)                                     # until the last Barrier)
-            go.mpi(comm, "Barrier")
-            go.local(buf.sync)
+            _publish(go, comm, buf)                                # until the last Barrier)
             if into is not None:
                 go.local(node.reduce, rows, dt, rop, into, None)
             go.mpi(comm, "Barrier")                    # (every peer has read this rank's input)
@@ -346,12 +350,10 @@ def allreduce(go, comm: LibComm, x: np.ndarray, out: np.ndarray | None, dt: DTyp
             put = tuple([(m[:lo], xs[:lo]), (m[hi:xs.size], xs[hi:])] for m in slots[me])
             rows = tuple([xs[lo:hi] if r == me else slots[r][h][lo:hi] for r in range(n)] for h in (0, 1))
             go.local(node.put, put)
+            go.mpi(comm, "Barrier")
         else:                                          # (peers read this round's inputs before the next Barrier)
             rows = ([xs[lo:hi] if r == me else p[s + lo:s + hi] for r, p in enumerate(peers)],) * 2
-            go.local(buf.sync)
-        go.mpi(comm, "Barrier")
-        if buf is not None:
-            go.local(buf.sync)
+            _publish(go, comm, buf)
         block = oflat[s + lo:s + hi] if direct else mine[:hi - lo]
         go.local(node.reduce, rows, dt, rop, block, tuple(m[lo:hi] for m in slots[me]))
         go.mpi(comm, "Barrier")
@@ -381,9 +383,7 @@ def reduce_scatter(go, comm: LibComm, blocks: np.ndarray, counts: list[int], dt:
         a = int(sum(counts[:me]))
         rows = [p[a:a + counts[me]] for p in peers]
         rows[me] = flat[a:a + counts[me]]
-        go.local(buf.sync)
-        go.mpi(comm, "Barrier")
-        go.local(buf.sync)
+        _publish(go, comm, buf)
         go.local(reduce_rows, rows, dt, rop, oflat)
         go.mpi(comm, "Barrier")                        # (every peer has read this rank's blocks)
         return

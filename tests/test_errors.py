@@ -581,12 +581,15 @@ def test_debug_mode_set_on_some_ranks_only_raises_everywhere(monkeypatch):
 
 
 @mpi2
-def test_validate_set_on_some_ranks_only_raises_everywhere(monkeypatch):
-    """MPICOLL_VALIDATE decides whether a rank makes the header Allgather: agreed likewise."""
+@pytest.mark.parametrize("setting", ["MPICOLL_VALIDATE", "MPICOLL_SHM"])
+def test_a_setting_on_some_ranks_only_raises_everywhere(monkeypatch, setting):
+    """Agreed likewise when mpicoll makes the communicator: MPICOLL_VALIDATE decides whether a rank
+    makes the header Allgather, MPICOLL_SHM whether it takes the shared window's Barriers or MPI's
+    collective."""
     if RANK == 0:
-        monkeypatch.setenv("MPICOLL_VALIDATE", "0")
+        monkeypatch.setenv(setting, "0")
     comm = WORLD.Dup()
     raises_everywhere(lambda: mpicoll.AllReduceOperation(mpicoll.AllReduceParam(comm=comm)).execute(np.ones(2)),
-                      CollectiveMismatchError, "MPICOLL_VALIDATE differs across ranks: on for ranks",
+                      CollectiveMismatchError, f"{setting} differs across ranks: on for ranks",
                       "off for ranks [0]")
     comm.Free()

@@ -21,7 +21,6 @@ import mpicoll
 from mpicoll import _shm
 from mpicoll._domains import user_comm
 from mpicoll._dtypes import DTYPES, REDUCE_OPS
-from mpicoll import CollectiveMismatchError
 from mpicoll._golden import SEED, count_wrong, golden_reduce, rank_data
 
 from _mpi import RANK, SIZE, WORLD, launch_env, mpirun, raises_everywhere
@@ -282,19 +281,6 @@ def test_a_rank_that_never_arrives_times_out_naming_the_operator(tmp_path):
     assert res.returncode != 0, out
     assert "AllReduce: timed out after 2 s on rank 0" in out and "waiting in MPI Barrier" in out, out
     assert "ranks that did not arrive: [1]" in out, out
-
-
-@mpi2
-def test_mpicoll_shm_set_on_some_ranks_only_raises_everywhere(monkeypatch):
-    """It decides which MPI calls a rank makes (a Barrier of the window, or MPI's collective):
-    agreed when mpicoll makes the communicator, like MPICOLL_VALIDATE."""
-    if RANK == 0:
-        monkeypatch.setenv("MPICOLL_SHM", "0")
-    comm = WORLD.Dup()
-    raises_everywhere(lambda: mpicoll.AllReduceOperation(mpicoll.AllReduceParam(comm=comm)).execute(np.ones(2)),
-                      CollectiveMismatchError, "MPICOLL_SHM differs across ranks: on for ranks",
-                      "off for ranks [0]")
-    comm.Free()
 
 
 @mpi1

@@ -73,7 +73,7 @@ class AllGatherOperation(Operation):
 
     def issue(self, call, table, go) -> None:
         inputs = _shm.resident(self._lib, table, call.x)
-        if _shm.copies(self._lib, call.out.nbytes, inputs, _shm.GATHER_BYTES):       # every input in a node buffer: copied once
+        if _shm.copies(self._lib, call.out.nbytes, inputs, _shm.GATHER_BYTES):   # node buffers: copied once
             _shm.gather(go, self._lib, inputs, list(call.out.reshape(self.size, -1)))
             return
         m = call.dt.mpi

@@ -89,7 +89,8 @@ class AllReduceOperation(ReduceTypeOperation):
         return call
 
     def issue(self, call, table, go) -> None:
-        reduce_pieces(go, self._lib, call.x, call.out, call.dt, self._rop, inputs=_shm.resident(self._lib, table, call.x))
+        inputs = _shm.resident(self._lib, table, call.x)
+        reduce_pieces(go, self._lib, call.x, call.out, call.dt, self._rop, inputs=inputs)
 
     def coalesce_key(self, call, exact=True) -> tuple | None:
         """``exact``: only where the result cannot depend on the size of the message (MPI picks its
@@ -117,12 +118,12 @@ def reduce_pieces(go, comm, x: np.ndarray, out: np.ndarray | None, dt, rop, root
     """The MPI calls of AllReduce (``root`` None: every rank gets ``out``) or Reduce (only rank
     ``root`` gets it; ``out`` None elsewhere), chosen from the dtype and the size alone (the same on
     every rank): on one node from ``_shm.ALLREDUCE_BYTES`` on (16-bit floats:
-    ``ALLREDUCE_16BIT_BYTES``), the node's shared window
-    (:mod:`mpicoll._shm`); over several nodes with more than one member each, an AllReduce that
-    MPI does not reduce itself, from TIERED_BYTES on, in tiers (:func:`_tiered`); else MPI's own
-    reduction in one call; 16-bit floats up to SMALL_F32_BYTES as one float32 reduction; else, and from PIECED_BYTES on in PIECE_BYTES
-    pieces, AllToAll + a local reduction in rank order + AllGather (or Gather). ``out`` may be
-    ``x`` (in place). ``inputs``: every rank's ``x`` in a node buffer (:func:`_shm.resident`)."""
+    ``ALLREDUCE_16BIT_BYTES``), the node's shared window (:mod:`mpicoll._shm`); over several nodes
+    with more than one member each, an AllReduce that MPI does not reduce itself, from TIERED_BYTES
+    on, in tiers (:func:`_tiered`); else MPI's own reduction in one call; 16-bit floats up to
+    SMALL_F32_BYTES as one float32 reduction; else, and from PIECED_BYTES on in PIECE_BYTES pieces,
+    AllToAll + a local reduction in rank order + AllGather (or Gather). ``out`` may be ``x`` (in
+    place). ``inputs``: every rank's ``x`` in a node buffer (:func:`_shm.resident`)."""
     n, in_place = comm.size, out is x
     window = _shm.ALLREDUCE_BYTES if dt.reduce == "native" else _shm.ALLREDUCE_16BIT_BYTES
     if _shm.serves(comm, x.nbytes, window):                                    # one node: the shared window

@@ -64,7 +64,7 @@ class BroadcastOperation(Operation):
 
     def issue(self, call, table, go) -> None:
         inputs = _shm.resident(self._lib, table, call.x)
-        if _shm.copies(self._lib, call.x.nbytes, inputs, (_shm.BROADCAST_BYTES, np.inf)):         # the root's array in a node buffer: copied once
+        if _shm.copies(self._lib, call.x.nbytes, inputs, (_shm.BROADCAST_BYTES, np.inf)):   # node buffers: copied once
             dests = [call.x.reshape(-1) if r == self._root != self.rank else None for r in range(self.size)]
             _shm.gather(go, self._lib, inputs, dests)
             return

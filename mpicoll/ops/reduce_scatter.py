@@ -129,7 +129,10 @@ class ReduceScatterVOperation(ReduceTypeOperation):
         out = self._out(out, (rc,), x.dtype, x if src is None else src)
         call = Call(dt, x, out)
         call.src, call.reduce, call.send, call.recv, call.args = src, self._rop, sc, [rc] * n, (sc, sd)
-        call.info = V.BIT_PACKED | _shm.ref(self._lib, x.reshape(-1)[:sum(sc)]) if packed and src is None else int(packed)
+        if packed and src is None:            # (where its packed blocks lie: in a node buffer?)
+            call.info = V.BIT_PACKED | _shm.ref(self._lib, x.reshape(-1)[:sum(sc)])
+        else:
+            call.info = int(packed)
         return call
 
     def issue(self, call, table, go) -> None:
