@@ -133,31 +133,31 @@ static inline uint16_t f2bf(float f) {
 DEFINE_BF16(generic, )
 
 #ifdef HAVE_F16C_VARIANT
-/* 8 bfloat16 -> 8 float32 (a shift), and back with f2bf's rounding and NaN rule, lane for lane */
-F16C_ATTR static inline __m256 bf16x8_to_f32(const uint16_t *p) {
-    return _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_cvtepu16_epi32(_mm_loadu_si128((const __m128i *)p)), 16));
+/* bfloat16 <-> float32, 16 lanes as two vectors, in-lane (as the 32-lane loop below explains) */
+F16C_ATTR static inline __m256 bf16x8_lo(__m256i x) { return _mm256_castsi256_ps(_mm256_unpacklo_epi16(_mm256_setzero_si256(), x)); }
+F16C_ATTR static inline __m256 bf16x8_hi(__m256i x) { return _mm256_castsi256_ps(_mm256_unpackhi_epi16(_mm256_setzero_si256(), x)); }
+
+F16C_ATTR static inline __m256i bf16x8_round(__m256 v) {     /* f2bf, lane for lane, in each lane's low half */
+    __m256i b = _mm256_castps_si256(v), t = _mm256_srli_epi32(b, 16);
+    __m256i r = _mm256_srli_epi32(_mm256_add_epi32(_mm256_add_epi32(b, _mm256_set1_epi32(0x7fff)),
+                                                   _mm256_and_si256(t, _mm256_set1_epi32(1))), 16);
+    __m256i quiet = _mm256_or_si256(_mm256_and_si256(t, _mm256_set1_epi32(0x8000)), _mm256_set1_epi32(0x7fc0));
+    return _mm256_blendv_epi8(r, quiet, _mm256_castps_si256(_mm256_cmp_ps(v, v, _CMP_UNORD_Q)));
 }
 
-F16C_ATTR static inline __m128i f32x8_to_bf16(__m256 v) {
-    __m256i b = _mm256_castps_si256(v);
-    __m256i lsb = _mm256_and_si256(_mm256_srli_epi32(b, 16), _mm256_set1_epi32(1));
-    __m256i r = _mm256_srli_epi32(_mm256_add_epi32(_mm256_add_epi32(b, _mm256_set1_epi32(0x7fff)), lsb), 16);
-    __m256i nan = _mm256_cmpgt_epi32(_mm256_and_si256(b, _mm256_set1_epi32(0x7fffffff)), _mm256_set1_epi32(0x7f800000));
-    __m256i quiet = _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi32(b, 16), _mm256_set1_epi32(0x8000)),
-                                    _mm256_set1_epi32(0x7fc0));
-    r = _mm256_blendv_epi8(r, quiet, nan);
-    return _mm_packus_epi32(_mm256_castsi256_si128(r), _mm256_extracti128_si256(r, 1));
-}
-
-/* the same for bfloat16: the bulk 8 lanes at a time, returns how many it did */
+/* the same for bfloat16: the bulk 16 lanes at a time, returns how many it did */
 F16C_ATTR static Py_ssize_t reduce_bf16_avx2(const uint16_t *const *p, uint16_t *out, Py_ssize_t rows,
                                              Py_ssize_t c, int op) {
     Py_ssize_t i = 0;
-    for (; i + 8 <= c; i += 8) {
-        __m256 acc = bf16x8_to_f32(p[0] + i);
-        for (Py_ssize_t r = 1; r < rows; r++)
-            acc = vop(acc, bf16x8_to_f32(p[r] + i), op);
-        _mm_storeu_si128((__m128i *)(out + i), f32x8_to_bf16(acc));
+    for (; i + 16 <= c; i += 16) {
+        __m256i x = _mm256_loadu_si256((const __m256i *)(p[0] + i));
+        __m256 lo = bf16x8_lo(x), hi = bf16x8_hi(x);
+        for (Py_ssize_t r = 1; r < rows; r++) {
+            x = _mm256_loadu_si256((const __m256i *)(p[r] + i));
+            lo = vop(lo, bf16x8_lo(x), op);
+            hi = vop(hi, bf16x8_hi(x), op);
+        }
+        _mm256_storeu_si256((__m256i *)(out + i), _mm256_packus_epi32(bf16x8_round(lo), bf16x8_round(hi)));
     }
     return i;
 }
@@ -167,7 +167,7 @@ static int use_f16c = 0;
 static int use_avx512 = 0;   /* the 16-lane reductions (AVX-512F), when the CPU has them and use_f16c is on */
 
 #ifdef HAVE_F16C_VARIANT
-#define AVX512_ATTR __attribute__((target("avx512f,avx2,f16c")))
+#define AVX512_ATTR __attribute__((target("avx512f,avx512bw,avx2,f16c")))
 
 AVX512_ATTR static inline __m512 vop16(__m512 a, __m512 b, int op) {
     switch (op) {
@@ -178,30 +178,34 @@ AVX512_ATTR static inline __m512 vop16(__m512 a, __m512 b, int op) {
     }
 }
 
-AVX512_ATTR static inline __m512 bf16x16_to_f32(const uint16_t *p) {
-    return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(_mm256_loadu_si256((const __m256i *)p)), 16));
+/* bfloat16 <-> float32, 32 lanes as two vectors: unpacking a 16-bit word under a zero word is the
+ * shift, and it takes each 128-bit lane's low (high) 4 words; packing takes them back in the same
+ * in-lane order, so no lane ever crosses and the order never matters. bf16_round is f2bf, lane
+ * for lane, its 16 bits in the low half of each 32-bit lane. */
+AVX512_ATTR static inline __m512 bf16_lo(__m512i x) { return _mm512_castsi512_ps(_mm512_unpacklo_epi16(_mm512_setzero_si512(), x)); }
+AVX512_ATTR static inline __m512 bf16_hi(__m512i x) { return _mm512_castsi512_ps(_mm512_unpackhi_epi16(_mm512_setzero_si512(), x)); }
+
+AVX512_ATTR static inline __m512i bf16_round(__m512 v) {
+    __m512i b = _mm512_castps_si512(v), t = _mm512_srli_epi32(b, 16);
+    __m512i r = _mm512_srli_epi32(_mm512_add_epi32(_mm512_add_epi32(b, _mm512_set1_epi32(0x7fff)),
+                                                   _mm512_and_si512(t, _mm512_set1_epi32(1))), 16);
+    return _mm512_mask_or_epi32(r, _mm512_cmp_ps_mask(v, v, _CMP_UNORD_Q),        /* NaN: the quiet NaN, its sign */
+                                _mm512_and_si512(t, _mm512_set1_epi32(0x8000)), _mm512_set1_epi32(0x7fc0));
 }
 
-AVX512_ATTR static inline __m256i f32x16_to_bf16(__m512 v) {     /* f2bf, lane for lane */
-    __m512i b = _mm512_castps_si512(v);
-    __m512i lsb = _mm512_and_si512(_mm512_srli_epi32(b, 16), _mm512_set1_epi32(1));
-    __m512i r = _mm512_srli_epi32(_mm512_add_epi32(_mm512_add_epi32(b, _mm512_set1_epi32(0x7fff)), lsb), 16);
-    __mmask16 nan = _mm512_cmpgt_epi32_mask(_mm512_and_si512(b, _mm512_set1_epi32(0x7fffffff)),
-                                            _mm512_set1_epi32(0x7f800000));
-    __m512i quiet = _mm512_or_si512(_mm512_and_si512(_mm512_srli_epi32(b, 16), _mm512_set1_epi32(0x8000)),
-                                    _mm512_set1_epi32(0x7fc0));
-    return _mm512_cvtepi32_epi16(_mm512_mask_blend_epi32(nan, r, quiet));
-}
-
-/* 16 lanes at a time, the rows in order; returns how many it did (the rest: the narrower loops) */
+/* 32 lanes at a time, the rows in order; returns how many it did (the rest: the narrower loops) */
 AVX512_ATTR static Py_ssize_t reduce_bf16_avx512(const uint16_t *const *p, uint16_t *out, Py_ssize_t rows,
                                                  Py_ssize_t c, int op) {
     Py_ssize_t i = 0;
-    for (; i + 16 <= c; i += 16) {
-        __m512 acc = bf16x16_to_f32(p[0] + i);
-        for (Py_ssize_t r = 1; r < rows; r++)
-            acc = vop16(acc, bf16x16_to_f32(p[r] + i), op);
-        _mm256_storeu_si256((__m256i *)(out + i), f32x16_to_bf16(acc));
+    for (; i + 32 <= c; i += 32) {
+        __m512i x = _mm512_loadu_si512(p[0] + i);
+        __m512 lo = bf16_lo(x), hi = bf16_hi(x);
+        for (Py_ssize_t r = 1; r < rows; r++) {
+            x = _mm512_loadu_si512(p[r] + i);
+            lo = vop16(lo, bf16_lo(x), op);
+            hi = vop16(hi, bf16_hi(x), op);
+        }
+        _mm512_storeu_si512(out + i, _mm512_packus_epi32(bf16_round(lo), bf16_round(hi)));
     }
     return i;
 }
@@ -689,7 +693,7 @@ PyMODINIT_FUNC PyInit__kernels(void) {
 #ifdef HAVE_F16C_VARIANT
     __builtin_cpu_init();
     use_f16c = __builtin_cpu_supports("f16c") && __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma");
-    use_avx512 = use_f16c && __builtin_cpu_supports("avx512f");
+    use_avx512 = use_f16c && __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw");
 #endif
     have_f16c = use_f16c;
     have_avx512 = use_avx512;
