@@ -11,7 +11,7 @@
  *   reduce_bf16(rows, out, op)         the same for bfloat16
  *   f16_to_f32(src, dst), f32_to_f16(src, dst)
  *   stream_copy(src, dst)              a copy with non-temporal stores (data another process reads next)
- *   use_avx512(on) -> previous          switch the 16-lane (AVX-512F) reductions off (tests of the 8-lane ones)
+ *   use_avx512(on) -> previous          switch the AVX-512 reductions off (tests of the AVX2 ones)
  *   dequant_sum, dequant_sum_quantize, quantize_i8   int8 quantization kernels of mpicoll._numeric (below)
  *   use_simd(on) -> previous             switch the F16C/AVX2 loops off (tests of the portable loops)
  */
@@ -164,7 +164,7 @@ F16C_ATTR static Py_ssize_t reduce_bf16_avx2(const uint16_t *const *p, uint16_t 
 #endif
 
 static int use_f16c = 0;
-static int use_avx512 = 0;   /* the 16-lane reductions (AVX-512F), when the CPU has them and use_f16c is on */
+static int use_avx512 = 0;   /* the AVX-512 (F and BW) reductions, when the CPU has them and use_f16c is on */
 
 #ifdef HAVE_F16C_VARIANT
 #define AVX512_ATTR __attribute__((target("avx512f,avx512bw,avx2,f16c")))
@@ -292,7 +292,7 @@ static PyObject *reduce_rows(PyObject *args, int bf16) {
         ptrs[got] = bufs[got].buf;
     }
     Py_BEGIN_ALLOW_THREADS
-    /* the widest loops the CPU has first, each leaving its tail to the next (16 lanes, 8 lanes, the
+    /* the widest loops the CPU has first, each leaving its tail to the next (AVX-512, AVX2, the
      * portable loop); the row pointers move past what is done */
     Py_ssize_t done = 0;
     const void *const *rp = ptrs;
@@ -678,8 +678,8 @@ static PyMethodDef methods[] = {
     {"stream_copy", py_stream_copy, METH_VARARGS,
      "stream_copy(src, dst): copy bytes with non-temporal stores (AVX2), or memcpy"},
     {"use_avx512", py_use_avx512, METH_VARARGS,
-     "use_avx512(on) -> bool: use the 16-lane float16/bfloat16 reductions (when the CPU has AVX-512F and use_simd "
-     "is on) or the 8-lane ones; returns the previous setting (for tests)"},
+     "use_avx512(on) -> bool: use the AVX-512 float16/bfloat16 reductions (when the CPU has AVX-512F/BW and use_simd "
+     "is on) or the AVX2 ones; returns the previous setting (for tests)"},
     {"use_simd", py_use_simd, METH_VARARGS,
      "use_simd(on) -> bool: use the F16C/AVX2 loops (when the CPU has them) or the portable C ones; returns the "
      "previous setting (for tests)"},
