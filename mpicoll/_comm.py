@@ -84,10 +84,12 @@ class LibComm:
         seq: how many collectives mpicoll has started on it (kept where it is read: with arrival
             marks or in debug mode).
         pending: started work with collectives still to start here, oldest first.
+        freed: :meth:`free` ran (``Comm.Free`` of the user's communicator runs it): operations and
+            plans on it raise (:func:`check_live`) instead of calling MPI on a freed handle.
     """
 
     __slots__ = ("mpi", "label", "rank", "size", "world_ranks", "ident", "validate", "debug", "local", "calls",
-                 "seq", "pending", "plain", "per_node", "buffers", "_win", "_mark", "_node", "_split",
+                 "seq", "pending", "plain", "freed", "per_node", "buffers", "_win", "_mark", "_node", "_split",
                  "_tiers", "__weakref__")
 
     def __init__(self, mpi: MPI.Comm, label: str, validate: bool, debug: bool, watched: bool,
@@ -109,6 +111,7 @@ class LibComm:
         self.pending: list = []
         self._win = self._mark = None
         self.plain = not debug and not watched
+        self.freed = False
         with LOCK:
             _register_exit()
         if watched:
@@ -329,6 +332,7 @@ class LibComm:
 
     def free(self) -> None:
         """Free the windows and the communicator, with its tiers' (collective over the members)."""
+        self.freed = True
         self.close()
         if self._tiers is not None:
             for tier in self._tiers:
@@ -361,6 +365,16 @@ def finalized(op: str, what: str) -> CollectiveError:
     """The error of a call made after ``MPI.Finalize()``: MPI would end the process from C."""
     return CollectiveError(f"{op}: {what} after MPI is finalized (MPI.Finalize() was called, or the program is "
                            "exiting): no MPI call can run any more", op=op, param="MPI")
+
+
+def check_live(comms: tuple, op: str) -> None:
+    """Raise, naming the communicator, when one of ``comms`` was freed (``LibComm.freed``): MPI's
+    calls on a freed handle raise its own error at best (Open MPI's non-blocking ones crash)."""
+    for c in comms:
+        if c.freed:
+            raise CollectiveError(f"{op}: {c.label} was freed (Comm.Free): an operation or plan made on it cannot "
+                                  "run any more; make it again on a live communicator", op=op, param="comm",
+                                  rank=c.rank)
 
 
 def alive(what: str) -> None:

@@ -259,6 +259,7 @@ class Plan:
         """
         if self._state or MPI.Is_finalized():
             self._refuse("run")
+        _comm.check_live(self._used, self.op)
         if self._go is None:
             self._go = self._bind()
         op, calls, more = self._tally
@@ -314,6 +315,7 @@ class Plan:
         """
         if self._state or MPI.Is_finalized():
             self._refuse("start")
+        _comm.check_live(self._used, self.op)
         if self._reuse and self._persistent is None:   # made at the first start, on every rank at the same point
             self._persistent = [getattr(s.comm.mpi, s.name + "_init")(*s.args) if s.kind in (MPI_CALL, START)
                                 else None for s in self._steps]

@@ -593,3 +593,24 @@ def test_a_setting_on_some_ranks_only_raises_everywhere(monkeypatch, setting):
                       CollectiveMismatchError, f"{setting} differs across ranks: on for ranks",
                       "off for ranks [0]")
     comm.Free()
+
+
+@mpi1
+@pytest.mark.parametrize("timeout", [None, 30.0])
+def test_operations_and_plans_on_a_freed_communicator_raise(timeout):
+    """``Comm.Free`` of a user communicator frees mpicoll's: an operation or plan made on it
+    raises, naming it, instead of calling MPI on a freed handle (Open MPI's non-blocking calls,
+    the timed path, crash there); a new operation on the freed comm is a bad ``comm``."""
+    c = WORLD.Dup()
+    op = mpicoll.AllReduceOperation(mpicoll.AllReduceParam(comm=c), timeout=timeout)
+    plan = op.prepare(np.ones(4, np.float32))
+    assert plan.run()[0] == SIZE
+    c.Free()
+    for call in (plan.run, plan.start, lambda: op.execute(np.ones(4, np.float32)),
+                 lambda: op.prepare(np.ones(4, np.float32))):
+        with pytest.raises(CollectiveError, match="AllReduce: .* was freed \\(Comm.Free\\)") as info:
+            call()
+        assert (info.value.param, info.value.rank) == ("comm", RANK)
+    with pytest.raises(CollectiveArgumentError, match="comm is MPI.COMM_NULL"):
+        mpicoll.AllGatherOperation(mpicoll.AllGatherParam(comm=c)).execute(np.ones(4))
+    plan.free()

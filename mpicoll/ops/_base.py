@@ -27,7 +27,7 @@ from mpi4py import MPI
 
 from .. import _shm
 from .. import _validate as V
-from .._comm import OP_NAMES, LibComm, finalized, op_code
+from .._comm import OP_NAMES, LibComm, check_live, finalized, op_code
 from .._domains import lib_domain, lookup, user_comm, world
 from .._ranktable import rank_table
 from .._dtypes import BY_NP, DType, ReduceOp, reduce_op
@@ -148,6 +148,7 @@ class Operation:
             return CAPTURING[-1].add(self, args)
         if self._lib is None:
             self._bind()
+        check_live(self._comms, self.NAME)
         agree = self.validate or not self._agreed_once
         if not agree and self._calls:
             plan = self._remembered(args)
@@ -192,6 +193,7 @@ class Operation:
         """``prepare``: describe -> agree (always) -> issue into a Recorder -> a Plan."""
         if self._lib is None:
             self._bind()
+        check_live(self._comms, self.NAME)
         number = count_call(self._comms, self.NAME)
         call, table = self._call(args, number, True)
         rec = Recorder()
@@ -390,8 +392,11 @@ def resolve(op: str, comm: Any, name: Any, rank_size: Any, what: str) -> LibComm
     """The library communicator for a user comm, else a domain name, else the world (the one
     place that maps an operation's, or the Hccl client's, arguments to a communicator)."""
     if comm is not None:
-        if not isinstance(comm, MPI.Comm) or comm == MPI.COMM_NULL:
+        if not isinstance(comm, MPI.Comm):
             raise CollectiveArgumentError(f"{op}: comm={comm!r}: must be an mpi4py MPI.Comm", op=op, param="comm")
+        if comm == MPI.COMM_NULL:
+            raise CollectiveArgumentError(f"{op}: comm is MPI.COMM_NULL (a freed or null communicator): give a live "
+                                          "one", op=op, param="comm")
         return user_comm(comm)
     if name:
         if not isinstance(name, str):
