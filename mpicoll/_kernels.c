@@ -9,7 +9,7 @@
  *                                      sequence of buffers (anywhere: a private array, a shared window),
  *                                      reduced in order, accumulated in float32; op 0 sum 1 prod 2 max 3 min
  *   reduce_bf16(rows, out, op)         the same for bfloat16
- *   f16_to_f32(src, dst), f32_to_f16(src, dst)
+ *   f16_to_f32(src, dst), f32_to_f16(src, dst), bf16_to_f32(src, dst), f32_to_bf16(src, dst)
  *   stream_copy(src, dst)              a copy with non-temporal stores (data another process reads next)
  *   use_avx512(on) -> previous          switch the AVX-512 reductions off (tests of the AVX2 ones)
  *   dequant_sum, dequant_sum_quantize, quantize_i8   int8 quantization kernels of mpicoll._numeric (below)
@@ -145,6 +145,17 @@ F16C_ATTR static inline __m256i bf16x8_round(__m256 v) {     /* f2bf, lane for l
     return _mm256_blendv_epi8(r, quiet, _mm256_castps_si256(_mm256_cmp_ps(v, v, _CMP_UNORD_Q)));
 }
 
+/* float32 -> bfloat16, 16 at a time (packus interleaves the two halves' 64-bit quarters; the
+ * permute puts them back in order); returns how many it did */
+F16C_ATTR static Py_ssize_t f2bf_avx2(const float *s, uint16_t *d, Py_ssize_t n) {
+    Py_ssize_t i = 0;
+    for (; i + 16 <= n; i += 16) {
+        __m256i r = _mm256_packus_epi32(bf16x8_round(_mm256_loadu_ps(s + i)), bf16x8_round(_mm256_loadu_ps(s + i + 8)));
+        _mm256_storeu_si256((__m256i *)(d + i), _mm256_permute4x64_epi64(r, 0xD8));
+    }
+    return i;
+}
+
 /* the same for bfloat16: the bulk 16 lanes at a time, returns how many it did */
 F16C_ATTR static Py_ssize_t reduce_bf16_avx2(const uint16_t *const *p, uint16_t *out, Py_ssize_t rows,
                                              Py_ssize_t c, int op) {
@@ -223,41 +234,48 @@ AVX512_ATTR static Py_ssize_t reduce_f16_avx512(const _Float16 *const *p, _Float
 }
 #endif
 
-static PyObject *py_f16_to_f32(PyObject *self, PyObject *args) {
+static void bf2f_loop(const uint16_t *s, float *d, Py_ssize_t n) { for (Py_ssize_t i = 0; i < n; i++) d[i] = bf2f(s[i]); }
+static void f2bf_loop(const float *s, uint16_t *d, Py_ssize_t n) { for (Py_ssize_t i = 0; i < n; i++) d[i] = f2bf(s[i]); }
+
+/* f16_to_f32, f32_to_f16, bf16_to_f32, f32_to_bf16: parse (src, dst), check dst's size, convert
+ * without the GIL (``narrow``: float32 -> the 16-bit dtype) */
+static PyObject *convert(PyObject *args, const char *name, int bf16, int narrow) {
     Py_buffer s, d;
     if (!PyArg_ParseTuple(args, "y*w*", &s, &d)) return NULL;
-    Py_ssize_t n = s.len / 2;
-    if (d.len < n * 4) {
+    Py_ssize_t n = s.len / (narrow ? 4 : 2), need = n * (narrow ? 2 : 4);
+    if (d.len < need) {
         PyBuffer_Release(&s); PyBuffer_Release(&d);
-        return PyErr_Format(PyExc_ValueError, "f16_to_f32: destination holds %zd bytes, needs %zd", d.len, n * 4);
+        return PyErr_Format(PyExc_ValueError, "%s: destination holds %zd bytes, needs %zd", name, d.len, need);
     }
     Py_BEGIN_ALLOW_THREADS
+    if (bf16 && narrow) {
+        Py_ssize_t k = 0;
 #ifdef HAVE_F16C_VARIANT
-    if (use_f16c) h2f_f16c(s.buf, d.buf, n); else
+        if (use_f16c) k = f2bf_avx2(s.buf, d.buf, n);
 #endif
-    h2f_generic(s.buf, d.buf, n);
+        f2bf_loop((const float *)s.buf + k, (uint16_t *)d.buf + k, n - k);
+    } else if (bf16) {
+        bf2f_loop(s.buf, d.buf, n);
+    } else if (narrow) {
+#ifdef HAVE_F16C_VARIANT
+        if (use_f16c) f2h_f16c(s.buf, d.buf, n); else
+#endif
+        f2h_generic(s.buf, d.buf, n);
+    } else {
+#ifdef HAVE_F16C_VARIANT
+        if (use_f16c) h2f_f16c(s.buf, d.buf, n); else
+#endif
+        h2f_generic(s.buf, d.buf, n);
+    }
     Py_END_ALLOW_THREADS
     PyBuffer_Release(&s); PyBuffer_Release(&d);
     Py_RETURN_NONE;
 }
 
-static PyObject *py_f32_to_f16(PyObject *self, PyObject *args) {
-    Py_buffer s, d;
-    if (!PyArg_ParseTuple(args, "y*w*", &s, &d)) return NULL;
-    Py_ssize_t n = s.len / 4;
-    if (d.len < n * 2) {
-        PyBuffer_Release(&s); PyBuffer_Release(&d);
-        return PyErr_Format(PyExc_ValueError, "f32_to_f16: destination holds %zd bytes, needs %zd", d.len, n * 2);
-    }
-    Py_BEGIN_ALLOW_THREADS
-#ifdef HAVE_F16C_VARIANT
-    if (use_f16c) f2h_f16c(s.buf, d.buf, n); else
-#endif
-    f2h_generic(s.buf, d.buf, n);
-    Py_END_ALLOW_THREADS
-    PyBuffer_Release(&s); PyBuffer_Release(&d);
-    Py_RETURN_NONE;
-}
+static PyObject *py_f16_to_f32(PyObject *self, PyObject *args) { return convert(args, "f16_to_f32", 0, 0); }
+static PyObject *py_f32_to_f16(PyObject *self, PyObject *args) { return convert(args, "f32_to_f16", 0, 1); }
+static PyObject *py_bf16_to_f32(PyObject *self, PyObject *args) { return convert(args, "bf16_to_f32", 1, 0); }
+static PyObject *py_f32_to_bf16(PyObject *self, PyObject *args) { return convert(args, "f32_to_bf16", 1, 1); }
 
 /* move every row pointer past k 16-bit elements; returns k */
 static Py_ssize_t past(const void **ptrs, Py_ssize_t rows, Py_ssize_t k) {
@@ -666,6 +684,9 @@ static PyMethodDef methods[] = {
      "reduce_bf16(rows, out, op): float32-accumulated reduction of bfloat16 rows (buffers), rounded once"},
     {"f16_to_f32", py_f16_to_f32, METH_VARARGS, "f16_to_f32(src, dst): float16 buffer -> float32 buffer"},
     {"f32_to_f16", py_f32_to_f16, METH_VARARGS, "f32_to_f16(src, dst): float32 -> float16, round to nearest even"},
+    {"bf16_to_f32", py_bf16_to_f32, METH_VARARGS, "bf16_to_f32(src, dst): bfloat16 buffer -> float32 buffer"},
+    {"f32_to_bf16", py_f32_to_bf16, METH_VARARGS,
+     "f32_to_bf16(src, dst): float32 -> bfloat16, round to nearest even, NaN -> the quiet NaN (as ml_dtypes)"},
     {"reduce_f16", py_reduce_f16, METH_VARARGS,
      "reduce_f16(rows, out, op): float32-accumulated reduction of float16 rows (buffers), rounded once"},
     {"dequant_sum", py_dequant_sum, METH_VARARGS,

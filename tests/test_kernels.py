@@ -87,6 +87,26 @@ def test_conversions_are_bit_identical_to_numpy():
     assert same.all()
 
 
+@half
+def test_bfloat16_conversions_are_bit_identical_to_ml_dtypes(simd):
+    """Every bfloat16 to float32; float32 of every class (random bits: NaNs with payloads,
+    subnormals, infinities, ties) to bfloat16, at lengths around the vector widths."""
+    import ml_dtypes
+    every = np.arange(1 << 16, dtype=np.uint16).view(ml_dtypes.bfloat16)
+    f = np.empty(every.size, np.float32)
+    KERNELS.bf16_to_f32(every, f)
+    assert np.array_equal(f.view(np.uint32), every.astype(np.float32).view(np.uint32))
+    bits = np.random.default_rng(4).integers(0, 1 << 32, 100_003, dtype=np.uint32)
+    bits[:8] = [0x7f800001, 0xffc00001, 0x7f800000, 0x00000001, 0x80000000, 0x3f808000, 0x3f818000, 0x7f7fffff]
+    f32 = bits.view(np.float32)
+    with np.errstate(invalid="ignore", over="ignore"):
+        expected = f32.astype(ml_dtypes.bfloat16)
+    for n in (0, 1, 15, 16, 17, 33, f32.size):
+        o = np.empty(n, ml_dtypes.bfloat16)
+        KERNELS.f32_to_bf16(f32[:n], o)
+        assert np.array_equal(o.view(np.uint16), expected[:n].view(np.uint16)), n
+
+
 @pytest.mark.mpi(min_size=1)
 @pytest.mark.parametrize("name", list(CHECKS))
 def test_numpy_fallback_path(monkeypatch, name):
