@@ -392,7 +392,9 @@ def reduce_scatter(go, comm: LibComm, blocks: np.ndarray, counts: list[int], dt:
         return
     node = comm.node_window()
     per = node.slot_bytes // dt.itemsize
-    rounds = max(-(-sum(counts) // max(per - n, 1)), 1)        # (sum of ceil(c / rounds) <= per)
+    rounds = max(-(-sum(counts) // per), 1)
+    while sum(-(-c // rounds) for c in counts) > per:          # (each block's ceil may add an element)
+        rounds += 1
     take = [-(-c // rounds) for c in counts]
     at = prefix(take)                                          # block j's place in a slot
     starts = prefix(counts)
