@@ -46,6 +46,8 @@ _OPEN: list["LibComm"] = []        # communicators holding a window (arrival, no
 #: how many started runs wait in some communicator's ``pending`` queue (a plan's run() drains its
 #: communicators only when this is not 0)
 QUEUED = 0
+#: how many communicators :meth:`LibComm.free` freed (0: :func:`check_live` has nothing to look at)
+FREED = 0
 
 
 def op_code(name: str) -> int:
@@ -332,7 +334,9 @@ class LibComm:
 
     def free(self) -> None:
         """Free the windows and the communicator, with its tiers' (collective over the members)."""
+        global FREED
         self.freed = True
+        FREED += 1
         self.close()
         if self._tiers is not None:
             for tier in self._tiers:
@@ -369,7 +373,10 @@ def finalized(op: str, what: str) -> CollectiveError:
 
 def check_live(comms: tuple, op: str) -> None:
     """Raise, naming the communicator, when one of ``comms`` was freed (``LibComm.freed``): MPI's
-    calls on a freed handle raise its own error at best (Open MPI's non-blocking ones crash)."""
+    calls on a freed handle raise its own error at best (Open MPI's non-blocking ones crash).
+    Until a communicator is freed (``FREED``), a global read."""
+    if not FREED:
+        return
     for c in comms:
         if c.freed:
             raise CollectiveError(f"{op}: {c.label} was freed (Comm.Free): an operation or plan made on it cannot "

@@ -259,7 +259,8 @@ class Plan:
         """
         if self._state or MPI.Is_finalized():
             self._refuse("run")
-        _comm.check_live(self._used, self.op)
+        if _comm.FREED:
+            _comm.check_live(self._used, self.op)
         if self._go is None:
             self._go = self._bind()
         op, calls, more = self._tally
@@ -441,6 +442,7 @@ class Handle:
     def release(self, end: int) -> None:
         """Let the run go on up to step ``end`` (a run started with ``Plan.start(end)``), starting
         what it can at once."""
+        _comm.check_live(self._plan._used, self._plan.op)
         if end > self._end:
             self._end = end
             self._last = _last_collective(self._plan._steps, end)

@@ -122,7 +122,7 @@ class NodeWindow(_Shared):
     """
 
     def __init__(self, comm: LibComm) -> None:
-        self.slot_bytes = max(SLOT_BYTES // 64 * 64, 64)          # (every dtype's multiple)
+        self.slot_bytes = max(SLOT_BYTES // 64 * 64, 64 * comm.size)   # (every dtype's multiple; >= n elements)
         super().__init__(comm, 2 * self.slot_bytes)
         self.half = 0
         self.plain = False              # the kind of copy in use (False: streamed)

@@ -614,3 +614,29 @@ def test_operations_and_plans_on_a_freed_communicator_raise(timeout):
     with pytest.raises(CollectiveArgumentError, match="comm is MPI.COMM_NULL"):
         mpicoll.AllGatherOperation(mpicoll.AllGatherParam(comm=c)).execute(np.ones(4))
     plan.free()
+
+
+@mpi1
+def test_the_functional_api_hccl_tasks_and_graphs_on_a_freed_communicator_raise():
+    """The same for the paths built on operations: ``async_op=True`` (a one-shot start), an Hccl
+    task's next round (its run parked between rounds), a graph captured on the freed comm."""
+    from mpicoll import functional as F, graph
+    c = WORLD.Dup()
+    F.all_reduce(np.ones(4, np.float32), group=c)
+    hccl = mpicoll.Hccl().init(c)
+    x, y = np.ones(8, np.float32), np.empty(8, np.float32)
+    task = hccl.all_reduce(x, y, 4, mpicoll.HcclDataType.FP32, "sum", repeat=2)
+    hccl.commit(task)
+    while hccl.query(task) < 1:
+        pass
+    op = mpicoll.AllReduceOperation(mpicoll.AllReduceParam(comm=c))
+    op.execute(np.ones(4, np.float32))
+    c.Free()
+    freed = "AllReduce: .* was freed \\(Comm.Free\\)"
+    with pytest.raises(CollectiveError, match=freed.replace("AllReduce", "all_reduce")):
+        F.all_reduce(np.ones(4, np.float32), group=c, async_op=True)
+    with pytest.raises(CollectiveError, match="of 2 calls: .* was freed"):      # (a task of 2 rounds)
+        hccl.commit(task)
+    with pytest.raises(CollectiveError, match=freed):
+        with graph.capture():                   # (the world's graph; the call's comm is freed)
+            op.execute(np.ones(4, np.float32))

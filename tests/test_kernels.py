@@ -21,7 +21,8 @@ SPECIAL = np.array([np.nan, 0, -0.0, 1, -1, np.inf, -np.inf, 2, 6e-8, 65504, -3.
 
 @pytest.fixture(params=["avx512", "avx2", "portable"])
 def simd(request):
-    """Each loop the CPU has: 16 lanes (AVX-512F), 8 lanes (F16C/AVX2), the portable C loops."""
+    """Each loop the CPU has: AVX-512 (F and BW; float16 16 lanes a step, bfloat16 32), F16C/AVX2
+    (8 and 16), the portable C loops."""
     if request.param == "avx512" and not KERNELS.AVX512 or request.param == "avx2" and not KERNELS.F16C:
         pytest.skip(f"this CPU has no {request.param}")
     simd, avx512 = KERNELS.use_simd(request.param != "portable"), KERNELS.use_avx512(request.param == "avx512")
@@ -55,9 +56,9 @@ def test_bfloat16_reduce_is_bit_identical_to_ml_dtypes(op, simd):
     import ml_dtypes
     rng = np.random.default_rng(op)
     vals = np.array([np.nan, 0, -0.0, 1, -1, np.inf, -np.inf, 3e38, -3e38, 1e-40], np.float32)
-    parts = np.where(rng.random((3, 5001)) < 0.3, rng.choice(vals, (3, 5001)),
-                     rng.standard_normal((3, 5001)) * 100).astype(ml_dtypes.bfloat16)
-    out = np.empty(5001, ml_dtypes.bfloat16)
+    parts = np.where(rng.random((3, 5021)) < 0.3, rng.choice(vals, (3, 5021)),      # (5021 = 156 * 32 + 16 + 13:
+                     rng.standard_normal((3, 5021)) * 100).astype(ml_dtypes.bfloat16)   # every loop takes a part)
+    out = np.empty(5021, ml_dtypes.bfloat16)
     KERNELS.reduce_bf16(list(parts.view(np.uint16)), out.view(np.uint16), op)
     ufunc = (np.add, np.multiply, np.maximum, np.minimum)[op]
     with np.errstate(all="ignore"):

@@ -208,6 +208,7 @@ class Operation:
             return CAPTURING[-1].add(self, args, started=True)
         if self._lib is None:
             self._bind()
+        check_live(self._comms, self.NAME)
         agree = self.validate or not self._agreed_once
         if not agree and self._calls:
             plan = self._remembered(args)

@@ -93,9 +93,9 @@ def activate(act: int, v: np.ndarray) -> np.ndarray:
 
 
 def _f32(a: np.ndarray) -> np.ndarray:
-    """A float32 copy of a 16-bit float array (the C kernel for float16)."""
+    """A float32 copy of a 16-bit float array (the C kernels where built)."""
     out = np.empty(a.shape, np.float32)
-    if a.dtype == np.float16 and a.flags.c_contiguous:
+    if a.flags.c_contiguous:
         return to_f32(a.reshape(-1), out.reshape(-1)).reshape(a.shape)
     np.copyto(out, a)
     return out
