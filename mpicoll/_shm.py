@@ -58,6 +58,7 @@ SLOT_BYTES = 2 * 1024 * 1024
 #: benchmarks/shm.py --no-threshold, float32, time over raw MPICH's (2 runs each): 2 ranks 1.7-2.0x at
 #: 8-12 KiB, 0.53-0.85x at 16 KiB (MPICH's own time jumps there: its eager limit), 0.43-0.75x at 24-32
 #: KiB; 4 ranks 1.3-1.7x, 0.77-0.85x, 0.57-0.83x. Reduce: 1.5-1.7x at 8 KiB, 0.72-0.89x at 16 KiB.
+#: The Open MPI wheel: 0.82-1.20x at 8 KiB, 0.61-0.87x at 16 KiB (2 and 4 ranks).
 ALLREDUCE_BYTES = 16 * 1024
 #: float16/bfloat16 AllReduce payloads from this size use the window: their MPI path casts to
 #: float32 and back (measured with --no-threshold: the window took 0.30-0.38x that path's time at
