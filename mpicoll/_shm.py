@@ -72,11 +72,16 @@ REDUCE_SCATTER_BYTES = 64 * 1024
 #: 0.6-0.7x the two-shot time at 64 KiB, 2 and 4 ranks; 1.1-1.5x at 1-2 MiB, 4 ranks)
 ONE_SHOT_BYTES = 512 * 1024
 #: Copies into the window are streamed (stores that bypass the cache) or plain (``np.copyto``),
-#: whichever this rank measured faster lately: every PROBE_EVERY-th copy takes the other kind to
-#: compare (copies of at least PROBE_BYTES are timed). On this 2-core VM, plain copies into lines
-#: another core read last run 7-10x slower for seconds at a time (streamed copies do not), and
-#: streamed copies cost 1.2-1.9x plain ones otherwise. A local choice: either kind writes the same bytes.
-PROBE_EVERY = 16
+#: whichever this rank measured faster lately: of every PROBE_EVERY copies the last PROBE_LEN take the
+#: other kind to compare. Only warm copies are timed (of at least PROBE_BYTES): not the first two of
+#: a kind, which find the window's lines as the other kind left them (a plain copy into lines that
+#: streamed stores sent to memory must fetch them first, which made single probes of plain copies
+#: look 1.5-2x slower than a run of them). The kind changes only at the end of a period. On this
+#: 2-core VM, plain copies into lines another core read ran 7-10x slower for seconds at a time
+#: (streamed copies do not); otherwise plain ones win, and leave the peers' reads in cache.
+#: A local choice: either kind writes the same bytes.
+PROBE_EVERY = 64
+PROBE_LEN = 4
 PROBE_BYTES = 64 * 1024
 #: An AllGather from node buffers (:func:`node_buffer`) copies straight from the peers' buffers,
 #: once, when its output is between these sizes. Measured against raw MPICH's call (2 ranks, output
@@ -145,8 +150,10 @@ class NodeWindow(_Shared):
 
     def _copy(self, pairs: list) -> None:
         """Copy ``(dst, src)`` pairs into the window, streamed or plain (``PROBE_EVERY``), timed."""
+        k = self._copies % PROBE_EVERY
         self._copies += 1
-        plain = self.plain != (self._copies % PROBE_EVERY == 0)
+        probe = k >= PROBE_EVERY - PROBE_LEN
+        plain = self.plain != probe
         t = time.perf_counter()
         for dst, src in pairs:
             if plain:
@@ -154,11 +161,12 @@ class NodeWindow(_Shared):
             else:
                 stream_copy(dst, src)
         nbytes = sum(dst.nbytes for dst, _ in pairs)
-        if nbytes >= PROBE_BYTES:
+        warm = k >= (PROBE_EVERY - PROBE_LEN + 2 if probe else 2)
+        if nbytes >= PROBE_BYTES and warm:
             cost, old = (time.perf_counter() - t) / nbytes, self._cost[plain]
             self._cost[plain] = 0.75 * old + 0.25 * cost if old else cost
-            if all(self._cost):
-                self.plain = self._cost[1] < self._cost[0]
+        if k == PROBE_EVERY - 1 and all(self._cost):
+            self.plain = self._cost[1] < self._cost[0]
 
     def put(self, pairs: tuple[list, list]) -> None:
         """Copy this rank's blocks into its slot, then make the writes visible."""
