@@ -73,15 +73,17 @@ REDUCE_SCATTER_BYTES = 64 * 1024
 ONE_SHOT_BYTES = 512 * 1024
 #: Copies into the window are streamed (stores that bypass the cache) or plain (``np.copyto``),
 #: whichever this rank measured faster lately: of every PROBE_EVERY copies the last PROBE_LEN take the
-#: other kind to compare. Only warm copies are timed (of at least PROBE_BYTES): not the first two of
-#: a kind, which find the window's lines as the other kind left them (a plain copy into lines that
-#: streamed stores sent to memory must fetch them first, which made single probes of plain copies
-#: look 1.5-2x slower than a run of them). The kind changes only at the end of a period. On this
-#: 2-core VM, plain copies into lines another core read ran 7-10x slower for seconds at a time
-#: (streamed copies do not); otherwise plain ones win, and leave the peers' reads in cache.
-#: A local choice: either kind writes the same bytes.
-PROBE_EVERY = 64
-PROBE_LEN = 4
+#: other kind to compare, and the kind changes only at the end of such a period. Only warm copies
+#: are timed (of at least PROBE_BYTES): into a place the same kind wrote last. A plain copy into
+#: lines that streamed stores sent to memory must fetch them first: timed that way, single plain
+#: probes looked 1.5-2x slower than a run of them, and a rank stayed with streamed copies at
+#: 1.2-1.3x the time. A round writes up to 4 places (a two-shot AllReduce: its blocks in, its
+#: result; two halves), so PROBE_LEN is twice that. On this 2-core VM, plain copies into lines
+#: another core read ran 7-10x slower for seconds at a time (streamed copies do not); otherwise
+#: plain ones win, and leave the peers' reads in cache. A local choice: either kind writes the same
+#: bytes.
+PROBE_EVERY = 128
+PROBE_LEN = 8
 PROBE_BYTES = 64 * 1024
 #: An AllGather from node buffers (:func:`node_buffer`) copies straight from the peers' buffers,
 #: once, when its output is between these sizes. Measured against raw MPICH's call (2 ranks, output
@@ -120,11 +122,13 @@ class _Shared:
 
 
 class NodeWindow(_Shared):
-    """One communicator's shared window: ``2 * SLOT_BYTES`` per rank, in two halves.
+    """One communicator's shared window: ``2 * slot_bytes`` per rank, in two halves.
 
     Attributes:
         half: the half the next round uses (0 or 1), the same on every member.
-        slot_bytes: bytes per rank per half (``SLOT_BYTES`` when it was made).
+        slot_bytes: bytes per rank per half: ``SLOT_BYTES`` when it was made, rounded down to a
+            multiple of 64 (every dtype's), and at least 64 per member (an element of every dtype
+            for each).
     """
 
     def __init__(self, comm: LibComm) -> None:
@@ -134,6 +138,7 @@ class NodeWindow(_Shared):
         self.plain = False              # the kind of copy in use (False: streamed)
         self._cost = [0.0, 0.0]         # seconds per byte lately: streamed, plain (0: not measured yet)
         self._copies = 0
+        self._last: dict[int, bool] = {}    # where a copy began -> the kind that wrote there last
 
     def slots(self, rank: int, dtype: np.dtype) -> tuple[np.ndarray, np.ndarray]:
         """Rank ``rank``'s two halves, as arrays of ``dtype``."""
@@ -161,7 +166,11 @@ class NodeWindow(_Shared):
             else:
                 stream_copy(dst, src)
         nbytes = sum(dst.nbytes for dst, _ in pairs)
-        warm = k >= (PROBE_EVERY - PROBE_LEN + 2 if probe else 2)
+        at = pairs[0][0].ctypes.data if pairs else 0
+        warm = self._last.get(at) == plain
+        if len(self._last) > 64:        # (calls of many shapes: forget, rather than grow)
+            self._last.clear()
+        self._last[at] = plain
         if nbytes >= PROBE_BYTES and warm:
             cost, old = (time.perf_counter() - t) / nbytes, self._cost[plain]
             self._cost[plain] = 0.75 * old + 0.25 * cost if old else cost

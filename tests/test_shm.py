@@ -465,10 +465,10 @@ def test_a_plan_on_a_freed_node_buffer_raises():
 @mpi2
 @pytest.mark.parametrize("dtype", ["bfloat16", "float32", "int8"])
 def test_streamed_and_plain_copies_give_the_same_bits(comm, dtype, monkeypatch):
-    """Copies into the window change kind every 3 (PROBE_EVERY=6, PROBE_LEN=3), the warm ones
-    timed: the results stay bit-identical, and both kinds were measured."""
-    monkeypatch.setattr(_shm, "PROBE_EVERY", 6)
-    monkeypatch.setattr(_shm, "PROBE_LEN", 3)
+    """Copies into the window take the other kind for 8 of every 16 (PROBE_EVERY, PROBE_LEN), the
+    warm ones timed: the results stay bit-identical, and both kinds were measured."""
+    monkeypatch.setattr(_shm, "PROBE_EVERY", 16)
+    monkeypatch.setattr(_shm, "PROBE_LEN", 8)
     monkeypatch.setattr(_shm, "PROBE_BYTES", 1)
     dt = DTYPES[dtype]
     op = mpicoll.AllReduceOperation(mpicoll.AllReduceParam(comm=comm, reduce_type="sum"))
