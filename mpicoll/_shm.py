@@ -166,7 +166,7 @@ class NodeWindow(_Shared):
             else:
                 stream_copy(dst, src)
         nbytes = sum(dst.nbytes for dst, _ in pairs)
-        at = pairs[0][0].ctypes.data if pairs else 0
+        at = next((dst.ctypes.data for dst, _ in pairs if dst.size), 0)     # (where this copy begins)
         warm = self._last.get(at) == plain
         if len(self._last) > 64:        # (calls of many shapes: forget, rather than grow)
             self._last.clear()
