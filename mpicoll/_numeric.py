@@ -9,7 +9,6 @@ from __future__ import annotations
 import os
 from typing import TYPE_CHECKING
 
-import ml_dtypes
 import numpy as np
 
 if TYPE_CHECKING:
@@ -29,7 +28,6 @@ def load_kernels():
 
 #: the C kernels, or None = numpy (the same bits). Read at every use, so tests can switch it.
 KERNELS = load_kernels()
-BF16 = np.dtype(ml_dtypes.bfloat16)
 
 
 def kernels_in_use() -> str:
@@ -50,7 +48,7 @@ def to_f32(x: np.ndarray, out: np.ndarray) -> np.ndarray:
     """Contiguous 16-bit floats -> float32 ``out`` (the C kernels when built)."""
     if KERNELS is not None and x.dtype == np.float16:
         KERNELS.f16_to_f32(x, out)
-    elif KERNELS is not None and x.dtype == BF16:
+    elif KERNELS is not None and x.dtype.name == "bfloat16":
         KERNELS.bf16_to_f32(x, out)
     else:
         np.copyto(out, x.reshape(out.shape))
@@ -61,12 +59,19 @@ def from_f32(acc: np.ndarray, out: np.ndarray) -> np.ndarray:
     """Round a contiguous float32 array into ``out`` (float16 or bfloat16), to nearest even."""
     if KERNELS is not None and out.dtype == np.float16:
         KERNELS.f32_to_f16(acc, out)
-    elif KERNELS is not None and out.dtype == BF16:
+    elif KERNELS is not None and out.dtype.name == "bfloat16":
         KERNELS.f32_to_bf16(acc, out)
     else:
         with np.errstate(over="ignore", invalid="ignore"):   # overflow to inf is the IEEE answer
             np.copyto(out, acc.reshape(out.shape), casting="unsafe")
     return out
+
+
+def copy_pairs(pairs: list[tuple[np.ndarray, np.ndarray]]) -> None:
+    """``np.copyto(dst, src)`` for each ``(dst, src)`` pair: a staging buffer's parts back into their
+    arrays (``ops._base.scatter_pairs``), blocks out of a shared window (mpicoll._shm)."""
+    for dst, src in pairs:
+        np.copyto(dst, src)
 
 
 def stream_copy(dst: np.ndarray, src: np.ndarray) -> None:

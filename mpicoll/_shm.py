@@ -46,7 +46,7 @@ from . import _validate as V
 from ._dtypes import lookup
 from . import _watchdog
 from ._errors import CollectiveError, agree, arg_error, as_collective_error
-from ._numeric import reduce_rows, stream_copy
+from ._numeric import copy_pairs, reduce_rows, stream_copy
 
 if TYPE_CHECKING:
     from ._comm import LibComm
@@ -196,7 +196,7 @@ class NodeWindow(_Shared):
     def get(self, pairs: tuple[list, list]) -> None:
         """Copy the reduced blocks out (after a Barrier)."""
         self.win.Sync()
-        _copy_pairs(pairs[self.half])
+        copy_pairs(pairs[self.half])
 
     def flip(self) -> None:
         self.half ^= 1
@@ -297,11 +297,6 @@ def copies(comm: LibComm, nbytes: int, inputs: tuple[NodeBuffer, list] | None, s
     return inputs is not None and comm.size > 1 and sizes[0] <= nbytes <= sizes[1]
 
 
-def _copy_pairs(pairs: list) -> None:
-    for dst, src in pairs:
-        np.copyto(dst, src)
-
-
 def _publish(go, comm: LibComm, buf: NodeBuffer) -> None:
     """The steps after which every member's node-buffer input is visible to every member:
     ``Win.Sync``, ``Barrier``, ``Win.Sync``."""
@@ -317,7 +312,7 @@ def gather(go, comm: LibComm, inputs: tuple[NodeBuffer, list], dests: list) -> N
     buf, peers = inputs
     pairs = [(d, p) for d, p in zip(dests, peers) if d is not None]
     _publish(go, comm, buf)
-    go.local(_copy_pairs, pairs)
+    go.local(copy_pairs, pairs)
     go.mpi(comm, "Barrier")
 
 

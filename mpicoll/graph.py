@@ -36,7 +36,6 @@ from typing import Any
 
 import numpy as np
 
-from ._comm import check_live
 from ._errors import CollectiveArgumentError, CollectiveError, as_collective_error
 from ._plan import CAPTURING, Plan, Recorder
 from ._watchdog import timeout_default
@@ -116,9 +115,7 @@ class Graph:
         capturing); returns its outputs, filled at each replay."""
         if self._plan is not None or self._entries is None:
             raise CollectiveError("graph: a call added after the capture ended", op="graph", param="capture")
-        if op._lib is None:
-            op._bind()
-        check_live(op._comms, op.NAME)
+        op._live()
         call, err = op._described(args)
         if err is not None:
             err = type(err)(f"graph call {len(self._entries)} ({op.NAME}): {err}", op=getattr(err, "op", None),

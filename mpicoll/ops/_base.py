@@ -33,7 +33,7 @@ from .._ranktable import rank_table
 from .._dtypes import BY_NP, DType, ReduceOp, reduce_op
 from .._errors import (CollectiveArgumentError, CollectiveError, CollectiveMismatchError, agree, agreed, arg_error,
                        as_collective_error)
-from .._numeric import reduce_chunks
+from .._numeric import copy_pairs, reduce_chunks
 from .._params import CommParam
 from .._plan import CAPTURING, Call, Handle, Plan, Recorder, Runner, count_call
 from .._watchdog import timeout_default
@@ -137,6 +137,12 @@ class Operation:
     def _bind_param(self) -> None:
         """Operator-specific param checks and bindings, once the communicator is known."""
 
+    def _live(self) -> None:
+        """Before a call: bind (the first call), and raise if a communicator of it was freed."""
+        if self._lib is None:
+            self._bind()
+        check_live(self._comms, self.NAME)
+
     # -- the call path ---------------------------------------------------------------------------------
     def _execute(self, *args: Any) -> Any:
         """``execute``: describe -> agree (validation on, and always the first call) -> issue, at once.
@@ -146,9 +152,7 @@ class Operation:
         it: ``out`` given), it is recorded once and then run as a plan (:meth:`_remembered`)."""
         if CAPTURING:
             return CAPTURING[-1].add(self, args)
-        if self._lib is None:
-            self._bind()
-        check_live(self._comms, self.NAME)
+        self._live()
         agree = self.validate or not self._agreed_once
         if not agree and self._calls:
             plan = self._remembered(args)
@@ -191,9 +195,7 @@ class Operation:
 
     def _prepare(self, *args: Any) -> Plan:
         """``prepare``: describe -> agree (always) -> issue into a Recorder -> a Plan."""
-        if self._lib is None:
-            self._bind()
-        check_live(self._comms, self.NAME)
+        self._live()
         number = count_call(self._comms, self.NAME)
         call, table = self._call(args, number, True)
         rec = Recorder()
@@ -206,9 +208,7 @@ class Operation:
         at once (``I`` calls, no persistent requests) and completes in ``wait()``."""
         if CAPTURING:
             return CAPTURING[-1].add(self, args, started=True)
-        if self._lib is None:
-            self._bind()
-        check_live(self._comms, self.NAME)
+        self._live()
         agree = self.validate or not self._agreed_once
         if not agree and self._calls:
             plan = self._remembered(args)
@@ -381,12 +381,6 @@ def scatter_pairs(flat: np.ndarray, arrays: list[np.ndarray]) -> list[tuple[np.n
         pairs.append((a.reshape(-1), flat[pos:pos + a.size]))
         pos += a.size
     return pairs
-
-
-def unpack(pairs: list[tuple[np.ndarray, np.ndarray]]) -> None:
-    """Copy each staging part back into its array (:func:`scatter_pairs`)."""
-    for dst, src in pairs:
-        np.copyto(dst, src)
 
 
 def resolve(op: str, comm: Any, name: Any, rank_size: Any, what: str) -> LibComm:

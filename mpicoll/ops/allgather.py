@@ -11,9 +11,10 @@ from .. import _validate as V
 from .._dtypes import DTYPES
 from .._golden import (BenchRun, BenchSpec, Case, CheckSpec, bench_data, counts_matrix, displs, rank_data,
                        register_bench, register_check, torch_view)
+from .._numeric import copy_pairs
 from .._params import CommParam
 from .._plan import Call, Plan
-from ._base import Operation, pack, unpack
+from ._base import Operation, pack
 
 
 __all__ = ["AllGatherOperation", "AllGatherParam", "AllGatherVOperation", "AllGatherVParam"]
@@ -97,7 +98,7 @@ class AllGatherOperation(Operation):
         for c in calls:                   # call k's block of every rank's row of the merged gather
             pairs.append((c.out.reshape(n, c.x.size), sout[:, pos:pos + c.x.size]))
             pos += c.x.size
-        go.local(unpack, pairs)
+        go.local(copy_pairs, pairs)
 
 
 class AllGatherVOperation(Operation):

@@ -12,9 +12,8 @@ from .._golden import (TORCH_OPS, BenchRun, BenchSpec, Case, CheckSpec, bench_da
 from .._params import ReduceTypeParam
 from .. import _shm
 from .._plan import Call, Plan
-from .._numeric import from_f32, to_f32
-from ._base import (ReduceTypeOperation, alltoall_reduce, pack, prefix, reduce_scatter, scatter_pairs, split_even,
-                    unpack)
+from .._numeric import copy_pairs, from_f32, to_f32
+from ._base import ReduceTypeOperation, alltoall_reduce, pack, prefix, reduce_scatter, scatter_pairs, split_even
 
 #: float16/bfloat16 AllReduce of at most this many bytes: cast to float32, one native float32
 #: Allreduce, cast back (one collective beats two at small sizes); above: the AllToAll path.
@@ -110,7 +109,7 @@ class AllReduceOperation(ReduceTypeOperation):
                 go.local(np.copyto, c.x, c.src)
         go.local(pack, [c.x.reshape(-1) for c in calls], staging)
         reduce_pieces(go, self._lib, staging, staging, dt, self._rop)
-        go.local(unpack, scatter_pairs(staging, [c.out for c in calls]))
+        go.local(copy_pairs, scatter_pairs(staging, [c.out for c in calls]))
 
 
 def reduce_pieces(go, comm, x: np.ndarray, out: np.ndarray | None, dt, rop, root: int | None = None,

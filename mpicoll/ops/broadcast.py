@@ -9,9 +9,10 @@ from .. import _shm
 from .. import _validate as V
 from .._dtypes import DTYPES
 from .._golden import BenchRun, BenchSpec, Case, CheckSpec, bench_data, rank_data, register_bench, register_check, torch_view
+from .._numeric import copy_pairs
 from .._params import CommParam
 from .._plan import Call, Plan
-from ._base import Operation, pack, scatter_pairs, unpack
+from ._base import Operation, pack, scatter_pairs
 
 
 __all__ = ["BroadcastOperation", "BroadcastParam"]
@@ -82,7 +83,7 @@ class BroadcastOperation(Operation):
             go.local(pack, [x.reshape(-1) for x in xs], staging)
         go.mpi(self._lib, "Bcast", [staging, calls[0].dt.mpi], self._root)
         if self.rank != self._root:
-            go.local(unpack, scatter_pairs(staging, xs))
+            go.local(copy_pairs, scatter_pairs(staging, xs))
 
 
 _SHAPES = {"small": (4, 3), "zero": (0,), "scalar": (), "large": (300_001,)}
