@@ -28,6 +28,7 @@ import os
 import sys
 import threading
 import time
+import warnings
 import zlib
 from functools import partial
 from typing import Any, Callable
@@ -166,13 +167,20 @@ class LibComm:
     def node_window(self):
         """This communicator's shared window (:class:`mpicoll._shm.NodeWindow`), made on first use:
         collective over the members, which all reach it at the same call (it is made from an
-        ``issue`` choice on agreed facts). Freed by :meth:`close`."""
+        ``issue`` choice on agreed facts). Freed by :meth:`close`. None (for good, on every member,
+        with a ``RuntimeWarning``) where the node's shared memory cannot hold it: the reductions
+        then take MPI's path."""
         if self._node is None:
             from ._shm import NodeWindow
             self.meet("make its shared window (a rank never made its first large reduction there)")
-            self._node = NodeWindow(self)
-            self._hold_open()
-        return self._node
+            node = NodeWindow(self)
+            self._node = node if not node.short else False
+            if node.short:
+                warnings.warn(f"mpicoll: {node.short}; its reductions take MPI's path instead "
+                              "(MPICOLL_SHM=0 says so without trying)", RuntimeWarning)
+            else:
+                self._hold_open()
+        return self._node or None
 
     def meet(self, what: str) -> None:
         """A Barrier under the watchdog before a collective set-up step that is not timed itself
@@ -354,7 +362,7 @@ class LibComm:
         with LOCK:
             if self in _OPEN:
                 _OPEN.remove(self)
-        if self._node is not None:
+        if self._node:
             self._node.free()              # (kept, freed: a plan still holding it raises, not crashes)
         for buf in self.buffers:
             buf.free()

@@ -26,6 +26,8 @@ same rounds in the same order, and a started run holds a call's steps together
 One window per communicator, ``2 * SLOT_BYTES`` per rank, made (collectively) by the first call
 that needs it and freed with the communicator (or at exit). MPI owns the memory: MPICH unlinks its
 backing file once every rank has mapped it, so nothing is left in ``/dev/shm`` however the job ends.
+Where ``/dev/shm`` cannot hold the window (agreed, :class:`_Shared`), it is not made: the
+communicator's reductions take MPI's path, with a ``RuntimeWarning``.
 
 Inputs that live in shared memory already (:func:`node_buffer`: a window of its own, allocated by
 the user once) skip the copies in: when every rank's input is the same place of the same node buffer
@@ -36,6 +38,10 @@ copy once, straight from the peers' (:func:`gather`); of private arrays they sta
 """
 from __future__ import annotations
 
+import ctypes
+import errno
+import mmap
+import os
 import time
 from typing import TYPE_CHECKING, Any
 
@@ -45,7 +51,7 @@ from mpi4py import MPI
 from . import _validate as V
 from ._dtypes import lookup
 from . import _watchdog
-from ._errors import CollectiveError, agree, arg_error, as_collective_error
+from ._errors import CollectiveError, agree, agreed, arg_error, as_collective_error
 from ._numeric import copy_pairs, reduce_rows, stream_copy
 
 if TYPE_CHECKING:
@@ -85,6 +91,10 @@ ONE_SHOT_BYTES = 512 * 1024
 PROBE_EVERY = 128
 PROBE_LEN = 8
 PROBE_BYTES = 64 * 1024
+#: ``madvise`` advice that gives a range its pages now, and fails (EFAULT, ENOMEM) where a store
+#: would raise SIGBUS: Linux 5.14 on (older kernels and other systems say EINVAL: not checked there)
+MADV_POPULATE_WRITE = 23
+_LIBC = ctypes.CDLL(None, use_errno=True)
 #: An AllGather from node buffers (:func:`node_buffer`) copies straight from the peers' buffers,
 #: once, when its output is between these sizes. Measured against raw MPICH's call (2 ranks, output
 #: size): 0.42x at 64 KiB, 0.14-0.15x at 1-4 MiB, 0.50x at 16 MiB, 0.63x at 32 MiB, but 1.20x at
@@ -98,8 +108,46 @@ BROADCAST_BYTES = 64 * 1024
 
 def serves(comm: LibComm, nbytes: int, threshold: int) -> bool:
     """Whether a reduction of ``nbytes`` (the same on every rank) on ``comm`` goes through its node
-    window: every member on one node (agreed), more than one member, at least ``threshold`` bytes."""
-    return comm.local and comm.size > 1 and nbytes >= threshold
+    window: every member on one node (agreed), more than one member, at least ``threshold`` bytes,
+    and the window could be made (here, by the first call that needs it: :meth:`LibComm.node_window`)."""
+    return comm.local and comm.size > 1 and nbytes >= threshold and comm.node_window() is not None
+
+
+def _back(seg: np.ndarray) -> int:
+    """Give this member's part of a shared window its pages now (``MADV_POPULATE_WRITE``); 0 when
+    it has them (or the kernel cannot tell), else the errno."""
+    if not seg.nbytes:
+        return 0
+    start = seg.ctypes.data // mmap.PAGESIZE * mmap.PAGESIZE
+    size = seg.ctypes.data + seg.nbytes - start
+    if _LIBC.madvise(ctypes.c_void_p(start), ctypes.c_size_t(size), MADV_POPULATE_WRITE) == 0:
+        return 0
+    err = ctypes.get_errno()
+    return 0 if err == errno.EINVAL else err
+
+
+def _room() -> float:
+    """Bytes free in the node's shared memory (``/dev/shm``; where there is none: no limit known)."""
+    try:
+        st = os.statvfs("/dev/shm")
+    except OSError:
+        return float("inf")
+    return st.f_bavail * st.f_frsize
+
+
+def _agree(comm: LibComm, err: int, nbytes: int, what: str) -> str:
+    """Gather every member's ``err`` (0: fine) about a shared allocation of ``nbytes`` per member:
+    why it cannot be had (the same message on every member), or ""."""
+    errs = np.empty(comm.size, dtype=np.int64)
+    comm.call("Allgather", ([np.array([err], dtype=np.int64), MPI.INT64_T], [errs, MPI.INT64_T]),
+              _watchdog.timeout_default(), (what, None, "the check of its shared memory (an internal MPI Allgather)"))
+    if not errs.any():
+        return ""
+    r = int(np.flatnonzero(errs)[0])
+    why = "no room for its pages" if errs[r] == errno.EFAULT else os.strerror(int(errs[r]))
+    return (f"the node's shared memory (/dev/shm) cannot hold a {what} of {nbytes} bytes per member of "
+            f"{comm.label} (rank {r}: {why}): it is too small or full (a container's default is 64 MiB: "
+            "docker run --shm-size)")
 
 
 class _Shared:
@@ -107,11 +155,22 @@ class _Shared:
     ``segments[r]`` is member r's part, mapped here; every member holds a passive-target epoch on
     ``win`` from the start, so that ``Win.Sync`` may order the stores and loads."""
 
-    def __init__(self, comm: LibComm, nbytes: int) -> None:
+    def __init__(self, comm: LibComm, nbytes: int, what: str) -> None:
         self.label = comm.label
-        self.win = MPI.Win.Allocate_shared(nbytes, 1, comm=comm.mpi)
-        self.win.Lock_all(MPI.MODE_NOCHECK)
-        self.segments = [np.frombuffer(self.win.Shared_query(r)[0], dtype=np.uint8) for r in range(comm.size)]
+        self.win, self.segments = None, []
+        # The node's shared memory (/dev/shm) may be too small (a container's: 64 MiB). Open MPI's
+        # Allocate_shared then fails on one rank and leaves the others waiting in it; MPICH's maps
+        # the memory before the node has it, and the first store into a page it cannot give ends
+        # the process (SIGBUS). So the members agree that there is room, and after allocating, each
+        # asks for its pages (``_back``) and they agree again.
+        self.short = _agree(comm, 0 if _room() >= nbytes * comm.size else errno.ENOSPC, nbytes, what)
+        if not self.short:
+            self.win = MPI.Win.Allocate_shared(nbytes, 1, comm=comm.mpi)
+            self.win.Lock_all(MPI.MODE_NOCHECK)
+            self.segments = [np.frombuffer(self.win.Shared_query(r)[0], dtype=np.uint8) for r in range(comm.size)]
+            self.short = _agree(comm, _back(self.segments[comm.rank]), nbytes, what)
+            if self.short:
+                self.free()
 
     def free(self) -> None:
         """Free the window (collective over the members); a plan that still holds it raises."""
@@ -133,7 +192,7 @@ class NodeWindow(_Shared):
 
     def __init__(self, comm: LibComm) -> None:
         self.slot_bytes = max(SLOT_BYTES // 64 * 64, 64 * comm.size)   # (every dtype's multiple; >= n elements)
-        super().__init__(comm, 2 * self.slot_bytes)
+        super().__init__(comm, 2 * self.slot_bytes, "shared window")
         self.half = 0
         self.plain = False              # the kind of copy in use (False: streamed)
         self._cost = [0.0, 0.0]         # seconds per byte lately: streamed, plain (0: not measured yet)
@@ -207,9 +266,9 @@ class NodeBuffer(_Shared):
     communicator (``LibComm.buffers``); ``base``: where this member's part starts here."""
 
     def __init__(self, comm: LibComm, nbytes: int) -> None:
-        super().__init__(comm, nbytes)
+        super().__init__(comm, nbytes, "node buffer")
         self.nbytes = nbytes
-        self.base = self.segments[comm.rank].ctypes.data if nbytes else 0
+        self.base = self.segments[comm.rank].ctypes.data if nbytes and not self.short else 0
 
     def views(self, offset: int, sizes: list[int], dtype: np.dtype) -> list[np.ndarray]:
         """Member r's bytes ``[offset, offset + sizes[r])`` of its part, as flat arrays of ``dtype``."""
@@ -234,7 +293,8 @@ def node_buffer(shape: int | tuple, dtype: Any = np.float32, comm: MPI.Comm | No
     the communicator (the world's: until exit); after that the array points at unmapped memory
     (touching it crashes the process; a plan that reads it in place raises). Where the members span
     several nodes (or the window is off: ``MPICOLL_SHM=0``), an ordinary array. Its content is not
-    initialised.
+    initialised. Where the node's shared memory (/dev/shm) cannot hold it, every member raises
+    ``CollectiveError`` (``param`` "shape").
 
     Args:
         shape, dtype: the array's (every dtype mpicoll knows).
@@ -260,6 +320,8 @@ def node_buffer(shape: int | tuple, dtype: Any = np.float32, comm: MPI.Comm | No
                               "one communicator holds: reuse them", op="node_buffer", param="shape")
     nbytes = int(np.prod(shape, dtype=np.int64)) * dt.itemsize
     buf = NodeBuffer(lib, nbytes)
+    if buf.short:
+        raise agreed(CollectiveError(f"node_buffer: {buf.short}", op="node_buffer", param="shape"), lib.world_ranks)
     lib.add_buffer(buf)
     return buf.segments[lib.rank][:nbytes].view(dt.np).reshape(shape)
 

@@ -23,7 +23,7 @@ from mpicoll._domains import user_comm
 from mpicoll._dtypes import DTYPES, REDUCE_OPS
 from mpicoll._golden import SEED, count_wrong, golden_reduce, rank_data
 
-from _mpi import RANK, SIZE, WORLD, launch_env, mpirun, raises_everywhere
+from _mpi import OPEN_MPI, RANK, SIZE, WORLD, launch_env, mpirun, raises_everywhere
 
 mpi1 = pytest.mark.mpi(min_size=1)
 mpi2 = pytest.mark.mpi(min_size=2)
@@ -53,7 +53,7 @@ def sizes(itemsize: int) -> list[int]:
 
 
 def used_window(comm) -> bool:
-    return user_comm(comm)._node is not None
+    return bool(user_comm(comm)._node)
 
 
 @mpi1
@@ -241,7 +241,7 @@ JOB = """
     x = mpicoll.node_buffer(1 << 20, np.float32)       # (a node buffer too: its own shared window)
     x[:] = 1
     assert op.execute(x)[0] == MPI.COMM_WORLD.Get_size()
-    print("WINDOW_ON" if mpicoll._domains.world()._node is not None else "WINDOW_OFF", flush=True)
+    print("WINDOW_ON" if mpicoll._domains.world()._node else "WINDOW_OFF", flush=True)
     how = {how!r}
     if how == "raise":
         raise RuntimeError("boom on every rank")
@@ -281,6 +281,64 @@ def test_a_rank_that_never_arrives_times_out_naming_the_operator(tmp_path):
     assert res.returncode != 0, out
     assert "AllReduce: timed out after 2 s on rank 0" in out and "waiting in MPI Barrier" in out, out
     assert "ranks that did not arrive: [1]" in out, out
+
+
+SMALL_SHM_JOB = """
+    import warnings
+    import numpy as np
+    from mpi4py import MPI
+    import mpicoll
+    from mpicoll import _shm
+    _shm.SLOT_BYTES = 8 << 20                       # (a window of 16 MiB per rank: more than /dev/shm holds)
+    if {pages!r}:
+        _shm._room = lambda: float("inf")           # (past the check of room: the pages themselves fail)
+    n = MPI.COMM_WORLD.Get_size()
+    x = np.arange(1 << 18, dtype=np.float32)
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        y = mpicoll.AllReduceOperation(mpicoll.AllReduceParam(reduce_type="sum")).execute(x)
+        z = mpicoll.ReduceScatterOperation(mpicoll.ReduceScatterParam(reduce_type="sum")).execute(x)
+    assert np.array_equal(y, x * n) and np.array_equal(z, (x * n).reshape(n, -1)[MPI.COMM_WORLD.Get_rank()])
+    assert len(caught) == 1 and "MPI's path" in str(caught[0].message), [str(w.message) for w in caught]
+    print(f"WARNED {{caught[0].message}}", flush=True)
+    try:
+        mpicoll.node_buffer(64 << 20, np.float32)
+    except mpicoll.CollectiveError as exc:
+        assert exc.param == "shape", exc
+        print(f"RAISED {{exc}}", flush=True)
+    b = mpicoll.node_buffer(1024, np.float32)       # (a small one still fits)
+    b[:] = 1
+    assert mpicoll.AllReduceOperation(mpicoll.AllReduceParam()).execute(b)[0] == n
+"""
+
+
+def small_dev_shm(cmd: list[str], size: str) -> list[str]:
+    """``cmd`` in a mount namespace of its own whose /dev/shm is a tmpfs of ``size``."""
+    return ["unshare", "-m", "sh", "-c", f'mount -t tmpfs -o size={size} tmpfs /dev/shm && exec "$@"', "sh", *cmd]
+
+
+@pytest.mark.skipif(RANK != 0, reason="one job, launched from rank 0")
+@pytest.mark.parametrize("pages", [False, True], ids=["no-room", "no-pages"])
+def test_a_small_dev_shm_gives_mpis_path_and_node_buffers_raise(tmp_path, pages):
+    """Where /dev/shm cannot hold the window (a container's 64 MiB), the reductions take MPI's
+    path with a warning on every rank, a node buffer too large raises on every rank: no SIGBUS,
+    no hang. ``no-pages``: past the check of room, MPI maps the window and the pages themselves
+    fail (MPICH's sparse file)."""
+    if subprocess.run(small_dev_shm(["true"], "1m"), capture_output=True).returncode:
+        pytest.skip("needs a mount namespace of its own (unshare -m, as root) for a small /dev/shm")
+    if pages and OPEN_MPI:
+        pytest.skip("Open MPI's Allocate_shared fails on one rank and leaves the others in it: the room is "
+                    "checked before (the no-room case)")
+    script = tmp_path / "job.py"
+    script.write_text(textwrap.dedent(SMALL_SHM_JOB.format(pages=pages)))
+    env = {k: v for k, v in launch_env().items() if not k.startswith("MPICOLL_")}
+    res = subprocess.run(small_dev_shm(mpirun(2, sys.executable, "-m", "mpi4py", str(script)), "12m"),
+                         capture_output=True, text=True, timeout=90, env=env)
+    out = res.stdout + res.stderr
+    assert res.returncode == 0, out
+    why = "no room for its pages" if pages else "No space left on device"
+    assert out.count("WARNED") == 2 and "shared window of 16777216 bytes per member" in out and why in out, out
+    assert out.count("RAISED") == 2 and "node_buffer: the node's shared memory (/dev/shm) cannot hold a node buffer" in out, out
 
 
 @mpi1
