@@ -176,8 +176,8 @@ class LibComm:
             node = NodeWindow(self)
             self._node = node if not node.short else False
             if node.short:
-                warnings.warn(f"mpicoll: {node.short}; its reductions take MPI's path instead "
-                              "(MPICOLL_SHM=0 says so without trying)", RuntimeWarning)
+                warnings.warn(f"mpicoll: {node.short}; its reductions take MPI's path instead (MPICOLL_SHM=0 "
+                              "skips the attempt; it also turns node buffers and tiers off)", RuntimeWarning)
             else:
                 self._hold_open()
         return self._node or None

@@ -94,7 +94,6 @@ PROBE_BYTES = 64 * 1024
 #: ``madvise`` advice that gives a range its pages now, and fails (EFAULT, ENOMEM) where a store
 #: would raise SIGBUS: Linux 5.14 on (older kernels and other systems say EINVAL: not checked there)
 MADV_POPULATE_WRITE = 23
-_LIBC = ctypes.CDLL(None, use_errno=True)
 #: An AllGather from node buffers (:func:`node_buffer`) copies straight from the peers' buffers,
 #: once, when its output is between these sizes. Measured against raw MPICH's call (2 ranks, output
 #: size): 0.42x at 64 KiB, 0.14-0.15x at 1-4 MiB, 0.50x at 16 MiB, 0.63x at 32 MiB, but 1.20x at
@@ -106,21 +105,26 @@ GATHER_BYTES = (64 * 1024, 32 * 1024 * 1024)
 BROADCAST_BYTES = 64 * 1024
 
 
-def serves(comm: LibComm, nbytes: int, threshold: int) -> bool:
+def serves(comm: LibComm, nbytes: int, threshold: int, window: bool = True) -> bool:
     """Whether a reduction of ``nbytes`` (the same on every rank) on ``comm`` goes through its node
     window: every member on one node (agreed), more than one member, at least ``threshold`` bytes,
-    and the window could be made (here, by the first call that needs it: :meth:`LibComm.node_window`)."""
-    return comm.local and comm.size > 1 and nbytes >= threshold and comm.node_window() is not None
+    and, where the call needs the window (``window``: a ReduceScatter from node buffers does not),
+    the window could be made (here, by the first call that needs it: :meth:`LibComm.node_window`)."""
+    return comm.local and comm.size > 1 and nbytes >= threshold and (not window or comm.node_window() is not None)
 
 
 def _back(seg: np.ndarray) -> int:
     """Give this member's part of a shared window its pages now (``MADV_POPULATE_WRITE``); 0 when
     it has them (or the kernel cannot tell), else the errno."""
+    try:
+        madvise = ctypes.CDLL(None, use_errno=True).madvise
+    except (OSError, TypeError, AttributeError):        # (no C library to ask: not checked)
+        return 0
     if not seg.nbytes:
         return 0
-    start = seg.ctypes.data // mmap.PAGESIZE * mmap.PAGESIZE
+    start = seg.ctypes.data // mmap.PAGESIZE * mmap.PAGESIZE     # (madvise takes whole pages)
     size = seg.ctypes.data + seg.nbytes - start
-    if _LIBC.madvise(ctypes.c_void_p(start), ctypes.c_size_t(size), MADV_POPULATE_WRITE) == 0:
+    if madvise(ctypes.c_void_p(start), ctypes.c_size_t(size), MADV_POPULATE_WRITE) == 0:
         return 0
     err = ctypes.get_errno()
     return 0 if err == errno.EINVAL else err
@@ -138,9 +142,10 @@ def _room() -> float:
 def _agree(comm: LibComm, err: int, nbytes: int, what: str) -> str:
     """Gather every member's ``err`` (0: fine) about a shared allocation of ``nbytes`` per member:
     why it cannot be had (the same message on every member), or ""."""
+    from ._comm import timed_call
     errs = np.empty(comm.size, dtype=np.int64)
-    comm.call("Allgather", ([np.array([err], dtype=np.int64), MPI.INT64_T], [errs, MPI.INT64_T]),
-              _watchdog.timeout_default(), (what, None, "the check of its shared memory (an internal MPI Allgather)"))
+    timed_call(comm.mpi, "Allgather", ([np.array([err], dtype=np.int64), MPI.INT64_T], [errs, MPI.INT64_T]),
+               _watchdog.timeout_default(), lambda: f"{comm.label}: timed out agreeing where its {what} fits")
     if not errs.any():
         return ""
     r = int(np.flatnonzero(errs)[0])

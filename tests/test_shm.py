@@ -306,9 +306,11 @@ SMALL_SHM_JOB = """
     except mpicoll.CollectiveError as exc:
         assert exc.param == "shape", exc
         print(f"RAISED {{exc}}", flush=True)
-    b = mpicoll.node_buffer(1024, np.float32)       # (a small one still fits)
-    b[:] = 1
+    b = mpicoll.node_buffer(1 << 16, np.float32)    # (a small one still fits; a ReduceScatter from it
+    b[:] = 1                                        # needs no window)
     assert mpicoll.AllReduceOperation(mpicoll.AllReduceParam()).execute(b)[0] == n
+    plan = mpicoll.ReduceScatterOperation(mpicoll.ReduceScatterParam()).prepare(b, out=np.empty(b.size // n, np.float32))
+    assert (plan.run() == n).all()
 """
 
 

@@ -565,7 +565,7 @@ def reduce_scatter(go: Any, comm: LibComm, blocks: np.ndarray, counts: list[int]
     """
     equal = counts.count(counts[0]) == len(counts)
     if packed_everywhere and block_type is None and _shm.serves(comm, sum(counts) * dt.itemsize,
-                                                                _shm.REDUCE_SCATTER_BYTES):
+                                                                _shm.REDUCE_SCATTER_BYTES, inputs is None):
         _shm.reduce_scatter(go, comm, blocks, counts, dt, rop, out, inputs)     # one node: the shared window
         return
     if dt.reduce == "native" and packed_everywhere:
