@@ -526,7 +526,10 @@ def test_a_plan_on_a_freed_node_buffer_raises():
 @pytest.mark.parametrize("dtype", ["bfloat16", "float32", "int8"])
 def test_streamed_and_plain_copies_give_the_same_bits(comm, dtype, monkeypatch):
     """Copies into the window take the other kind for 8 of every 16 (PROBE_EVERY, PROBE_LEN), the
-    warm ones timed: the results stay bit-identical, and both kinds were measured."""
+    warm ones timed; AllReduce outputs of a slot and more are copied out streamed
+    (STREAM_OUT_BYTES), smaller ones plainly: the results stay bit-identical, and both kinds were
+    measured."""
+    monkeypatch.setattr(_shm, "STREAM_OUT_BYTES", SLOT)
     monkeypatch.setattr(_shm, "PROBE_EVERY", 16)
     monkeypatch.setattr(_shm, "PROBE_LEN", 8)
     monkeypatch.setattr(_shm, "PROBE_BYTES", 1)
