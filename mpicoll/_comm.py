@@ -176,8 +176,11 @@ class LibComm:
             node = NodeWindow(self)
             self._node = node if not node.short else False
             if node.short:
-                warnings.warn(f"mpicoll: {node.short}; its reductions take MPI's path instead (MPICOLL_SHM=0 "
-                              "skips the attempt; it also turns node buffers and tiers off)", RuntimeWarning)
+                # (the same text for every communicator: Python shows it once per process by default,
+                # and under -W error every member raises it alike)
+                warnings.warn(f"mpicoll: {node.short}; reductions on communicators whose window it cannot hold "
+                              "take MPI's path instead (MPICOLL_SHM=0 skips the attempt; it also turns node "
+                              "buffers and tiers off)", RuntimeWarning)
             else:
                 self._hold_open()
         return self._node or None

@@ -94,10 +94,11 @@ PROBE_LEN = 8
 PROBE_BYTES = 64 * 1024
 #: An AllReduce's reduced blocks are copied out of the window with stores that bypass the cache when
 #: its output has at least this many bytes (plainly below). Measured, streamed over plain copies
-#: out, float32, medians of 7 interleaved repetitions: 4 ranks 0.94x at 8 MiB, 0.74-0.83x at 16-64
-#: MiB (3 runs; one 64 MiB run 1.04x), 0.92-0.93x at 4 MiB; 3 ranks 0.76-0.91x at 16-64 MiB; 2 ranks
-#: 0.88-0.95x at 8-64 MiB (bfloat16 0.90-0.97x at 16-64 MiB), but 1.12x at 4 MiB and 1.04-1.39x at
-#: 1 MiB (2-4 ranks). Plain stores into an output larger than the cache read every line first.
+#: out, float32, medians of 7 interleaved repetitions per run (1-2 runs): 4 ranks 0.94x at 8 MiB,
+#: 0.74-0.83x at 16-64 MiB (one 64 MiB run 1.04x), 0.92-0.93x at 4 MiB; 3 ranks 0.76-0.91x at 16-64
+#: MiB; 2 ranks 0.88-0.95x at 8-64 MiB (one 64 MiB run 1.02x; bfloat16 0.90-0.97x at 16-64 MiB), but
+#: 1.12x at 4 MiB and 1.04-1.39x at 1 MiB (2-4 ranks). Plain stores into an output larger than the
+#: cache read every line first.
 STREAM_OUT_BYTES = 8 * 1024 * 1024
 #: ``madvise`` advice that gives a range its pages now, and fails (EFAULT, ENOMEM) where a store
 #: would raise SIGBUS: Linux 5.14 on (older kernels and other systems say EINVAL: not checked there)
@@ -149,18 +150,17 @@ def _room() -> float:
 
 def _agree(comm: LibComm, err: int, nbytes: int, what: str) -> str:
     """Gather every member's ``err`` (0: fine) about a shared allocation of ``nbytes`` per member:
-    why it cannot be had (the same message on every member), or ""."""
+    why it cannot be had (the same message on every member, and for every communicator), or ""."""
     from ._comm import timed_call
     errs = np.empty(comm.size, dtype=np.int64)
     timed_call(comm.mpi, "Allgather", ([np.array([err], dtype=np.int64), MPI.INT64_T], [errs, MPI.INT64_T]),
                _watchdog.timeout_default(), lambda: f"{comm.label}: timed out agreeing where its {what} fits")
     if not errs.any():
         return ""
-    r = int(np.flatnonzero(errs)[0])
-    why = "no room for its pages" if errs[r] == errno.EFAULT else os.strerror(int(errs[r]))
-    return (f"the node's shared memory (/dev/shm) cannot hold a {what} of {nbytes} bytes per member of "
-            f"{comm.label} (rank {r}: {why}): it is too small or full (a container's default is 64 MiB: "
-            "docker run --shm-size)")
+    err = int(errs[np.flatnonzero(errs)[0]])
+    why = "no room for its pages" if err == errno.EFAULT else os.strerror(err)
+    return (f"the node's shared memory (/dev/shm) cannot hold a {what} of {nbytes} bytes per member ({why}): "
+            "it is too small or full (a container's default is 64 MiB: docker run --shm-size)")
 
 
 class _Shared:
@@ -310,8 +310,9 @@ def node_buffer(shape: int | tuple, dtype: Any = np.float32, comm: MPI.Comm | No
     the communicator (the world's: until exit); after that the array points at unmapped memory
     (touching it crashes the process; a plan that reads it in place raises). Where the members span
     several nodes (or the window is off: ``MPICOLL_SHM=0``), an ordinary array. Its content is not
-    initialised. Where the node's shared memory (/dev/shm) cannot hold it, every member raises
-    ``CollectiveError`` (``param`` "shape").
+    initialised, but its pages are the node's from the start (asked for at once, so that a node
+    whose shared memory, /dev/shm, cannot hold it fails here: every member raises
+    ``CollectiveError``, ``param`` "shape", instead of a SIGBUS at the first store).
 
     Args:
         shape, dtype: the array's (every dtype mpicoll knows).
@@ -338,7 +339,8 @@ def node_buffer(shape: int | tuple, dtype: Any = np.float32, comm: MPI.Comm | No
     nbytes = int(np.prod(shape, dtype=np.int64)) * dt.itemsize
     buf = NodeBuffer(lib, nbytes)
     if buf.short:
-        raise agreed(CollectiveError(f"node_buffer: {buf.short}", op="node_buffer", param="shape"), lib.world_ranks)
+        raise agreed(CollectiveError(f"node_buffer on {lib.label}: {buf.short}", op="node_buffer", param="shape"),
+                     lib.world_ranks)
     lib.add_buffer(buf)
     return buf.segments[lib.rank][:nbytes].view(dt.np).reshape(shape)
 

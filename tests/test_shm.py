@@ -340,7 +340,8 @@ def test_a_small_dev_shm_gives_mpis_path_and_node_buffers_raise(tmp_path, pages)
     assert res.returncode == 0, out
     why = "no room for its pages" if pages else "No space left on device"
     assert out.count("WARNED") == 2 and "shared window of 16777216 bytes per member" in out and why in out, out
-    assert out.count("RAISED") == 2 and "node_buffer: the node's shared memory (/dev/shm) cannot hold a node buffer" in out, out
+    raised = "node_buffer on the world (mpicoll.world): the node's shared memory (/dev/shm) cannot hold a node buffer"
+    assert out.count("RAISED") == 2 and raised in out, out
 
 
 @mpi1
@@ -533,6 +534,10 @@ def test_streamed_and_plain_copies_give_the_same_bits(comm, dtype, monkeypatch):
     monkeypatch.setattr(_shm, "PROBE_EVERY", 16)
     monkeypatch.setattr(_shm, "PROBE_LEN", 8)
     monkeypatch.setattr(_shm, "PROBE_BYTES", 1)
+    kinds_out: set = set()
+    get = _shm.NodeWindow.get
+    monkeypatch.setattr(_shm.NodeWindow, "get",
+                        lambda self, pairs, stream: (kinds_out.add(stream), get(self, pairs, stream))[1])
     dt = DTYPES[dtype]
     op = mpicoll.AllReduceOperation(mpicoll.AllReduceParam(comm=comm, reduce_type="sum"))
     rs = mpicoll.ReduceScatterOperation(mpicoll.ReduceScatterParam(comm=comm, reduce_type="sum"))
@@ -544,6 +549,7 @@ def test_streamed_and_plain_copies_give_the_same_bits(comm, dtype, monkeypatch):
             assert count_wrong(op.execute(xs[RANK]), golden) == 0, size
             assert count_wrong(rs.execute(xs[RANK]), golden[RANK * size:(RANK + 1) * size]) == 0, size
     assert all(user_comm(comm).node_window()._cost)
+    assert kinds_out == ({False, True} if _shm.ONE_SHOT_BYTES == 0 else {True}), kinds_out    # (one shot: no copy out)
 
 
 @mpi1
