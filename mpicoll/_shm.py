@@ -157,8 +157,8 @@ def _agree(comm: LibComm, err: int, nbytes: int, what: str) -> str:
                _watchdog.timeout_default(), lambda: f"{comm.label}: timed out agreeing where its {what} fits")
     if not errs.any():
         return ""
-    err = int(errs[np.flatnonzero(errs)[0]])
-    why = "no room for its pages" if err == errno.EFAULT else os.strerror(err)
+    first = int(errs[np.flatnonzero(errs)[0]])                  # (the lowest failing member's)
+    why = "no room for its pages" if first == errno.EFAULT else os.strerror(first)
     return (f"the node's shared memory (/dev/shm) cannot hold a {what} of {nbytes} bytes per member ({why}): "
             "it is too small or full (a container's default is 64 MiB: docker run --shm-size)")
 
