@@ -174,14 +174,15 @@ class LibComm:
             from ._shm import NodeWindow
             self.meet("make its shared window (a rank never made its first large reduction there)")
             node = NodeWindow(self)
-            self._node = node if not node.short else False
             if node.short:
+                self._node = False
                 # (the same text for every communicator: Python shows it once per process by default,
                 # and under -W error every member raises it alike)
                 warnings.warn(f"mpicoll: {node.short}; reductions on communicators whose window it cannot hold "
                               "take MPI's path instead (MPICOLL_SHM=0 skips the attempt; it also turns node "
                               "buffers and tiers off)", RuntimeWarning)
             else:
+                self._node = node
                 self._hold_open()
         return self._node or None
 

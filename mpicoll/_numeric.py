@@ -67,11 +67,13 @@ def from_f32(acc: np.ndarray, out: np.ndarray) -> np.ndarray:
     return out
 
 
-def copy_pairs(pairs: list[tuple[np.ndarray, np.ndarray]]) -> None:
-    """``np.copyto(dst, src)`` for each ``(dst, src)`` pair: a staging buffer's parts back into their
-    arrays (``ops._base.scatter_pairs``), blocks out of a shared window (mpicoll._shm)."""
+def copy_pairs(pairs: list[tuple[np.ndarray, np.ndarray]], stream: bool = False) -> None:
+    """``np.copyto(dst, src)`` for each ``(dst, src)`` pair (``stream``: :func:`stream_copy`): a
+    staging buffer's parts back into their arrays (``ops._base.scatter_pairs``), blocks into and
+    out of a shared window (mpicoll._shm)."""
+    copy = stream_copy if stream else np.copyto
     for dst, src in pairs:
-        np.copyto(dst, src)
+        copy(dst, src)
 
 
 def stream_copy(dst: np.ndarray, src: np.ndarray) -> None:

@@ -53,7 +53,7 @@ from . import _validate as V
 from ._dtypes import lookup
 from . import _watchdog
 from ._errors import CollectiveError, agree, agreed, arg_error, as_collective_error
-from ._numeric import copy_pairs, reduce_rows, stream_copy
+from ._numeric import copy_pairs, reduce_rows
 
 if TYPE_CHECKING:
     from ._comm import LibComm
@@ -232,11 +232,7 @@ class NodeWindow(_Shared):
         probe = k >= PROBE_EVERY - PROBE_LEN
         plain = self.plain != probe
         t = time.perf_counter()
-        for dst, src in pairs:
-            if plain:
-                np.copyto(dst, src)
-            else:
-                stream_copy(dst, src)
+        copy_pairs(pairs, stream=not plain)
         nbytes = sum(dst.nbytes for dst, _ in pairs)
         at = next((dst.ctypes.data for dst, _ in pairs if dst.size), 0)     # (where this copy begins)
         warm = self._last.get(at) == plain
@@ -268,11 +264,7 @@ class NodeWindow(_Shared):
     def get(self, pairs: tuple[list, list], stream: bool) -> None:
         """Copy the reduced blocks out (after a Barrier); ``stream``: with streamed stores."""
         self.win.Sync()
-        if stream:
-            for dst, src in pairs[self.half]:
-                stream_copy(dst, src)
-        else:
-            copy_pairs(pairs[self.half])
+        copy_pairs(pairs[self.half], stream)
 
     def flip(self) -> None:
         self.half ^= 1
