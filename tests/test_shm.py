@@ -344,6 +344,24 @@ def test_a_small_dev_shm_gives_mpis_path_and_node_buffers_raise(tmp_path, pages)
     assert out.count("RAISED") == 2 and raised in out, out
 
 
+@mpi2
+def test_no_room_on_one_rank_only_gives_mpis_path_everywhere(comm, monkeypatch):
+    """Only the last rank finds /dev/shm too small: every rank warns alike, takes MPI's path with
+    the right result, and raises alike for a node buffer; no rank waits for another."""
+    if RANK == SIZE - 1:
+        monkeypatch.setattr(_shm, "_room", lambda: 0)
+    x = rank_data(SEED, "shm/no-room", RANK, SLOT, DTYPES["float32"], "int")
+    golden = golden_reduce([rank_data(SEED, "shm/no-room", r, SLOT, DTYPES["float32"], "int") for r in range(SIZE)],
+                           DTYPES["float32"], REDUCE_OPS["sum"])
+    op = mpicoll.AllReduceOperation(mpicoll.AllReduceParam(comm=comm, reduce_type="sum"))
+    with pytest.warns(RuntimeWarning, match=r"cannot hold a shared window .*No space left on device"):
+        assert count_wrong(op.execute(x), golden) == 0
+    assert user_comm(comm)._node is False and count_wrong(op.execute(x), golden) == 0
+    with pytest.raises(mpicoll.CollectiveError, match="node_buffer on .* cannot hold a node buffer") as err:
+        mpicoll.node_buffer(16, np.float32, comm=comm)
+    assert err.value.param == "shape" and not user_comm(comm).buffers
+
+
 @mpi1
 @pytest.mark.parametrize("dtype", ["int8", "int64", "uint32", "float16", "bfloat16", "float32", "float64"])
 def test_reduce_to_each_root_bit_for_bit(comm, dtype):
