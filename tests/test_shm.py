@@ -289,7 +289,7 @@ SMALL_SHM_JOB = """
     from mpi4py import MPI
     import mpicoll
     from mpicoll import _shm
-    _shm.SLOT_BYTES = {slot}                        # (16 MiB per rank: more than /dev/shm holds; or 6 MiB - 128 KiB:
+    _shm.SLOT_BYTES = {slot}                        # (16 MiB per rank: more than /dev/shm holds; or 6 MiB - 128 KiB,
                                                     # less, but not with Open MPI's 5% more)
     if {pages!r}:
         _shm._room = lambda: float("inf")           # (past the check of room: the pages themselves fail)
@@ -326,7 +326,7 @@ def test_a_small_dev_shm_gives_mpis_path_and_node_buffers_raise(tmp_path, case):
     """Where /dev/shm cannot hold the window (a container's 64 MiB), the reductions take MPI's
     path with a warning on every rank, a node buffer too large raises on every rank: no SIGBUS,
     no hang. ``no-pages``: past the check of room, MPI maps the window and the pages themselves
-    fail (MPICH's sparse file). ``margin``: /dev/shm holds the window's bytes (12.3 of 12 MiB) but
+    fail (MPICH's sparse file). ``margin``: /dev/shm holds the window's bytes (11.75 of 12 MiB) but
     not Open MPI's 5% more, where its Allocate_shared would fail on one rank alone."""
     if subprocess.run(small_dev_shm(["true"], "1m"), capture_output=True).returncode:
         pytest.skip("needs a mount namespace of its own (unshare -m, as root) for a small /dev/shm")
