@@ -11,7 +11,9 @@ dtype and size it interleaves blocks of ``plan.run()`` on a communicator made wi
 MPI path), of the raw mpi4py call (``comm.Allreduce`` / ``comm.Reduce_scatter_block``; none for
 bfloat16, which MPI cannot reduce), and of one core's memcpy of the same bytes (rank 0 alone,
 ``np.copyto``), and (``--buffer``) of a plan whose input is a node buffer (``mpicoll.node_buffer``: read
-in place by the peers), each in turn first, each block timed as the slowest rank's mean. Prints median
+in place by the peers), and (``--floor``) of the first window's plan with its Barriers taken out (its copies
+and reductions alone, every rank at its own pace: the least time that path can take; its results are
+wrong, racing the peers), each in turn first, each block timed as the slowest rank's mean. Prints median
 times, bus bandwidth (nccl-tests' factors: AllReduce 2(n-1)/n, ReduceScatter (n-1)/n of the input bytes)
 over memcpy's bandwidth, and the medians of the ratios paired within a repetition. Plans run with
 validation off: the loop a user writes for speed.
@@ -63,7 +65,15 @@ def make_plan(cls, param_cls, slot: int | None, *args, one_shot: int | None = No
             os.environ["MPICOLL_SHM"] = old
 
 
-def variants(op_name: str, dtype: str, nbytes: int, slots: list[int], one_shots: list[int], buffer: bool) -> dict:
+def without_barriers(plan):
+    """``plan`` with its Barriers taken out, before its first run (``--floor``: timing only)."""
+    from mpicoll._plan import MPI_CALL
+    plan._steps = [s for s in plan._steps if not (s.kind == MPI_CALL and s.name == "Barrier")]
+    return plan
+
+
+def variants(op_name: str, dtype: str, nbytes: int, slots: list[int], one_shots: list[int], buffer: bool,
+             floor: bool) -> dict:
     """name -> a no-argument call, for one operator, dtype and size."""
     n, dt = W.size, DTYPES[dtype]
     count = max(nbytes // dt.itemsize // n, 1) * n
@@ -90,6 +100,8 @@ def variants(op_name: str, dtype: str, nbytes: int, slots: list[int], one_shots:
         resident = mpicoll.node_buffer(x.shape, x.dtype, comm=COMMS[slots[0]])
         resident[:] = x
         out["buffer"] = make_plan(cls, param, slots[0], resident, **kw).run
+    if floor:
+        out["floor"] = without_barriers(make_plan(cls, param, slots[0], x, one_shot=one_shots[0], **kw)).run
     if dt.reduce == "native":
         out["raw"] = raw
     src, dst = x.copy(), np.empty_like(x)
@@ -135,6 +147,8 @@ def main() -> None:
     ap.add_argument("--reps", type=int, default=7)
     ap.add_argument("--json", default=None)
     ap.add_argument("--buffer", action="store_true", help="also a plan whose input is a node buffer")
+    ap.add_argument("--floor", action="store_true", help="also the first window's plan without its Barriers: its "
+                                                         "copies and reductions alone (timing only)")
     ap.add_argument("--tx", action="store_true", help="also the bytes each variant sends from the busiest host, over "
                                                       "the message size (several hosts: the test bed)")
     ap.add_argument("--slot", default=str(mpicoll._shm.SLOT_BYTES),
@@ -154,7 +168,7 @@ def main() -> None:
     slots = (ap_slots * k)[:k]
     one_shots = (ap_shots * k)[:k]
     n, rows = W.size, []
-    wins = [f"window{k}" for k in range(len(slots))] + (["buffer"] if a.buffer else [])
+    wins = [f"window{k}" for k in range(len(slots))] + (["buffer"] if a.buffer else []) + (["floor"] if a.floor else [])
     if W.rank == 0:
         print(f"# mpicoll {mpicoll.__version__}: shared window vs MPI path vs raw mpi4py, {n} ranks, "
               f"{MPI.Get_library_version().splitlines()[0].strip()}; ms = median of the slowest rank's mean")
@@ -168,7 +182,7 @@ def main() -> None:
         for dtype in a.dtypes.split(","):
             for mib in (float(s) for s in a.sizes.split(",")):
                 nbytes = int(mib * 2 ** 20)
-                calls = variants(op_name, dtype, nbytes, slots, one_shots, a.buffer)
+                calls = variants(op_name, dtype, nbytes, slots, one_shots, a.buffer, a.floor)
                 names = list(calls)
                 warm = time.perf_counter() + (3.0 if not rows else 0.0)
                 while True:                                 # warm up (the first time: fresh window memory is
