@@ -12,8 +12,8 @@ MPI path), of the raw mpi4py call (``comm.Allreduce`` / ``comm.Reduce_scatter_bl
 bfloat16, which MPI cannot reduce), and of one core's memcpy of the same bytes (rank 0 alone,
 ``np.copyto``), and (``--buffer``) of a plan whose input is a node buffer (``mpicoll.node_buffer``: read
 in place by the peers), and (``--floor``) of the first window's plan with its Barriers taken out (its copies
-and reductions alone, every rank at its own pace: the least time that path can take; its results are
-wrong, racing the peers), each in turn first, each block timed as the slowest rank's mean. Prints median
+and reductions at each rank's own pace: an estimate of the least time that path can take; its
+results are wrong, racing the peers), each in turn first, each block timed as the slowest rank's mean. Prints median
 times, bus bandwidth (nccl-tests' factors: AllReduce 2(n-1)/n, ReduceScatter (n-1)/n of the input bytes)
 over memcpy's bandwidth, and the medians of the ratios paired within a repetition. Plans run with
 validation off: the loop a user writes for speed.
@@ -173,7 +173,9 @@ def main() -> None:
         print(f"# mpicoll {mpicoll.__version__}: shared window vs MPI path vs raw mpi4py, {n} ranks, "
               f"{MPI.Get_library_version().splitlines()[0].strip()}; ms = median of the slowest rank's mean")
         print("# windows: " + ", ".join(f"{w} = {s} B per rank per round, one shot up to {o} B"
-                                        for w, s, o in zip(wins, slots, one_shots)))
+                                        for w, s, o in zip(wins, slots, one_shots))
+              + "".join(f"; {w}: window0's plan {how}" for w, how in [("buffer", "on a node buffer"),
+                        ("floor", "without its Barriers")] if w in wins))
         print(f"{'op':<14}{'dtype':<9}{'MiB':>5} " + "".join(f"{w + ' ms':>11}{'/mpi':>6}{'/raw':>6}" for w in wins)
               + f" {'mpi ms':>8} {'raw ms':>8} {'memcpy':>8} {'busbw/memcpy':>13}"
               + ("  tx/host: " + " ".join(w for w in wins) + " mpi raw" if a.tx else ""))

@@ -103,12 +103,13 @@ STREAM_OUT_BYTES = 8 * 1024 * 1024
 #: ``madvise`` advice that gives a range its pages now, and fails (EFAULT, ENOMEM) where a store
 #: would raise SIGBUS: Linux 5.14 on (older kernels and other systems say EINVAL: not checked there)
 MADV_POPULATE_WRITE = 23
-#: Room that a shared allocation of n bytes (all members together) needs in ``/dev/shm``:
-#: ``ROOM_FACTOR * (n + ROOM_EXTRA)``. Open MPI's shared memory asks for 5% more room than a segment
-#: takes, plus its header (measured: it fails below 1.05x the window plus 2-9 KiB, at 2 and 4 ranks),
-#: and there it fails on the one member that makes the segment while the others wait in
-#: ``Allocate_shared`` for good. MPICH needs the bytes alone; the margin costs it nothing else.
-ROOM_FACTOR, ROOM_EXTRA = 1.05, 64 * 1024
+#: Room that a shared allocation of n bytes per member needs in ``/dev/shm``:
+#: ``ROOM_FACTOR * members * (n + ROOM_EXTRA)``. Open MPI's shared memory asks for 5% more room than
+#: a segment takes, plus its header, which grows with the members (measured: it fails below 1.05x
+#: the window plus 2-9 KiB at 2 and 4 ranks), and there it fails on the one member that makes the
+#: segment while the others wait in ``Allocate_shared`` for good. MPICH needs the bytes alone: the
+#: margin only makes it refuse a window that would have fitted in the last 5% of ``/dev/shm``.
+ROOM_FACTOR, ROOM_EXTRA = 1.05, 16 * 1024
 #: An AllGather from node buffers (:func:`node_buffer`) copies straight from the peers' buffers,
 #: once, when its output is between these sizes. Measured against raw MPICH's call (2 ranks, output
 #: size): 0.42x at 64 KiB, 0.14-0.15x at 1-4 MiB, 0.50x at 16 MiB, 0.63x at 32 MiB, but 1.20x at
@@ -183,7 +184,7 @@ class _Shared:
         # the process (SIGBUS). So the members agree that there is room (with Open MPI's margin:
         # ``ROOM_FACTOR``), and after allocating, each asks for its pages (``_back``) and they agree
         # again.
-        room = _room() >= ROOM_FACTOR * (nbytes * comm.size + ROOM_EXTRA)
+        room = _room() >= ROOM_FACTOR * comm.size * (nbytes + ROOM_EXTRA)
         self.short = _agree(comm, 0 if room else errno.ENOSPC, nbytes, what)
         if not self.short:
             self.win = MPI.Win.Allocate_shared(nbytes, 1, comm=comm.mpi)

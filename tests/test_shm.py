@@ -289,19 +289,26 @@ SMALL_SHM_JOB = """
     from mpi4py import MPI
     import mpicoll
     from mpicoll import _shm
-    _shm.SLOT_BYTES = {slot}                        # (16 MiB per rank: more than /dev/shm holds; or 6 MiB - 128 KiB,
-                                                    # less, but not with Open MPI's 5% more)
+    n = MPI.COMM_WORLD.Get_size()
+    if {margin!r}:                                  # (a window that /dev/shm holds, but not with Open MPI's 5% more)
+        room = MPI.COMM_WORLD.bcast(_shm._room())
+        _shm.SLOT_BYTES = int(room / 1.025) // (2 * n) // 64 * 64
+        window = 2 * _shm.SLOT_BYTES * n
+        assert window <= room < 1.05 * window, (window, room)     # (Open MPI's own rule: 5% more)
+    else:
+        _shm.SLOT_BYTES = 8 << 20                   # (a window of 16 MiB per rank: more than /dev/shm holds)
     if {pages!r}:
         _shm._room = lambda: float("inf")           # (past the check of room: the pages themselves fail)
-    n = MPI.COMM_WORLD.Get_size()
     x = np.arange(1 << 18, dtype=np.float32)
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
         y = mpicoll.AllReduceOperation(mpicoll.AllReduceParam(reduce_type="sum")).execute(x)
         z = mpicoll.ReduceScatterOperation(mpicoll.ReduceScatterParam(reduce_type="sum")).execute(x)
     assert np.array_equal(y, x * n) and np.array_equal(z, (x * n).reshape(n, -1)[MPI.COMM_WORLD.Get_rank()])
-    assert len(caught) == 1 and "MPI's path" in str(caught[0].message), [str(w.message) for w in caught]
+    assert len(caught) == 1 and f"shared window of {{2 * _shm.SLOT_BYTES}} bytes per member" in str(caught[0].message), \
+        [str(w.message) for w in caught]
     print(f"WARNED {{caught[0].message}}", flush=True)
+    assert not {margin!r} or _shm._room() >= window, "the window came to exceed the room: not the margin's case"
     try:
         mpicoll.node_buffer(64 << 20, np.float32)
     except mpicoll.CollectiveError as exc:
@@ -326,24 +333,24 @@ def test_a_small_dev_shm_gives_mpis_path_and_node_buffers_raise(tmp_path, case):
     """Where /dev/shm cannot hold the window (a container's 64 MiB), the reductions take MPI's
     path with a warning on every rank, a node buffer too large raises on every rank: no SIGBUS,
     no hang. ``no-pages``: past the check of room, MPI maps the window and the pages themselves
-    fail (MPICH's sparse file). ``margin``: /dev/shm holds the window's bytes (11.75 of 12 MiB) but
-    not Open MPI's 5% more, where its Allocate_shared would fail on one rank alone."""
+    fail (MPICH's sparse file). ``margin``: /dev/shm holds the window's bytes (its size is taken from
+    the room left once MPI runs) but not Open MPI's 5% more, where its Allocate_shared would fail on
+    one rank alone."""
     if subprocess.run(small_dev_shm(["true"], "1m"), capture_output=True).returncode:
         pytest.skip("needs a mount namespace of its own (unshare -m, as root) for a small /dev/shm")
     pages = case == "no-pages"
     if pages and OPEN_MPI:
         pytest.skip("Open MPI's Allocate_shared fails on one rank and leaves the others in it: the room is "
                     "checked before (the no-room case)")
-    slot = 3 * (1 << 20) - (64 << 10) if case == "margin" else 8 << 20
     script = tmp_path / "job.py"
-    script.write_text(textwrap.dedent(SMALL_SHM_JOB.format(pages=pages, slot=slot)))
+    script.write_text(textwrap.dedent(SMALL_SHM_JOB.format(pages=pages, margin=case == "margin")))
     env = {k: v for k, v in launch_env().items() if not k.startswith("MPICOLL_")}
     res = subprocess.run(small_dev_shm(mpirun(2, sys.executable, "-m", "mpi4py", str(script)), "12m"),
                          capture_output=True, text=True, timeout=90, env=env)
     out = res.stdout + res.stderr
     assert res.returncode == 0, out
     why = "no room for its pages" if pages else "No space left on device"
-    assert out.count("WARNED") == 2 and f"shared window of {2 * slot} bytes per member" in out and why in out, out
+    assert out.count("WARNED") == 2 and why in out, out
     raised = "node_buffer on the world (mpicoll.world): the node's shared memory (/dev/shm) cannot hold a node buffer"
     assert out.count("RAISED") == 2 and raised in out, out
 
