@@ -80,11 +80,12 @@ REDUCE_SCATTER_BYTES = 64 * 1024
 ONE_SHOT_BYTES = 512 * 1024
 #: Copies into the window are streamed (stores that bypass the cache) or plain (``np.copyto``),
 #: whichever this rank measured faster lately: of every PROBE_EVERY copies the last PROBE_LEN take the
-#: other kind to compare, and the kind changes only at the end of such a period. Only warm copies
-#: are timed (of at least PROBE_BYTES): into a place the same kind wrote last. A plain copy into
-#: lines that streamed stores sent to memory must fetch them first: timed that way, single plain
-#: probes looked 1.5-2x slower than a run of them, and a rank stayed with streamed copies at
-#: 1.2-1.3x the time. A round writes up to 4 places (a two-shot AllReduce: its blocks in, its
+#: other kind to compare, and the kind changes only at the end of such a period. Copies of fewer
+#: than PROBE_BYTES take the kind in use and are neither counted nor timed (the bookkeeping cost a
+#: 16-32 KiB one-shot AllReduce a quarter of its time). Only warm copies count: into a place the
+#: same kind wrote last. A plain copy into lines that streamed stores sent to memory must fetch
+#: them first: timed that way, single plain probes looked 1.5-2x slower than a run of them, and a
+#: rank stayed with streamed copies at 1.2-1.3x the time. A round writes up to 4 places (a two-shot AllReduce: its blocks in, its
 #: result; two halves), so PROBE_LEN is twice that. On this 2-core VM, plain copies into lines
 #: another core read ran 7-10x slower for seconds at a time (streamed copies do not); otherwise
 #: plain ones win, and leave the peers' reads in cache. A local choice: either kind writes the same
@@ -235,21 +236,27 @@ class NodeWindow(_Shared):
                                   param="comm")
 
     def _copy(self, pairs: list) -> None:
-        """Copy ``(dst, src)`` pairs into the window, streamed or plain (``PROBE_EVERY``), timed."""
+        """Copy ``(dst, src)`` pairs into the window, streamed or plain (``PROBE_EVERY``), timed;
+        fewer than ``PROBE_BYTES`` in the kind in use, untimed and uncounted (finding where a copy
+        begins, ``ndarray.ctypes``, alone takes 1.4 us: most of a small copy's time)."""
+        nbytes = sum(dst.nbytes for dst, _ in pairs)
+        if nbytes < PROBE_BYTES:
+            copy_pairs(pairs, stream=not self.plain)
+            return
         k = self._copies % PROBE_EVERY
         self._copies += 1
         probe = k >= PROBE_EVERY - PROBE_LEN
         plain = self.plain != probe
         t = time.perf_counter()
         copy_pairs(pairs, stream=not plain)
-        nbytes = sum(dst.nbytes for dst, _ in pairs)
+        took = time.perf_counter() - t
         at = next((dst.ctypes.data for dst, _ in pairs if dst.size), 0)     # (where this copy begins)
         warm = self._last.get(at) == plain
         if len(self._last) > 64:        # (calls of many shapes: forget, rather than grow)
             self._last.clear()
         self._last[at] = plain
-        if nbytes >= PROBE_BYTES and warm:
-            cost, old = (time.perf_counter() - t) / nbytes, self._cost[plain]
+        if warm:
+            cost, old = took / nbytes, self._cost[plain]
             self._cost[plain] = 0.75 * old + 0.25 * cost if old else cost
         if k == PROBE_EVERY - 1 and all(self._cost):
             self.plain = self._cost[1] < self._cost[0]
