@@ -14,15 +14,15 @@ run through a window of MPI shared memory (``MPI.Win.Allocate_shared``) instead 
 * AllReduce: the ranks synchronise again and each copies the reduced blocks of the others out
   (streamed from ``STREAM_OUT_BYTES`` of output).
 
-Small AllReduces (``ONE_SHOT_BYTES``) go in one shot instead: every rank copies its whole input in
-and, after one Barrier, reduces the whole message from every slot. Large payloads go in rounds of
-at most ``SLOT_BYTES`` (AllReduce: of the message; ReduceScatter: of all blocks together, each in
-proportion to its count). The window has two halves per rank, used by alternate rounds, so one
-round's copies-in never overwrite what a peer may still read from the round before: a
-ReduceScatter round or a one-shot AllReduce needs one ``Barrier``, a two-shot AllReduce round two.
-The half in use is state of the window, advanced by every round at run time: every member runs the
-same rounds in the same order, and a started run holds a call's steps together
-(``Recorder.hold``), so that runs in flight never interleave them.
+Small AllReduces (up to ``ONE_SHOT_BYTES / (n (n - 1))``: the extra reading) go in one shot instead:
+every rank copies its whole input in and, after one Barrier, reduces the whole message from every
+slot. Large payloads go in rounds of at most ``SLOT_BYTES`` (AllReduce: of the message;
+ReduceScatter: of all blocks together, each in proportion to its count). The window has two halves
+per rank, used by alternate rounds, so one round's copies-in never overwrite what a peer may still
+read from the round before: a ReduceScatter round or a one-shot AllReduce needs one ``Barrier``, a
+two-shot AllReduce round two. The half in use is state of the window, advanced by every round at run
+time: every member runs the same rounds in the same order, and a started run holds a call's steps
+together (``Recorder.hold``), so that runs in flight never interleave them.
 
 One window per communicator, ``2 * SLOT_BYTES`` per rank, made (collectively) by the first call
 that needs it and freed with the communicator (or at exit). MPI owns the memory: MPICH unlinks its
@@ -73,11 +73,14 @@ ALLREDUCE_BYTES = 16 * 1024
 ALLREDUCE_16BIT_BYTES = 8 * 1024
 #: ReduceScatter(V) payloads (all blocks of one rank) of at least this many bytes use the window
 REDUCE_SCATTER_BYTES = 64 * 1024
-#: AllReduce payloads whose size times the rank count is at most this many bytes go in one shot: every
-#: rank copies its whole input into its slot and, after one Barrier, reduces the whole message from
-#: every slot (one Barrier instead of two, but every rank reads every rank's whole input: measured
-#: 0.6-0.7x the two-shot time at 64 KiB, 2 and 4 ranks; 1.1-1.5x at 1-2 MiB, 4 ranks)
-ONE_SHOT_BYTES = 512 * 1024
+#: AllReduce payloads go in one shot while the extra reading that costs the node, n (n - 1) times
+#: the message (every rank reads every rank's whole input, where two shots read each input once),
+#: is at most this many bytes: every rank copies its whole input into its slot and, after one
+#: Barrier, reduces the whole message from every slot (one Barrier instead of two). Measured over
+#: the two-shot time (benchmarks/shm.py --one-shot, 3 runs): 2 ranks 0.77-0.89x at 0.5-1 MiB float32
+#: (bfloat16 0.79-1.11x, median 1.0); 3 ranks 0.81-1.06x at 256 KiB; but 4 ranks 0.92-1.39x at
+#: 256-512 KiB, hence n (n - 1); before that, 0.6-0.7x at 64 KiB, 2 and 4 ranks.
+ONE_SHOT_BYTES = 2 * 1024 * 1024
 #: Copies into the window are streamed (stores that bypass the cache) or plain (``np.copyto``),
 #: whichever this rank measured faster lately: of every PROBE_EVERY copies the last PROBE_LEN take the
 #: other kind to compare, and the kind changes only at the end of such a period. Copies of fewer
@@ -408,7 +411,7 @@ def gather(go, comm: LibComm, inputs: tuple[NodeBuffer, list], dests: list) -> N
 def allreduce(go, comm: LibComm, x: np.ndarray, out: np.ndarray | None, dt: DType, rop: ReduceOp,
               in_place: bool, inputs: tuple[NodeBuffer, list] | None = None) -> None:
     """AllReduce (or Reduce) of ``x`` into ``out`` (``in_place``: ``out`` is ``x``; None: a Reduce's other ranks)
-    through the node window. Up to ``ONE_SHOT_BYTES / n``, in one shot (each rank with an ``out``
+    through the node window. Up to ``ONE_SHOT_BYTES / (n (n - 1))``, in one shot (each rank with an ``out``
     reduces the whole message from every slot, in rank order); else in rounds of at most
     ``SLOT_BYTES``: each rank reduces one block of the round (``split_even``: the first ranks get one
     element more), in rank order, and places it in its slot; then every rank with an ``out`` copies
@@ -423,7 +426,7 @@ def allreduce(go, comm: LibComm, x: np.ndarray, out: np.ndarray | None, dt: DTyp
     buf, peers = inputs or (None, None)
     go.hold(True)
     go.local(node.check)
-    if flat.nbytes * n <= ONE_SHOT_BYTES and flat.nbytes <= node.slot_bytes:
+    if flat.nbytes * n * (n - 1) <= ONE_SHOT_BYTES and flat.nbytes <= node.slot_bytes:
         if buf is not None:            # (agreed: the same steps on every rank, in place or not)
             rows = ([flat if r == me else p for r, p in enumerate(peers)],) * 2
             into = np.empty_like(flat) if in_place else oflat      # (in place: x is read by the peers

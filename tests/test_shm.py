@@ -36,7 +36,7 @@ THRESHOLD = 1024
 def comm(monkeypatch, request):
     """A fresh duplicate of the world with a small window (freed after the test); AllReduce in one
     shot up to the slot size, or always in two."""
-    monkeypatch.setattr(_shm, "ONE_SHOT_BYTES", SLOT * SIZE if request.param == "one-shot" else 0)
+    monkeypatch.setattr(_shm, "ONE_SHOT_BYTES", SLOT * SIZE * SIZE if request.param == "one-shot" else 0)
     monkeypatch.setattr(_shm, "SLOT_BYTES", SLOT)
     monkeypatch.setattr(_shm, "ALLREDUCE_BYTES", THRESHOLD)
     monkeypatch.setattr(_shm, "ALLREDUCE_16BIT_BYTES", THRESHOLD)
