@@ -9,6 +9,7 @@ from __future__ import annotations
 import os
 from typing import TYPE_CHECKING
 
+import ml_dtypes
 import numpy as np
 
 if TYPE_CHECKING:
@@ -40,15 +41,18 @@ def kernels_in_use() -> str:
             "puts it beside the sources too)")
 
 
+#: the 16-bit float dtypes, to compare with (reading ``dtype.name`` alone takes 0.6 us)
+F16, BF16 = np.dtype(np.float16), np.dtype(ml_dtypes.bfloat16)
+
 #: elements per cache tile of the numpy float32 reduction (two float32 tiles stay in L2)
 TILE = 1 << 16
 
 
 def to_f32(x: np.ndarray, out: np.ndarray) -> np.ndarray:
     """Contiguous 16-bit floats -> float32 ``out`` (the C kernels when built)."""
-    if KERNELS is not None and x.dtype == np.float16:
+    if KERNELS is not None and x.dtype == F16:
         KERNELS.f16_to_f32(x, out)
-    elif KERNELS is not None and x.dtype.name == "bfloat16":
+    elif KERNELS is not None and x.dtype == BF16:
         KERNELS.bf16_to_f32(x, out)
     else:
         np.copyto(out, x.reshape(out.shape))
@@ -57,9 +61,9 @@ def to_f32(x: np.ndarray, out: np.ndarray) -> np.ndarray:
 
 def from_f32(acc: np.ndarray, out: np.ndarray) -> np.ndarray:
     """Round a contiguous float32 array into ``out`` (float16 or bfloat16), to nearest even."""
-    if KERNELS is not None and out.dtype == np.float16:
+    if KERNELS is not None and out.dtype == F16:
         KERNELS.f32_to_f16(acc, out)
-    elif KERNELS is not None and out.dtype.name == "bfloat16":
+    elif KERNELS is not None and out.dtype == BF16:
         KERNELS.f32_to_bf16(acc, out)
     else:
         with np.errstate(over="ignore", invalid="ignore"):   # overflow to inf is the IEEE answer
