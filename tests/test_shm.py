@@ -581,6 +581,21 @@ def test_streamed_and_plain_copies_give_the_same_bits(comm, dtype, monkeypatch):
     assert kinds_out == ({False, True} if _shm.ONE_SHOT_BYTES == 0 else {True}), kinds_out    # (one shot: no copy out)
 
 
+@mpi2
+def test_small_copies_take_the_kind_in_use_untimed(comm, monkeypatch):
+    """Copies into the window of fewer than PROBE_BYTES take the kind in use and are neither
+    counted nor timed (their bookkeeping would cost more than the copy); larger ones are counted."""
+    monkeypatch.setattr(_shm, "PROBE_BYTES", SLOT // 2)
+    dt, rop = DTYPES["float32"], REDUCE_OPS["sum"]
+    op = mpicoll.AllReduceOperation(mpicoll.AllReduceParam(comm=comm, reduce_type="sum"))
+    for count, counted in ((THRESHOLD // 4, False), (SLOT // 4 * SIZE, True)):
+        xs = [rank_data(SEED, f"shm/small-copies/{count}", r, count, dt, "random") for r in range(SIZE)]
+        for _ in range(3):
+            assert count_wrong(op.execute(xs[RANK]), golden_reduce(xs, dt, rop)) == 0, count
+        node = user_comm(comm).node_window()
+        assert (node._copies > 0) == counted, (count, node._copies)
+
+
 @mpi1
 @pytest.mark.parametrize("dtype", list(DTYPES))
 def test_allgather_and_broadcast_copy_from_node_buffers(comm, dtype, monkeypatch):
