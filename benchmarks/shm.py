@@ -155,8 +155,8 @@ def main() -> None:
                     help="window bytes per rank per round; several (comma-separated) compare windows of each "
                          "size in the same run (the first is 'window' in the ratios)")
     ap.add_argument("--one-shot", default=str(mpicoll._shm.ONE_SHOT_BYTES),
-                    help="AllReduce bytes up to which the window goes in one shot; several compare, paired with "
-                         "--slot's values in order")
+                    help="ONE_SHOT_BYTES: AllReduce goes in one shot up to this over n (n - 1) bytes per message; "
+                         "several compare, paired with --slot's values in order")
     ap.add_argument("--no-threshold", action="store_true",
                     help="use the window at every size (an experiment: how the thresholds were chosen)")
     a = ap.parse_args()
@@ -172,7 +172,7 @@ def main() -> None:
     if W.rank == 0:
         print(f"# mpicoll {mpicoll.__version__}: shared window vs MPI path vs raw mpi4py, {n} ranks, "
               f"{MPI.Get_library_version().splitlines()[0].strip()}; ms = median of the slowest rank's mean")
-        print("# windows: " + ", ".join(f"{w} = {s} B per rank per round, one shot up to {o} B"
+        print("# windows: " + ", ".join(f"{w} = {s} B per rank per round, one shot up to {o // max(n * (n - 1), 1)} B"
                                         for w, s, o in zip(wins, slots, one_shots))
               + "".join(f"; {w}: window0's plan {how}" for w, how in [("buffer", "on a node buffer"),
                         ("floor", "without its Barriers")] if w in wins))

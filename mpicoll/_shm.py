@@ -74,25 +74,27 @@ ALLREDUCE_16BIT_BYTES = 8 * 1024
 #: ReduceScatter(V) payloads (all blocks of one rank) of at least this many bytes use the window
 REDUCE_SCATTER_BYTES = 64 * 1024
 #: AllReduce payloads go in one shot while the extra reading that costs the node, n (n - 1) times
-#: the message (every rank reads every rank's whole input, where two shots read each input once),
-#: is at most this many bytes: every rank copies its whole input into its slot and, after one
+#: the message (its reductions read all n inputs on every rank, n^2 messages, where two shots' read
+#: n), is at most this many bytes: every rank copies its whole input into its slot and, after one
 #: Barrier, reduces the whole message from every slot (one Barrier instead of two). Measured over
-#: the two-shot time (benchmarks/shm.py --one-shot, 3 runs): 2 ranks 0.77-0.89x at 0.5-1 MiB float32
-#: (bfloat16 0.79-1.11x, median 1.0); 3 ranks 0.81-1.06x at 256 KiB; but 4 ranks 0.92-1.39x at
-#: 256-512 KiB, hence n (n - 1); before that, 0.6-0.7x at 64 KiB, 2 and 4 ranks.
+#: the two-shot time (benchmarks/shm.py --one-shot, medians of 3 runs): 2 ranks 0.76 and 0.88x at
+#: 0.5 and 1 MiB float32 (bfloat16 1.03 and 1.01x); 3 ranks 0.76 and 0.94x at 256 and 320 KiB
+#: (bfloat16 0.82 and 1.01x); 4 ranks 0.88 and 0.98x at 128 and 160 KiB (bfloat16 0.81 and 0.89x),
+#: but 1.06 and 1.25x at 256 and 512 KiB: hence n (n - 1).
 ONE_SHOT_BYTES = 2 * 1024 * 1024
 #: Copies into the window are streamed (stores that bypass the cache) or plain (``np.copyto``),
-#: whichever this rank measured faster lately: of every PROBE_EVERY copies the last PROBE_LEN take the
-#: other kind to compare, and the kind changes only at the end of such a period. Copies of fewer
-#: than PROBE_BYTES take the kind in use and are neither counted nor timed (the bookkeeping cost a
-#: 16-32 KiB one-shot AllReduce a quarter of its time). Only warm copies count: into a place the
-#: same kind wrote last. A plain copy into lines that streamed stores sent to memory must fetch
-#: them first: timed that way, single plain probes looked 1.5-2x slower than a run of them, and a
-#: rank stayed with streamed copies at 1.2-1.3x the time. A round writes up to 4 places (a two-shot AllReduce: its blocks in, its
-#: result; two halves), so PROBE_LEN is twice that. On this 2-core VM, plain copies into lines
-#: another core read ran 7-10x slower for seconds at a time (streamed copies do not); otherwise
-#: plain ones win, and leave the peers' reads in cache. A local choice: either kind writes the same
-#: bytes.
+#: whichever this rank measured faster lately. Copies of at least PROBE_BYTES are counted and timed:
+#: of every PROBE_EVERY of them the last PROBE_LEN take the other kind to compare, and the kind
+#: changes only at the end of such a period. Smaller copies take the kind in use (timing them cost
+#: a 16-32 KiB one-shot AllReduce a quarter of its time). Of the timed copies only warm ones are
+#: used: into a place the same kind wrote last (every copy records its kind at its place, found
+#: when the steps are recorded: ``_keyed``). A plain copy into lines that streamed stores sent to
+#: memory must fetch them first: timed that way, single plain probes looked 1.5-2x slower than a
+#: run of them, and a rank stayed with streamed copies at 1.2-1.3x the time. A round writes up to 4
+#: places (a two-shot AllReduce: its blocks in, its result; two halves), so PROBE_LEN is twice
+#: that. On this 2-core VM, plain copies into lines another core read ran 7-10x slower for seconds
+#: at a time (streamed copies do not); otherwise plain ones win, and leave the peers' reads in
+#: cache. A local choice: either kind writes the same bytes.
 PROBE_EVERY = 128
 PROBE_LEN = 8
 PROBE_BYTES = 64 * 1024
@@ -238,46 +240,48 @@ class NodeWindow(_Shared):
             raise CollectiveError(f"{self.label} was freed (or the program is exiting): its shared window is gone",
                                   param="comm")
 
-    def _copy(self, pairs: list) -> None:
-        """Copy ``(dst, src)`` pairs into the window, streamed or plain (``PROBE_EVERY``), timed;
-        fewer than ``PROBE_BYTES`` in the kind in use, untimed and uncounted (finding where a copy
-        begins, ``ndarray.ctypes``, alone takes 1.4 us: most of a small copy's time)."""
+    def _copy(self, pairs: list, at: int) -> None:
+        """Copy ``(dst, src)`` pairs into the window (``at``: where they begin, :func:`_keyed`),
+        streamed or plain (``PROBE_EVERY``); copies of ``PROBE_BYTES`` or more are counted and
+        timed, smaller ones take the kind in use."""
         nbytes = sum(dst.nbytes for dst, _ in pairs)
-        if nbytes < PROBE_BYTES:
-            copy_pairs(pairs, stream=not self.plain)
-            return
+        timed = nbytes >= PROBE_BYTES
         k = self._copies % PROBE_EVERY
-        self._copies += 1
-        probe = k >= PROBE_EVERY - PROBE_LEN
-        plain = self.plain != probe
+        plain = self.plain != (timed and k >= PROBE_EVERY - PROBE_LEN)
         t = time.perf_counter()
         copy_pairs(pairs, stream=not plain)
         took = time.perf_counter() - t
-        at = next((dst.ctypes.data for dst, _ in pairs if dst.size), 0)     # (where this copy begins)
         warm = self._last.get(at) == plain
         if len(self._last) > 64:        # (calls of many shapes: forget, rather than grow)
             self._last.clear()
         self._last[at] = plain
+        if not timed:
+            return
+        self._copies += 1
         if warm:
             cost, old = took / nbytes, self._cost[plain]
             self._cost[plain] = 0.75 * old + 0.25 * cost if old else cost
         if k == PROBE_EVERY - 1 and all(self._cost):
             self.plain = self._cost[1] < self._cost[0]
 
-    def put(self, pairs: tuple[list, list]) -> None:
-        """Copy this rank's blocks into its slot, then make the writes visible."""
+    def put(self, halves: tuple[tuple[int, list], tuple[int, list]]) -> None:
+        """Copy this rank's blocks into its slot (``halves``: :func:`_keyed`), then make the writes
+        visible."""
         self.win.Sync()                # (the peers' reads of this half, a Barrier ago, are over)
-        self._copy(pairs[self.half])
+        at, pairs = halves[self.half]
+        self._copy(pairs, at)
         self.win.Sync()
 
     def reduce(self, rows: tuple[list, list], dt: DType, rop: ReduceOp, out: np.ndarray,
-               shared: tuple[np.ndarray, np.ndarray] | None) -> None:
+               shared: tuple[tuple[int, list], tuple[int, list]] | None) -> None:
         """Reduce this rank's block from every rank's copy into ``out`` (after a Barrier);
-        ``shared``: also place the result in the window, where the peers read it next (AllReduce)."""
+        ``shared`` (:func:`_keyed`): also copy the result into the window, where the peers read it
+        next (AllReduce)."""
         self.win.Sync()
         reduce_rows(rows[self.half], dt, rop, out)
         if shared is not None:
-            self._copy([(shared[self.half], out)])
+            at, pairs = shared[self.half]
+            self._copy(pairs, at)
             self.win.Sync()
 
     def get(self, pairs: tuple[list, list], stream: bool) -> None:
@@ -287,6 +291,13 @@ class NodeWindow(_Shared):
 
     def flip(self) -> None:
         self.half ^= 1
+
+
+def _keyed(halves: tuple[list, list]) -> tuple[tuple[int, list], tuple[int, list]]:
+    """Each half's ``(dst, src)`` copies into the window with where they begin (the first non-empty
+    destination's address: :meth:`NodeWindow._copy`'s key), found once, when the steps are recorded
+    (``ndarray.ctypes`` takes 1.4 us)."""
+    return tuple((next((d.ctypes.data for d, _ in pairs if d.size), 0), pairs) for pairs in halves)
 
 
 class NodeBuffer(_Shared):
@@ -440,7 +451,7 @@ def allreduce(go, comm: LibComm, x: np.ndarray, out: np.ndarray | None, dt: DTyp
             own = tuple(m[:flat.size] for m in slots[me])     # (in place on a rank > 0: its row from its slot)
             rows = tuple([flat if r == me and (me == 0 or not in_place) else slots[r][h][:flat.size]
                           for r in range(n)] for h in (0, 1))
-            go.local(node.put, tuple([(o, flat)] for o in own))
+            go.local(node.put, _keyed(tuple([(o, flat)] for o in own)))
             go.mpi(comm, "Barrier")
             if oflat is not None:
                 go.local(node.reduce, rows, dt, rop, oflat, None)
@@ -457,13 +468,13 @@ def allreduce(go, comm: LibComm, x: np.ndarray, out: np.ndarray | None, dt: DTyp
         if buf is None:
             put = tuple([(m[:lo], xs[:lo]), (m[hi:xs.size], xs[hi:])] for m in slots[me])
             rows = tuple([xs[lo:hi] if r == me else slots[r][h][lo:hi] for r in range(n)] for h in (0, 1))
-            go.local(node.put, put)
+            go.local(node.put, _keyed(put))
             go.mpi(comm, "Barrier")
         else:                                          # (peers read this round's inputs before the next Barrier)
             rows = ([xs[lo:hi] if r == me else p[s + lo:s + hi] for r, p in enumerate(peers)],) * 2
             _publish(go, comm, buf)
         block = oflat[s + lo:s + hi] if direct else mine[:hi - lo]
-        go.local(node.reduce, rows, dt, rop, block, tuple(m[lo:hi] for m in slots[me]))
+        go.local(node.reduce, rows, dt, rop, block, _keyed(tuple([(m[lo:hi], block)] for m in slots[me])))
         go.mpi(comm, "Barrier")
         if oflat is not None:
             os_ = oflat[s:s + per]
@@ -510,7 +521,7 @@ def reduce_scatter(go, comm: LibComm, blocks: np.ndarray, counts: list[int], dt:
         part = [(k * t, min((k + 1) * t, c)) for t, c in zip(take, counts)]     # block j's range this round
         put = tuple([(m[at[j]:at[j] + e - a], flat[starts[j] + a:starts[j] + e])
                      for j, (a, e) in enumerate(part) if j != me and e > a] for m in slots[me])
-        go.local(node.put, put)
+        go.local(node.put, _keyed(put))
         go.mpi(comm, "Barrier")
         a, e = part[me]
         if e > a:

@@ -583,17 +583,23 @@ def test_streamed_and_plain_copies_give_the_same_bits(comm, dtype, monkeypatch):
 
 @mpi2
 def test_small_copies_take_the_kind_in_use_untimed(comm, monkeypatch):
-    """Copies into the window of fewer than PROBE_BYTES take the kind in use and are neither
-    counted nor timed (their bookkeeping would cost more than the copy); larger ones are counted."""
+    """Copies into the window of fewer than PROBE_BYTES take the kind in use (streamed, on a new
+    window), are neither counted nor timed, and record their kind at their place; larger ones are
+    counted, in one shot and in two (results exact either way)."""
     monkeypatch.setattr(_shm, "PROBE_BYTES", SLOT // 2)
+    streamed: list = []
+    copy = _shm.copy_pairs
+    monkeypatch.setattr(_shm, "copy_pairs", lambda pairs, stream=False: (streamed.append(stream), copy(pairs, stream))[1])
     dt, rop = DTYPES["float32"], REDUCE_OPS["sum"]
     op = mpicoll.AllReduceOperation(mpicoll.AllReduceParam(comm=comm, reduce_type="sum"))
-    for count, counted in ((THRESHOLD // 4, False), (SLOT // 4 * SIZE, True)):
+    for count, counted in ((THRESHOLD // 4, False), (SLOT // 4, True), (SLOT // 4 * SIZE, True)):
         xs = [rank_data(SEED, f"shm/small-copies/{count}", r, count, dt, "random") for r in range(SIZE)]
         for _ in range(3):
             assert count_wrong(op.execute(xs[RANK]), golden_reduce(xs, dt, rop)) == 0, count
         node = user_comm(comm).node_window()
-        assert (node._copies > 0) == counted, (count, node._copies)
+        assert (node._copies > 0) == counted and node._last, (count, node._copies)
+        if not counted:
+            assert node._cost == [0.0, 0.0] and True in streamed and not node.plain, (node._cost, streamed)
 
 
 @mpi1
