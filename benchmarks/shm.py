@@ -147,8 +147,9 @@ def main() -> None:
     ap.add_argument("--reps", type=int, default=7)
     ap.add_argument("--json", default=None)
     ap.add_argument("--buffer", action="store_true", help="also a plan whose input is a node buffer")
-    ap.add_argument("--floor", action="store_true", help="also the first window's plan without its Barriers (an estimate of "
-                                                         "its least time; wrong results: timing only)")
+    ap.add_argument("--floor", action="store_true",
+                    help="also the first window's plan without its Barriers (an estimate of its least time; wrong "
+                         "results: timing only)")
     ap.add_argument("--tx", action="store_true", help="also the bytes each variant sends from the busiest host, over "
                                                       "the message size (several hosts: the test bed)")
     ap.add_argument("--slot", default=str(mpicoll._shm.SLOT_BYTES),

@@ -305,8 +305,8 @@ SMALL_SHM_JOB = """
         y = mpicoll.AllReduceOperation(mpicoll.AllReduceParam(reduce_type="sum")).execute(x)
         z = mpicoll.ReduceScatterOperation(mpicoll.ReduceScatterParam(reduce_type="sum")).execute(x)
     assert np.array_equal(y, x * n) and np.array_equal(z, (x * n).reshape(n, -1)[MPI.COMM_WORLD.Get_rank()])
-    assert len(caught) == 1 and f"shared window of {{2 * _shm.SLOT_BYTES}} bytes per member" in str(caught[0].message), \
-        [str(w.message) for w in caught]
+    said = f"shared window of {{2 * _shm.SLOT_BYTES}} bytes per member"
+    assert len(caught) == 1 and said in str(caught[0].message), [str(w.message) for w in caught]
     print(f"WARNED {{caught[0].message}}", flush=True)
     assert not {margin!r} or _shm._room() >= window, "the window came to exceed the room: not the margin's case"
     try:
@@ -589,7 +589,8 @@ def test_small_copies_take_the_kind_in_use_untimed(comm, monkeypatch):
     monkeypatch.setattr(_shm, "PROBE_BYTES", SLOT // 2)
     streamed: list = []
     copy = _shm.copy_pairs
-    monkeypatch.setattr(_shm, "copy_pairs", lambda pairs, stream=False: (streamed.append(stream), copy(pairs, stream))[1])
+    monkeypatch.setattr(_shm, "copy_pairs",
+                        lambda pairs, stream=False: (streamed.append(stream), copy(pairs, stream))[1])
     dt, rop = DTYPES["float32"], REDUCE_OPS["sum"]
     op = mpicoll.AllReduceOperation(mpicoll.AllReduceParam(comm=comm, reduce_type="sum"))
     for count, counted in ((THRESHOLD // 4, False), (SLOT // 4, True), (SLOT // 4 * SIZE, True)):
