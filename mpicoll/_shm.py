@@ -240,11 +240,10 @@ class NodeWindow(_Shared):
             raise CollectiveError(f"{self.label} was freed (or the program is exiting): its shared window is gone",
                                   param="comm")
 
-    def _copy(self, pairs: list, at: int) -> None:
-        """Copy ``(dst, src)`` pairs into the window (``at``: where they begin, :func:`_keyed`),
-        streamed or plain (``PROBE_EVERY``); copies of ``PROBE_BYTES`` or more are counted and
-        timed, smaller ones take the kind in use."""
-        nbytes = sum(dst.nbytes for dst, _ in pairs)
+    def _copy(self, at: int, nbytes: int, pairs: list) -> None:
+        """Copy ``(dst, src)`` pairs into the window (``at``: where they begin, ``nbytes``: how many
+        bytes; :func:`_keyed`), streamed or plain (``PROBE_EVERY``); copies of ``PROBE_BYTES`` or
+        more are counted and timed, smaller ones take the kind in use."""
         timed = nbytes >= PROBE_BYTES
         k = self._copies % PROBE_EVERY
         plain = self.plain != (timed and k >= PROBE_EVERY - PROBE_LEN)
@@ -264,24 +263,22 @@ class NodeWindow(_Shared):
         if k == PROBE_EVERY - 1 and all(self._cost):
             self.plain = self._cost[1] < self._cost[0]
 
-    def put(self, halves: tuple[tuple[int, list], tuple[int, list]]) -> None:
+    def put(self, halves: tuple[tuple, tuple]) -> None:
         """Copy this rank's blocks into its slot (``halves``: :func:`_keyed`), then make the writes
         visible."""
         self.win.Sync()                # (the peers' reads of this half, a Barrier ago, are over)
-        at, pairs = halves[self.half]
-        self._copy(pairs, at)
+        self._copy(*halves[self.half])
         self.win.Sync()
 
     def reduce(self, rows: tuple[list, list], dt: DType, rop: ReduceOp, out: np.ndarray,
-               shared: tuple[tuple[int, list], tuple[int, list]] | None) -> None:
+               shared: tuple[tuple, tuple] | None) -> None:
         """Reduce this rank's block from every rank's copy into ``out`` (after a Barrier);
         ``shared`` (:func:`_keyed`): also copy the result into the window, where the peers read it
         next (AllReduce)."""
         self.win.Sync()
         reduce_rows(rows[self.half], dt, rop, out)
         if shared is not None:
-            at, pairs = shared[self.half]
-            self._copy(pairs, at)
+            self._copy(*shared[self.half])
             self.win.Sync()
 
     def get(self, pairs: tuple[list, list], stream: bool) -> None:
@@ -293,11 +290,12 @@ class NodeWindow(_Shared):
         self.half ^= 1
 
 
-def _keyed(halves: tuple[list, list]) -> tuple[tuple[int, list], tuple[int, list]]:
-    """Each half's ``(dst, src)`` copies into the window with where they begin (the first non-empty
-    destination's address: :meth:`NodeWindow._copy`'s key), found once, when the steps are recorded
-    (``ndarray.ctypes`` takes 1.4 us)."""
-    return tuple((next((d.ctypes.data for d, _ in pairs if d.size), 0), pairs) for pairs in halves)
+def _keyed(halves: tuple[list, list]) -> tuple[tuple, tuple]:
+    """Each half's ``(dst, src)`` copies into the window as ``(at, nbytes, pairs)``: where they begin
+    (the first non-empty destination's address: :meth:`NodeWindow._copy`'s key) and how many bytes
+    they write, found once, when the steps are recorded (``ndarray.ctypes`` takes 1.4 us)."""
+    return tuple((next((d.ctypes.data for d, _ in pairs if d.size), 0), sum(d.nbytes for d, _ in pairs), pairs)
+                 for pairs in halves)
 
 
 class NodeBuffer(_Shared):
