@@ -8,8 +8,9 @@ Sizes are MiB of each rank's input (AllGather: of the output; ``--ops`` also tak
 Broadcast, whose window variant is MPI's path: only ``--buffer`` changes them). For every operator,
 dtype and size it interleaves blocks of ``plan.run()`` on a communicator made with the window
 (``MPICOLL_SHM=1``, the default), of ``plan.run()`` on one made without it (``MPICOLL_SHM=0``:
-mpicoll's MPI path), of the raw mpi4py call (``comm.Allreduce`` / ``comm.Reduce_scatter_block``; none
-for bfloat16, which MPI cannot reduce), and of one core's memcpy of the same bytes (rank 0 alone,
+mpicoll's MPI path), of the raw mpi4py call (``comm.Allreduce`` / ``comm.Reduce_scatter_block``; for
+float16 and bfloat16, which MPI cannot reduce, what an mpi4py user writes: a cast into a float32
+array, the float32 call, a cast back), and of one core's memcpy of the same bytes (rank 0 alone,
 ``np.copyto``), and (``--buffer``) of a plan whose input is a node buffer (``mpicoll.node_buffer``:
 read in place by the peers), and (``--floor``) of the first window's plan with its Barriers taken out
 (its copies and reductions at each rank's own pace: an estimate of the least time that path can take;
@@ -81,17 +82,17 @@ def variants(op_name: str, dtype: str, nbytes: int, slots: list[int], one_shots:
     raw_comm = COMMS.setdefault("raw", W.Dup())
     if op_name == "AllReduce":
         cls, param, y = mpicoll.AllReduceOperation, mpicoll.AllReduceParam, np.empty_like(x)
-        raw = lambda: raw_comm.Allreduce([x, dt.mpi], [y, dt.mpi], MPI.SUM)              # noqa: E731
+        raw = lambda a, b, t: raw_comm.Allreduce([a, t], [b, t], MPI.SUM)                 # noqa: E731
     elif op_name == "ReduceScatter":
         cls, param, y = mpicoll.ReduceScatterOperation, mpicoll.ReduceScatterParam, np.empty(count // n, dt.np)
-        raw = lambda: raw_comm.Reduce_scatter_block([x, dt.mpi], [y, dt.mpi], MPI.SUM)   # noqa: E731
+        raw = lambda a, b, t: raw_comm.Reduce_scatter_block([a, t], [b, t], MPI.SUM)      # noqa: E731
     elif op_name == "AllGather":                   # (the size is the output's: each rank gives 1/n of it)
         x = x[:count // n]
         cls, param, y = mpicoll.AllGatherOperation, mpicoll.AllGatherParam, np.empty((n, x.size), dt.np)
-        raw = lambda: raw_comm.Allgather([x, dt.mpi], [y, dt.mpi])                        # noqa: E731
+        raw = lambda a, b, t: raw_comm.Allgather([a, t], [b, t])                          # noqa: E731
     else:
         cls, param, y = mpicoll.BroadcastOperation, mpicoll.BroadcastParam, None
-        raw = lambda: raw_comm.Bcast([x, dt.mpi], 0)                                      # noqa: E731
+        raw = lambda a, b, t: raw_comm.Bcast([a, t], 0)                                   # noqa: E731
     kw = {} if y is None else {"out": y}
     out = {name: make_plan(cls, param, slot, x, one_shot=shot, **kw).run
            for name, slot, shot in [(f"window{k}", s, o) for k, (s, o) in enumerate(zip(slots, one_shots))]
@@ -103,7 +104,15 @@ def variants(op_name: str, dtype: str, nbytes: int, slots: list[int], one_shots:
     if floor:
         out["floor"] = without_barriers(make_plan(cls, param, slots[0], x, one_shot=one_shots[0], **kw)).run
     if dt.reduce == "native":
-        out["raw"] = raw
+        out["raw"] = lambda: raw(x, y, dt.mpi)
+    elif op_name in ("AllReduce", "ReduceScatter"):     # (MPI cannot reduce 16-bit floats: through float32)
+        x32, y32, f32 = x.astype(np.float32), y.astype(np.float32), DTYPES["float32"].mpi
+
+        def raw16():
+            np.copyto(x32, x)
+            raw(x32, y32, f32)
+            np.copyto(y, y32)
+        out["raw"] = raw16
     src, dst = x.copy(), np.empty_like(x)
 
     def memcpy():
