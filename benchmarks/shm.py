@@ -8,9 +8,10 @@ Sizes are MiB of each rank's input (AllGather: of the output; ``--ops`` also tak
 Broadcast, whose window variant is MPI's path: only ``--buffer`` changes them). For every operator,
 dtype and size it interleaves blocks of ``plan.run()`` on a communicator made with the window
 (``MPICOLL_SHM=1``, the default), of ``plan.run()`` on one made without it (``MPICOLL_SHM=0``:
-mpicoll's MPI path), of the raw mpi4py call (``comm.Allreduce`` / ``comm.Reduce_scatter_block``; for
-float16 and bfloat16, which MPI cannot reduce, what an mpi4py user writes: a cast into a float32
-array, the float32 call, a cast back), and of one core's memcpy of the same bytes (rank 0 alone,
+mpicoll's MPI path), of the raw mpi4py call (``comm.Allreduce`` / ``comm.Reduce_scatter_block`` /
+``comm.Allgather`` / ``comm.Bcast``; float16 reductions with MPI's native ``FLOAT16_T``, as
+``mpicoll.run bench`` does; for bfloat16, which MPI cannot reduce, what an mpi4py user writes: a cast
+into a float32 array, the float32 call, a cast back), and of one core's memcpy of the same bytes (rank 0 alone,
 ``np.copyto``), and (``--buffer``) of a plan whose input is a node buffer (``mpicoll.node_buffer``:
 read in place by the peers), and (``--floor``) of the first window's plan with its Barriers taken out
 (its copies and reductions at each rank's own pace: an estimate of the least time that path can take;
@@ -38,6 +39,7 @@ from mpi4py import MPI
 import mpicoll
 import mpicoll._shm
 from mpicoll._dtypes import DTYPES
+from mpicoll._golden import raw_reduce_type
 
 W = MPI.COMM_WORLD
 
@@ -103,9 +105,11 @@ def variants(op_name: str, dtype: str, nbytes: int, slots: list[int], one_shots:
         out["buffer"] = make_plan(cls, param, slots[0], resident, **kw).run
     if floor:
         out["floor"] = without_barriers(make_plan(cls, param, slots[0], x, one_shot=one_shots[0], **kw)).run
-    if dt.reduce == "native":
-        out["raw"] = lambda: raw(x, y, dt.mpi)
-    elif op_name in ("AllReduce", "ReduceScatter"):     # (MPI cannot reduce 16-bit floats: through float32)
+    raw_t = raw_reduce_type(dt) if op_name in ("AllReduce", "ReduceScatter") else dt.mpi
+    if raw_t is not None:              # (16-bit floats as their bits: mpi4py takes no bfloat16 buffer)
+        a, b = (x, y) if dt.reduce == "native" else (x.view(np.uint16), y if y is None else y.view(np.uint16))
+        out["raw"] = lambda: raw(a, b, raw_t)
+    else:                              # (bfloat16, which MPI cannot reduce: through float32)
         x32, y32, f32 = x.astype(np.float32), y.astype(np.float32), DTYPES["float32"].mpi
 
         def raw16():
