@@ -11,14 +11,14 @@ dtype and size it interleaves blocks of ``plan.run()`` on a communicator made wi
 mpicoll's MPI path), of the raw mpi4py call (``comm.Allreduce`` / ``comm.Reduce_scatter_block`` /
 ``comm.Allgather`` / ``comm.Bcast``; float16 reductions with MPI's native ``FLOAT16_T``, as
 ``mpicoll.run bench`` does; for bfloat16, which MPI cannot reduce, what an mpi4py user writes: a cast
-into a float32 array, the float32 call, a cast back), and of one core's memcpy of the same bytes (rank 0 alone,
-``np.copyto``), and (``--buffer``) of a plan whose input is a node buffer (``mpicoll.node_buffer``:
-read in place by the peers), and (``--floor``) of the first window's plan with its Barriers taken out
-(its copies and reductions at each rank's own pace: an estimate of the least time that path can take;
-its results are wrong, racing the peers), each in turn first, each block timed as the slowest rank's
-mean. Prints median times, bus bandwidth (nccl-tests' factors: AllReduce 2(n-1)/n, ReduceScatter
-(n-1)/n of the input bytes) over memcpy's bandwidth, and the medians of the ratios paired within a
-repetition. Plans run with validation off: the loop a user writes for speed.
+into a float32 array, the float32 call, a cast back), and of one core's memcpy of the same bytes (rank
+0 alone, ``np.copyto``), and (``--buffer``) of a plan whose input is a node buffer
+(``mpicoll.node_buffer``: read in place by the peers), and (``--floor``) of the first window's plan
+with its Barriers taken out (its copies and reductions at each rank's own pace: an estimate of the
+least time that path can take; its results are wrong, racing the peers), each in turn first, each block
+timed as the slowest rank's mean. Prints median times, bus bandwidth (nccl-tests' factors: AllReduce
+2(n-1)/n, ReduceScatter (n-1)/n of the input bytes) over memcpy's bandwidth, and the medians of the
+ratios paired within a repetition. Plans run with validation off: the loop a user writes for speed.
 
 Across hosts (the test bed, docs/multihost.md) the window's variant is the tiered AllReduce
 (``LibComm.tiers``) and ``--tx`` adds, for each variant, the bytes one call sends from the busiest
