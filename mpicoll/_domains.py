@@ -17,19 +17,22 @@ from __future__ import annotations
 
 import json
 import os
+from typing import Any
 
 import numpy as np
 from mpi4py import MPI
 
 from . import _rendezvous, _watchdog
 from ._comm import LOCK, LibComm, alive
-from ._errors import CollectiveArgumentError, CollectiveTimeout
+from ._errors import CollectiveArgumentError, CollectiveTimeout, arg_error
 from ._watchdog import timeout_default
 
 _WORLD: LibComm | None = None
 _DOMAINS: dict[str, LibComm] = {}
 _DECLARED: dict[str, tuple[int, ...]] = {}
 _KEYVAL: int | None = None
+_USER: dict[str, MPI.Comm] = {}       # name -> the user's duplicate handed out by domain()
+_UNLINKED = False      # (this process has unlinked MPICH's shared-memory files: _own)
 
 
 def init() -> None:
@@ -44,11 +47,29 @@ def world() -> LibComm:
     """mpicoll's duplicate of ``MPI.COMM_WORLD`` (made by the first operation on the world)."""
     global _WORLD
     if _WORLD is None:
-        comm = _dup(MPI.COMM_WORLD, "the world")
-        comm.Set_name("mpicoll.world")
-        _WORLD = LibComm.make(comm, "the world (mpicoll.world)")
-        _watchdog.unlink_own_segments()      # (every rank has started: the Idup completed)
+        _WORLD = _own(_dup(MPI.COMM_WORLD, "the world"), "mpicoll.world", "the world (mpicoll.world)")
     return _WORLD
+
+
+def _own(comm: MPI.Comm, name: str, label: str) -> LibComm:
+    """Name and wrap a communicator mpicoll has just made: the world's or a user comm's ``Idup``, a
+    domain's ``Create_group``. Every entry path (operations, plans, graphs, node buffers, the Hccl
+    client) gets its first library communicator here, so this is where, once per process, the
+    names of MPICH's shared-memory files are unlinked (:func:`~mpicoll._watchdog.unlink_own_segments`):
+    a job that ends without ``MPI_Finalize`` (killed, or aborted by ``python -m mpi4py`` after an
+    uncaught error) then leaves nothing in /dev/shm, whichever communicator it used.
+
+    Safe here: the collective that made ``comm`` has completed, so every member has started and
+    mapped the file. Ranks outside a domain have too: MPICH's ``MPI_Init`` returns on no rank
+    before every rank of the job has mapped it (measured: a rank that unlinked as soon as its
+    ``MPI_Init`` returned, with a peer starting 2 s later, left that peer working).
+    """
+    global _UNLINKED
+    if not _UNLINKED:
+        _UNLINKED = True
+        _watchdog.unlink_own_segments()
+    comm.Set_name(name)
+    return LibComm.make(comm, label)
 
 
 def _dup(comm: MPI.Comm, what: str) -> MPI.Comm:
@@ -74,11 +95,22 @@ def user_comm(comm: MPI.Comm) -> LibComm:
     lib = comm.Get_attr(_KEYVAL)
     if lib is None:
         name = comm.Get_name() or "comm"
-        dup = _dup(comm, f"user comm {name!r}")
-        dup.Set_name(f"mpicoll.user.{name}")
-        lib = LibComm.make(dup, f"user comm {name!r}")
+        lib = _own(_dup(comm, f"user comm {name!r}"), f"mpicoll.user.{name}", f"user comm {name!r}")
         comm.Set_attr(_KEYVAL, lib)
     return lib
+
+
+def check_name(name: object, op: str = "comm domain", param: str = "comm_domain") -> None:
+    """The rule for a comm-domain name (the one place it is written), checked before anything is
+    made: a str ("" names the world) with no NUL character. MPI keeps names as C strings:
+    ``Comm.Set_name`` refuses a NUL, but only after the members met and formed the domain.
+
+    Raises:
+        CollectiveArgumentError: naming ``op``, ``param``, the name and this world rank.
+    """
+    if not isinstance(name, str) or "\0" in name:
+        raise arg_error(op, param, name, MPI.COMM_WORLD.Get_rank(),
+                        "a domain name must be a str with no NUL character (MPI keeps names as C strings)")
 
 
 def lookup(name: str) -> LibComm | None:
@@ -92,12 +124,15 @@ def lib_domain(name: str, rank_size: int | None = None) -> LibComm:
     """The :class:`LibComm` of comm domain ``name``, formed on first use (see :func:`domain`).
 
     A member that gives no ``rank_size`` for an undeclared domain still meets the others, so that
-    every member raises the same error instead of its peers waiting for it.
+    every member raises the same error instead of its peers waiting for it. A bad name raises on
+    this rank alone, at once: a member naming another domain cannot be told (its peers wait for
+    it until ``MPICOLL_DOMAIN_TIMEOUT``, as for any name that differs between members).
     """
     comm = lookup(name)
     if comm is not None:
         return comm
     alive(f"comm domain {name!r}")
+    check_name(name)
     me = MPI.COMM_WORLD.Get_rank()
     declared = _DECLARED.get(name)
     if declared is not None:
@@ -114,9 +149,7 @@ def lib_domain(name: str, rank_size: int | None = None) -> LibComm:
             raise CollectiveArgumentError(f"comm domain {name!r}: rank_size={rank_size!r} on world rank {me}: must "
                                           "be an int >= 1", param="rank_size", rank=me)
         members = _rendezvous.rendezvous(name, None if rank_size is None else int(rank_size), None)
-    comm = _rendezvous.create(name, members)
-    comm.Set_name(f"mpicoll.domain.{name}")
-    lib = LibComm.make(comm, f"domain {name!r}")
+    lib = _own(_rendezvous.create(name, members), f"mpicoll.domain.{name}", f"domain {name!r}")
     with LOCK:
         _DOMAINS[name] = lib
     return lib
@@ -130,7 +163,10 @@ def domain(name: str, rank_size: int | None = None) -> MPI.Comm:
         rank_size: number of members; required to form an undeclared domain, checked otherwise.
 
     Returns:
-        A library-owned communicator; group-local rank order = world rank order.
+        The caller's own duplicate of the domain's communicator (group-local rank order = world
+        rank order): use it freely, free it if you like; mpicoll never calls MPI on it. Made at
+        this rank's first ``domain(name)`` call (collective over the members, as forming the domain
+        is) and returned again until freed. For "" the world: ``MPI.COMM_WORLD``.
 
     Raises:
         CollectiveArgumentError: no rank_size for a new domain, this rank not a member of a declared
@@ -143,7 +179,13 @@ def domain(name: str, rank_size: int | None = None) -> MPI.Comm:
         me = MPI.COMM_WORLD.Get_rank()
         raise CollectiveArgumentError(f"comm domain {name!r}: rank_size={rank_size!r} on world rank {me}: the domain "
                                       f"has {comm.size} members", param="rank_size", rank=me)
-    return (comm or lib_domain(name, rank_size)).mpi
+    lib = comm or lib_domain(name, rank_size)
+    if not name:
+        return MPI.COMM_WORLD
+    mine = _USER.get(name)
+    if mine is None or mine == MPI.COMM_NULL:       # (never asked for, or freed by its user)
+        mine = _USER[name] = lib.dup(f"user.{name}")
+    return mine
 
 
 def domain_members(name: str) -> tuple[int, ...]:
@@ -173,8 +215,9 @@ def declare_domains(table: dict[str, list[int]] | str) -> None:
     alive("declare_domains")
     world_size = MPI.COMM_WORLD.Get_size()
     for name, ranks in table.items():
-        if not isinstance(name, str) or not name:
-            raise CollectiveArgumentError(f"declare_domains: domain name {name!r}: must be a non-empty str",
+        check_name(name, "declare_domains", "table")
+        if not name:
+            raise CollectiveArgumentError("declare_domains: domain name '': must be non-empty (\"\" names the world)",
                                           param="table")
         try:
             members = tuple(sorted(int(r) for r in ranks))
@@ -193,3 +236,19 @@ def declare_domains(table: dict[str, list[int]] | str) -> None:
                 f"domain name for a different membership ({list(members)}) is an error", param=name)
         with LOCK:
             _DECLARED[name] = members
+
+
+def resolve(op: str, comm: Any, name: Any, rank_size: Any, what: str) -> LibComm:
+    """The library communicator for a user comm, else a domain name, else the world (the one
+    place that maps an operation's, or the Hccl client's, arguments to a communicator)."""
+    if comm is not None:
+        if not isinstance(comm, MPI.Comm):
+            raise CollectiveArgumentError(f"{op}: comm={comm!r}: must be an mpi4py MPI.Comm", op=op, param="comm")
+        if comm == MPI.COMM_NULL:
+            raise CollectiveArgumentError(f"{op}: comm is MPI.COMM_NULL (a freed or null communicator): give a live "
+                                          "one", op=op, param="comm")
+        return user_comm(comm)
+    if name:
+        check_name(name, op, what)
+        return lookup(name) or lib_domain(name, rank_size)
+    return world()

@@ -55,6 +55,14 @@ def timeout_default() -> float | None:
     return value if value > 0 else None
 
 
+def timeout_seconds(timeout: float | None) -> float | None:
+    """A ``timeout=`` argument as the watchdog takes it (the one place it is normalised): None =
+    ``MPICOLL_TIMEOUT``; 0 or less = no watchdog; else seconds."""
+    if timeout is None:
+        return timeout_default()
+    return float(timeout) if timeout > 0 else None
+
+
 def action_default() -> str:
     """``MPICOLL_TIMEOUT_ACTION``: ``abort`` (default) or ``raise``."""
     action = os.environ.get("MPICOLL_TIMEOUT_ACTION", "abort").strip().lower()
@@ -210,8 +218,8 @@ def unlink_own_segments() -> None:
     MPICH removes them in MPI_Finalize only, so a job that ends otherwise (aborted by ``python -m
     mpi4py`` after an uncaught exception, Ctrl-C, killed) would leave them, a few MB each. Safe once
     every rank of the job has started (each mapped the file in MPI_Init): the memory lives on
-    until the last of them exits. mpicoll calls it when it makes its world communicator, and
-    again before it aborts."""
+    until the last of them exits. mpicoll calls it once it has made its first communicator,
+    whichever it is (:func:`mpicoll._domains._own`), and again before it aborts."""
     for path in own_shm_segments():
         try:
             os.unlink(path)

@@ -144,3 +144,65 @@ def test_calls_after_finalize_raise_a_collective_error(tmp_path):
     assert got["execute"].startswith("AllReduce: a call") and got["run"].startswith("AllReduce: run()")
     assert got["wait"].startswith("AllReduce: wait()") and got["functional"].startswith("all_reduce: a call")
     assert got["domain"].startswith("comm domain 'd'") and got["mesh"].startswith("mesh:")
+
+
+ENTRY = {
+    "domain": 'mpicoll.AllReduceOperation(mpicoll.AllReduceParam(comm_domain="d", rank_size=2)).execute(x)',
+    "user-comm": "mpicoll.AllReduceOperation(mpicoll.AllReduceParam(comm=MPI.COMM_WORLD.Dup())).execute(x)",
+    "node-buffer": 'mpicoll.declare_domains({"nb": [0, 1]}); mpicoll.node_buffer(16, comm_domain="nb")',
+}
+ENDING = {
+    "error": 'raise RuntimeError("the end")',
+    "kill-9": 'print(f"@@ready {MPI.COMM_WORLD.Get_rank()} {os.getpid()}@@", flush=True); time.sleep(60)',
+}
+NO_WORLD = """
+import os, time
+import numpy as np
+from mpi4py import MPI
+import mpicoll
+from mpicoll._watchdog import own_shm_segments
+print("".join(f"@@{{p}}@@" for p in own_shm_segments()), flush=True)
+x = np.ones(4, np.float32)
+{entry}
+{ending}
+"""
+
+
+@pytest.mark.timeout_s(90)
+@pytest.mark.parametrize("ending", list(ENDING))
+@pytest.mark.parametrize("entry", list(ENTRY))
+def test_a_program_that_never_uses_the_world_leaves_nothing(tmp_path, entry, ending):
+    """A program whose only mpicoll communicator is a domain, a user comm or a node buffer's
+    (never the world), ended by an uncaught error under ``python -m mpi4py`` or by ``kill -9`` of
+    one rank: the MPICH shared-memory files its ranks mapped are gone (each rank prints the files
+    it maps, so files of other jobs running on the machine do not count)."""
+    if OPEN_MPI:
+        pytest.skip("MPICH's shared-memory files")
+    script = tmp_path / "job.py"
+    script.write_text(NO_WORLD.format(entry=ENTRY[entry], ending=ENDING[ending]))
+    job = subprocess.Popen(mpirun(2, sys.executable, "-m", "mpi4py", str(script)), env=launch_env(), text=True,
+                           stdout=subprocess.PIPE, stderr=subprocess.PIPE, start_new_session=True)
+    out = ""
+    try:
+        if ending == "kill-9":
+            while out.count("@@ready") < 2:
+                line = job.stdout.readline()
+                assert line, f"the job ended before both ranks were ready: {out}"
+                out += line
+            pid = int(re.findall(r"@@ready 1 (\d+)@@", out)[0])
+            os.kill(pid, signal.SIGKILL)
+        rest, err = job.communicate(timeout=60)
+        out += rest
+    finally:
+        if job.poll() is None:
+            os.killpg(job.pid, signal.SIGKILL)
+            job.communicate()
+    time.sleep(0.3)                                       # (let the ended processes' mappings go)
+    mapped = set(re.findall(r"@@(/dev/shm/mpich_shm_[^@\s]+)@@", out))
+    left = sorted(p for p in mapped if os.path.exists(p))
+    remove(left)
+    assert job.returncode != 0, (out, err[-3000:])
+    if ending == "error":
+        assert "RuntimeError: the end" in err, err[-3000:]
+    assert mapped, f"no rank reported a shared-memory file: {out}"
+    assert left == [], f"left behind: {left}"
