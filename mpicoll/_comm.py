@@ -28,7 +28,6 @@ import os
 import sys
 import threading
 import time
-import warnings
 import zlib
 from functools import partial
 from typing import Any, Callable
@@ -78,7 +77,7 @@ class LibComm:
             graph tells its communicators apart.
         validate, debug: the agreed defaults of ``MPICOLL_VALIDATE`` and ``MPICOLL_DEBUG``.
         local: every member runs on one node and ``MPICOLL_SHM`` is on (agreed): large reductions
-            may use the node window (:meth:`node_window`).
+            may use the node window (:func:`mpicoll._shm.node_window`).
         buffers: its node buffers (:func:`mpicoll._shm.node_buffer`), freed with it.
         per_node: the members span several nodes, each holding this many (more than one) of them,
             and ``MPICOLL_SHM`` is on (agreed; else 0): a large AllReduce may go in tiers
@@ -164,28 +163,6 @@ class LibComm:
                 split = None
         return cls(mpi, label, bool(table[0, 0]), bool(table[0, 1]), bool(table[:, 2].any()), one_node, split)
 
-    def node_window(self):
-        """This communicator's shared window (:class:`mpicoll._shm.NodeWindow`), made on first use:
-        collective over the members, which all reach it at the same call (it is made from an
-        ``issue`` choice on agreed facts). Freed by :meth:`close`. None (for good, on every member,
-        with a ``RuntimeWarning``) where the node's shared memory cannot hold it: the reductions
-        then take MPI's path."""
-        if self._node is None:
-            from ._shm import NodeWindow
-            self.meet("make its shared window (a rank never made its first large reduction there)")
-            node = NodeWindow(self)
-            if node.short:
-                self._node = False
-                # (the same text for every communicator: Python shows it once per process by default,
-                # and under -W error every member raises it alike)
-                warnings.warn(f"mpicoll: {node.short}; reductions on communicators whose window it cannot hold "
-                              "take MPI's path instead (MPICOLL_SHM=0 skips the attempt; it also turns node "
-                              "buffers and tiers off)", RuntimeWarning)
-            else:
-                self._node = node
-                self._hold_open()
-        return self._node or None
-
     def meet(self, what: str) -> None:
         """A Barrier under the watchdog before a collective set-up step that is not timed itself
         (``Allocate_shared``, ``Split``), after the work queued here: a member that never comes
@@ -195,12 +172,20 @@ class LibComm:
         timed_call(self.mpi, "Barrier", (), _watchdog.timeout_default(),
                    lambda: f"{self.label}: timed out waiting for every member to {what}")
 
+    def dup(self, name: str) -> MPI.Comm:
+        """A duplicate of the communicator for a user to own (collective over the members, under
+        the watchdog's Barrier first): mpicoll makes no call on it."""
+        self.meet(f"duplicate it for its user ({name})")
+        mine = self.mpi.Dup()
+        mine.Set_name(name)
+        return mine
+
     def add_buffer(self, buf) -> None:
         """Register a node buffer (:class:`mpicoll._shm.NodeBuffer`) just allocated on it."""
         self.buffers.append(buf)
-        self._hold_open()
+        self.hold_open()
 
-    def _hold_open(self) -> None:
+    def hold_open(self) -> None:
         """List it among the communicators whose windows a clean exit frees."""
         with LOCK:
             if self not in _OPEN:
@@ -208,7 +193,7 @@ class LibComm:
 
     def tiers(self) -> tuple["LibComm", "LibComm"]:
         """The two communicators of a tiered AllReduce (``per_node`` > 0), made on first use like
-        :meth:`node_window`: this rank's node's members (``local``: they share a node window), and
+        :func:`mpicoll._shm.node_window`: this rank's node's members (``local``: they share a node window), and
         the members with this rank's index on its node, one per node (rank order kept in both)."""
         if self._tiers is None:
             self.meet("make its node and cross-node communicators (a rank never made its first large "
@@ -275,6 +260,12 @@ class LibComm:
             return getattr(self.mpi, nonblocking(name))(*args)
         name.Start()
         return name
+
+    def persistent(self, name: str, args: tuple) -> MPI.Prequest:
+        """The persistent request of collective ``name`` (``self.mpi.<name>_init``: collective and
+        non-blocking in MPI 4, made by every member at the same point of its program), started by
+        :meth:`start`, which counts the sequence and marks the arrival of each start."""
+        return getattr(self.mpi, name + "_init")(*args)
 
     def wait(self, requests: list[MPI.Request], timeout: float | None, name: str, where: tuple) -> None:
         """Complete ``requests`` (a collective ``name`` started with :meth:`start`, ``where`` as for
@@ -375,6 +366,17 @@ class LibComm:
             self.plain = not self.debug
             win.Unlock_all()
             win.Free()
+
+
+def node_affinities(mpi: MPI.Comm) -> tuple[list[set[int]], set[int]]:
+    """The CPU sets (affinities: taskset, cpusets and ``mpirun -bind-to`` count) of the members of
+    ``mpi`` on this rank's node, in their rank order there, and this rank's (the one place that
+    reads them; collective over ``mpi``, on a node communicator made and freed here)."""
+    local = mpi.Split_type(MPI.COMM_TYPE_SHARED)
+    mine = sorted(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else list(range(os.cpu_count() or 1))
+    sets = [set(s) for s in local.allgather(mine)]
+    local.Free()
+    return sets, set(mine)
 
 
 def finalized(op: str, what: str) -> CollectiveError:

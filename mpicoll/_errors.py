@@ -77,14 +77,14 @@ def as_collective_error(exc: BaseException, op: str, rank: int) -> CollectiveErr
 
 
 def agree(comm, header: np.ndarray, error: BaseException | None, timeout: float | None, op: str,
-          number: int) -> np.ndarray:
+          number: int | None, step: str = "its header agreement (an internal MPI Allgather)") -> np.ndarray:
     """Allgather every rank's fixed-length int64 ``header`` over ``comm`` (a LibComm); raise the same
     error on all ranks.
 
     ``header[0]`` is 1 on a rank that has a local ``error`` (set here if it is not already). If any rank has one, the
     messages are exchanged (on the error path only) and every rank raises the error of the lowest
     failing rank, with the other failing ranks' messages appended. ``op`` and ``number`` (its call
-    number on ``comm``) name the call for the watchdog.
+    number on ``comm``, None: the latest counted) and ``step`` name the call for the watchdog.
 
     Returns:
         The gathered ``(comm.size, len(header))`` int64 matrix, identical on every rank.
@@ -92,8 +92,7 @@ def agree(comm, header: np.ndarray, error: BaseException | None, timeout: float 
     if error is not None:
         header[0] = 1
     table = np.empty((comm.size, header.size), dtype=np.int64)
-    comm.call("Allgather", ([header, MPI.INT64_T], [table, MPI.INT64_T]), timeout,
-              (op, number, "its header agreement (an internal MPI Allgather)"))
+    comm.call("Allgather", ([header, MPI.INT64_T], [table, MPI.INT64_T]), timeout, (op, number, step))
     if any(table[:, 0].tolist()):
         settle(comm, error, timeout, (op, number, "the exchange of an error (internal MPI Allgather/Allgatherv)"))
     return table

@@ -260,3 +260,30 @@ def _sum_rows(t: np.ndarray, out: np.ndarray, acc: np.ndarray) -> None:
 _NEG0 = np.float32(-0.0)
 
 
+# ----------------------------------------------------------------------------- counts and packing
+
+def split_even(total: int, n: int) -> np.ndarray:
+    """Chunk sizes for ``total`` elements over ``n`` ranks: the first ``total % n`` get one more."""
+    c = np.full(n, total // n, dtype=np.int64)
+    c[: total % n] += 1
+    return c
+
+
+def prefix(counts) -> np.ndarray:
+    """The exclusive prefix sums of ``counts``: packed displacements."""
+    return np.concatenate(([0], np.cumsum(counts)[:-1])).astype(np.int64)
+
+
+def pack(views: list[np.ndarray], flat: np.ndarray) -> None:
+    """Copy flat views of arrays one after the other into ``flat`` (a staging buffer), in one call."""
+    if views:
+        np.concatenate(views, out=flat)
+
+
+def scatter_pairs(flat: np.ndarray, arrays: list[np.ndarray]) -> list[tuple[np.ndarray, np.ndarray]]:
+    """``(array's flat view, its part of flat)`` pairs, :func:`pack`'s layout (made once, at record)."""
+    pairs, pos = [], 0
+    for a in arrays:
+        pairs.append((a.reshape(-1), flat[pos:pos + a.size]))
+        pos += a.size
+    return pairs

@@ -41,6 +41,13 @@ ALIASES: dict[str, str] = {
 }
 
 
+def _frozen(value: Any) -> Any:
+    """A list or array field's value as (nested) tuples: an in-place change then raises too."""
+    if hasattr(value, "tolist"):
+        value = value.tolist()
+    return tuple(_frozen(v) for v in value) if isinstance(value, (list, tuple)) else value
+
+
 def camel(name: str) -> str:
     """``rank_size`` -> ``rankSize``."""
     head, *rest = name.split("_")
@@ -77,6 +84,27 @@ class CommParam:
     comm_domain: str = ""
 
     OP: ClassVar[str] = "Param"
+
+    def freeze(self, op: str) -> None:
+        """Bind the Param to an operation (at its first call, which reads it): its list and array
+        fields become tuples, and assigning a field raises. A change after that would otherwise be
+        ignored (the operation keeps what it read): make a new Param and operation instead."""
+        if "_bound_to" in self.__dict__:
+            return
+        for f in dataclasses.fields(self):
+            value = getattr(self, f.name)
+            if isinstance(value, list) or hasattr(value, "tolist") and hasattr(value, "ndim") and value.ndim:
+                object.__setattr__(self, f.name, _frozen(value))
+        object.__setattr__(self, "_bound_to", op)
+
+    def __setattr__(self, name: str, value: Any) -> None:
+        op = self.__dict__.get("_bound_to")
+        if op is not None:
+            raise CollectiveArgumentError(
+                f"{type(self).__name__}.{name}: this Param is bound to its operation ({op}) since that one's first call, "
+                f"which read it: make a new Param and operation (dataclasses.replace(param, {name}=...))",
+                op=op, param=name)
+        object.__setattr__(self, name, value)
 
     @classmethod
     def from_dict(cls, d: dict) -> "CommParam":

@@ -28,9 +28,12 @@ from typing import Any, Callable
 
 from mpi4py import MPI
 
+import numpy as np
+
 from . import _comm
-from ._comm import LibComm
-from ._errors import CollectiveError
+from . import _validate as V
+from ._comm import OP_NAMES, LibComm, op_code
+from ._errors import CollectiveError, agree, agreed
 from ._watchdog import done
 
 #: the most collectives one call keeps in flight at once (``go.start``); a start beyond it first
@@ -231,7 +234,7 @@ class Plan:
     """
 
     __slots__ = ("op", "result", "parts", "_timeout", "_steps", "_used", "_tokens", "_persistent", "_reuse",
-                 "_handle", "_state", "_go", "_tally", "_where", "__weakref__")
+                 "_handle", "_state", "_go", "_tally", "_where", "_sequenced", "__weakref__")
 
     def __init__(self, rec: Recorder, timeout: float | None, persistent: bool = True) -> None:
         self.parts = rec.parts
@@ -248,6 +251,12 @@ class Plan:
         self._state = _IDLE
         self._go: Callable[[], None] | None = None
         self._tally: tuple = ("", {"": 0}, ())     # (a plan of several calls: each part counts itself)
+        # (a prepared plan or a graph skips the per-call agreement; where its communicators keep a
+        # sequence (a watchdog or MPICOLL_DEBUG), every run first agrees it: see _agree_sequence.
+        # The plans of one-shot and remembered calls are the calls themselves: they do not)
+        self._sequenced: tuple = ()
+        if persistent and any(not c.plain for c in self._used):
+            self._sequenced = tuple((c, _next_serial(c)) for c in self._used)
         if persistent:
             _LIVE.add(self)
 
@@ -272,8 +281,33 @@ class Plan:
             for c in self._used:
                 if c.pending:
                     c.drain(None)
+        if self._sequenced:
+            self._agree_sequence("run()", None)
         self._go()
         return self.result
+
+    def _agree_sequence(self, what: str, number: int | None) -> None:
+        """Before a run, where the communicators keep a sequence: one header row per communicator
+        (a run of this plan, the plan's serial number there, the sequence number), agreed as a
+        validated call's is. A rank that skipped a run and then made another call (a validated
+        one, or a run of another plan) meets this agreement with a row that differs: every rank
+        raises the same named error instead of finishing with another call's bytes. (A rank that
+        skipped a run and runs the same plan again pairs with its peers' run: the same call.)
+        Costs one small Allgather per communicator."""
+        name = f"{self.op} (plan run)"
+        code = op_code(name)
+        if code not in OP_NAMES:
+            OP_NAMES[code] = name
+            V.PARAM_DESCRIBERS[name] = lambda k: f"the {_comm.ordinal(k)} plan made there"
+        for c, serial in self._sequenced:
+            row = np.zeros(V.H_LEN + 2 * c.size, dtype=np.int64)
+            row[V.H_OP], row[V.H_PARAMS], row[V.H_SEQ], row[V.H_MODE] = code, serial, c.seq, 1
+            table = agree(c, row, None, self._timeout, self.parts[0].op, number,
+                          f"the agreement before its plan's {what} (an internal MPI Allgather)")
+            try:
+                V.check_table(name, table, None, c.label)
+            except CollectiveError as exc:
+                raise agreed(exc, c.world_ranks) from None
 
     def _bind(self) -> Callable[[], None]:
         """The steps as one callable (made at the first run). A plan of one call counts it in
@@ -317,8 +351,14 @@ class Plan:
         if self._state or MPI.Is_finalized():
             self._refuse("start")
         _comm.check_live(self._used, self.op)
+        if self._sequenced:
+            for c in self._used:
+                if c.pending:
+                    c.drain(None)
+            first = self.parts[0]
+            self._agree_sequence("start()", first.comms[0].calls.get(first.op, 0) + 1)
         if self._reuse and self._persistent is None:   # made at the first start, on every rank at the same point
-            self._persistent = [getattr(s.comm.mpi, s.name + "_init")(*s.args) if s.kind in (MPI_CALL, START)
+            self._persistent = [s.comm.persistent(s.name, s.args) if s.kind in (MPI_CALL, START)
                                 else None for s in self._steps]
         self._state = _STARTED
         handle = self._handle = Handle(self, len(self._steps) if end is None else end)
@@ -387,6 +427,15 @@ class Plan:
     def __repr__(self) -> str:
         state = ("idle", "started", "freed")[self._state]
         return f"<Plan {self.op}: {len(self._steps)} step(s), {state}>"
+
+
+#: communicator -> how many sequenced plans were made on it (every member makes them in the same order)
+_SERIALS: "weakref.WeakKeyDictionary[LibComm, int]" = weakref.WeakKeyDictionary()
+
+
+def _next_serial(c: LibComm) -> int:
+    k = _SERIALS[c] = _SERIALS.get(c, 0) + 1
+    return k
 
 
 def _each(fns: tuple) -> None:

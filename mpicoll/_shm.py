@@ -44,19 +44,21 @@ import errno
 import mmap
 import os
 import time
+import warnings
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
 from mpi4py import MPI
 
 from . import _validate as V
-from ._dtypes import lookup
 from . import _watchdog
+from ._comm import LibComm
+from ._domains import resolve
+from ._dtypes import lookup
 from ._errors import CollectiveError, agree, agreed, arg_error, as_collective_error
-from ._numeric import copy_pairs, reduce_rows
+from ._numeric import copy_pairs, prefix, reduce_rows, split_even
 
 if TYPE_CHECKING:
-    from ._comm import LibComm
     from ._dtypes import DType, ReduceOp
 
 #: bytes per rank per round (and per half of the window)
@@ -127,12 +129,33 @@ GATHER_BYTES = (64 * 1024, 32 * 1024 * 1024)
 BROADCAST_BYTES = 64 * 1024
 
 
+def node_window(comm: LibComm) -> "NodeWindow | None":
+    """``comm``'s shared window, made on its first use: collective over the members, which all
+    reach it at the same call (it is made from an ``issue`` choice on agreed facts). Freed with the
+    communicator (:meth:`LibComm.close`). None (for good, on every member, with a ``RuntimeWarning``)
+    where the node's shared memory cannot hold it: the reductions then take MPI's path."""
+    if comm._node is None:
+        comm.meet("make its shared window (a rank never made its first large reduction there)")
+        node = NodeWindow(comm)
+        if node.short:
+            comm._node = False
+            # (the same text for every communicator: Python shows it once per process by default,
+            # and under -W error every member raises it alike)
+            warnings.warn(f"mpicoll: {node.short}; reductions on communicators whose window it cannot hold "
+                          "take MPI's path instead (MPICOLL_SHM=0 skips the attempt; it also turns node "
+                          "buffers and tiers off)", RuntimeWarning)
+        else:
+            comm._node = node
+            comm.hold_open()
+    return comm._node or None
+
+
 def serves(comm: LibComm, nbytes: int, threshold: int, window: bool = True) -> bool:
     """Whether a reduction of ``nbytes`` (the same on every rank) on ``comm`` goes through its node
     window: every member on one node (agreed), more than one member, at least ``threshold`` bytes,
     and, where the call needs the window (``window``: a ReduceScatter from node buffers does not),
-    the window could be made (here, by the first call that needs it: :meth:`LibComm.node_window`)."""
-    return comm.local and comm.size > 1 and nbytes >= threshold and (not window or comm.node_window() is not None)
+    the window could be made (here, by the first call that needs it: :func:`node_window`)."""
+    return comm.local and comm.size > 1 and nbytes >= threshold and (not window or node_window(comm) is not None)
 
 
 def _back(seg: np.ndarray) -> int:
@@ -164,10 +187,9 @@ def _room() -> float:
 def _agree(comm: LibComm, err: int, nbytes: int, what: str) -> str:
     """Gather every member's ``err`` (0: fine) about a shared allocation of ``nbytes`` per member:
     why it cannot be had (the same message on every member, and for every communicator), or ""."""
-    from ._comm import timed_call
     errs = np.empty(comm.size, dtype=np.int64)
-    timed_call(comm.mpi, "Allgather", ([np.array([err], dtype=np.int64), MPI.INT64_T], [errs, MPI.INT64_T]),
-               _watchdog.timeout_default(), lambda: f"{comm.label}: timed out agreeing where its {what} fits")
+    comm.call("Allgather", ([np.array([err], dtype=np.int64), MPI.INT64_T], [errs, MPI.INT64_T]),
+              _watchdog.timeout_default(), ("shared memory", None, f"agreeing where its {what} fits"))
     if not errs.any():
         return ""
     first = int(errs[np.flatnonzero(errs)[0]])                  # (the lowest failing member's)
@@ -193,6 +215,8 @@ class _Shared:
         room = _room() >= ROOM_FACTOR * comm.size * (nbytes + ROOM_EXTRA)
         self.short = _agree(comm, 0 if room else errno.ENOSPC, nbytes, what)
         if not self.short:
+            # (a window is made on the communicator, not called on it: not a LibComm call; the
+            # agreement above is the watched collective every member passed to get here)
             self.win = MPI.Win.Allocate_shared(nbytes, 1, comm=comm.mpi)
             self.win.Lock_all(MPI.MODE_NOCHECK)
             self.segments = [np.frombuffer(self.win.Shared_query(r)[0], dtype=np.uint8) for r in range(comm.size)]
@@ -338,7 +362,6 @@ def node_buffer(shape: int | tuple, dtype: Any = np.float32, comm: MPI.Comm | No
         shape, dtype: the array's (every dtype mpicoll knows).
         comm, comm_domain: the communicator, as an operation's Param names it (default: the world).
     """
-    from .ops._base import resolve
     lib = resolve("node_buffer", comm, comm_domain, None, "comm_domain")
     error = None
     try:
@@ -427,8 +450,7 @@ def allreduce(go, comm: LibComm, x: np.ndarray, out: np.ndarray | None, dt: DTyp
     the blocks out. ``inputs`` (:func:`resident`): every rank's input is in a node buffer, read
     there instead of copied in (in one shot, a last Barrier keeps the inputs until every peer has
     read them; an in-place result waits for it in a private array)."""
-    from .ops._base import prefix, split_even
-    node, n, me = comm.node_window(), comm.size, comm.rank
+    node, n, me = node_window(comm), comm.size, comm.rank
     flat, oflat = x.reshape(-1), None if out is None else out.reshape(-1)
     per = node.slot_bytes // dt.itemsize
     slots = [node.slots(r, dt.np) for r in range(n)]
@@ -492,7 +514,6 @@ def reduce_scatter(go, comm: LibComm, blocks: np.ndarray, counts: list[int], dt:
     a Barrier, reduces its own part from every slot (its own straight from ``blocks``) into ``out``.
     ``inputs`` (:func:`resident`): every rank's blocks are in a node buffer: after one Barrier each
     rank reduces its whole block straight from them, and a second keeps them until all have read."""
-    from .ops._base import prefix
     n, me = comm.size, comm.rank
     flat, oflat = blocks.reshape(-1), out.reshape(-1)
     if inputs is not None:                             # (no window: read straight from the buffers)
@@ -504,7 +525,7 @@ def reduce_scatter(go, comm: LibComm, blocks: np.ndarray, counts: list[int], dt:
         go.local(reduce_rows, rows, dt, rop, oflat)
         go.mpi(comm, "Barrier")                        # (every peer has read this rank's blocks)
         return
-    node = comm.node_window()
+    node = node_window(comm)
     per = node.slot_bytes // dt.itemsize
     rounds = max(-(-sum(counts) // per), 1)
     while sum(-(-c // rounds) for c in counts) > per:          # (each block's ceil may add an element)

@@ -46,8 +46,9 @@ class HeaderOverflow(ValueError):
 
 def header(n: int, code: int, call: Any, validate: bool, seq: int) -> np.ndarray:
     """This rank's header for one call: the fields of ``call`` (a :class:`~mpicoll._plan.Call`, or
-    None when describing failed: then the error flag is set), the operation's ``validate``, ``seq`` (debug mode's sequence
-    number, else 0). Built as a list: on tiny arrays, numpy's per-call cost is the larger part.
+    None when describing failed: then the error flag is set), the operation's ``validate``, ``seq``
+    (the communicator's sequence number where it keeps one, else 0). Built as a list: on tiny
+    arrays, numpy's per-call cost is the larger part.
 
     Raises:
         HeaderOverflow: a value that does not fit in int64 (an operator parameter of 2**63, ...):
@@ -157,7 +158,7 @@ SHAPE_NAMES: dict = {}
 
 _FIELDS = (
     ("operation", lambda r: OP_NAMES.get(int(r[H_OP]), f"operator #{int(r[H_OP])}")),
-    ("sequence number (MPICOLL_DEBUG)", lambda r: str(int(r[H_SEQ]))),
+    ("sequence number (MPICOLL_DEBUG or MPICOLL_TIMEOUT)", lambda r: str(int(r[H_SEQ]))),
     ("validate", lambda r: f"validate={bool(r[H_MODE])}"),
     ("dtype", lambda r: by_code(int(r[H_DTYPE])).name if r[H_DTYPE] else "-"),
     ("reduce_type", lambda r: repr(reduce_by_code(int(r[H_REDUCE])).name) if r[H_REDUCE] else "-"),

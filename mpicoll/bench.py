@@ -24,12 +24,13 @@ from mpi4py import MPI
 
 from . import __version__, ops as _ops  # noqa: F401 - registers the operators
 from . import _shm
+from ._comm import node_affinities
 from ._domains import declare_domains, domain, domain_members, lookup, world as lib_world
 from ._dtypes import DTYPES, REDUCE_OPS
 from ._golden import BENCHES, BenchCase, count_wrong
 from ._validate import validate_default
 from .check import UsageError
-from .run import Parser, epilog, kernels_summary, on_ctrl_c, version_text
+from ._cli import Parser, epilog, kernels_summary, on_ctrl_c, version_text
 
 _SUFFIX = {"": 1, "K": 1024, "M": 1024 ** 2, "G": 1024 ** 3}
 
@@ -195,7 +196,8 @@ def run_bench(argv: list[str] | None = None) -> int:
     """Run the sweep; returns the exit status (1 if any result was wrong)."""
     args = build_parser().parse_args(argv)
     args.command_line = "python -m mpicoll.run bench " + " ".join(sys.argv[2:] if argv is None else argv)
-    world = lib_world().mpi
+    lib_world()                    # (made on every rank at once: the operations run on it)
+    world = MPI.COMM_WORLD         # (the harness' own calls: timing, verdicts; never the library's communicator)
     me, nworld = world.Get_rank(), world.Get_size()
     ops = _select(args.op, list(BENCHES), "operator")
     dtypes = _select(args.datatype, list(DTYPES), "dtype")
@@ -267,7 +269,7 @@ def run_bench(argv: list[str] | None = None) -> int:
                 _write_json(args, list(rows), comm.Get_size(), compare, validate, placement, kernels, interrupted)
                 saved.append(True)
 
-    def last_words() -> str:       # Ctrl-C, on the printing rank, from run.ctrl_c_ends_the_job's thread
+    def last_words() -> str:       # Ctrl-C, on the printing rank, from _cli.ctrl_c_ends_the_job's thread
         count = len(rows)
         save(interrupted=True)
         where = f"; the rows measured so far are in {args.json}" if args.json else ""
@@ -464,13 +466,7 @@ def _placement(world: MPI.Comm) -> dict:
     cores they may run on together (the union of their CPU affinities, so taskset and cpusets
     count), whether each rank is bound (allowed fewer than those cores, as ``mpirun -bind-to core``
     does) and whether the ranks outnumber the cores."""
-    local = world.Split_type(MPI.COMM_TYPE_SHARED)
-    if hasattr(os, "sched_getaffinity"):
-        mine = sorted(os.sched_getaffinity(0))
-    else:
-        mine = list(range(os.cpu_count() or 1))
-    sets = [set(s) for s in local.allgather(mine)]
-    local.Free()
+    sets, _ = node_affinities(world)
     cores = set().union(*sets)
     bound = all(len(s) < len(cores) for s in sets)
     hosts = list(dict.fromkeys(world.allgather(MPI.Get_processor_name())))

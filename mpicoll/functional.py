@@ -32,17 +32,16 @@ from ._comm import alive
 from ._domains import declare_domains
 from ._dtypes import reduce_op
 from ._errors import CollectiveArgumentError
-from ._plan import Call, Handle
+from ._plan import Call
 from .ops._base import Operation
-from .ops.allgather import AllGatherOperation, AllGatherParam, AllGatherVOperation, AllGatherVParam
-from .ops.allreduce import AllReduceOperation, AllReduceParam
-from .ops.alltoall import AllToAllVV2Operation, AllToAllVV2Param
-from .ops.broadcast import BroadcastOperation, BroadcastParam
-from .ops.gather import GatherOperation, GatherParam
-from .ops.reduce import ReduceOperation, ReduceParam
-from .ops.reduce_scatter import ReduceScatterOperation, ReduceScatterParam, ReduceScatterVOperation, \
-    ReduceScatterVParam
-from .ops.scatter import ScatterOperation, ScatterParam
+from .ops.allgather import AllGatherOperation, AllGatherVOperation
+from .ops.allreduce import AllReduceOperation
+from .ops.alltoall import AllToAllVV2Operation
+from .ops.broadcast import BroadcastOperation
+from .ops.gather import GatherOperation
+from .ops.reduce import ReduceOperation
+from .ops.reduce_scatter import ReduceScatterOperation, ReduceScatterVOperation
+from .ops.scatter import ScatterOperation
 
 __all__ = ["MAX_CACHED", "Work", "all_gather", "all_gather_into_tensor", "all_gather_into_tensor_uneven",
            "all_reduce", "all_to_all", "all_to_all_single", "barrier", "broadcast", "gather", "reduce",
@@ -87,17 +86,32 @@ _OPS: "OrderedDict[tuple, Operation]" = OrderedDict()
 _GROUPS: dict[tuple, str] = {}
 
 
+class _Refused(Exception):
+    """An argument this rank cannot use before it has an operation: ``(param, value, rule)``."""
+
+
 def _group(group: Any, fn: str) -> tuple[Any, dict] | None:
-    """``(cache key, Param fields)`` of a group, or None when this rank is not in its list."""
-    if group is None or group == "":
+    """``(cache key, Param fields)`` of a group, or None when this rank is not in its list.
+
+    Raises:
+        _Refused: a group that is none of the four forms, or a list that is not of world ranks.
+    """
+    if group is None:
         return "", {}
     if isinstance(group, str):
-        return group, {"comm_domain": group}
+        return (group, {"comm_domain": group}) if group else ("", {})
     if isinstance(group, MPI.Comm):                 # (the cached operation keeps it alive: its id is its own)
         return ("comm", id(group)), {"comm": group}
     if isinstance(group, (list, tuple, range)):
         alive(fn)
-        ranks = tuple(sorted({int(r) for r in group}))
+        size = MPI.COMM_WORLD.Get_size()
+        try:
+            ranks = tuple(sorted({int(r) for r in group}))
+            ok = not ranks or 0 <= ranks[0] and ranks[-1] < size
+        except (TypeError, ValueError):
+            ok = False
+        if not ok:
+            raise _Refused("group", group, f"must be a list of world ranks, in [0, {size})")
         name = _GROUPS.get(ranks)
         if name is None:
             name = _GROUPS[ranks] = "mpicoll.group:" + ",".join(map(str, ranks))
@@ -106,8 +120,7 @@ def _group(group: Any, fn: str) -> tuple[Any, dict] | None:
         if MPI.COMM_WORLD.Get_rank() not in ranks:
             return None
         return name, {"comm_domain": name}
-    raise CollectiveArgumentError(f"{fn}: group={group!r}: must be None, a domain name, a list of world ranks or an "
-                                  "mpi4py communicator", op=fn, param="group")
+    raise _Refused("group", group, "must be None, a domain name, a list of world ranks or an mpi4py communicator")
 
 
 def _op(cls: type, group: Any, fn: str, root: tuple | None = None, reduce: str | None = None) -> Operation | None:
@@ -163,18 +176,63 @@ class _Rooted:
 _REDUCE_NAMES = {"sum": "sum", "prod": "prod", "product": "prod", "max": "max", "min": "min"}
 
 
-def _reduce_name(op: Any, fn: str) -> str:
+def _reduce_name(op: Any) -> str | None:
+    """mpicoll's name of a reduce op as given (None: not one)."""
     try:
         return _REDUCE_NAMES[op]
     except (KeyError, TypeError):
-        return reduce_op(getattr(op, "name", op), op=fn, param="op").name
+        try:
+            return reduce_op(getattr(op, "name", op)).name
+        except CollectiveArgumentError:
+            return None
 
 
-def _run(op: Operation | None, args: tuple, async_op: bool, outputs: Any) -> Work | None:
-    """Run (or start, or, inside a capture, capture) one call; torch's return value. ``outputs``:
-    what the Work's result() gives (a list, or the one output array)."""
+#: ``_run``'s ``reduce`` for a function without a reduce op (None is a reduce op given, and refused)
+_NO_OP = object()
+
+
+def _run(cls: type, group: Any, args: tuple, async_op: bool, outputs: Any, root: tuple | None = None,
+         reduce: Any = _NO_OP) -> Work | None:
+    """Run (or start, or, inside a capture, capture) one call of the function ``cls`` adapts;
+    torch's return value. ``root``: a rooted function's ``(name, src/dst, group_src/group_dst)``;
+    ``reduce``: a reducing function's op, as given; ``outputs``: what the Work's result() gives (a
+    list, or the one output array).
+
+    An argument this rank cannot use before it has an operation (a reduce op or a group it cannot
+    read, a root that cannot be a cache key) must not be raised here alone, while the peers wait in
+    the call: the call goes to the operation it would most likely have had (the reduce op "sum",
+    the default root, the world: every group is inside it) with the error, naming this rank there,
+    in place of its first argument (``_found``), and is raised through the call's agreement on every
+    rank that makes it, as mpicoll.torch does with a tensor it cannot map."""
+    fn, refused = cls.NAME, None
+    if reduce is _NO_OP:
+        reduce = None
+    else:
+        name = _reduce_name(reduce)
+        if name is None:
+            refused = ("op", getattr(reduce, "name", reduce), "must be one of 'sum', 'prod', 'max', 'min'")
+        reduce = name or "sum"
+    if root is not None:
+        try:
+            hash(root)
+        except TypeError:                   # (a list or an array as src: no cache key)
+            name, world_root, group_root = root
+            if type(world_root).__hash__ is None:
+                refused = refused or (name, world_root, "must be a world rank in the group")
+            else:
+                refused = refused or (f"group_{name}", group_root, "must be a rank in the group")
+            root = (name, None, None)
+    try:
+        op = _op(cls, group, fn, root, reduce)
+    except _Refused as exc:
+        refused = refused or exc.args
+        op = _op(cls, None, fn, root, reduce)
     if op is None:
         return None
+    if refused is not None:
+        op._live()                          # (bound: the error names this rank in the call's communicator)
+        param, value, rule = refused
+        args = (V.arg_error(fn, param, value, op.rank, rule), *args[1:])
     if async_op:
         return Work(op._start(*args), outputs if isinstance(outputs, list) else [outputs])
     op._execute(*args)
@@ -296,6 +354,7 @@ class _ReduceScatterTensor(ReduceScatterOperation):
 
 class _AllToAllSingle(AllToAllVV2Operation):
     NAME, PUBLIC = "all_to_all_single", False
+    VALUES = ("output_split_sizes", "input_split_sizes")
     PAIR_NAMES = ("input_split_sizes[{j}]", "output_split_sizes[{i}]")
 
     def execute(self, output, input, output_split_sizes=None, input_split_sizes=None):  # noqa: A002
@@ -315,6 +374,7 @@ class _AllToAllSingle(AllToAllVV2Operation):
 
 class _AllGatherIntoTensorUneven(AllGatherVOperation):
     NAME, PUBLIC = "all_gather_into_tensor_uneven", False
+    VALUES = ("output_split_sizes",)
     PAIR_NAMES = ("input.shape[0]", "output_split_sizes[{i}]")
 
     def execute(self, output, input, output_split_sizes=None):  # noqa: A002
@@ -333,6 +393,7 @@ class _AllGatherIntoTensorUneven(AllGatherVOperation):
 
 class _ReduceScatterTensorUneven(ReduceScatterVOperation):
     NAME, PUBLIC = "reduce_scatter_tensor_uneven", False
+    VALUES = ("input_split_sizes",)
     PAIR_NAMES = ("input_split_sizes[{j}]", "output.shape[0]")
 
     def execute(self, output, input, input_split_sizes=None):  # noqa: A002
@@ -566,7 +627,7 @@ def all_reduce(tensor: np.ndarray, op: Any = "sum", group: Any = None, async_op:
     Raises:
         CollectiveError: on every rank of the group, for a bad argument on any of them.
     """
-    return _run(_op(_AllReduce, group, "all_reduce", reduce=_reduce_name(op, "all_reduce")), (tensor,), async_op, tensor)
+    return _run(_AllReduce, group, (tensor,), async_op, tensor, reduce=op)
 
 
 def broadcast(tensor: np.ndarray, src: int | None = None, group: Any = None, async_op: bool = False,
@@ -578,8 +639,7 @@ def broadcast(tensor: np.ndarray, src: int | None = None, group: Any = None, asy
         src: the source as a world rank (torch's ``src``); or ``group_src``, a rank in the group.
         group, async_op: as in :func:`all_reduce`.
     """
-    op = _op(_Broadcast, group, "broadcast", ("src", src, group_src))
-    return _run(op, (tensor,), async_op, tensor)
+    return _run(_Broadcast, group, (tensor,), async_op, tensor, ("src", src, group_src))
 
 
 def reduce(tensor: np.ndarray, dst: int | None = None, op: Any = "sum", group: Any = None, async_op: bool = False,
@@ -591,8 +651,7 @@ def reduce(tensor: np.ndarray, dst: int | None = None, op: Any = "sum", group: A
         dst: the destination as a world rank; or ``group_dst``, a rank in the group.
         tensor, op, group, async_op: as in :func:`all_reduce`.
     """
-    o = _op(_Reduce, group, "reduce", ("dst", dst, group_dst), reduce=_reduce_name(op, "reduce"))
-    return _run(o, (tensor,), async_op, tensor)
+    return _run(_Reduce, group, (tensor,), async_op, tensor, ("dst", dst, group_dst), op)
 
 
 def all_gather_into_tensor(output: np.ndarray, input: np.ndarray, group: Any = None,  # noqa: A002
@@ -602,43 +661,40 @@ def all_gather_into_tensor(output: np.ndarray, input: np.ndarray, group: Any = N
 
     ``input`` may be ``output``'s own block ``rank`` (in place).
     """
-    return _run(_op(_AllGatherIntoTensor, group, "all_gather_into_tensor"), (output, input), async_op, output)
+    return _run(_AllGatherIntoTensor, group, (output, input), async_op, output)
 
 
 def all_gather(tensor_list: list[np.ndarray], tensor: np.ndarray, group: Any = None,
                async_op: bool = False) -> Work | None:
     """Gather every rank's ``tensor`` into ``tensor_list[i]`` (rank i's), on every rank."""
-    return _run(_op(_AllGatherList, group, "all_gather"), (tensor_list, tensor), async_op, tensor_list)
+    return _run(_AllGatherList, group, (tensor_list, tensor), async_op, tensor_list)
 
 
 def gather(tensor: np.ndarray, gather_list: list[np.ndarray] | None = None, dst: int | None = None,
            group: Any = None, async_op: bool = False, group_dst: int | None = None) -> Work | None:
     """Gather every rank's ``tensor`` into the destination's ``gather_list`` (None elsewhere)."""
-    op = _op(_Gather, group, "gather", ("dst", dst, group_dst))
-    return _run(op, (tensor, gather_list), async_op, gather_list or [])
+    return _run(_Gather, group, (tensor, gather_list), async_op, [] if gather_list is None else gather_list,
+                ("dst", dst, group_dst))
 
 
 def scatter(tensor: np.ndarray, scatter_list: list[np.ndarray] | None = None, src: int | None = None,
             group: Any = None, async_op: bool = False, group_src: int | None = None) -> Work | None:
     """Fill rank i's ``tensor`` with the source's ``scatter_list[i]`` (``scatter_list`` on the
     source only)."""
-    op = _op(_Scatter, group, "scatter", ("src", src, group_src))
-    return _run(op, (tensor, scatter_list), async_op, tensor)
+    return _run(_Scatter, group, (tensor, scatter_list), async_op, tensor, ("src", src, group_src))
 
 
 def reduce_scatter_tensor(output: np.ndarray, input: np.ndarray, op: Any = "sum", group: Any = None,  # noqa: A002
                           async_op: bool = False) -> Work | None:
     """Reduce ``input`` over the group; rank r keeps block r of dim 0 in ``output``. ``input`` is
     ``(world_size * N, ...)`` (blocks along dim 0) or ``(world_size, *output.shape)``."""
-    o = _op(_ReduceScatterTensor, group, "reduce_scatter_tensor", reduce=_reduce_name(op, "reduce_scatter_tensor"))
-    return _run(o, (output, input), async_op, output)
+    return _run(_ReduceScatterTensor, group, (output, input), async_op, output, reduce=op)
 
 
 def reduce_scatter(output: np.ndarray, input_list: list[np.ndarray], op: Any = "sum", group: Any = None,
                    async_op: bool = False) -> Work | None:
     """Reduce ``input_list[r]`` over the group into rank r's ``output``."""
-    o = _op(_ReduceScatterList, group, "reduce_scatter", reduce=_reduce_name(op, "reduce_scatter"))
-    return _run(o, (output, input_list), async_op, output)
+    return _run(_ReduceScatterList, group, (output, input_list), async_op, output, reduce=op)
 
 
 def all_to_all_single(output: np.ndarray, input: np.ndarray, output_split_sizes: Any = None,  # noqa: A002
@@ -648,35 +704,30 @@ def all_to_all_single(output: np.ndarray, input: np.ndarray, output_split_sizes:
 
     Example (2 ranks, even): rank r's ``input = [2r, 2r + 1]`` -> ``output = [r, 2 + r]``.
     """
-    return _run(_op(_AllToAllSingle, group, "all_to_all_single"),
-                (output, input, output_split_sizes, input_split_sizes), async_op, output)
+    return _run(_AllToAllSingle, group, (output, input, output_split_sizes, input_split_sizes), async_op, output)
 
 
 def all_to_all(output_tensor_list: list[np.ndarray], input_tensor_list: list[np.ndarray], group: Any = None,
                async_op: bool = False) -> Work | None:
     """Send ``input_tensor_list[j]`` to rank j; ``output_tensor_list[i]`` receives rank i's (sizes may
     differ per rank, dtypes may not)."""
-    return _run(_op(_AllToAllList, group, "all_to_all"), (output_tensor_list, input_tensor_list), async_op,
-                output_tensor_list)
+    return _run(_AllToAllList, group, (output_tensor_list, input_tensor_list), async_op, output_tensor_list)
 
 
 def all_gather_into_tensor_uneven(output: np.ndarray, input: np.ndarray, output_split_sizes: Any = None,  # noqa: A002
                                   group: Any = None, async_op: bool = False) -> Work | None:
     """AllGather along dim 0 with a different number of rows per rank: rank i's ``input`` lands at
     split i of ``output``'s dim 0 (``output_split_sizes``, None = even)."""
-    return _run(_op(_AllGatherIntoTensorUneven, group, "all_gather_into_tensor_uneven"),
-                (output, input, output_split_sizes), async_op, output)
+    return _run(_AllGatherIntoTensorUneven, group, (output, input, output_split_sizes), async_op, output)
 
 
 def reduce_scatter_tensor_uneven(output: np.ndarray, input: np.ndarray, input_split_sizes: Any = None,  # noqa: A002
                                  op: Any = "sum", group: Any = None, async_op: bool = False) -> Work | None:
     """ReduceScatter along dim 0 with a different number of rows per rank: rank r gets the
     reduction of split r of every rank's ``input`` (``input_split_sizes``, None = even)."""
-    o = _op(_ReduceScatterTensorUneven, group, "reduce_scatter_tensor_uneven",
-            reduce=_reduce_name(op, "reduce_scatter_tensor_uneven"))
-    return _run(o, (output, input, input_split_sizes), async_op, output)
+    return _run(_ReduceScatterTensorUneven, group, (output, input, input_split_sizes), async_op, output, reduce=op)
 
 
 def barrier(group: Any = None, async_op: bool = False) -> Work | None:
     """Wait until every rank of the group has reached it."""
-    return _run(_op(_Barrier, group, "barrier"), (), async_op, [])
+    return _run(_Barrier, group, (), async_op, [])

@@ -38,8 +38,10 @@ import numpy as np
 
 from ._errors import CollectiveArgumentError, CollectiveError, as_collective_error
 from ._plan import CAPTURING, Plan, Recorder
-from ._watchdog import timeout_default
-from .ops._base import Operation, agree_calls, buffers, resolve
+from ._watchdog import timeout_seconds
+from ._domains import resolve
+from .functional import Work
+from .ops._base import Operation, agree_calls, buffers
 
 __all__ = ["Graph", "capture"]
 
@@ -76,6 +78,11 @@ class _Capture:
 
     def __exit__(self, exc_type, exc, tb) -> None:
         CAPTURING.remove(self.graph)
+        if exc is not None and not isinstance(exc, Exception):
+            # Ctrl-C, sys.exit, GeneratorExit: the program is stopping, not a call failing. It goes on
+            # unchanged and starts no agreement, which could wait for ever; the peers, waiting in
+            # theirs, end with the job (python -m mpi4py aborts it) or at the graph's timeout.
+            return
         failure = None if exc is None else as_collective_error(exc, "graph", self.graph._rank())
         self.graph._build(failure)     # (collective: a rank whose block failed still agrees, and all raise)
 
@@ -102,7 +109,7 @@ class Graph:
 
     def __init__(self, group: Any = None, timeout: float | None = None, exact: bool = True) -> None:
         self.group, self.exact = group, exact
-        self.timeout = timeout_default() if timeout is None else (float(timeout) if timeout and timeout > 0 else None)
+        self.timeout = timeout_seconds(timeout)
         self._entries: list[tuple[Operation, Any, BaseException | None]] = []
         self._plan: Plan | None = None
         self._results: tuple = ()
@@ -188,7 +195,6 @@ class Graph:
         """
         plan = self._ready("replay")
         if async_op:
-            from .functional import Work
             return Work(plan.start(), list(self._results))
         plan.run()
         return self._results

@@ -8,19 +8,13 @@ ends it with one line and status 130 (:func:`ctrl_c_ends_the_job`).
 from __future__ import annotations
 
 import argparse
-import contextlib
 import os
-import signal
 import sys
-import threading
-import time
 import traceback
-from typing import Callable, Iterator
 
 from mpi4py import MPI
 
-from . import __version__
-from ._numeric import kernels_in_use
+from ._cli import Parser, ctrl_c_ends_the_job, epilog, kernels_summary, version_text
 
 USAGE_EPILOG = """\
 examples:
@@ -41,40 +35,6 @@ environment (read by the library on every rank; set them alike everywhere):
   MPICOLL_SHM=0              no shared-window reductions on one node, no AllReduce in tiers across nodes
                              (default on; docs/shm.md)
 """
-
-
-def kernels_summary(comm: MPI.Comm) -> str:
-    """The numeric kernels the ranks of ``comm`` use (collective): one text when every rank uses the
-    same, else each text with its ranks."""
-    seen = comm.allgather(kernels_in_use())
-    if len(set(seen)) == 1:
-        return seen[0]
-    ranks: dict[str, list[int]] = {}
-    for r, text in enumerate(seen):
-        ranks.setdefault(text, []).append(r)
-    return "; ".join(f"{text} on ranks {rs}" for text, rs in ranks.items())
-
-
-def version_text() -> str:
-    """The ``--version`` line: mpicoll's version, mpi4py's and the MPI library's, the kernels here."""
-    import mpi4py
-    vendor, numbers = MPI.get_vendor()
-    return (f"mpicoll {__version__} (mpi4py {mpi4py.__version__}, {vendor} {'.'.join(map(str, numbers))}); "
-            f"numeric kernels: {kernels_in_use()}")
-
-
-def epilog(text: str) -> str:
-    """A ``--help`` epilog: ``text``, then the kernels in use and where the docs are."""
-    return f"{text}numeric kernels: {kernels_in_use()}\nmore: docs/cli.md\n"
-
-
-class Parser(argparse.ArgumentParser):
-    """An argument parser for a command every rank runs with the same arguments: usage, errors,
-    ``--help`` and ``--version`` print on world rank 0 only (once per job); every rank exits alike."""
-
-    def _print_message(self, message, file=None):
-        if MPI.COMM_WORLD.Get_rank() == 0:
-            super()._print_message(message, file)
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -152,93 +112,6 @@ def main(argv: list[str] | None = None) -> int:
             log.close()
 
 
-#: seconds a rank that got Ctrl-C waits for the speaking rank to end the job, before it ends it itself
-CTRL_C_GRACE = 3.0
-
-
-class _CtrlC:
-    """Who speaks when Ctrl-C ends the job, and what it says (:func:`on_ctrl_c`)."""
-
-    def __init__(self) -> None:
-        self.speaker = False
-        self.words: Callable[[], str] = lambda: "python -m mpicoll.run: interrupted (Ctrl-C)"
-
-
-_CTRL_C = _CtrlC()
-
-
-def on_ctrl_c(speaker: bool, words: Callable[[], str]) -> None:
-    """Set what Ctrl-C does from now on (every rank calls it): on the rank where ``speaker`` is
-    true, ``words()`` runs (it may save what was done so far, and must not call MPI collectives:
-    the peers may be gone) and its line is printed; the other ranks stay silent."""
-    _CTRL_C.speaker, _CTRL_C.words = speaker, words
-
-
-@contextlib.contextmanager
-def ctrl_c_ends_the_job() -> Iterator[None]:
-    """Within the block, Ctrl-C ends the job with one line printed by one rank, exit status 130
-    and no traceback, whatever MPI call each rank is in.
-
-    A terminal's Ctrl-C sends SIGINT to every rank, but a rank inside a blocking MPI call sees its
-    KeyboardInterrupt only when the call returns, and the call never returns once a peer has left
-    the collective. So a thread woken by the signal itself (``signal.set_wakeup_fd``) ends the job.
-    On the speaking rank (world rank 0 until :func:`on_ctrl_c` names another) it prints the last
-    words and aborts the job (``MPI_Abort(130)``). Every other rank waits ``CTRL_C_GRACE`` seconds
-    for that abort, and ends the job itself, with a line of its own, only if the speaking rank
-    never got the signal. A KeyboardInterrupt in the main thread hands over to that thread.
-    """
-    if threading.current_thread() is not threading.main_thread():
-        yield
-        return
-    on_ctrl_c(MPI.COMM_WORLD.Get_rank() == 0, _CtrlC().words)
-    rfd, wfd = os.pipe()
-    os.set_blocking(wfd, False)
-    previous = signal.set_wakeup_fd(wfd, warn_on_full_buffer=False)
-    thread = threading.Thread(target=_watch_ctrl_c, args=(rfd,), name="mpicoll-ctrl-c", daemon=True)
-    thread.start()
-    try:
-        yield
-    except KeyboardInterrupt:
-        os.write(wfd, bytes([signal.SIGINT]))      # (in case it was raised without the signal)
-        while thread.is_alive():                   # the thread ends the process
-            try:
-                thread.join()
-            except KeyboardInterrupt:              # (Ctrl-C again)
-                continue
-        raise SystemExit(130) from None
-    finally:
-        signal.set_wakeup_fd(previous)
-        if thread.is_alive():
-            os.write(wfd, b"\0")                   # stop the thread
-            thread.join()
-        os.close(rfd)
-        os.close(wfd)
-
-
-def _watch_ctrl_c(rfd: int) -> None:
-    """The thread of :func:`ctrl_c_ends_the_job`: returns when told to stop (a zero byte), ends
-    the process on SIGINT."""
-    while True:
-        data = os.read(rfd, 64)
-        if signal.SIGINT in data:
-            break
-        if not data or 0 in data:
-            return
-    from ._watchdog import end_process
-    try:
-        if _CTRL_C.speaker:
-            try:
-                line = _CTRL_C.words()
-            except Exception as exc:  # noqa: BLE001 - the job ends either way
-                line = f"python -m mpicoll.run: interrupted (Ctrl-C) ({type(exc).__name__}: {exc})"
-            end_process(line, 130)
-        time.sleep(CTRL_C_GRACE)
-        end_process(f"python -m mpicoll.run: interrupted (Ctrl-C) on world rank {MPI.COMM_WORLD.Get_rank()}, "
-                    "and the rank that prints did not end the job: ending it from here", 130)
-    finally:
-        os._exit(130)
-
-
 def entry(argv: list[str] | None = None) -> None:
     """Run :func:`main`; on an unhandled error print it with the rank and abort the whole job; on
     Ctrl-C end the job with one line (:func:`ctrl_c_ends_the_job`)."""
@@ -258,7 +131,4 @@ def entry(argv: list[str] | None = None) -> None:
 
 
 if __name__ == "__main__":
-    # Run the entry of mpicoll.run, the module the sub-commands import (on_ctrl_c), not this copy
-    # that ``python -m`` runs as __main__.
-    from mpicoll.run import entry as _entry
-    _entry()
+    entry()

@@ -9,6 +9,7 @@ import textwrap
 
 import numpy as np
 import pytest
+from mpi4py import MPI
 
 import mpicoll
 from mpicoll import CollectiveArgumentError, CollectiveTimeout
@@ -90,6 +91,48 @@ def test_missing_members_time_out(monkeypatch):
     if RANK < 2:
         with pytest.raises(CollectiveTimeout, match="timed out"):
             mpicoll.domain("t6.three", 3 if SIZE < 3 else SIZE + 1)
+    WORLD.Barrier()
+
+
+@mpi1
+def test_a_nul_in_a_domain_name_raises_before_anything_is_made(monkeypatch):
+    """Every rank names "a\\x00b" (MPI names are C strings): every rank raises an argument error
+    naming comm_domain and its rank, from the operation, domain() and declare_domains(), before
+    any rendezvous or communicator (Comm.Set_name used to raise a bare ValueError after both)."""
+    import mpicoll._rendezvous as R
+
+    def made(*_):
+        raise AssertionError("a rendezvous or a communicator was made for a bad name")
+    monkeypatch.setattr(R, "rendezvous", made)
+    monkeypatch.setattr(R, "create", made)
+    op = mpicoll.AllReduceOperation(mpicoll.AllReduceParam(comm_domain="a\x00b", rank_size=2))
+    for fn in (lambda: op.execute(np.ones(2)), lambda: mpicoll.domain("a\x00b", 2)):
+        with pytest.raises(CollectiveArgumentError) as info:
+            fn()
+        assert (info.value.param, info.value.rank) == ("comm_domain", RANK)
+        assert f"comm_domain='a\\x00b' on rank {RANK}: a domain name must be a str with no NUL" in str(info.value)
+    with pytest.raises(CollectiveArgumentError, match="table='a\\\\x00b' on rank .*no NUL") as info:
+        mpicoll.declare_domains({"a\x00b": [0]})
+    assert info.value.param == "table"
+
+
+@mpi2
+def test_a_nul_in_one_ranks_domain_name(monkeypatch):
+    """Only rank 0's name has a NUL: it raises at once; rank 1, which named another domain (a name
+    that differs between members), waits for it only until MPICOLL_DOMAIN_TIMEOUT, then raises."""
+    import time
+    monkeypatch.setenv("MPICOLL_DOMAIN_TIMEOUT", "2")
+    if RANK < 2:
+        op = mpicoll.AllReduceOperation(mpicoll.AllReduceParam(comm_domain="tE\x00x" if RANK == 0 else "tE.x",
+                                                               rank_size=2))
+        t0 = time.monotonic()
+        with pytest.raises(CollectiveTimeout if RANK else CollectiveArgumentError) as info:
+            op.execute(np.ones(2))
+        seconds = time.monotonic() - t0
+        if RANK == 0:
+            assert "comm_domain='tE\\x00x' on rank 0" in str(info.value) and seconds < 1, (str(info.value), seconds)
+        else:
+            assert "1 of 2 arrived (world ranks [1])" in str(info.value) and seconds < 10, (str(info.value), seconds)
     WORLD.Barrier()
 
 
@@ -350,3 +393,24 @@ def test_multi_thread_mode_runs_one_communicator_per_thread():
         assert results[k][0] == [sum(range(SIZE)) + k * SIZE] * 3 and results[k][-1] == [k * SIZE] * 2
     for c in comms:
         c.Free()
+
+
+@mpi2
+def test_a_domain_communicator_is_the_users_own():
+    """``mpicoll.domain(name)`` hands out a duplicate the user owns: not the library's own (calls on
+    it never meet mpicoll's), usable beside mpicoll's operations, and freeing it is fine (the next
+    call makes another); "" gives MPI.COMM_WORLD."""
+    from mpicoll._domains import lookup
+    assert mpicoll.domain("") is MPI.COMM_WORLD
+    if RANK < 2:
+        mine = mpicoll.domain("tU.pair", 2)
+        assert mine is mpicoll.domain("tU.pair") and mine != lookup("tU.pair").mpi
+        op = mpicoll.AllReduceOperation(mpicoll.AllReduceParam(comm_domain="tU.pair"))
+        req = mine.Iallreduce(MPI.IN_PLACE, x := np.full(2, RANK + 1.0))   # in flight across a library call
+        assert op.execute(np.ones(2)).tolist() == [2, 2]
+        req.Wait()
+        assert x.tolist() == [3, 3]
+        mine.Free()
+        again = mpicoll.domain("tU.pair")
+        assert again != MPI.COMM_NULL and again.allreduce(1) == 2
+    WORLD.Barrier()

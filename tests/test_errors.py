@@ -303,12 +303,16 @@ def test_reduce_scatter_v_with_a_longer_input():
 
 @mpi1
 def test_param_is_bound_at_first_execute():
+    """The first call reads the Param and freezes it: a later change raises instead of being ignored."""
     p = mpicoll.AllReduceParam(reduce_type="sum")
     op = mpicoll.AllReduceOperation(p)
+    p.reduce_type = "sum"               # (before the first call: read by it)
     assert op.execute(np.ones(2)).tolist() == [SIZE, SIZE]
-    p.reduce_type = "max"               # no effect on an op already bound; validation agrees with the run
+    with pytest.raises(CollectiveArgumentError, match=r"AllReduceParam.reduce_type: this Param is bound"):
+        p.reduce_type = "max"
     assert op.execute(np.ones(2)).tolist() == [SIZE, SIZE]
-    assert mpicoll.AllReduceOperation(p).execute(np.ones(2)).tolist() == [1, 1]
+    q = dataclasses.replace(p, reduce_type="max")
+    assert mpicoll.AllReduceOperation(q).execute(np.ones(2)).tolist() == [1, 1]
 
 
 @mpi1

@@ -11,6 +11,7 @@ import pytest
 import mpicoll
 from mpicoll import CollectiveArgumentError, CollectiveMismatchError
 from mpicoll import functional as F
+from mpicoll import graph
 from mpicoll._dtypes import DTYPES
 from mpicoll._golden import SEED, golden_reduce, rank_data
 
@@ -230,6 +231,69 @@ def test_split_sizes_that_disagree_across_ranks():
     raises_everywhere(lambda: F.all_to_all_single(np.empty((sum(so), 2)), np.empty((n, 2)), so, [1] * n),
                       CollectiveMismatchError, "all_to_all_single: output_split_sizes[1] differs across ranks",
                       "output_split_sizes[1]=2 on rank 0 but rank 1 has input_split_sizes[0]=1")
+
+
+@mpi2
+@pytest.mark.timeout_s(60)
+@pytest.mark.parametrize("case,fragment", [
+    ("op", "all_reduce: op='bogus' on rank {last}: must be one of 'sum', 'prod', 'max', 'min'"),
+    ("op, async", "all_reduce: op='bogus' on rank {last}: must be one of"),
+    ("op, the peers' max", "reduce: op='bogus' on rank {last}: must be one of"),
+    ("op, captured", "graph call 0 (all_reduce): all_reduce: op='bogus' on rank {last}: must be one of"),
+    ("group", "all_reduce: group=3.5 on rank {last}: must be None, a domain name, a list of world ranks or an "
+              "mpi4py communicator"),
+    ("src outside", "broadcast: src={n} on rank {last}: must be a world rank in the group"),
+    ("src a list", "broadcast: src=[0] on rank {last}: must be a world rank in the group"),
+    ("tensor", "all_reduce: tensor='list' on rank {last}: must be a numpy array"),
+    ("gather_list", "gather: gather_list='ndarray of {n}' on rank {last}: must be a list of world_size={n} arrays"),
+    ("splits", "all_to_all_single: input_split_sizes=5 on rank {last}: must be a sequence of integers"),
+])
+def test_a_bad_argument_on_the_last_rank_is_raised_on_every_rank(case, fragment, monkeypatch):
+    """Only the last rank passes the bad value: every rank raises the same error, naming it and that
+    rank, including the rules checked before there is an operation (op, group, an unhashable src).
+    Under a timeout, so that peers left waiting abort the job instead of hanging it."""
+    monkeypatch.setenv("MPICOLL_TIMEOUT", "20")
+    monkeypatch.setattr(F, "_OPS", OrderedDict())               # (fresh operations, under that timeout)
+    n, last = SIZE, SIZE - 1
+    bad = RANK == last
+    t = np.ones(2)
+
+    def call():
+        if case == "op":
+            return F.all_reduce(t, op="bogus" if bad else "sum")
+        if case == "op, async":
+            return F.all_reduce(t, op="bogus" if bad else "sum", async_op=True).wait()
+        if case == "op, the peers' max":
+            return F.reduce(t, dst=0, op="bogus" if bad else "max")
+        if case == "op, captured":
+            with graph.capture():
+                F.all_reduce(t, op="bogus" if bad else "sum")
+        if case == "group":
+            return F.all_reduce(t, group=3.5 if bad else None)
+        if case == "src outside":
+            return F.broadcast(t, src=n if bad else 0)
+        if case == "src a list":
+            return F.broadcast(t, src=[0] if bad else 0)
+        if case == "tensor":
+            return F.all_reduce([1.0, 1.0] if bad else t)
+        if case == "gather_list":
+            return F.gather(t, np.empty((n, 2)) if bad else None, dst=last)
+        return F.all_to_all_single(np.empty((n, 2)), np.empty((n, 2)), None, 5 if bad else [1] * n)
+    raises_everywhere(call, CollectiveArgumentError, fragment.format(n=n, last=last))
+    t = np.ones(1)
+    F.all_reduce(t)                                               # still in step
+    assert t[0] == n
+
+
+@mpi1
+@pytest.mark.timeout_s(60)
+def test_a_list_group_that_is_not_of_world_ranks_is_agreed_over_the_world(monkeypatch):
+    """Refused on every rank alike (over the world, as no group can be formed from it), not by
+    declare_domains on its members alone while the others take themselves for outsiders."""
+    monkeypatch.setenv("MPICOLL_TIMEOUT", "20")
+    monkeypatch.setattr(F, "_OPS", OrderedDict())
+    raises_everywhere(lambda: F.all_reduce(np.ones(2), group=[0, SIZE]), CollectiveArgumentError,
+                      f"all_reduce: group=[0, {SIZE}] {on(range(SIZE))}: must be a list of world ranks, in [0, {SIZE})")
 
 
 @mpi1

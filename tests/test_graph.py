@@ -13,7 +13,7 @@ from mpicoll import graph
 from mpicoll._dtypes import DTYPES
 from mpicoll._golden import SEED, rank_data
 
-from _mpi import RANK, SIZE, raises_everywhere
+from _mpi import RANK, SIZE, raises_everywhere, remove, run_job
 
 mpi1 = pytest.mark.mpi(min_size=1)
 mpi2 = pytest.mark.mpi(min_size=2)
@@ -165,6 +165,30 @@ def test_an_exception_inside_the_block_on_one_rank_is_raised_everywhere():
         capture()
     msg = str(info.value)
     assert "boom" in msg
+
+
+STOPPED = """
+    import sys
+    import numpy as np
+    from mpi4py import MPI
+    from mpicoll import functional as F, graph
+    with graph.capture():
+        F.all_reduce(np.ones(2))
+        if MPI.COMM_WORLD.Get_rank() == 1:
+            STOP
+"""
+
+
+@pytest.mark.skipif(SIZE != 1, reason="runs its own mpirun jobs once")
+@pytest.mark.parametrize("stop,word", [("raise KeyboardInterrupt", "\nKeyboardInterrupt"),
+                                       ("sys.exit(3)", "Abort(3)")])
+def test_ctrl_c_inside_a_capture_stays_ctrl_c(tmp_path, stop, word):
+    """A KeyboardInterrupt (or SystemExit) on one rank leaves the block unchanged, starting no
+    agreement: python -m mpi4py aborts the job (the peer waits in its agreement until then)."""
+    res, seconds, left = run_job(tmp_path, STOPPED.replace("STOP", stop), np_=2, env={"MPICOLL_TIMEOUT": "30"})
+    remove(left)
+    assert res.returncode != 0 and seconds < 20, (seconds, res.returncode, res.stderr[-2000:])
+    assert word in res.stderr and "CollectiveArgumentError" not in res.stderr, res.stderr[-2000:]
 
 
 @mpi1

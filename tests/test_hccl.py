@@ -12,7 +12,7 @@ import mpicoll
 from mpicoll import CollectiveError, CollectiveMismatchError, Hccl, HcclDataType, HcclReduceOp
 from mpicoll._dtypes import ALL_DTYPES, DTYPES, reduce_op
 from mpicoll._golden import SEED, golden_reduce, rank_data
-from mpicoll._hccl_golden import run_tiled, tiled_golden, tiled_layout
+from mpicoll.hccl import run_tiled, tiled_golden, tiled_layout
 
 from _mpi import RANK, SIZE, WORLD, launch_env, mpirun, raises_everywhere
 

@@ -265,7 +265,8 @@ def test_at_most_max_in_flight():
     x = np.full(3, RANK + 1.0)
     assert (op.execute(x) == SIZE * (SIZE + 1) / 2).all()
     rec = Recorder()
-    op._record(*op._call((x,), 1, True), rec, count=True)
+    _, call, table = op._dispatch((x,), always=True)
+    op._record(call, table, rec, count=True)
     open_, most = 0, 0
     for s in rec.steps:
         open_ += (s.kind == START) - (s.kind == WAIT)

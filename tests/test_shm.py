@@ -577,7 +577,7 @@ def test_streamed_and_plain_copies_give_the_same_bits(comm, dtype, monkeypatch):
         for _ in range(2):
             assert count_wrong(op.execute(xs[RANK]), golden) == 0, size
             assert count_wrong(rs.execute(xs[RANK]), golden[RANK * size:(RANK + 1) * size]) == 0, size
-    assert all(user_comm(comm).node_window()._cost)
+    assert all(_shm.node_window(user_comm(comm))._cost)
     assert kinds_out == ({False, True} if _shm.ONE_SHOT_BYTES == 0 else {True}), kinds_out    # (one shot: no copy out)
 
 
@@ -597,7 +597,7 @@ def test_small_copies_take_the_kind_in_use_untimed(comm, monkeypatch):
         xs = [rank_data(SEED, f"shm/small-copies/{count}", r, count, dt, "random") for r in range(SIZE)]
         for _ in range(3):
             assert count_wrong(op.execute(xs[RANK]), golden_reduce(xs, dt, rop)) == 0, count
-        node = user_comm(comm).node_window()
+        node = _shm.node_window(user_comm(comm))
         assert (node._copies > 0) == counted and node._last, (count, node._copies)
         if not counted:
             assert node._cost == [0.0, 0.0] and True in streamed and not node.plain, (node._cost, streamed)

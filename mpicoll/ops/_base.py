@@ -28,15 +28,15 @@ from mpi4py import MPI
 from .. import _shm
 from .. import _validate as V
 from .._comm import OP_NAMES, LibComm, check_live, finalized, op_code
-from .._domains import lib_domain, lookup, user_comm, world
+from .._domains import resolve
 from .._ranktable import rank_table
 from .._dtypes import BY_NP, DType, ReduceOp, reduce_op
 from .._errors import (CollectiveArgumentError, CollectiveError, CollectiveMismatchError, agree, agreed, arg_error,
                        as_collective_error)
-from .._numeric import copy_pairs, reduce_chunks
+from .._numeric import prefix, reduce_chunks
 from .._params import CommParam
 from .._plan import CAPTURING, Call, Handle, Plan, Recorder, Runner, count_call
-from .._watchdog import timeout_default
+from .._watchdog import timeout_seconds
 
 #: name -> Operation class, for every public operator (check, bench, the CLI and the tests iterate it).
 OPERATIONS: dict[str, type["Operation"]] = {}
@@ -68,8 +68,12 @@ class Operation:
     #: how errors name the per-peer send / expect vectors of the count-pair rule (V operators)
     PAIR_NAMES: ClassVar[tuple[str, str] | None] = None
 
-    #: execute's arguments (by position): ``out``'s, and those read as values, not buffers (counts,
-    #: displacements, shapes: a call repeated with them changed is another call); from the signature
+    #: execute's arguments read as values when the call is described (counts, displacements,
+    #: shapes, split sizes): a call repeated with other values is another call. Every other
+    #: argument is data, read or written on every run (keyed by identity). The operator's own
+    #: declaration, checked against its ``execute`` signature at import.
+    VALUES: ClassVar[tuple[str, ...]] = ()
+    #: (from the signature) the position of ``out``, and the value arguments' positions
     _OUT_AT: ClassVar[int | None] = None
     _VALUES_AT: ClassVar[frozenset] = frozenset()
 
@@ -83,8 +87,11 @@ class Operation:
                 OPERATIONS[cls.NAME] = cls
         if "execute" in cls.__dict__:
             names = list(inspect.signature(cls.execute).parameters)[1:]
+            unknown = [v for v in cls.VALUES if v not in names] if "VALUES" in cls.__dict__ else []
+            if unknown:
+                raise TypeError(f"{cls.__name__}.VALUES names {unknown}: not arguments of its execute {names}")
             cls._OUT_AT = names.index("out") if "out" in names else None
-            cls._VALUES_AT = frozenset(i for i, n in enumerate(names) if n in VALUE_ARGS)
+            cls._VALUES_AT = frozenset(i for i, n in enumerate(names) if n in cls.VALUES)
 
     def __init__(self, param: CommParam | None = None, *, validate: bool | None = None,
                  timeout: float | None = None) -> None:
@@ -95,8 +102,8 @@ class Operation:
                 f"{self.NAME}: param is {type(param).__name__}: must be {self.PARAM.__name__}", op=self.NAME,
                 param="param")
         self.param = param
-        self.timeout = timeout_default() if timeout is None else (float(timeout) if timeout and timeout > 0 else None)
-        self.validate = V.validate_default() if validate is None else bool(validate)
+        self.timeout = timeout_seconds(timeout)
+        self._validate = V.validate_default() if validate is None else bool(validate)
         self._validate_given = validate is not None
         self.comm: MPI.Comm | None = None
         self.rank, self.size = -1, 0
@@ -105,13 +112,27 @@ class Operation:
         self._param_error: BaseException | None = None
         self._agreed_once = False
         self._runner = Runner(self.NAME, self.timeout)
-        #: its last unvalidated calls: key -> [tokens of its arguments, its call, its plan once it came back]
+        #: its last unvalidated calls: key -> [its arguments (kept alive, so the key's identities stay
+        #: theirs), its call, its plan once it came back]
         self._calls: "OrderedDict[tuple, list]" = OrderedDict()
+
+    @property
+    def validate(self) -> bool:
+        """Whether every call agrees its arguments across ranks (see the class docstring). Set it
+        before the first call or at any time after, alike on every rank: a value set here wins over
+        the job's ``MPICOLL_VALIDATE`` (``MPICOLL_DEBUG`` turns it on whatever it says)."""
+        return self._validate
+
+    @validate.setter
+    def validate(self, on: bool) -> None:
+        self._validate, self._validate_given = bool(on), True
+        if self._lib is not None and self._lib.debug:
+            self._validate = True
 
     # -- binding -------------------------------------------------------------------------------------
     def _bind(self) -> LibComm:
-        """Resolve the communicator (first call) and check the param against it. A param error is
-        kept, and raised on every rank by the first agreement."""
+        """Resolve the communicator (first call), check the param against it and freeze it. A param
+        error is kept, and raised on every rank by the first agreement."""
         if MPI.Is_finalized():
             raise finalized(self.NAME, "a call")
         lib = resolve(self.NAME, self.param.comm, self.param.comm_domain, self.param.rank_size, "comm_domain")
@@ -128,10 +149,11 @@ class Operation:
             self._bind_param()
         except Exception as exc:  # noqa: BLE001 - agreed across ranks at the first call
             self._param_error = as_collective_error(exc, self.NAME, self.rank)
+        p.freeze(self.NAME)
         if not self._validate_given:      # the default its members agreed when the communicator was made
-            self.validate = lib.validate
+            self._validate = lib.validate
         if lib.debug:
-            self.validate = True
+            self._validate = True
         return lib
 
     def _bind_param(self) -> None:
@@ -143,29 +165,78 @@ class Operation:
             self._bind()
         check_live(self._comms, self.NAME)
 
-    # -- the call path ---------------------------------------------------------------------------------
+    # -- the call path: one dispatcher for every mode -------------------------------------------------
     def _execute(self, *args: Any) -> Any:
-        """``execute``: describe -> agree (validation on, and always the first call) -> issue, at once.
-
-        Without agreement, an operation remembers its last ``REMEMBERED`` calls: when the very same
-        call comes back (the same arrays, unmoved; the same counts and flags; nothing allocated for
-        it: ``out`` given), it is recorded once and then run as a plan (:meth:`_remembered`)."""
+        """``execute``: :meth:`_dispatch`, then the call's steps at once (or its remembered plan)."""
         if CAPTURING:
             return CAPTURING[-1].add(self, args)
-        self._live()
-        agree = self.validate or not self._agreed_once
-        if not agree and self._calls:
-            plan = self._remembered(args)
-            if plan is not None:
-                return plan.run()
-        number = count_call(self._comms, self.NAME)
-        call, table = self._call(args, number, agree)
+        plan, call, table = self._dispatch(args)
+        if plan is not None:
+            return plan.run()
         if call.src is not None:
             np.copyto(call.x, call.src)
         self.issue(call, table, self._runner)
-        if not agree and self._fills(args):
-            self._remember(args, call)
         return call.result
+
+    def _start(self, *args: Any) -> Handle:
+        """A one-shot non-blocking call (the functional API's ``async_op=True``): :meth:`_dispatch`,
+        then the call's steps recorded and started at once (``I`` calls, no persistent requests),
+        completed in ``wait()``."""
+        if CAPTURING:
+            return CAPTURING[-1].add(self, args, started=True)
+        plan, call, table = self._dispatch(args)
+        if plan is None:
+            rec = Recorder()
+            self._record(call, table, rec, count=False)
+            plan = Plan(rec, self.timeout, persistent=False)
+        return plan.start()
+
+    def _prepare(self, *args: Any) -> Plan:
+        """``prepare``: :meth:`_dispatch` (always agreeing), then the steps recorded into a Plan."""
+        _, call, table = self._dispatch(args, always=True)
+        rec = Recorder()
+        self._record(call, table, rec, count=True)
+        return Plan(rec, self.timeout)
+
+    def _dispatch(self, args: tuple, always: bool = False) -> tuple[Plan | None, Call | None, np.ndarray | None]:
+        """THE dispatcher of a call, whatever runs it next: live-check (and bind, the first call) ->
+        remembered plan? -> count -> describe -> agree.
+
+        Agreement runs when validation is on, for ``prepare`` (``always``) and for the first call of
+        every operation. Without it, a call that writes only into arrays it was given (``out``
+        given, or none in the signature) is remembered (the last ``REMEMBERED``): when the very
+        same call comes back (the same data arrays, unmoved; equal values, ``VALUES``), its steps
+        are recorded once and it runs as a plan, returned here (``call`` None).
+
+        Returns:
+            ``(plan, None, None)`` for a remembered call, else ``(None, call, table)``: the described
+            call and the agreed header table (None without agreement).
+        """
+        self._live()
+        agree = always or self._validate or not self._agreed_once
+        key = None
+        if not agree and self._fills(args):
+            key = _key(args, self._VALUES_AT)
+            entry = self._calls.get(key) if key is not None else None
+            if entry is not None:
+                plan = self._remembered(entry)
+                if plan is not None:
+                    return plan, None, None
+        number = count_call(self._comms, self.NAME)
+        if MPI.Is_finalized():
+            raise finalized(self.NAME, "a call")
+        if agree:
+            call, err = self._described(args)
+            return None, call, agree_call(self._lib, self, call, err, self.timeout, number)
+        failed = self._param_error or _found(args)       # (no agreement: a local error is this rank's alone)
+        if failed is not None:
+            raise failed
+        call = self.describe(*args)
+        if key is not None:
+            self._calls[key] = [args, call, None]
+            if len(self._calls) > REMEMBERED:
+                self._calls.popitem(last=False)
+        return None, call, None
 
     def _fills(self, args: tuple) -> bool:
         """Whether the call writes only into arrays it was given (an ``out`` given, or none in the
@@ -173,68 +244,14 @@ class Operation:
         at = self._OUT_AT
         return at is None or (len(args) > at and args[at] is not None)
 
-    def _remember(self, args: tuple, call: Call) -> None:
-        key = _key(args, self._VALUES_AT)
-        if key is not None:
-            self._calls[key] = [args, call, None]        # (args: kept alive, so the key's identities stay theirs)
-            if len(self._calls) > REMEMBERED:
-                self._calls.popitem(last=False)
-
-    def _remembered(self, args: tuple) -> Plan | None:
-        """The plan of a remembered call, when ``args`` are that call's (recorded at its first
-        repeat); None otherwise (or while that plan is started)."""
-        entry = self._calls.get(_key(args, self._VALUES_AT))
-        if entry is None:
-            return None
+    def _remembered(self, entry: list) -> Plan | None:
+        """The plan of a remembered call (recorded at its first repeat); None while it is started."""
         _, call, plan = entry
         if plan is None:
             rec = Recorder()
             self._record(call, None, rec, count=True)
             plan = entry[2] = Plan(rec, self.timeout, persistent=False)
         return plan if plan._state == 0 else None          # (idle: not started)
-
-    def _prepare(self, *args: Any) -> Plan:
-        """``prepare``: describe -> agree (always) -> issue into a Recorder -> a Plan."""
-        self._live()
-        number = count_call(self._comms, self.NAME)
-        call, table = self._call(args, number, True)
-        rec = Recorder()
-        self._record(call, table, rec, count=True)
-        return Plan(rec, self.timeout)
-
-    def _start(self, *args: Any) -> Handle:
-        """A one-shot non-blocking call (the functional API's ``async_op=True``): describe ->
-        agree (as ``execute`` does) -> issue into a Recorder, whose steps a :class:`Handle` starts
-        at once (``I`` calls, no persistent requests) and completes in ``wait()``."""
-        if CAPTURING:
-            return CAPTURING[-1].add(self, args, started=True)
-        self._live()
-        agree = self.validate or not self._agreed_once
-        if not agree and self._calls:
-            plan = self._remembered(args)
-            if plan is not None:
-                return plan.start()
-        number = count_call(self._comms, self.NAME)
-        call, table = self._call(args, number, agree)
-        rec = Recorder()
-        self._record(call, table, rec, count=False)
-        if not agree and self._fills(args):
-            self._remember(args, call)
-        return Plan(rec, self.timeout, persistent=False).start()
-
-    def _call(self, args: tuple, number: int, agree: bool) -> tuple[Call, np.ndarray | None]:
-        """THE describe-and-agree routine: describe this rank's arguments (a local failure is kept,
-        never raised alone), then, when ``agree``, agree them over the operation's communicator:
-        every rank raises the same error, or every rank gets the same header table."""
-        if MPI.Is_finalized():
-            raise finalized(self.NAME, "a call")
-        if not agree:                        # (no agreement: a local error is this rank's alone)
-            failed = self._param_error or _found(args)
-            if failed is not None:
-                raise failed
-            return self.describe(*args), None
-        call, err = self._described(args)
-        return call, agree_call(self._lib, self, call, err, self.timeout, number)
 
     def _described(self, args: tuple) -> tuple[Call | None, BaseException | None]:
         """``describe(*args)``, or the error it (or the Param, at binding) raised on this rank."""
@@ -300,12 +317,7 @@ class Operation:
         return V.check_out(self.NAME, out, shape, dtype, self.rank, x, in_place_ok, name)
 
 
-#: names of execute arguments read as values (a repeat with them changed is another call)
-VALUE_ARGS = frozenset({"send_count", "send_counts", "sdispls", "recv_count", "recv_counts", "rdispls", "shape",
-                        "infer_shape", "scale", "input_split_sizes", "output_split_sizes"})
-
-
-#: calls an operation remembers (see Operation._execute)
+#: calls an operation remembers (see Operation._dispatch)
 REMEMBERED = 8
 
 
@@ -319,38 +331,44 @@ def _found(args: tuple) -> CollectiveError | None:
     return None
 
 
+_SCALARS = (int, float, bool, str, type(None))
+
+
 def _key(args: tuple, values: frozenset) -> tuple | None:
-    """What identifies a call: its arrays by identity, shape and dtype (their contents are the data,
-    read on every run), its values (``VALUE_ARGS``, and any list, tuple or scalar) by their contents.
-    None when an argument cannot be told apart so (unhashable). The remembered call keeps its
-    arguments referenced, so an identity in a key stays that array's."""
-    key = []
-    for i, a in enumerate(args):         # (flat and inline: this runs on every unvalidated call)
-        t = type(a)
-        if t is np.ndarray:
-            key.append((a.dtype, a.shape, a.tobytes()) if i in values else (id(a), a.shape, a.dtype))
-        elif t is list or t is tuple:
-            key.append(tuple(a))
-        else:
-            key.append(a)
-    key = tuple(key)
+    """What identifies a call: its data arrays by identity, shape and dtype (their contents are
+    read on every run; the remembered call keeps them referenced, so an identity stays theirs),
+    its values (``Operation.VALUES``) by their contents. None when an argument is neither (an
+    object the key cannot tell apart): such a call is not remembered."""
     try:
-        hash(key)
-        return key
-    except TypeError:                    # (a list of arrays, or an array of counts inside a list)
-        try:
-            return tuple([_deep(a, i in values) for i, a in enumerate(args)])
-        except TypeError:
-            return None
+        return tuple([_value(a) if i in values else _data(a) for i, a in enumerate(args)])
+    except TypeError:
+        return None
 
 
-def _deep(a: Any, value: bool) -> Any:
-    if type(a) is np.ndarray:
-        return (a.dtype, a.shape, a.tobytes()) if value else (id(a), a.shape, a.dtype)
-    if isinstance(a, (list, tuple)):
-        return tuple([_deep(v, value) for v in a])
-    hash(a)
-    return a
+def _data(a: Any) -> Any:
+    t = type(a)
+    if t is np.ndarray:
+        return (id(a), a.shape, a.dtype)
+    if t in _SCALARS:
+        return a
+    if t is list or t is tuple:
+        return tuple([_data(v) for v in a])
+    raise TypeError(t)
+
+
+def _value(a: Any) -> Any:
+    """A value's contents, hashable and copied (a memoryview or an array may change later)."""
+    t = type(a)
+    if t in _SCALARS:
+        return a
+    if (t is list or t is tuple) and all(type(v) is int for v in a):
+        return tuple(a)
+    if t is list or t is tuple:
+        return tuple([_value(v) for v in a])
+    v = np.asarray(a)                          # (an array, a memoryview, a numpy scalar, ...)
+    if v.dtype.hasobject:
+        raise TypeError(t)
+    return (v.dtype.str, v.shape, v.tobytes())
 
 
 def buffers(call: Call) -> list[np.ndarray]:
@@ -366,38 +384,6 @@ def buffers(call: Call) -> list[np.ndarray]:
                 walk(w)
     walk((call.x, call.out, call.src, call.result, getattr(call, "extra", None)))
     return found
-
-
-def pack(views: list[np.ndarray], flat: np.ndarray) -> None:
-    """Copy flat views of arrays one after the other into ``flat`` (a staging buffer), in one call."""
-    if views:
-        np.concatenate(views, out=flat)
-
-
-def scatter_pairs(flat: np.ndarray, arrays: list[np.ndarray]) -> list[tuple[np.ndarray, np.ndarray]]:
-    """``(array's flat view, its part of flat)`` pairs, :func:`pack`'s layout (made once, at record)."""
-    pairs, pos = [], 0
-    for a in arrays:
-        pairs.append((a.reshape(-1), flat[pos:pos + a.size]))
-        pos += a.size
-    return pairs
-
-
-def resolve(op: str, comm: Any, name: Any, rank_size: Any, what: str) -> LibComm:
-    """The library communicator for a user comm, else a domain name, else the world (the one
-    place that maps an operation's, or the Hccl client's, arguments to a communicator)."""
-    if comm is not None:
-        if not isinstance(comm, MPI.Comm):
-            raise CollectiveArgumentError(f"{op}: comm={comm!r}: must be an mpi4py MPI.Comm", op=op, param="comm")
-        if comm == MPI.COMM_NULL:
-            raise CollectiveArgumentError(f"{op}: comm is MPI.COMM_NULL (a freed or null communicator): give a live "
-                                          "one", op=op, param="comm")
-        return user_comm(comm)
-    if name:
-        if not isinstance(name, str):
-            raise CollectiveArgumentError(f"{op}: {what}={name!r}: must be a str", op=op, param=what)
-        return lookup(name) or lib_domain(name, rank_size)
-    return world()
 
 
 def agree_call(lib: LibComm, op: Operation, call: Call | None, err: BaseException | None, timeout: float | None,
@@ -494,7 +480,7 @@ def _row(lib: LibComm, op: Operation, call: Call | None, err: BaseException | No
          ) -> tuple[np.ndarray, BaseException | None]:
     """The header row of one call, and its local error (a value that cannot travel is one)."""
     try:
-        return V.header(lib.size, op.CODE, call, op.validate, lib.seq if lib.debug else 0), err
+        return V.header(lib.size, op.CODE, call, op.validate, 0 if lib.plain else lib.seq), err
     except V.HeaderOverflow as exc:          # a value this rank cannot send is its local error
         what, value = exc.args
         return V.header(lib.size, op.CODE, None, op.validate, 0), err or arg_error(
@@ -509,18 +495,6 @@ class ReduceTypeOperation(Operation):
 
 
 # ----------------------------------------------------------------------------- float32 reduction path
-
-def split_even(total: int, n: int) -> np.ndarray:
-    """Chunk sizes for ``total`` elements over ``n`` ranks: the first ``total % n`` get one more."""
-    c = np.full(n, total // n, dtype=np.int64)
-    c[: total % n] += 1
-    return c
-
-
-def prefix(counts) -> np.ndarray:
-    """The exclusive prefix sums of ``counts``: packed displacements."""
-    return np.concatenate(([0], np.cumsum(counts)[:-1])).astype(np.int64)
-
 
 def alltoall_reduce(go: Any, comm: LibComm, flat: np.ndarray, dt: DType, rop: ReduceOp, counts: np.ndarray,
                     displs: np.ndarray | None, out: np.ndarray, recv: np.ndarray | None = None,

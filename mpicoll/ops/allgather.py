@@ -14,7 +14,8 @@ from .._golden import (BenchRun, BenchSpec, Case, CheckSpec, bench_data, counts_
 from .._numeric import copy_pairs
 from .._params import CommParam
 from .._plan import Call, Plan
-from ._base import Operation, pack
+from .._numeric import pack
+from ._base import Operation
 
 
 __all__ = ["AllGatherOperation", "AllGatherParam", "AllGatherVOperation", "AllGatherVParam"]
@@ -116,6 +117,7 @@ class AllGatherVOperation(Operation):
 
     NAME = "AllGatherV"
     PARAM = AllGatherVParam
+    VALUES = ("send_count", "recv_counts", "rdispls")
     PAIR_NAMES = ("send_count", "recv_counts[{i}]")
 
     def execute(self, x: np.ndarray, send_count: int, recv_counts, rdispls, shape=None,

@@ -13,7 +13,8 @@ from .._params import ReduceTypeParam
 from .. import _shm
 from .._plan import Call, Plan
 from .._numeric import copy_pairs, from_f32, to_f32
-from ._base import ReduceTypeOperation, alltoall_reduce, pack, prefix, reduce_scatter, scatter_pairs, split_even
+from .._numeric import pack, prefix, scatter_pairs, split_even
+from ._base import ReduceTypeOperation, alltoall_reduce, reduce_scatter
 
 #: float16/bfloat16 AllReduce of at most this many bytes: cast to float32, one native float32
 #: Allreduce, cast back (one collective beats two at small sizes); above: the AllToAll path.

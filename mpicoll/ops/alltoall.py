@@ -191,6 +191,7 @@ class AllToAllVV2Operation(_AllToAllVBase):
 
     NAME = "AllToAllVV2"
     PARAM = AllToAllVV2Param
+    VALUES = ("send_counts", "sdispls", "recv_counts", "rdispls")
 
     def execute(self, x: np.ndarray, send_counts, sdispls, recv_counts, rdispls, infer_shape=None,
                 out: np.ndarray | None = None) -> np.ndarray:

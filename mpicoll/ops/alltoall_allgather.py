@@ -15,7 +15,8 @@ from .._dtypes import DTYPES
 from .._golden import BenchRun, BenchSpec, Case, CheckSpec, bench_data, rank_data, register_bench, register_check
 from .._params import CommParam
 from .._plan import Call, Plan
-from ._base import Operation, resolve
+from .._domains import resolve
+from ._base import Operation
 
 __all__ = ["AllToAllAllGatherOperation", "AllToAllAllGatherParam"]
 

@@ -12,7 +12,8 @@ from .._golden import BenchRun, BenchSpec, Case, CheckSpec, bench_data, rank_dat
 from .._numeric import copy_pairs
 from .._params import CommParam
 from .._plan import Call, Plan
-from ._base import Operation, pack, scatter_pairs
+from .._numeric import pack, scatter_pairs
+from ._base import Operation
 
 
 __all__ = ["BroadcastOperation", "BroadcastParam"]

@@ -21,12 +21,10 @@ to its source rank: ``y`` has the forward's input layout, (E, C, H/tp) or (E, C/
 from __future__ import annotations
 
 import math
-import os
 from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
-from mpi4py import MPI
 
 from .. import _validate as V
 from .._dtypes import DTYPES, REDUCE_OPS
@@ -34,7 +32,9 @@ from .._golden import BenchRun, BenchSpec, Case, CheckSpec, rank_data, register_
 from .._numeric import from_f32, to_f32
 from .._params import CommParam
 from .._plan import Call, Plan
-from ._base import Operation, reduce_scatter, resolve
+from .._comm import node_affinities
+from .._domains import resolve
+from ._base import Operation, reduce_scatter
 
 __all__ = ["AlltoAllAllGatherBatchMatMulOperation", "AlltoAllAllGatherBatchMatMulParam",
            "BatchMatMulReduceScatterAlltoAllOperation", "BatchMatMulReduceScatterAlltoAllParam", "ACT_TYPES"]
@@ -116,12 +116,9 @@ def blas_threads(lib) -> int:
     """Cores per rank on this node: the cores this process may use, shared by the node's ranks of
     ``lib`` (collective over ``lib`` the first time, when the operation binds)."""
     if lib.ident not in _THREADS:
-        local = lib.mpi.Split_type(MPI.COMM_TYPE_SHARED)
-        mine = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
-        cores = len(set().union(*[set(c) for c in local.allgather(
-            sorted(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else list(range(mine)))]))
-        _THREADS[lib.ident] = max(1, min(mine, cores // local.Get_size()))
-        local.Free()
+        lib.meet("count the cores of its node")
+        sets, here = node_affinities(lib.mpi)
+        _THREADS[lib.ident] = max(1, min(len(here), len(set().union(*sets)) // len(sets)))
     return _THREADS[lib.ident]
 
 

@@ -23,13 +23,16 @@ from .._golden import BenchRun, BenchSpec, Case, CheckSpec, bench_data, rank_dat
 from .._numeric import dequant_sum, dequant_sum_quantize, quantize_into
 from .._params import CommParam
 from .._plan import Call, Plan
-from ._base import Operation, split_even
+from .._numeric import split_even
+from ._base import Operation
 
 __all__ = ["QuantAllReduceOperation", "QuantAllReduceParam", "dequantize", "quantize"]
 
 _INT8 = DTYPES["int8"]
 _F16 = DTYPES["float16"]
 _GATHER_DTYPES = ("float16", "int8")
+#: element counts whose chunk layout an operation keeps (the latest)
+CHUNK_PLANS = 64
 
 
 def _bad(op: str, param: str, value: object, rank: int | None, rule: str) -> CollectiveArgumentError:
@@ -225,12 +228,17 @@ class QuantAllReduceOperation(Operation):
         s = _scales(self.NAME, scale, x.size, self._block, self.rank)
         out = self._out(out, x.shape, np.dtype(np.float16), x if src is None else src)
         call = Call(dt, x, out, x.shape)
-        call.src, call.params, call.args = src, self._block * 2 + self._int8_gather, (s,)
+        # (scales are data: a plan, or a remembered call, re-reads the caller's array on every run,
+        # converted into s when it is not float32 itself)
+        fresh = scale if isinstance(scale, np.ndarray) and not np.may_share_memory(s, scale) else None
+        call.src, call.params, call.args = src, self._block * 2 + self._int8_gather, (s, fresh)
         return call
 
     def _plan_of(self, size: int) -> _Chunks:
         plan = self._chunks.get(size)
         if plan is None:
+            if len(self._chunks) >= CHUNK_PLANS:       # (bounded: a long run of sizes keeps the latest)
+                del self._chunks[next(iter(self._chunks))]
             n, me = self.size, self.rank
             counts, displs, bcounts, bdispls = plan_chunks(size, n, self._block)
             c, nb = int(counts[me]), int(bcounts[me])
@@ -251,8 +259,10 @@ class QuantAllReduceOperation(Operation):
         return w
 
     def issue(self, call, table, go) -> None:
-        x, out, (s,), comm, n = call.x, call.out, call.args, self._lib, self.size
+        x, out, (s, fresh), comm, n = call.x, call.out, call.args, self._lib, self.size
         block, p = self._block, self._plan_of(x.size)
+        if fresh is not None:
+            go.local(_refresh, s, fresh)
         c, start = p.c, p.start
         if go is self._runner:      # execute reuses its scratch (a fresh large array page-faults every call)
             if self._scratch is None or self._scratch[0] != x.size:
@@ -305,6 +315,11 @@ class QuantAllReduceOperation(Operation):
             go.mpi(comm, "Allgatherv", MPI.IN_PLACE, [allq, (p.counts, p.displs), MPI.INT8_T])
         go.mpi(comm, "Allgather", MPI.IN_PLACE, [alls, MPI.FLOAT])
         go.local(_gathered_chunks, allq, alls, x.size, n, oflat)
+
+
+def _refresh(s: np.ndarray, scale: np.ndarray) -> None:
+    """Convert the caller's scales into the call's float32 ones (before every run)."""
+    np.copyto(s, scale.reshape(-1), casting="unsafe")
 
 
 def _gathered_chunks(allq: np.ndarray, alls: np.ndarray, size: int, n: int, oflat: np.ndarray) -> None:

@@ -96,6 +96,7 @@ class ReduceScatterVOperation(ReduceTypeOperation):
 
     NAME = "ReduceScatterV"
     PARAM = ReduceScatterVParam
+    VALUES = ("send_counts", "sdispls", "recv_count")
     PAIR_NAMES = ("send_counts[{j}]", "recv_count")
 
     def execute(self, x: np.ndarray, send_counts, sdispls, recv_count: int,

@@ -1,0 +1,201 @@
+"""The dispatcher (Operation._dispatch): the bugs that lived in its second copies, each in a fresh job.
+
+Each test runs its own ``mpirun`` job (at 2 and 4 ranks), so no state of an earlier test hides a
+set-up bug, and prints what every rank saw; the test reads it.
+"""
+from __future__ import annotations
+
+import textwrap
+
+import pytest
+from mpi4py import MPI
+
+from _mpi import remove, run_job
+
+pytestmark = [pytest.mark.mpi(min_size=1),
+              pytest.mark.skipif(MPI.COMM_WORLD.Get_size() != 1, reason="runs its own mpirun jobs once")]
+
+SIZES = pytest.mark.parametrize("np_", [2, 4])
+
+
+def _job(tmp_path, body: str, np_: int, env: dict | None = None) -> list[str]:
+    """Run ``body``; what each rank said with ``say(text)``, as "rank R: text" lines, sorted (rank 0
+    prints them all: ranks' output would interleave mid-line)."""
+    said = "from mpi4py import MPI as _MPI\n_said = []\nsay = _said.append\n"
+    gather = ("\nfor _r, _texts in enumerate(_MPI.COMM_WORLD.gather(_said) or []):\n"
+              "    for _t in _texts:\n        print(f'rank {_r}: {_t}')\n")
+    res, _, left = run_job(tmp_path, said + textwrap.dedent(body) + gather, np_=np_, env=env)
+    remove(left)
+    assert res.returncode == 0, res.stdout + res.stderr
+    return sorted(line for line in res.stdout.splitlines() if line.startswith("rank "))
+
+
+@SIZES
+def test_validate_set_before_the_first_call_wins_over_the_job_default(tmp_path, np_):
+    """Bug 1: ``op.validate = True`` set before the first call, under ``MPICOLL_VALIDATE=0``, stays
+    True, so a dtype that differs on one rank (after the first call) is a named error on every
+    rank, not garbage; and ``validate = False`` under the default stays False."""
+    lines = _job(tmp_path, """
+        import numpy as np, mpicoll
+        from mpi4py import MPI
+        r, n = MPI.COMM_WORLD.Get_rank(), MPI.COMM_WORLD.Get_size()
+        op = mpicoll.AllReduceOperation()
+        op.validate = True
+        op.execute(np.ones(4, np.float32))
+        x = np.ones(4, np.float64 if r == n - 1 else np.float32)
+        try:
+            op.execute(x)
+            say(f"no error")
+        except mpicoll.CollectiveMismatchError as e:
+            say(f"{op.validate} {e.param}")
+        off = mpicoll.AllReduceOperation(validate=None)
+        off.validate = False
+        off.execute(np.ones(4, np.float32))
+        say(f"off {off.validate}")
+    """, np_, env={"MPICOLL_VALIDATE": "0"})
+    assert lines == sorted([f"rank {r}: True dtype" for r in range(np_)] + [f"rank {r}: off False" for r in range(np_)])
+
+
+@SIZES
+def test_a_remembered_call_keys_its_data_by_identity(tmp_path, np_):
+    """Bug 2: QuantAllReduce's scale is data: a remembered call is the same arrays, so another
+    array with equal contents is another call (it used to replay the first array: 6.0 for 2.0),
+    and a plan re-reads a float64 array of scales (converted on every run)."""
+    lines = _job(tmp_path, """
+        import numpy as np, mpicoll
+        from mpi4py import MPI
+        r, n = MPI.COMM_WORLD.Get_rank(), MPI.COMM_WORLD.Get_size()
+        op = mpicoll.QuantAllReduceOperation(validate=False)
+        x, out = np.ones(8, np.int8), np.empty(8, np.float16)
+        a = np.array([1.0], np.float32)
+        for _ in range(3):
+            op.execute(x, a, out)                  # remembered, then run as a plan
+        a[:] = 3.0
+        b = np.array([1.0], np.float32)            # the contents a had when it was remembered
+        got_b = float(op.execute(x, b, out)[0])
+        got_a = float(op.execute(x, a, out)[0])
+        c = np.array([0.5])                        # float64: converted into float32 scales
+        for _ in range(3):
+            op.execute(x, c, out)
+        c[:] = 2.0
+        got_c = float(op.execute(x, c, out)[0])
+        plan = op.prepare(x, c, out)
+        c[:] = 0.25
+        got_plan = float(plan.run()[0])
+        say(f"{got_b / n} {got_a / n} {got_c / n} {got_plan / n}")
+    """, np_)
+    assert lines == [f"rank {r}: 1.0 3.0 2.0 0.25" for r in range(np_)]
+
+
+@SIZES
+def test_a_skipped_plan_run_is_a_named_error_on_every_rank(tmp_path, np_):
+    """Bug 5: with ``MPICOLL_TIMEOUT`` set, the last rank skips a ``plan.run()`` (and a graph
+    replay) and makes a validated call, or runs another plan: every rank raises the same
+    CollectiveMismatchError; no rank returns another call's bytes."""
+    lines = _job(tmp_path, """
+        import numpy as np, mpicoll
+        from mpicoll import functional as F, graph
+        from mpi4py import MPI
+        r, n = MPI.COMM_WORLD.Get_rank(), MPI.COMM_WORLD.Get_size()
+        op = mpicoll.AllReduceOperation()
+        x, out = np.full(4, r + 1.0), np.empty(4)
+        plan = op.prepare(x, out)
+        plan.run()
+        for case in ("then a call", "then another plan"):
+            other = op.prepare(x, np.empty(4))
+            try:
+                if r != n - 1:
+                    plan.run()
+                if case == "then a call":
+                    op.execute(x, out)
+                else:
+                    other.run()
+                say(f"{case}: no error {out}")
+            except mpicoll.CollectiveMismatchError as e:
+                say(f"{case}: {e.param}")
+            MPI.COMM_WORLD.Barrier()
+            op = mpicoll.AllReduceOperation(mpicoll.AllReduceParam(comm_domain="d", rank_size=n))
+            plan = op.prepare(x, out)
+            plan.run()
+        t = np.full(4, r + 1.0)
+        with graph.capture() as g:
+            F.all_reduce(t)
+        g.replay()
+        try:
+            if r != n - 1:
+                g.replay()
+            F.all_reduce(t)
+            say(f"graph: no error {t}")
+        except mpicoll.CollectiveMismatchError as e:
+            say(f"graph: {e.param}")
+    """, np_, env={"MPICOLL_TIMEOUT": "20"})
+    want = [f"rank {r}: then a call: operation" for r in range(np_)]
+    want += [f"rank {r}: then another plan: operator parameters" for r in range(np_)]
+    want += [f"rank {r}: graph: operation" for r in range(np_)]
+    assert lines == sorted(want)
+
+
+@SIZES
+def test_a_param_is_frozen_once_its_operation_read_it(tmp_path, np_):
+    """Bug 6: a Param changed after the operation's first call was silently ignored; now assigning
+    a field raises a named error, and its list fields became tuples (an in-place change raises).
+    A new Param (``dataclasses.replace``) is the way to change it."""
+    lines = _job(tmp_path, """
+        import dataclasses
+        import numpy as np, mpicoll
+        from mpi4py import MPI
+        r, n = MPI.COMM_WORLD.Get_rank(), MPI.COMM_WORLD.Get_size()
+        ones = [1] * n
+        p = mpicoll.AllToAllVParam(send_counts=ones, sdispls=list(range(n)), recv_counts=np.array(ones),
+                                   rdispls=list(range(n)))
+        p.send_counts = list(ones)                  # (before the first call: fine)
+        op = mpicoll.AllToAllVOperation(p)
+        op.execute(np.arange(n, dtype=np.int32))
+        seen = []
+        try:
+            p.send_counts = [n] + [0] * (n - 1)
+        except mpicoll.CollectiveArgumentError as e:
+            seen.append(e.param)
+        try:
+            p.send_counts[0] = 0
+        except TypeError:
+            seen.append("in place")
+        q = dataclasses.replace(p, rank_root=0)
+        q.rank_root = 0                             # (a new Param is not bound yet)
+        say(f"{seen} {type(p.recv_counts).__name__}")
+    """, np_)
+    assert lines == [f"rank {r}: ['send_counts', 'in place'] tuple" for r in range(np_)]
+
+
+@SIZES
+def test_counts_given_as_a_memoryview_are_values(tmp_path, np_):
+    """Bug 8: counts as a memoryview (any iterable is accepted), validation off: the third call
+    (a remembered one) used to fail hashing the memoryview after data moved."""
+    lines = _job(tmp_path, """
+        import numpy as np, mpicoll
+        from mpi4py import MPI
+        r, n = MPI.COMM_WORLD.Get_rank(), MPI.COMM_WORLD.Get_size()
+        op = mpicoll.AllGatherVOperation(validate=False)
+        out = np.empty(n)
+        counts = np.ones(n, dtype=np.int64)
+        for _ in range(4):
+            op.execute(np.array([r + 1.0]), 1, memoryview(counts), memoryview(np.arange(n)), None, out)
+        say(f"{out.tolist() == [float(k + 1) for k in range(n)]}")
+    """, np_)
+    assert lines == [f"rank {r}: True" for r in range(np_)]
+
+
+def test_quant_caches_are_bounded(tmp_path):
+    """Bug 9: QuantAllReduce kept a chunk layout for every element count it saw (20,000 sizes:
+    +33 MiB); now the latest ``CHUNK_PLANS``."""
+    lines = _job(tmp_path, """
+        import numpy as np, mpicoll
+        from mpicoll.ops import quant
+        from mpi4py import MPI
+        r = MPI.COMM_WORLD.Get_rank()
+        op = mpicoll.QuantAllReduceOperation(validate=False)
+        for size in range(1, 3 * quant.CHUNK_PLANS):
+            op.execute(np.ones(size, np.int8), 1.0)
+        say(f"{len(op._chunks) <= quant.CHUNK_PLANS} {len(op._calls) <= 8}")
+    """, 2)
+    assert lines == [f"rank {r}: True True" for r in range(2)]
