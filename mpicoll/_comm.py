@@ -36,6 +36,7 @@ import numpy as np
 from mpi4py import MPI
 
 from . import _watchdog
+from ._env import flag
 from ._errors import CollectiveError, CollectiveMismatchError, CollectiveTimeout
 
 #: operator code -> name (filled by the operator registry), to name a peer's call in a timeout
@@ -53,11 +54,6 @@ FREED = 0
 def op_code(name: str) -> int:
     """A stable number for an operator name (the same on every rank)."""
     return zlib.crc32(name.encode()) & 0x7FFFFFFF
-
-
-def env_flag(name: str, default: str) -> bool:
-    """An on/off environment setting: 0/false/off/no (or empty) is off."""
-    return os.environ.get(name, default).strip().lower() not in ("0", "false", "off", "no", "")
 
 
 def ordinal(k: int) -> str:
@@ -135,8 +131,8 @@ class LibComm:
             CollectiveMismatchError: ``MPICOLL_VALIDATE``, ``MPICOLL_DEBUG`` or ``MPICOLL_SHM`` set
                 differently on the members (each would make different MPI calls), on every member.
         """
-        mine = np.array([env_flag("MPICOLL_VALIDATE", "1"), env_flag("MPICOLL_DEBUG", "0"),
-                         _watchdog.timeout_default() is not None, env_flag("MPICOLL_SHM", "1")], dtype=np.int64)
+        mine = np.array([flag("MPICOLL_VALIDATE", "1"), flag("MPICOLL_DEBUG", "0"),
+                         _watchdog.timeout_default() is not None, flag("MPICOLL_SHM", "1")], dtype=np.int64)
         table = np.empty((mpi.Get_size(), 4), dtype=np.int64)
         timed_call(mpi, "Allgather", ([mine, MPI.INT64_T], [table, MPI.INT64_T]), _watchdog.timeout_default(),
                    lambda: f"setting up {label}: timed out agreeing its settings")
@@ -210,11 +206,6 @@ class LibComm:
         return self._win is not None
 
     # -- calls -----------------------------------------------------------------------------------
-    def count(self, op: str) -> int:
-        """Count one user-level call of ``op`` on this communicator; returns its number."""
-        k = self.calls[op] = self.calls.get(op, 0) + 1
-        return k
-
     def direct(self, timeout: float | None) -> bool:
         """Whether a blocking call may go straight to MPI: no watchdog timing it (``timeout``), and
         ``plain``: no arrival mark and no sequence number to keep (the one place that decides it;

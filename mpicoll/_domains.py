@@ -252,3 +252,26 @@ def resolve(op: str, comm: Any, name: Any, rank_size: Any, what: str) -> LibComm
         check_name(name, op, what)
         return lookup(name) or lib_domain(name, rank_size)
     return world()
+
+
+def group_fields(group: Any, op: str, what: str = "group") -> dict:
+    """The Param fields that name a group (the one mapping of the group forms every API takes):
+    None or "" the world, a domain name, or an mpi4py communicator (a user comm).
+
+    Raises:
+        CollectiveArgumentError: anything else, naming ``op`` and ``what``.
+    """
+    if group is None or group == "":
+        return {}
+    if isinstance(group, str):
+        return {"comm_domain": group}
+    if isinstance(group, MPI.Comm):
+        return {"comm": group}
+    raise arg_error(op, what, group, MPI.COMM_WORLD.Get_rank(),
+                    "must be None, a domain name or an mpi4py communicator")
+
+
+def resolve_group(op: str, group: Any, rank_size: int | None = None, what: str = "group") -> LibComm:
+    """:func:`resolve` of a group given in one of :func:`group_fields`' forms."""
+    f = group_fields(group, op, what)
+    return resolve(op, f.get("comm"), f.get("comm_domain", ""), rank_size, what)

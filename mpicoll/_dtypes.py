@@ -1,12 +1,13 @@
 """THE dtype table and the reduce-op table: numpy dtype <-> MPI datatype, reduce path.
 
-Nothing else in mpicoll maps dtypes. Each entry says how an array of that dtype travels (``mpi``:
+Nothing else in mpicoll maps a numpy dtype to an MPI datatype (the torch backend only maps torch
+dtypes onto numpy's; the benchmark's raw baselines name MPI's own types, as a user would). Each entry says how an array of that dtype travels (``mpi``:
 the MPI datatype handed to MPI with the array itself, always explicitly) and how it is reduced:
 
 * ``native``: by MPI itself (integers, float32, float64);
 * ``float32``: in numpy (or the optional C kernels) with float32 accumulation, rounded once
   (float16, bfloat16). MPICH has no bfloat16 datatype and its float16 reductions are ~12x slower
-  than float32 for the same bytes (``shared/PERF.md``), so these travel as their 16-bit patterns
+  than float32 for the same bytes (measured: docs/benchmark.md), so these travel as their 16-bit patterns
   (``UINT16_T``) and are reduced by mpicoll. No view is needed: given an explicit datatype, mpi4py
   asks numpy for the raw bytes only, not for a buffer format (which bfloat16 has none of).
 """
@@ -23,7 +24,7 @@ from ._errors import CollectiveArgumentError
 
 
 class HcclDataType(IntEnum):
-    """The accelerator stack's dtype enum (seeds/002); accepted wherever a dtype is."""
+    """The accelerator stack's dtype enum (the Ascend C Hccl API's); accepted wherever a dtype is."""
 
     INT8 = 0
     INT16 = 1
@@ -150,7 +151,7 @@ _REDUCE_ALIASES = {"sum": "sum", "prod": "prod", "max": "max", "min": "min", "pr
 
 
 class HcclReduceOp(IntEnum):
-    """The accelerator stack's reduce-op enum (seeds/002)."""
+    """The accelerator stack's reduce-op enum (the Ascend C Hccl API's)."""
 
     SUM = 0
     PROD = 1

@@ -6,12 +6,12 @@ it), the numpy twin more slowly. Nothing here decides anything about communicati
 """
 from __future__ import annotations
 
-import os
 from typing import TYPE_CHECKING
 
 import numpy as np
 
 from ._dtypes import DTYPES
+from ._env import flag
 
 if TYPE_CHECKING:
     from ._dtypes import DType, ReduceOp
@@ -19,7 +19,7 @@ if TYPE_CHECKING:
 
 def load_kernels():
     """The ``_kernels`` extension, or None when it is not built or ``MPICOLL_KERNELS=0``."""
-    if os.environ.get("MPICOLL_KERNELS", "1").strip().lower() in ("0", "false", "off", "no", ""):
+    if not flag("MPICOLL_KERNELS", "1"):
         return None
     try:
         from . import _kernels
@@ -36,7 +36,7 @@ def kernels_in_use() -> str:
     """Which kernels run, for the CLI's headers: "C", or "numpy (...)" with the reason."""
     if KERNELS is not None:
         return "C (mpicoll._kernels)"
-    if os.environ.get("MPICOLL_KERNELS", "1").strip().lower() in ("0", "false", "off", "no", ""):
+    if not flag("MPICOLL_KERNELS", "1"):
         return "numpy (MPICOLL_KERNELS=0)"
     return ("numpy (mpicoll._kernels is not built: `pip install .` builds it where a C compiler is found, and "
             "puts it beside the sources too)")

@@ -7,6 +7,8 @@ An operator's ``describe`` turns its arguments into a :class:`Call`; its ``issue
 * ``go.mpi(comm, name, *args)``: the blocking collective ``comm.mpi.<name>(*args)`` (an mpi4py
   method name, e.g. ``"Allreduce"``) on a :class:`~mpicoll._comm.LibComm`;
 * ``go.local(fn, *args)``: local work ``fn(*args)`` (a reduction, a copy) between collectives;
+* ``go.scratch(make, *key)``: scratch buffers ``make(*key)``, reused by ``execute`` from one call to
+  the next with the same key, owned by a plan;
 * ``token = go.start(comm, name, *args)`` and ``go.wait(token)``: the same collective kept in flight
   while the steps between them run (local work, other collectives), at most ``MAX_IN_FLIGHT`` at
   once (a start beyond that first waits for the oldest); ``go.test(token)`` between long local
@@ -58,6 +60,8 @@ class Call:
         info: per-rank facts the issuer may read from the agreed table (layout bits).
         send, recv: per-peer counts for the count-pair rule (V operators), else None.
         args: the operator's own normalised arguments (counts, displacements, ...).
+        rounds, round: a plan records ``rounds`` parts of the call (the Hccl client's ``repeat``),
+            ``issue`` reading which one from ``round``.
 
     The constructor takes the fields every call has; ``describe`` sets the others it needs, the
     class defaults standing otherwise (a plain class and positional arguments: the cheapest record
@@ -65,7 +69,8 @@ class Call:
     """
 
     src = reduce = send = recv = None
-    root = params = info = 0
+    root = params = info = round = 0
+    rounds = 1
     args: tuple = ()
 
     def __init__(self, dt, x, out, shape: tuple | None = None) -> None:
@@ -77,12 +82,20 @@ class Call:
 class Runner:
     """``go`` for ``execute``: each step at once, on the spot (one per operation, reused)."""
 
-    __slots__ = ("where", "timeout", "_flight", "_next")
+    __slots__ = ("where", "timeout", "_flight", "_next", "_scratch")
 
     def __init__(self, op: str, timeout: float | None) -> None:
         self.where, self.timeout = (op, None, ""), timeout
         self._flight: dict[int, tuple] = {}         # token -> (comm, name, request), oldest first
         self._next = 0
+        self._scratch: tuple = (None, None)
+
+    def scratch(self, make: Callable, *key: Any) -> Any:
+        """``make(*key)``: scratch buffers for a call, kept for the next call with the same ``key``
+        (the operation's last; a fresh large array page-faults on every call)."""
+        if self._scratch[0] != key:
+            self._scratch = (key, make(*key))
+        return self._scratch[1]
 
     def mpi(self, comm: LibComm, name: str, *args: Any) -> None:
         comm.call(name, args, self.timeout, self.where)
@@ -169,6 +182,11 @@ class Recorder:
     def mpi(self, comm: LibComm, name: str, *args: Any) -> None:
         self.steps.append(Step(MPI_CALL, comm, name, None, args, -1, self._part))
 
+    def scratch(self, make: Callable, *key: Any) -> Any:
+        """``make(*key)``: a plan owns its scratch buffers (plans of one operation may be in flight
+        at once)."""
+        return make(*key)
+
     def local(self, fn: Callable, *args: Any) -> None:
         self.steps.append(Step(LOCAL, None, "", fn, args, -1, self._part))
 
@@ -198,13 +216,13 @@ class Recorder:
 
 
 def count_call(comms: tuple[LibComm, ...], op: str) -> int:
-    """Count one call of ``op`` on each of its communicators (the one way calls are counted);
-    returns its number on the first."""
+    """Count one call of ``op`` on each of its communicators (the one way calls are counted: a
+    plan of one call binds the same increments at its first run, :meth:`Plan._bind`); returns its
+    number on the first."""
     calls = comms[0].calls
     number = calls[op] = calls.get(op, 0) + 1
-    if len(comms) > 1:
-        for c in comms[1:]:
-            c.count(op)
+    for c in comms[1:]:
+        c.calls[op] = c.calls.get(op, 0) + 1
     return number
 
 

@@ -24,6 +24,7 @@ import time
 
 from mpi4py import MPI
 
+from ._env import seconds
 from ._errors import CollectiveArgumentError, CollectiveError, CollectiveTimeout
 
 _CHUNK = 900      # characters per published value (MPICH's name service keeps at most 1023)
@@ -80,12 +81,8 @@ def _lookup(service: str) -> str | None:
 
 
 def _timeout() -> float:
-    raw = os.environ.get("MPICOLL_DOMAIN_TIMEOUT", "300")
-    try:
-        return float(raw)
-    except ValueError:
-        raise CollectiveArgumentError(f"environment MPICOLL_DOMAIN_TIMEOUT={raw!r}: must be a number",
-                                      param="MPICOLL_DOMAIN_TIMEOUT") from None
+    """``MPICOLL_DOMAIN_TIMEOUT`` (default 300 s; 0: wait for ever)."""
+    return seconds("MPICOLL_DOMAIN_TIMEOUT", "300") or float("inf")
 
 
 def rendezvous(name: str, size: int | None, declared: tuple[int, ...] | None) -> tuple[int, ...]:

@@ -34,6 +34,7 @@ from typing import Any, Callable
 
 from mpi4py import MPI
 
+from ._env import seconds
 from ._errors import CollectiveArgumentError, CollectiveTimeout
 
 SPIN_SECONDS = 1.0  # poll continuously this long (capped at timeout / 10): full progress, full speed
@@ -44,15 +45,7 @@ _ACTIONS = ("abort", "raise")
 
 def timeout_default() -> float | None:
     """``MPICOLL_TIMEOUT`` in seconds (unset, empty or 0 = no watchdog)."""
-    raw = os.environ.get("MPICOLL_TIMEOUT", "").strip()
-    if not raw:
-        return None
-    try:
-        value = float(raw)
-    except ValueError:
-        raise CollectiveArgumentError(f"environment MPICOLL_TIMEOUT={raw!r}: must be a number of seconds",
-                                      param="MPICOLL_TIMEOUT") from None
-    return value if value > 0 else None
+    return seconds("MPICOLL_TIMEOUT")
 
 
 def timeout_seconds(timeout: float | None) -> float | None:

@@ -1,5 +1,5 @@
-"""The documented examples (seeds/000 AllToAllVV2 at 2 ranks, run in pairs of ranks at more;
-seeds/001 AllReduce / AllGather / ReduceScatter / Broadcast), run for real and printed per rank, in
+"""The documented examples (ATB's AllToAllVV2 example at 2 ranks, run in pairs of ranks at more;
+its AllReduce / AllGather / ReduceScatter / Broadcast examples), run for real and printed per rank, in
 rank order, on rank 0."""
 from __future__ import annotations
 

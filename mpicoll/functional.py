@@ -29,7 +29,7 @@ from mpi4py import MPI
 
 from . import _validate as V
 from ._comm import alive
-from ._domains import declare_domains
+from ._domains import declare_domains, group_fields
 from ._dtypes import reduce_op
 from ._errors import CollectiveArgumentError
 from ._plan import Call
@@ -96,12 +96,6 @@ def _group(group: Any, fn: str) -> tuple[Any, dict] | None:
     Raises:
         _Refused: a group that is none of the four forms, or a list that is not of world ranks.
     """
-    if group is None:
-        return "", {}
-    if isinstance(group, str):
-        return (group, {"comm_domain": group}) if group else ("", {})
-    if isinstance(group, MPI.Comm):                 # (the cached operation keeps it alive: its id is its own)
-        return ("comm", id(group)), {"comm": group}
     if isinstance(group, (list, tuple, range)):
         alive(fn)
         size = MPI.COMM_WORLD.Get_size()
@@ -120,7 +114,13 @@ def _group(group: Any, fn: str) -> tuple[Any, dict] | None:
         if MPI.COMM_WORLD.Get_rank() not in ranks:
             return None
         return name, {"comm_domain": name}
-    raise _Refused("group", group, "must be None, a domain name, a list of world ranks or an mpi4py communicator")
+    try:
+        fields = group_fields(group, fn)
+    except CollectiveArgumentError:
+        raise _Refused("group", group, "must be None, a domain name, a list of world ranks or an mpi4py "
+                       "communicator") from None
+    # (a communicator: the cached operation keeps it alive, so its id stays its own)
+    return ("comm", id(group)) if "comm" in fields else fields.get("comm_domain", ""), fields
 
 
 def _op(cls: type, group: Any, fn: str, root: tuple | None = None, reduce: str | None = None) -> Operation | None:
@@ -173,18 +173,13 @@ class _Rooted:
         super()._bind_param()
 
 
-_REDUCE_NAMES = {"sum": "sum", "prod": "prod", "product": "prod", "max": "max", "min": "min"}
-
-
 def _reduce_name(op: Any) -> str | None:
-    """mpicoll's name of a reduce op as given (None: not one)."""
+    """mpicoll's name of a reduce op as given (the reduce-op table's names, or an enum member
+    with such a ``name``, as torch's ``ReduceOp.SUM``); None: not one."""
     try:
-        return _REDUCE_NAMES[op]
-    except (KeyError, TypeError):
-        try:
-            return reduce_op(getattr(op, "name", op)).name
-        except CollectiveArgumentError:
-            return None
+        return reduce_op(getattr(op, "name", op)).name
+    except CollectiveArgumentError:
+        return None
 
 
 #: ``_run``'s ``reduce`` for a function without a reduce op (None is a reduce op given, and refused)

@@ -36,10 +36,10 @@ from typing import Any
 
 import numpy as np
 
-from ._errors import CollectiveArgumentError, CollectiveError, as_collective_error
+from ._errors import CollectiveError, as_collective_error
 from ._plan import CAPTURING, Plan, Recorder
 from ._watchdog import timeout_seconds
-from ._domains import resolve
+from ._domains import resolve_group
 from .functional import Work
 from .ops._base import Operation, agree_calls, buffers
 
@@ -133,13 +133,13 @@ class Graph:
 
     def _rank(self) -> int:
         try:
-            return resolve("graph", *_group_args(self.group)).rank
+            return resolve_group("graph", self.group).rank
         except Exception:  # noqa: BLE001 - only for a message
             return -1
 
     def _build(self, failure: BaseException | None) -> None:
         """Agree every captured call at once, then record them (with the passes) into one plan."""
-        lib = resolve("graph", *_group_args(self.group))
+        lib = resolve_group("graph", self.group)
         entries = self._entries
         if failure is not None:           # the block failed on this rank: agree that, every rank raises
             entries = entries + [(_Failed(lib), None, failure)]
@@ -229,19 +229,6 @@ class Graph:
             self._plan._abandon()
             return
         self.free()
-
-
-def _group_args(group: Any) -> tuple:
-    """``resolve``'s (comm, domain name, rank_size, what) for a graph's group."""
-    from mpi4py import MPI
-    if group is None or group == "":
-        return None, "", None, "group"
-    if isinstance(group, MPI.Comm):
-        return group, "", None, "group"
-    if isinstance(group, str):
-        return None, group, None, "group"
-    raise CollectiveArgumentError(f"graph: group={group!r}: must be None, a domain name or an mpi4py communicator",
-                                  op="graph", param="group")
 
 
 class _Failed(Operation):

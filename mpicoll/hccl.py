@@ -1,10 +1,10 @@
 """Kernel-style handle API: the ``Hccl`` client (prepare / commit / wait / query / finalize).
 
 Accelerator kernels issue collectives as tasks: prepare one and get an int handle, compute,
-commit it, wait for it later (the Ascend C Hccl API; SPEC.md "Kernel-style handle API"). Each task
+commit it, wait for it later (the Ascend C Hccl API; docs/hccl.md). Each task
 kind is an internal operation (``Hccl.AllReduce``, ...) on the client's domain, so a prepare is the
 ``prepare`` of every operation: describe, agree across the ranks once, record; its
-:class:`~mpicoll.Plan` has one part per round of ``repeat``. A commit releases one more round to
+:class:`~mpicoll.Plan` has one part per round of ``repeat`` (``Call.rounds``). A commit releases one more round to
 MPI's persistent collectives; query and wait move them on. ``stride_count`` lays the blocks out
 with an MPI derived datatype (a contiguous block resized to the stride), so one MPI call moves
 every block of a round.
@@ -24,11 +24,13 @@ from mpi4py import MPI
 
 from . import _validate as V
 from ._comm import LibComm
+from ._domains import group_fields
 from ._dtypes import DTYPES, HcclDataType, HcclReduceOp, lookup as dtype_row, reduce_op
-from ._errors import CollectiveArgumentError, CollectiveError, arg_error
+from ._errors import CollectiveError, arg_error
 from ._golden import Case, CheckSpec, counts_matrix, golden_reduce, rank_data, register_check
+from ._numeric import prefix
 from ._params import CommParam
-from ._plan import Call, Plan, Recorder
+from ._plan import Call, Plan
 from ._watchdog import timeout_seconds
 from .ops._base import Operation, reduce_scatter
 from .ops.allreduce import reduce_pieces
@@ -49,7 +51,7 @@ class _Task(Operation):
     PUBLIC = False
 
     def __init__(self, client: "Hccl", param: CommParam, timeout: float | None) -> None:
-        super().__init__(param, validate=True, timeout=timeout)
+        super().__init__(param, timeout=timeout)          # (its prepares always agree)
         self.client = client
         self.types: list[MPI.Datatype] = []        # derived datatypes of its tasks (freed by finalize)
 
@@ -60,15 +62,8 @@ class _Task(Operation):
     def describe_task(self, *args: Any) -> Call:
         raise NotImplementedError
 
-    def _record(self, call: Call, table: np.ndarray | None, rec: Recorder, count: bool) -> None:
-        call.packed_everywhere = all(b & V.BIT_PACKED for b in table[:, V.H_INFO].tolist())
-        for k in range(call.repeat):
-            rec.begin(self.NAME, self._comms, count)
-            self.issue(call, table, rec, k)
-            rec.end(call.result)
-
-    def issue(self, call: Call, table: np.ndarray | None, go: Any, k: int = 0) -> None:
-        """The MPI calls of round ``k``."""
+    def issue(self, call: Call, table: np.ndarray | None, go: Any) -> None:
+        """The MPI calls of round ``call.round`` (of ``call.rounds``: the task's ``repeat``)."""
         raise NotImplementedError
 
 
@@ -103,7 +98,7 @@ class _BlockTask(_Task):
         call = Call(dt, x, y, (c, r))
         call.info = V.BIT_PACKED if s == c or c == 0 else 0       # (each rank's own layout; issue reads all)
         call.reduce = None if rop is None else reduce_op(rop, op=op, param="op", rank=rank)
-        call.args, call.repeat, call.type, call.in_place = (c, s), r, None, send is recv
+        call.args, call.rounds, call.type, call.in_place = (c, s), r, None, send is recv
         call.result = recv
         return call
 
@@ -111,7 +106,8 @@ class _BlockTask(_Task):
 class _AllReduce(_BlockTask):
     NAME = "Hccl.AllReduce"
 
-    def issue(self, call, table, go, k=0) -> None:
+    def issue(self, call, table, go) -> None:
+        k = call.round
         c = call.args[0]
         x = call.x[k * c:(k + 1) * c]
         reduce_pieces(go, self._lib, x, x if call.in_place else call.out[k * c:(k + 1) * c], call.dt, call.reduce)
@@ -120,7 +116,8 @@ class _AllReduce(_BlockTask):
 class _AllGather(_BlockTask):
     NAME = "Hccl.AllGather"
 
-    def issue(self, call, table, go, k=0) -> None:
+    def issue(self, call, table, go) -> None:
+        k = call.round
         (c, s), m, n = call.args, call.dt.mpi, self.size
         t = self._strided(call, c, s)
         recv = [call.out[k * c:k * c + n * c], m] if t is None else [call.out[k * c:], 1, t]
@@ -130,7 +127,8 @@ class _AllGather(_BlockTask):
 class _ReduceScatter(_BlockTask):
     NAME = "Hccl.ReduceScatter"
 
-    def issue(self, call, table, go, k=0) -> None:
+    def issue(self, call, table, go) -> None:
+        k = call.round
         (c, s), n = call.args, self.size
         t = self._strided(call, c, s)
         if not hasattr(call, "scratch"):             # (rounds run one after the other: one scratch)
@@ -138,14 +136,16 @@ class _ReduceScatter(_BlockTask):
         blocks = call.x[k * c:k * c + n * c] if t is None else call.x[k * c:]
         # the strides are each rank's own layout: MPI's own reduce-scatter only when every rank's
         # blocks are packed (agreed), so that every rank makes the same collective
+        packed_everywhere = all(b & V.BIT_PACKED for b in table[:, V.H_INFO].tolist())
         reduce_scatter(go, self._lib, blocks, [c] * n, call.dt, call.reduce, call.out[k * c:(k + 1) * c],
-                       call.packed_everywhere, t, call.scratch)
+                       packed_everywhere, t, call.scratch)
 
 
 class _AllToAll(_BlockTask):
     NAME = "Hccl.AllToAll"
 
-    def issue(self, call, table, go, k=0) -> None:
+    def issue(self, call, table, go) -> None:
+        k = call.round
         (c, s), m, n = call.args, call.dt.mpi, self.size
         t = self._strided(call, c, s)
         if t is None:
@@ -168,11 +168,12 @@ class _AllToAllV(_Task):
         V.check_layout(op, "send_counts", [r * c for c in sc], "sdispls", sd, x.size, "send.size", rank)
         V.check_layout(op, "recv_counts", [r * c for c in rc], "rdispls", rd, y.size, "recv.size", rank, receive=True)
         call = Call(dt, x, y, (r,))
-        call.send, call.recv, call.args, call.repeat = sc, rc, (sc, sd, rc, rd), r
+        call.send, call.recv, call.args, call.rounds = sc, rc, (sc, sd, rc, rd), r
         call.result = recv
         return call
 
-    def issue(self, call, table, go, k=0) -> None:
+    def issue(self, call, table, go) -> None:
+        k = call.round
         sc, sd, rc, rd = call.args
         m = call.dt.mpi
         go.mpi(self._lib, "Alltoallv", [call.x, (sc, [d + k * c for c, d in zip(sc, sd)]), m],
@@ -256,13 +257,7 @@ class Hccl:
         if self._active:
             raise CollectiveError("Hccl.init: the client is already initialised: finalize() it first",
                                   op="Hccl.init", param="domain")
-        if isinstance(domain, MPI.Comm):
-            param = CommParam(comm=domain, rank_size=rank_size)
-        elif domain is None or isinstance(domain, str):
-            param = CommParam(comm_domain=domain or "", rank_size=rank_size)
-        else:
-            raise CollectiveArgumentError(f"Hccl.init: domain={domain!r}: must be a domain name or an MPI.Comm",
-                                          op="Hccl.init", param="domain")
+        param = CommParam(rank_size=rank_size, **group_fields(domain, "Hccl.init", "domain"))
         # one operation per task kind, bound as every operation is (a Param error, such as a
         # rank_size that is not the domain's, is raised on every rank by the first prepare)
         self._ops = {cls: cls(self, param, self.timeout) for cls in _KINDS}
@@ -274,8 +269,8 @@ class Hccl:
 
     def finalize(self) -> None:
         """Wait for every committed round, release every task; further prepares raise until
-        ``init`` is called again. Collective over the domain (it frees the tasks' private
-        communicators). A second call does nothing."""
+        ``init`` is called again. Collective over the domain (it completes the committed rounds);
+        freeing the tasks' requests and datatypes is local. A second call does nothing."""
         if not self._active:
             return
         for task in self._tasks.values():
@@ -534,7 +529,7 @@ def _describe_v(op, rank, n, send, send_layout, recv, recv_layout, dtype, repeat
 #: every task prepared, then committed)
 TILE_PLANS = {
     "untiled": (300, [(300, 1)], 0, "now"),
-    "seed": (300, [(128, 2), (44, 1)], 0, "now"),         # seeds/002: 2 tiles of 128 + a tail of 44
+    "seed": (300, [(128, 2), (44, 1)], 0, "now"),         # the Hccl API documentation's: 2 tiles of 128 + a tail of 44
     "rounds": (90, [(30, 3)], 0, "each"),
     "gaps": (50, [(20, 2), (10, 1)], 7, "later"),         # stride 57: 7 untouched elements per block
     "zero": (0, [(0, 1)], 0, "now"),
@@ -629,8 +624,7 @@ def _v_case(case, dtype, comm_domain, rank, n, seed, validate=True) -> Case:
     family, repeat = case.split("x")
     r, m, dt = int(repeat), counts_matrix(family, n) * 1, DTYPES[dtype]
     sc, rc = m[rank], m[:, rank]
-    sd = np.concatenate(([0], np.cumsum(r * sc)[:-1]))
-    rd = np.concatenate(([0], np.cumsum(r * rc)[:-1]))
+    sd, rd = prefix(r * sc), prefix(r * rc)
     inputs = [rank_data(seed, f"Hccl.AllToAllV/{case}/{dtype}", i, int(r * m[i].sum()), dt) for i in range(n)]
     starts = [np.concatenate(([0], np.cumsum(r * m[i])[:-1])) for i in range(n)]
     expected = np.concatenate([inputs[j][starts[j][rank]:starts[j][rank] + r * m[j, rank]] for j in range(n)])

@@ -30,7 +30,7 @@ environment (read by the library on every rank; set them alike everywhere):
   MPICOLL_DEBUG=1            every call checked, with sequence numbers (docs/reliability.md)
   MPICOLL_TIMEOUT=S          a collective some rank never joins raises after S seconds (docs/reliability.md)
   MPICOLL_TIMEOUT_ACTION=A   what a timeout does: abort (default) or raise
-  MPICOLL_DOMAIN_TIMEOUT=S   seconds members wait for each other forming a domain (default 300)
+  MPICOLL_DOMAIN_TIMEOUT=S   seconds members wait for each other forming a domain (default 300; 0: for ever)
   MPICOLL_KERNELS=0          numpy instead of the C kernels (float16/bfloat16, int8 quantization)
   MPICOLL_SHM=0              no shared-window reductions on one node, no AllReduce in tiers across nodes
                              (default on; docs/shm.md)

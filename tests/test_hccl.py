@@ -26,7 +26,7 @@ def _data(key, size, dtype="float16", rank=RANK):
 
 @mpi1
 def test_seed_multi_round_all_gather_equals_untiled():
-    """seeds/002: 300 float16 per rank as 2 tiles of 128 (repeat=2) and a tail of 44, stride 300.
+    """The Hccl API documentation's example: 300 float16 per rank as 2 tiles of 128 (repeat=2) and a tail of 44, stride 300.
     (The seed's tail call passes tileLen where it means tailLen: the tail moves 44 elements.)"""
     x = _data("seed", 300)
     y = np.zeros(300 * SIZE, np.float16)

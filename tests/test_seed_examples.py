@@ -43,7 +43,7 @@ def test_alltoallv_param_form_of_the_example():
 
 @pytest.mark.mpi(min_size=1)
 def test_mindspore_examples_at_any_rank_count():
-    """seeds/001 (4 cards: AllReduce -> 6, AllGather -> [0,1,2,3], ReduceScatter -> 4*rank, Broadcast -> 0)."""
+    """ATB's documented example (4 cards: AllReduce -> 6, AllGather -> [0,1,2,3], ReduceScatter -> 4*rank, Broadcast -> 0)."""
     x = np.array([[RANK]], dtype=np.float32)
     assert mpicoll.AllReduceOperation().execute(x).tolist() == [[SIZE * (SIZE - 1) / 2]]
     assert mpicoll.AllGatherOperation().execute(x).reshape(SIZE, 1).tolist() == [[float(r)] for r in range(SIZE)]

@@ -120,14 +120,13 @@ class Operation:
     def validate(self) -> bool:
         """Whether every call agrees its arguments across ranks (see the class docstring). Set it
         before the first call or at any time after, alike on every rank: a value set here wins over
-        the job's ``MPICOLL_VALIDATE`` (``MPICOLL_DEBUG`` turns it on whatever it says)."""
+        the job's ``MPICOLL_VALIDATE``; ``MPICOLL_DEBUG`` turns it on at the first call, whatever was
+        set before (docs/errors.md)."""
         return self._validate
 
     @validate.setter
     def validate(self, on: bool) -> None:
         self._validate, self._validate_given = bool(on), True
-        if self._lib is not None and self._lib.debug:
-            self._validate = True
 
     # -- binding -------------------------------------------------------------------------------------
     def _bind(self) -> LibComm:
@@ -212,15 +211,18 @@ class Operation:
             ``(plan, None, None)`` for a remembered call, else ``(None, call, table)``: the described
             call and the agreed header table (None without agreement).
         """
-        self._live()
+        if self._lib is None:
+            self._bind()
+        check_live(self._comms, self.NAME)
         agree = always or self._validate or not self._agreed_once
         key = None
-        if not agree and self._fills(args):
+        at = self._OUT_AT
+        if not agree and (at is None or (len(args) > at and args[at] is not None)):   # (it fills arrays given)
             key = _key(args, self._VALUES_AT)
             entry = self._calls.get(key) if key is not None else None
             if entry is not None:
-                plan = self._remembered(entry)
-                if plan is not None:
+                plan = entry[2] or self._remembered(entry)
+                if plan._state == 0:                    # (idle: not started)
                     return plan, None, None
         number = count_call(self._comms, self.NAME)
         if MPI.Is_finalized():
@@ -238,20 +240,12 @@ class Operation:
                 self._calls.popitem(last=False)
         return None, call, None
 
-    def _fills(self, args: tuple) -> bool:
-        """Whether the call writes only into arrays it was given (an ``out`` given, or none in the
-        signature): only such a call may be remembered (a remembered call allocates nothing)."""
-        at = self._OUT_AT
-        return at is None or (len(args) > at and args[at] is not None)
-
-    def _remembered(self, entry: list) -> Plan | None:
-        """The plan of a remembered call (recorded at its first repeat); None while it is started."""
-        _, call, plan = entry
-        if plan is None:
-            rec = Recorder()
-            self._record(call, None, rec, count=True)
-            plan = entry[2] = Plan(rec, self.timeout, persistent=False)
-        return plan if plan._state == 0 else None          # (idle: not started)
+    def _remembered(self, entry: list) -> Plan:
+        """Record the plan of a remembered call (at its first repeat)."""
+        rec = Recorder()
+        self._record(entry[1], None, rec, count=True)
+        plan = entry[2] = Plan(rec, self.timeout, persistent=False)
+        return plan
 
     def _described(self, args: tuple) -> tuple[Call | None, BaseException | None]:
         """``describe(*args)``, or the error it (or the Param, at binding) raised on this rank."""
@@ -264,12 +258,16 @@ class Operation:
             return None, as_collective_error(exc, self.NAME, self.rank)
 
     def _record(self, call: Call, table: np.ndarray | None, rec: Recorder, count: bool) -> None:
-        """Record the call as one part of a plan (``count``: the part counts itself when it runs)."""
-        rec.begin(self.NAME, self._comms, count)
-        if call.src is not None:
-            rec.local(np.copyto, call.x, call.src)
-        self.issue(call, table, rec)
-        rec.end(call.result)
+        """Record the call into a plan: one part per round (``call.rounds``: the Hccl client's
+        ``repeat``, else 1; ``issue`` reads ``call.round``), each counting itself when it runs if
+        ``count``."""
+        for k in range(call.rounds):
+            call.round = k
+            rec.begin(self.NAME, self._comms, count)
+            if call.src is not None:
+                rec.local(np.copyto, call.x, call.src)
+            self.issue(call, table, rec)
+            rec.end(call.result)
 
     def describe(self, *args: Any) -> Call:
         """Local and pure: this rank's arguments -> a :class:`~mpicoll._plan.Call`; raise
@@ -339,10 +337,21 @@ def _key(args: tuple, values: frozenset) -> tuple | None:
     read on every run; the remembered call keeps them referenced, so an identity stays theirs),
     its values (``Operation.VALUES``) by their contents. None when an argument is neither (an
     object the key cannot tell apart): such a call is not remembered."""
+    key = []
     try:
-        return tuple([_value(a) if i in values else _data(a) for i, a in enumerate(args)])
+        for i, a in enumerate(args):     # (flat: this runs on every unvalidated call)
+            t = type(a)
+            if i in values:
+                key.append(_value(a))
+            elif t is np.ndarray:
+                key.append((id(a), a.shape, a.dtype))
+            elif t in _SCALARS:
+                key.append(a)
+            else:
+                key.append(_data(a))
     except TypeError:
         return None
+    return tuple(key)
 
 
 def _data(a: Any) -> Any:

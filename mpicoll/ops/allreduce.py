@@ -12,8 +12,7 @@ from .._golden import (TORCH_OPS, BenchRun, BenchSpec, Case, CheckSpec, bench_da
 from .._params import ReduceTypeParam
 from .. import _shm
 from .._plan import Call, Plan
-from .._numeric import copy_pairs, from_f32, to_f32
-from .._numeric import pack, prefix, scatter_pairs, split_even
+from .._numeric import copy_pairs, from_f32, pack, prefix, scatter_pairs, split_even, to_f32
 from ._base import ReduceTypeOperation, alltoall_reduce, reduce_scatter
 
 #: float16/bfloat16 AllReduce of at most this many bytes: cast to float32, one native float32
@@ -42,6 +41,8 @@ TIERED_BYTES = 256 * 1024
 
 
 __all__ = ["AllReduceOperation", "AllReduceParam"]
+
+_F32 = DTYPES["float32"].mpi
 
 
 @dataclass
@@ -187,10 +188,9 @@ def _piece(go, comm, x, out, dt, rop, root, in_place, scratch) -> None:
         acc = scratch["f32"][:x.size]
         go.local(to_f32, x, acc)
         if root is None:
-            go.mpi(comm, "Allreduce", MPI.IN_PLACE, [acc, MPI.FLOAT], rop.mpi)
+            go.mpi(comm, "Allreduce", MPI.IN_PLACE, [acc, _F32], rop.mpi)
         else:
-            go.mpi(comm, "Reduce", MPI.IN_PLACE if mine else [acc, MPI.FLOAT], [acc, MPI.FLOAT] if mine else None,
-                   rop.mpi, root)
+            go.mpi(comm, "Reduce", MPI.IN_PLACE if mine else [acc, _F32], [acc, _F32] if mine else None, rop.mpi, root)
         if mine:
             go.local(from_f32, acc, out)
         return

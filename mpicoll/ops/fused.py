@@ -1,6 +1,6 @@
 """The fused MoE operators: AllToAll (ep) + AllGather (tp) + BatchMatMul, and its reverse.
 
-``AlltoAllAllGatherBatchMatMul`` (the Ascend aclnn operator of that name; SPEC.md "Fused"): every
+``AlltoAllAllGatherBatchMatMul`` (the Ascend aclnn operator of that name; docs/fused.md): every
 rank holds ``x`` of its tokens for every expert; an AllToAll over the expert-parallel domain sends
 each expert's tokens to the rank holding it, an AllGather over the tensor-parallel domain completes
 them (along H or along C, ``x_shard_type``), and each rank multiplies them by its experts' weights:
@@ -205,6 +205,13 @@ class _Mesh(Operation):
         bounds = [experts * i // k for i in range(k + 1)]
         return [(bounds[i], bounds[i + 1]) for i in range(k) if bounds[i + 1] > bounds[i]] or [(0, 0)]
 
+    def _x(self, x: Any) -> tuple[np.ndarray, Any, np.ndarray | None]:
+        """:meth:`_data` of x, whose dtype must be float16 or bfloat16 (both fused operators)."""
+        x, dt, src = self._data(x)
+        if dt.name not in ("float16", "bfloat16"):
+            raise V.arg_error(self.NAME, "x.dtype", dt.name, self.rank, "must be float16 or bfloat16")
+        return x, dt, src
+
 
 class AlltoAllAllGatherBatchMatMulOperation(_Mesh):
     """AllToAll over ep, AllGather over tp, then a batched matmul (+ bias, + activation): the
@@ -256,9 +263,7 @@ class AlltoAllAllGatherBatchMatMulOperation(_Mesh):
 
     def describe(self, x, weight, bias=None, out=None) -> Call:
         op, r, ep, tp = self.NAME, self.rank, self._ep.size, self._tp.size
-        x, dt, src = self._data(x)
-        if dt.name not in ("float16", "bfloat16"):
-            raise V.arg_error(op, "x.dtype", dt.name, r, "must be float16 or bfloat16")
+        x, dt, src = self._x(x)
         if x.ndim != 3:
             raise V.arg_error(op, "x.shape", x.shape, r, "must be 3-D")
         E, c_in, h_in = x.shape
@@ -481,9 +486,7 @@ class BatchMatMulReduceScatterAlltoAllOperation(_Mesh):
 
     def describe(self, x, weight, bias=None, out=None) -> Call:
         op, r, ep, tp = self.NAME, self.rank, self._ep.size, self._tp.size
-        x, dt, src = self._data(x)
-        if dt.name not in ("float16", "bfloat16"):
-            raise V.arg_error(op, "x.dtype", dt.name, r, "must be float16 or bfloat16")
+        x, dt, src = self._x(x)
         if x.ndim != 3 or x.shape[1] % (ep * (tp if self._shard else 1)) or not 1 <= x.shape[0] <= 32:
             raise V.arg_error(op, "x.shape", x.shape, r, f"must be (E/ep <= 32, ep*C, M/tp) with ep*C divisible by "
                               f"ep={ep}" + (f" x tp={tp}" if self._shard else ""))

@@ -23,13 +23,14 @@ from .._golden import BenchRun, BenchSpec, Case, CheckSpec, bench_data, rank_dat
 from .._numeric import dequant_sum, dequant_sum_quantize, quantize_into
 from .._params import CommParam
 from .._plan import Call, Plan
-from .._numeric import split_even
+from .._numeric import prefix, split_even
 from ._base import Operation
 
 __all__ = ["QuantAllReduceOperation", "QuantAllReduceParam", "dequantize", "quantize"]
 
 _INT8 = DTYPES["int8"]
 _F16 = DTYPES["float16"]
+_I8, _F32, _F16 = _INT8.mpi, DTYPES["float32"].mpi, _F16.mpi         # (MPI datatypes, from the dtype table)
 _GATHER_DTYPES = ("float16", "int8")
 #: element counts whose chunk layout an operation keeps (the latest)
 CHUNK_PLANS = 64
@@ -145,8 +146,7 @@ def plan_chunks(size: int, n: int, block_size: int) -> tuple[np.ndarray, np.ndar
         bstarts = np.concatenate(([0], np.cumsum(bcounts)))
         ends = np.minimum(bstarts[1:] * block_size, size)
         counts = ends - np.minimum(bstarts[:-1] * block_size, size)
-    displs = np.concatenate(([0], np.cumsum(counts)[:-1])).astype(np.int64)
-    bdispls = np.concatenate(([0], np.cumsum(bcounts)[:-1])).astype(np.int64)
+    displs, bdispls = prefix(counts), prefix(bcounts)
     return counts.astype(np.int64), displs, bcounts, bdispls
 
 
@@ -219,7 +219,6 @@ class QuantAllReduceOperation(Operation):
             raise arg_error(self.NAME, "allgather_dtype", p.allgather_dtype, self.rank, f"must be one of {_GATHER_DTYPES}")
         self._int8_gather = p.allgather_dtype == "int8"
         self._chunks: dict[int, _Chunks] = {}
-        self._scratch: tuple | None = None
 
     def describe(self, x, scale, out=None) -> Call:
         if np.asarray(x).dtype != np.int8:
@@ -248,9 +247,10 @@ class QuantAllReduceOperation(Operation):
                 (np.full(n, nb), np.arange(n) * nb))
         return plan
 
-    def _work(self, p: _Chunks, size: int) -> tuple:
+    def _work(self, size: int) -> tuple:
         """Scratch buffers for ``size`` elements: the received int8 rows and their scales; for the
         int8 gather also the gathered int8 data and scales."""
+        p = self._plan_of(size)
         n, block = self.size, self._block
         w = (size, np.empty((n, p.c), dtype=np.int8), np.empty((n, p.nb if block else 1), dtype=np.float32),
              None, None)
@@ -264,35 +264,29 @@ class QuantAllReduceOperation(Operation):
         if fresh is not None:
             go.local(_refresh, s, fresh)
         c, start = p.c, p.start
-        if go is self._runner:      # execute reuses its scratch (a fresh large array page-faults every call)
-            if self._scratch is None or self._scratch[0] != x.size:
-                self._scratch = self._work(p, x.size)
-            w = self._scratch
-        else:                       # a plan owns its own
-            w = self._work(p, x.size)
-        _, recv, rscales, allq, alls = w
+        _, recv, rscales, allq, alls = go.scratch(self._work, x.size)
         flat, oflat = x.reshape(-1), out.reshape(-1)
         # 1. int8 on the wire: chunk j of every rank goes to rank j ...
         if p.even:
-            go.mpi(comm, "Alltoall", [flat, MPI.INT8_T], [recv, MPI.INT8_T])
+            go.mpi(comm, "Alltoall", [flat, _I8], [recv, _I8])
         else:
-            go.mpi(comm, "Alltoallv", [flat, (p.counts, p.displs), MPI.INT8_T], [recv, p.recv_counts, MPI.INT8_T])
+            go.mpi(comm, "Alltoallv", [flat, (p.counts, p.displs), _I8], [recv, p.recv_counts, _I8])
         # ... with the scales of exactly those elements
         if block == 0:
-            go.mpi(comm, "Allgather", [s, MPI.FLOAT], [rscales, MPI.FLOAT])
+            go.mpi(comm, "Allgather", [s, _F32], [rscales, _F32])
         elif p.beven:
-            go.mpi(comm, "Alltoall", [s, MPI.FLOAT], [rscales, MPI.FLOAT])
+            go.mpi(comm, "Alltoall", [s, _F32], [rscales, _F32])
         else:
-            go.mpi(comm, "Alltoallv", [s, (p.bcounts, p.bdispls), MPI.FLOAT], [rscales, p.recv_bcounts, MPI.FLOAT])
+            go.mpi(comm, "Alltoallv", [s, (p.bcounts, p.bdispls), _F32], [rscales, p.recv_bcounts, _F32])
         if allq is None:
             # 2. dequantize and sum in float32, rank order, rounded once to float16 straight into
             # this rank's slot of out; 3. gather the float16 chunks in place
             go.local(dequant_sum, recv, rscales, block, oflat[start:start + c])
             o16 = oflat.view(np.uint16)
             if p.even:
-                go.mpi(comm, "Allgather", MPI.IN_PLACE, [o16, MPI.UINT16_T])
+                go.mpi(comm, "Allgather", MPI.IN_PLACE, [o16, _F16])
             else:
-                go.mpi(comm, "Allgatherv", MPI.IN_PLACE, [o16, (p.counts, p.displs), MPI.UINT16_T])
+                go.mpi(comm, "Allgatherv", MPI.IN_PLACE, [o16, (p.counts, p.displs), _F16])
             return
         # 2'. the float32 sum, re-quantized (per block; block 0: one scale for the chunk) straight
         # into this rank's slots of the gathered arrays; 3'. gather int8 + scales in place
@@ -300,20 +294,20 @@ class QuantAllReduceOperation(Operation):
             b0 = int(p.bdispls[self.rank])
             go.local(dequant_sum_quantize, recv, rscales, block, block, allq[start:start + c], alls[b0:b0 + p.nb])
             if p.even and p.beven:
-                go.mpi(comm, "Allgather", MPI.IN_PLACE, [allq, MPI.INT8_T])
-                go.mpi(comm, "Allgather", MPI.IN_PLACE, [alls, MPI.FLOAT])
+                go.mpi(comm, "Allgather", MPI.IN_PLACE, [allq, _I8])
+                go.mpi(comm, "Allgather", MPI.IN_PLACE, [alls, _F32])
             else:
-                go.mpi(comm, "Allgatherv", MPI.IN_PLACE, [allq, (p.counts, p.displs), MPI.INT8_T])
-                go.mpi(comm, "Allgatherv", MPI.IN_PLACE, [alls, (p.bcounts, p.bdispls), MPI.FLOAT])
+                go.mpi(comm, "Allgatherv", MPI.IN_PLACE, [allq, (p.counts, p.displs), _I8])
+                go.mpi(comm, "Allgatherv", MPI.IN_PLACE, [alls, (p.bcounts, p.bdispls), _F32])
             go.local(dequant_sum, allq.reshape(1, -1), alls.reshape(1, -1), block, oflat)
             return
         go.local(dequant_sum_quantize, recv, rscales, 0, max(c, 1), allq[start:start + c],
                  alls[self.rank:self.rank + 1])
         if p.even:
-            go.mpi(comm, "Allgather", MPI.IN_PLACE, [allq, MPI.INT8_T])
+            go.mpi(comm, "Allgather", MPI.IN_PLACE, [allq, _I8])
         else:
-            go.mpi(comm, "Allgatherv", MPI.IN_PLACE, [allq, (p.counts, p.displs), MPI.INT8_T])
-        go.mpi(comm, "Allgather", MPI.IN_PLACE, [alls, MPI.FLOAT])
+            go.mpi(comm, "Allgatherv", MPI.IN_PLACE, [allq, (p.counts, p.displs), _I8])
+        go.mpi(comm, "Allgather", MPI.IN_PLACE, [alls, _F32])
         go.local(_gathered_chunks, allq, alls, x.size, n, oflat)
 
 
