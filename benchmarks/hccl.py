@@ -3,10 +3,12 @@ same buffers, and the tiled AllGather of the Ascend C documentation's example ag
 
     mpirun -bind-to core -np 2 python benchmarks/hccl.py [--sizes 65536,1048576,16777216] [--reps 15]
 
-Part 1, per kind and size (float32, ``nbytes`` per rank input, stride 0, repeat 1): blocks of
-``commit(h); wait(h)`` on a task prepared once, interleaved with blocks of the raw mpi4py call, of
-the primitive operator's ``execute(x, out=y)`` (validation off and on) on the same arrays. Part 2:
-16 MiB of float16 gathered (the output), tiled as Ascend's example does (per rank: 2 tiles of 128/300 of the
+Part 1, per task kind of the client (its registry; a kind without statements in ``STATEMENTS`` is
+named in the output) and size (float32, ``nbytes`` per rank input, stride 0, repeat 1, AllToAllV with
+equal packed counts): blocks of ``commit(h); wait(h)`` on a task prepared once, interleaved with
+blocks of the raw mpi4py call, of the primitive operator's ``execute(x, out=y)`` (AllToAllV:
+AllToAllVV2's, which takes its counts as arguments too; validation off and on) on the same arrays.
+Part 2: 16 MiB of float16 gathered (the output), tiled as Ascend's example does (per rank: 2 tiles of 128/300 of the
 data with ``repeat=2``, a tail of the rest; two tasks, committed, then waited) against one untiled
 task. Blocks are timed as the slowest rank's mean per call (benchmarks/overhead.py); ratios are
 paired within a repetition, median and quartiles over the repetitions.
@@ -21,32 +23,50 @@ from mpi4py import MPI
 
 import mpicoll
 from mpicoll import Hccl, HcclDataType, HcclReduceOp
+from mpicoll.hccl import _KINDS
 from overhead import block_time, loop
 
 W = MPI.COMM_WORLD
 
 
-def kinds(comm: MPI.Comm, hccl: Hccl, nbytes: int) -> list[tuple[str, str, str, object, dict]]:
-    """(name, raw statement, execute statement, primitive class, names) per kind; ``h`` in the names
-    is the kind's prepared task."""
+#: Per Hccl task kind: its prepare, the raw mpi4py call, and the primitive operator (a name in
+#: mpicoll.OPERATIONS) with its execute, all on the same arrays (the names of kinds() below).
+STATEMENTS = {
+    "AllReduce": ("hccl.all_reduce(x, same, count, FP32, SUM)", "comm.Allreduce([x, F], [same, F], S)",
+                  "AllReduce", "op.execute(x, out=same)"),
+    "AllGather": ("hccl.all_gather(x, gathered, count, FP32)", "comm.Allgather([x, F], [gathered, F])",
+                  "AllGather", "op.execute(x, out=stacked)"),
+    "ReduceScatter": ("hccl.reduce_scatter(x, block, blk, FP32, SUM)",
+                      "comm.Reduce_scatter_block([x, F], [block, F], S)", "ReduceScatter", "op.execute(x, out=block)"),
+    "AllToAll": ("hccl.all_to_all(x, same, blk, FP32)", "comm.Alltoall([x, F], [same, F])",
+                 "AllToAll", "op.execute(x, out=same)"),
+    "AllToAllV": ("hccl.all_to_all_v(x, counts, displs, same, counts, displs, FP32)",
+                  "comm.Alltoallv([x, (counts, displs), F], [same, (counts, displs), F])",
+                  "AllToAllVV2", "op.execute(x, counts, displs, counts, displs, out=row)"),
+}
+#: the client's task kinds (its registry, mpicoll.hccl._KINDS), in its order
+KINDS = [k.NAME.removeprefix("Hccl.") for k in _KINDS]
+
+
+def kinds(comm: MPI.Comm, hccl: Hccl, nbytes: int) -> list[tuple[str, str, str, type, dict]]:
+    """(name, raw statement, execute statement, primitive class, names) per kind that has
+    statements here; ``h`` in the names is the kind's prepared task."""
     n = comm.Get_size()
     count = max(nbytes // 4, n) // n * n
+    blk = count // n
     x = np.ones(count, np.float32)
-    same, gathered, block = np.empty_like(x), np.empty(n * count, np.float32), np.empty(count // n, np.float32)
-    F, S, P = MPI.FLOAT, MPI.SUM, mpicoll
-    ns = dict(comm=comm, x=x, same=same, gathered=gathered, block=block, stacked=gathered.reshape(n, count),
-              F=F, S=S, commit=hccl.commit, wait=hccl.wait)
-    return [
-        ("AllReduce", "comm.Allreduce([x, F], [same, F], S)", "op.execute(x, out=same)", P.AllReduceOperation,
-         {**ns, "h": hccl.all_reduce(x, same, count, HcclDataType.FP32, HcclReduceOp.SUM)}),
-        ("AllGather", "comm.Allgather([x, F], [gathered, F])", "op.execute(x, out=stacked)", P.AllGatherOperation,
-         {**ns, "h": hccl.all_gather(x, gathered, count, HcclDataType.FP32)}),
-        ("ReduceScatter", "comm.Reduce_scatter_block([x, F], [block, F], S)", "op.execute(x, out=block)",
-         P.ReduceScatterOperation, {**ns, "h": hccl.reduce_scatter(x, block, count // n, HcclDataType.FP32,
-                                                                   HcclReduceOp.SUM)}),
-        ("AllToAll", "comm.Alltoall([x, F], [same, F])", "op.execute(x, out=same)", P.AllToAllOperation,
-         {**ns, "h": hccl.all_to_all(x, same, count // n, HcclDataType.FP32)}),
-    ]
+    same, gathered, block = np.empty_like(x), np.empty(n * count, np.float32), np.empty(blk, np.float32)
+    ns = dict(comm=comm, hccl=hccl, x=x, same=same, row=same.reshape(1, count), gathered=gathered, block=block,
+              stacked=gathered.reshape(n, count), count=count, blk=blk, counts=np.full(n, blk),
+              displs=np.arange(n) * blk, F=MPI.FLOAT, S=MPI.SUM, FP32=HcclDataType.FP32, SUM=HcclReduceOp.SUM,
+              commit=hccl.commit, wait=hccl.wait)
+    out = []
+    for name in KINDS:
+        if name in STATEMENTS:
+            prepare, raw, primitive, call = STATEMENTS[name]
+            h = eval(prepare, {}, dict(ns))          # noqa: S307 - the kind's task, prepared once
+            out.append((name, raw, call, mpicoll.OPERATIONS[primitive], {**ns, "h": h}))
+    return out
 
 
 def timed(comm, impls: dict, reps: int, iters: int) -> dict[str, list[float]]:
@@ -70,6 +90,10 @@ def main() -> None:
     ap.add_argument("--reps", type=int, default=15)
     ap.add_argument("--min-iters", type=int, default=10)
     args = ap.parse_args()
+    stale = sorted(set(STATEMENTS) - set(KINDS))
+    if stale:
+        ap.error(f"STATEMENTS names {stale}: not task kinds of the Hccl client ({KINDS})")
+    untimed = [k for k in KINDS if k not in STATEMENTS]
     raw_comm = W.Dup()
     mpicoll.init()
     me, n = W.Get_rank(), W.Get_size()
@@ -106,6 +130,8 @@ def main() -> None:
               "# call; pers: the same call as a raw MPI persistent request (req.Start(); req.Wait());\n"
               "# off/on: the primitive's execute(x, out=...) with validation off/on, same arrays;\n"
               "# x/y: median of the ratios paired within a repetition, [q1-q3]")
+        if untimed:
+            print(f"# not timed, no statements in benchmarks/hccl.py: {', '.join(untimed)}")
         print(f"{'kind':<14}{'bytes':>10}{'raw us':>9}{'pers us':>9}{'task us':>9}{'off us':>9}{'on us':>9}"
               f"{'task/raw':>20}{'task/pers':>20}{'task/off':>20}{'task/on':>20}")
         for name, nbytes, m, q in rows:

@@ -9,16 +9,18 @@ scheduler and synchronizing calls change speed from run to run; docs/benchmark.m
 
 Each implementation is timed as the loop a user writes: ``for ...: comm.Allreduce([x, F], [y, F], S)``
 against ``for ...: op.execute(x, out=y)``, the statement compiled inline into the loop (``timeit``),
-every name a local. For every primitive and size it interleaves blocks of raw calls, of execute()
-calls (validation off, on, and allocating its output) and of ``plan.run()`` (a plan prepared from
-the same arguments), each in turn first, each block timed as the slowest rank's mean per call. It prints the median block time of each and the median
-of the ratios paired within a repetition, with their quartiles (the noise band). float32 data: the
-native MPI path, where mpicoll makes the raw row's MPI call, except AllGatherV with equal counts
-(mpicoll: ``Allgather``), ReduceScatterV with equal counts (``Reduce_scatter_block``) and
-AllToAllV/VV2 with uniform packed counts, validated or in a plan (``Alltoall``); mpicoll hands
-counts to mpi4py as lists where the raw rows pass integer arrays (as a user's code most often has
-them). The raw calls run on
-their own duplicate of the world; mpicoll on its own.
+every name a local. For every registered operator (``mpicoll.OPERATIONS``) that has raw mpi4py
+statements here (``STATEMENTS``; the others are named in the output, not left out silently) and
+every size it interleaves blocks of raw calls, of execute() calls (validation off, on, and
+allocating its output) and of ``plan.run()`` (a plan prepared from the same arguments), each in
+turn first, each block timed as the slowest rank's mean per call. It prints the median block time
+of each and the median of the ratios paired within a repetition, with their quartiles (the noise
+band). float32 data: the native MPI path, where mpicoll makes the raw row's MPI call, except
+AllGatherV with equal counts (mpicoll: ``Allgather``), ReduceScatterV with equal counts
+(``Reduce_scatter_block``) and AllToAllV/VV2 with uniform packed counts, validated or in a plan
+(``Alltoall``); mpicoll hands counts to mpi4py as lists where the raw rows pass integer arrays (as a
+user's code most often has them). The raw calls run on their own duplicate of the world; mpicoll on
+its own.
 """
 from __future__ import annotations
 
@@ -37,7 +39,7 @@ W = MPI.COMM_WORLD
 
 @dataclass
 class Case:
-    """One primitive: the raw mpi4py statement and mpicoll's, over the names in ``ns``; ``op`` in
+    """One operator: the raw mpi4py statement and mpicoll's, over the names in ``ns``; ``op`` in
     ``call``/``alloc`` is the Operation under test (``alloc``: execute allocating its output)."""
 
     name: str
@@ -49,54 +51,64 @@ class Case:
     param: object = None
 
 
+#: Per operator name: ``(raw statement, execute(..., out=...), execute allocating)`` over the names
+#: of cases() below. The raw call names its MPI datatype (mpi4py's fastest form, as mpicoll's own
+#: calls). A registered operator missing here is named in the output (untimed()), not left out silently.
+STATEMENTS = {
+    "AllReduce": ("comm.Allreduce([x, F], [same, F], S)", "op.execute(x, out=same)", "op.execute(x)"),
+    "AllGather": ("comm.Allgather([x, F], [gathered, F])", "op.execute(x, out=stacked)", "op.execute(x)"),
+    "AllGatherV": ("comm.Allgatherv([x, F], [gathered, (gcounts, gdispls), F])",
+                   "op.execute(x, count, gcounts, gdispls, out=gathered)", "op.execute(x, count, gcounts, gdispls)"),
+    "ReduceScatter": ("comm.Reduce_scatter_block([x, F], [block, F], S)", "op.execute(x, out=block)", "op.execute(x)"),
+    "ReduceScatterV": ("comm.Reduce_scatter([x, F], [block, F], counts, S)",
+                       "op.execute(x, counts, displs, blk, out=block)", "op.execute(x, counts, displs, blk)"),
+    "Broadcast": ("comm.Bcast([b, F], 0)", "op.execute(b)", "op.execute(b)"),
+    "AllToAll": ("comm.Alltoall([x, F], [same, F])", "op.execute(x, out=same)", "op.execute(x)"),
+    "AllToAllV": ("comm.Alltoallv([x, (counts, displs), F], [row, (counts, displs), F])", "op.execute(x, out=row)",
+                  "op.execute(x)"),
+    "AllToAllVV2": ("comm.Alltoallv([x, (counts, displs), F], [row, (counts, displs), F])",
+                    "op.execute(x, counts, displs, counts, displs, out=row)",
+                    "op.execute(x, counts, displs, counts, displs)"),
+    "Reduce": ("comm.Reduce([x, F], [same, F] if root else None, S, 0)", "op.execute(x, out=same)", "op.execute(x)"),
+    "Gather": ("comm.Gather([x, F], [gathered, F] if root else None, 0)", "op.execute(x, out=stacked)",
+               "op.execute(x)"),
+    "Scatter": ("comm.Scatter([x, F] if root else None, [block, F], 0)", "op.execute(sx, out=block)",
+                "op.execute(sx, out=block)"),
+}
+
+
+def untimed() -> list[str]:
+    """The registered operators (``mpicoll.OPERATIONS``) that have no raw statement here.
+
+    Raises:
+        SystemExit: STATEMENTS names an operator that is not registered.
+    """
+    stale = sorted(set(STATEMENTS) - set(mpicoll.OPERATIONS))
+    if stale:
+        raise SystemExit(f"benchmarks/overhead.py: STATEMENTS names {stale}: not registered operators")
+    return [name for name in mpicoll.OPERATIONS if name not in STATEMENTS]
+
+
 def cases(comm: MPI.Comm, nbytes: int) -> list[Case]:
-    """Every primitive at ``nbytes`` per rank. The raw call and ``execute(..., out=...)`` use the
-    same input and output arrays, and the raw call names its MPI datatype (mpi4py's fastest form,
-    as mpicoll's own calls)."""
+    """Every registered operator that has raw statements here (STATEMENTS, in its order) at
+    ``nbytes`` per rank. The raw call and ``execute(..., out=...)`` use the same input and output
+    arrays."""
+    untimed()
     n = comm.Get_size()
     count = max(nbytes // 4, n) // n * n            # divisible by n, >= n elements
     x = np.ones(count, dtype=np.float32)
     blk = count // n
     counts, displs = np.full(n, blk), np.arange(n) * blk
-    ns = dict(comm=comm, x=x, b=x.copy(), root=comm.Get_rank() == 0, F=MPI.FLOAT, S=MPI.SUM, count=count, blk=blk, counts=counts, displs=displs,
-              gcounts=np.full(n, count), gdispls=np.arange(n) * count, same=np.empty_like(x),
-              gathered=np.empty(count * n, np.float32), block=np.empty(blk, np.float32),
+    ns = dict(comm=comm, x=x, b=x.copy(), root=comm.Get_rank() == 0, F=MPI.FLOAT, S=MPI.SUM, count=count, blk=blk,
+              counts=counts, displs=displs, gcounts=np.full(n, count), gdispls=np.arange(n) * count,
+              same=np.empty_like(x), gathered=np.empty(count * n, np.float32), block=np.empty(blk, np.float32),
               row=np.empty((1, count), np.float32))
     ns["stacked"] = ns["gathered"].reshape(n, count)
     ns["sx"] = x if comm.Get_rank() == 0 else None
-    P = mpicoll
-    vv = "x, counts, displs, counts, displs"
-    found = [
-        Case("AllReduce", P.AllReduceOperation, "comm.Allreduce([x, F], [same, F], S)", "op.execute(x, out=same)",
-             "op.execute(x)"),
-        Case("AllGather", P.AllGatherOperation, "comm.Allgather([x, F], [gathered, F])",
-             "op.execute(x, out=stacked)", "op.execute(x)"),
-        Case("AllGatherV", P.AllGatherVOperation, "comm.Allgatherv([x, F], [gathered, (gcounts, gdispls), F])",
-             "op.execute(x, count, gcounts, gdispls, out=gathered)", "op.execute(x, count, gcounts, gdispls)"),
-        Case("ReduceScatter", P.ReduceScatterOperation, "comm.Reduce_scatter_block([x, F], [block, F], S)",
-             "op.execute(x, out=block)", "op.execute(x)"),
-        Case("ReduceScatterV", P.ReduceScatterVOperation, "comm.Reduce_scatter([x, F], [block, F], counts, S)",
-             "op.execute(x, counts, displs, blk, out=block)", "op.execute(x, counts, displs, blk)"),
-        Case("Broadcast", P.BroadcastOperation, "comm.Bcast([b, F], 0)", "op.execute(b)", "op.execute(b)"),
-        Case("AllToAll", P.AllToAllOperation, "comm.Alltoall([x, F], [same, F])", "op.execute(x, out=same)",
-             "op.execute(x)"),
-        Case("AllToAllV", P.AllToAllVOperation,
-             "comm.Alltoallv([x, (counts, displs), F], [row, (counts, displs), F])", "op.execute(x, out=row)",
-             "op.execute(x)",
-             param=P.AllToAllVParam(send_counts=counts, sdispls=displs, recv_counts=counts, rdispls=displs)),
-        Case("AllToAllVV2", P.AllToAllVV2Operation,
-             "comm.Alltoallv([x, (counts, displs), F], [row, (counts, displs), F])", f"op.execute({vv}, out=row)",
-             f"op.execute({vv})"),
-        Case("Reduce", P.ReduceOperation, "comm.Reduce([x, F], [same, F] if root else None, S, 0)",
-             "op.execute(x, out=same)", "op.execute(x)"),
-        Case("Gather", P.GatherOperation, "comm.Gather([x, F], [gathered, F] if root else None, 0)",
-             "op.execute(x, out=stacked)", "op.execute(x)"),
-        Case("Scatter", getattr(P, "ScatterOperation", None), "comm.Scatter([x, F] if root else None, [block, F], 0)",
-             "op.execute(sx, out=block)", "op.execute(sx, out=block)"),
-    ]
-    for c in found:
-        c.ns = ns
-    return [c for c in found if c.cls is not None]       # (an older tree has no Scatter)
+    params = {"AllToAllV": mpicoll.AllToAllVParam(send_counts=counts, sdispls=displs, recv_counts=counts,
+                                                  rdispls=displs)}
+    return [Case(name, mpicoll.OPERATIONS[name], *row, ns=ns, param=params.get(name))
+            for name, row in STATEMENTS.items()]
 
 
 def loop(stmt: str, ns: dict, **more) -> timeit.Timer:
@@ -125,9 +137,14 @@ def main() -> None:
     args = ap.parse_args()
     if args.reps < 2:
         ap.error("--reps must be >= 2 (the quartiles need two repetitions)")
+    wanted = set(filter(None, args.ops.split(",")))
+    missing = untimed()
+    if wanted - set(mpicoll.OPERATIONS):
+        ap.error(f"--ops: not registered operators: {', '.join(sorted(wanted - set(mpicoll.OPERATIONS)))}")
+    if wanted & set(missing):
+        ap.error(f"--ops: no raw mpi4py statement in STATEMENTS for {', '.join(sorted(wanted & set(missing)))}")
     raw_comm = W.Dup()
     mpicoll.init()
-    wanted = set(filter(None, args.ops.split(",")))
     rows = []
     for nbytes in (int(s) for s in args.sizes.split(",")):
         iters = max(args.min_iters, min(args.max_iters, int(2e9 // max(nbytes, 1) // 100)))   # blocks of >= ~10 ms
@@ -159,6 +176,8 @@ def main() -> None:
               "# plan prepared from the same call; alloc: execute() allocating its output (validation off).\n"
               "# us: median block time per call; x/raw: median of the ratios paired within a repetition;\n"
               "# q1-q3: their quartiles (the noise band)")
+        if missing and not wanted:
+            print(f"# not timed, no raw mpi4py statement in benchmarks/overhead.py: {', '.join(missing)}")
         print(f"{'op':<15}{'bytes':>10}{'raw us':>10}{'plan us':>10}{'off us':>10}{'on us':>10}"
               f"{'plan/raw':>9}{'plan q1-q3':>13}{'off/raw':>9}{'off q1-q3':>13}{'on/raw':>8}{'alloc/raw':>10}")
         for name, nbytes, m, q in rows:

@@ -103,9 +103,10 @@ def format_rows(rows: list[CheckRow], nranks: int, kernels: str | None = None) -
     lines = [f"# mpicoll check: {nranks} rank(s); wrong elements summed over ranks"]
     if kernels:
         lines.append(f"# numeric kernels: {kernels}")
-    lines.append(f"{'operator':<18}{'dtypes':>7}{'cases':>7}{'checks':>8}{'wrong':>8}{'time(s)':>9}  result")
+    w = max([len("operator"), *(len(r.op) for r in rows)]) + 2         # (the name column fits the longest name)
+    lines.append(f"{'operator':<{w}}{'dtypes':>7}{'cases':>7}{'checks':>8}{'wrong':>8}{'time(s)':>9}  result")
     for r in rows:
-        lines.append(f"{r.op:<18}{r.dtypes:>7}{r.cases:>7}{r.checks:>8}{r.wrong:>8}{r.seconds:>9.2f}  "
+        lines.append(f"{r.op:<{w}}{r.dtypes:>7}{r.cases:>7}{r.checks:>8}{r.wrong:>8}{r.seconds:>9.2f}  "
                      f"{'ok' if r.wrong == 0 else 'WRONG'}")
         lines.extend(f"    {f}" for f in r.failures[:10])
     bad = sum(r.wrong for r in rows)

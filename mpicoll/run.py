@@ -14,7 +14,7 @@ import traceback
 
 from mpi4py import MPI
 
-from ._cli import Parser, ctrl_c_ends_the_job, epilog, kernels_summary, version_text
+from ._cli import Parser, ctrl_c_ends_the_job, epilog, kernels_summary, launcher_note, version_text
 
 USAGE_EPILOG = """\
 examples:
@@ -28,8 +28,10 @@ examples:
 environment (read by the library on every rank; set them alike everywhere):
   MPICOLL_VALIDATE=0         cross-rank argument checks off (default on; docs/errors.md)
   MPICOLL_DEBUG=1            every call checked, with sequence numbers (docs/reliability.md)
-  MPICOLL_TIMEOUT=S          a collective some rank never joins raises after S seconds (docs/reliability.md)
-  MPICOLL_TIMEOUT_ACTION=A   what a timeout does: abort (default) or raise
+  MPICOLL_TIMEOUT=S          a collective some rank never joins ends the whole job after S seconds,
+                             naming the missing ranks (docs/reliability.md)
+  MPICOLL_TIMEOUT_ACTION=A   what a timeout does: abort (default: the job ends, status 1) or raise
+                             (CollectiveTimeout to catch; that communicator must not be used again)
   MPICOLL_DOMAIN_TIMEOUT=S   seconds members wait for each other forming a domain (default 300; 0: for ever)
   MPICOLL_KERNELS=0          numpy instead of the C kernels (float16/bfloat16, int8 quantization)
   MPICOLL_SHM=0              no shared-window reductions on one node, no AllReduce in tiers across nodes
@@ -67,6 +69,8 @@ def main(argv: list[str] | None = None) -> int:
     from . import check, demo
     if argv[:1] == ["bench"]:
         from .bench import run_bench
+        if not {"-h", "--help"} & set(argv):
+            launcher_note("python -m mpicoll.run bench")
         try:
             return run_bench(argv[1:])
         except check.UsageError as exc:   # the same on every rank
@@ -74,6 +78,8 @@ def main(argv: list[str] | None = None) -> int:
                 sys.stderr.write(f"python -m mpicoll.run bench: error: {exc}\n")
             return 2
     args = build_parser().parse_args(argv)
+    if args.command != "list":
+        launcher_note("python -m mpicoll.run" + (" --demo" if args.demo or args.command == "demo" else ""))
     from ._dtypes import ALL_DTYPES
     from ._golden import CHECKS, SEED
 

@@ -5,8 +5,11 @@ subprocess ``mpirun`` with a time limit, launched once, from a pytest world of s
 """
 from __future__ import annotations
 
-import importlib.util
+import ast
+import configparser
+import importlib.metadata
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -15,17 +18,50 @@ from pathlib import Path
 import pytest
 from mpi4py import MPI
 
+import mpicoll
+
 from _mpi import launch_env, mpirun
 
 ROOT = Path(__file__).resolve().parent.parent
 EXAMPLES = sorted((ROOT / "docs" / "examples").glob("*.py"))
-#: examples that need a given rank count (the fused MoE layer: a 2 x 2 mesh)
-ONLY = {"fused": 4}
-#: examples that need an optional extra: skipped, with the reason, where it is not installed
-NEEDS = {"torch_ddp": "torch"}
 #: lines an example must print whole, one per line, at ``n`` ranks (lines printed by several ranks at
-#: once used to run together: "rank 0: hccl example okrank 3: ...")
+#: once used to run together: "rank 0: hccl example okrank 3: ..."; the hccl example is the one that
+#: had the bug, and the one that prints a line per rank)
 LINES = {"hccl": lambda n: [f"rank {r}: hccl example ok" for r in range(n)]}
+
+
+def _usage(script: Path) -> str:
+    """How the example's docstring says to run it."""
+    return ast.get_docstring(ast.parse(script.read_text())) or ""
+
+
+def _only(script: Path) -> int | None:
+    """The one rank count the docstring asks for (``mpirun -np 4 ... (4 ranks: a 2 x 2 mesh)``), or
+    None (``(any rank count works)``, ``(2 or 4 ranks ...)``)."""
+    m = re.search(r"\((\d+) ranks\b", _usage(script))
+    return int(m.group(1)) if m else None
+
+
+def _extras(script: Path) -> list[str]:
+    """The optional extras the docstring installs (``pip install ".[torch]"``)."""
+    return [e for m in re.finditer(r"pip install \S*\[([\w,-]+)\]", _usage(script)) for e in m.group(1).split(",")]
+
+
+def _missing(extra: str) -> list[str]:
+    """The distributions of setup.cfg's ``extra`` that are not installed here."""
+    cfg = configparser.ConfigParser()
+    cfg.read(ROOT / "setup.cfg")
+    names = re.findall(r"^\s*([A-Za-z0-9_.-]+)", cfg["options.extras_require"][extra], re.MULTILINE)
+    return [name for name in names if not _installed(name)]
+
+
+def _installed(name: str) -> bool:
+    try:
+        importlib.metadata.distribution(name)
+    except importlib.metadata.PackageNotFoundError:
+        return False
+    return True
+
 
 pytestmark = [pytest.mark.mpi(min_size=1),
               pytest.mark.skipif(MPI.COMM_WORLD.Get_size() != 1, reason="runs its own mpirun jobs once")]
@@ -35,14 +71,22 @@ def test_examples_exist():
     assert EXAMPLES, "no docs/examples/*.py found"
 
 
+def test_every_operator_has_an_example():
+    """Every registered operator is run by some docs/examples script (``XOperation`` named in it)."""
+    texts = [p.read_text() for p in EXAMPLES]
+    missing = [name for name, cls in mpicoll.OPERATIONS.items()
+               if not any(re.search(rf"\b{cls.__name__}\b", t) for t in texts)]
+    assert not missing, f"no docs/examples script runs {missing}"
+
+
 @pytest.mark.parametrize("nprocs", [2, 4])
 @pytest.mark.parametrize("script", EXAMPLES, ids=[p.stem for p in EXAMPLES])
 def test_example_runs(script: Path, nprocs: int):
-    extra = NEEDS.get(script.stem)
-    if extra and importlib.util.find_spec(extra) is None:
-        pytest.skip(f"{script.name} needs {extra}: pip install '.[{extra}]'")
-    if ONLY.get(script.stem, nprocs) != nprocs:
-        pytest.skip(f"{script.name} needs {ONLY[script.stem]} ranks")
+    for extra in _extras(script):
+        if _missing(extra):
+            pytest.skip(f"{script.name} needs {', '.join(_missing(extra))}: pip install '.[{extra}]'")
+    if _only(script) not in (None, nprocs):
+        pytest.skip(f"{script.name} needs {_only(script)} ranks")
     cmd = mpirun(nprocs, sys.executable, str(script.relative_to(ROOT)))
     # A session of its own, so that a hung job can be killed whole (mpirun and its ranks).
     proc = subprocess.Popen(cmd, cwd=ROOT, env=launch_env(), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,

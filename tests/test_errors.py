@@ -79,25 +79,17 @@ def test_reducescatterv_mismatch():
                       CollectiveMismatchError, "ReduceScatterV", "recv_count=3 on rank 1", "send_counts[1]=2")
 
 
-def _valid_call(opname, dtype=np.float32, **param):
+def _valid_call(opname, dtype=np.float32):
     """A call of ``opname`` that is valid on its own on every rank (x of ``dtype``): the first
-    golden case of its check spec (every registered operator has one), or, with Param fields
-    ``param``, a small call of the operators the tests give fields to."""
-    if not param:
-        spec = CHECKS[opname]
-        name = next((d for d in spec.dtypes if DTYPES[d].np == np.dtype(dtype)), spec.dtypes[0])
-        cases = spec.cases(SIZE)
-        if not cases:
-            pytest.skip(f"{opname} has no case at {SIZE} rank(s)")
-        case = spec.make(cases[0], name, "", RANK, SIZE, SEED)
-        case.op._bind()                  # (on every rank: binding may form domains, with every member)
-        return case.execute
-    n, f = SIZE, np.dtype(dtype).type
-    op = mpicoll.OPERATIONS[opname](mpicoll.OPERATIONS[opname].PARAM(**param))
-    calls = {
-        "ReduceScatterV": lambda: op.execute(np.ones(2 * n, f), [2] * n, [2 * i for i in range(n)], 2),
-    }
-    return calls.get(opname, lambda: op.execute(np.ones(2 * n, f)))
+    golden case of its check spec (every registered operator has one)."""
+    spec = CHECKS[opname]
+    name = next((d for d in spec.dtypes if DTYPES[d].np == np.dtype(dtype)), spec.dtypes[0])
+    cases = spec.cases(SIZE)
+    if not cases:
+        pytest.skip(f"{opname} has no case at {SIZE} rank(s)")
+    case = spec.make(cases[0], name, "", RANK, SIZE, SEED)
+    case.op._bind()                  # (on every rank: binding may form domains, with every member)
+    return case.execute
 
 
 ALL_OPS = sorted(mpicoll.OPERATIONS)

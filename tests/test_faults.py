@@ -3,16 +3,16 @@
 from __future__ import annotations
 
 import glob
-import os
 import re
 import subprocess
 import sys
-import textwrap
 import time
 
 import pytest
 from mpi4py import MPI
 
+import mpicoll
+from mpicoll._golden import CHECKS
 from mpicoll._watchdog import stale_segments
 
 from _mpi import launch_env, mpirun, remove as _remove, run_job as _job
@@ -169,24 +169,33 @@ def test_cli_error_on_one_rank_aborts_the_job(tmp_path):
     assert not left, f"the aborted job left {left}"
 
 
+TIMED = """
+    import numpy as np
+    import mpicoll
+    from mpi4py import MPI
+    from mpicoll._golden import CHECKS, SEED, count_wrong
+    rank, n = MPI.COMM_WORLD.Get_rank(), MPI.COMM_WORLD.Get_size()
+    ran = []
+    for name, cls in mpicoll.OPERATIONS.items():
+        spec = CHECKS[name]
+        for case in spec.cases(n)[:1]:
+            c = spec.make(case, "float32" if "float32" in spec.dtypes else spec.dtypes[0], "", rank, n, SEED)
+            op = cls(c.op.param, timeout=30)            # the case's operation, with a timeout of its own
+            wrong = count_wrong(op.execute(*c.args, **c.kwargs), c.expected, exact=c.exact, n=n)
+            assert wrong == 0 and op.timeout == 30, (name, case, wrong, op.timeout)
+            ran.append(name)
+    print(f"done; ran {','.join(ran)};" if rank == 0 else "done;", flush=True)
+"""
+
+
 def test_timeout_per_operation_and_cost_free_when_fine(tmp_path):
-    res, _, left = _job(tmp_path, """
-        import numpy as np
-        import mpicoll
-        from mpi4py import MPI
-        n = MPI.COMM_WORLD.Get_size()
-        for name in ("AllReduce", "AllGather", "ReduceScatter", "AllToAll", "Broadcast"):
-            op = mpicoll.OPERATIONS[name](timeout=30)
-            out = op.execute(np.ones(2 * n, np.float32))
-            assert out.size in (2 * n, 2, 2 * n * n), (name, out.shape)
-        v2 = mpicoll.AllToAllVV2Operation(timeout=30)
-        assert v2.execute(np.ones(n), [1] * n, list(range(n)), [1] * n, list(range(n))).shape == (1, n)
-        q = mpicoll.QuantAllReduceOperation(timeout=30)
-        assert q.execute(np.ones(8, np.int8), 0.5).tolist() == [0.5 * n] * 8
-        print("ok", flush=True)
-    """, np_=3)
+    """Every registered operator with ``timeout=30`` (no MPICOLL_TIMEOUT): its first golden case
+    gives the golden, and nothing times out."""
+    res, _, left = _job(tmp_path, TIMED, np_=3)
     _remove(left)
-    assert res.returncode == 0 and res.stdout.count("ok") == 3, res.stderr[-2000:]
+    ran = ",".join(name for name in mpicoll.OPERATIONS if CHECKS[name].cases(3))    # (the fused ones need 4 ranks)
+    assert res.returncode == 0 and res.stdout.count("done;") == 3, res.stdout[-2000:] + res.stderr[-2000:]
+    assert f"ran {ran};" in res.stdout, res.stdout
 
 
 def test_allgatherv_bad_shape_on_one_rank_is_agreed(tmp_path):

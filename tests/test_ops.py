@@ -59,12 +59,26 @@ def _layouts(x: np.ndarray) -> dict:
     return {k: v for k, v in out.items() if v is not None}
 
 
+def _in_dtype(expected, dtype):
+    """The golden ``expected`` (an array, a tuple of them, or None) for inputs of the same values in
+    ``dtype`` (an operator whose output has its input's dtype): cast, where the cast loses nothing
+    (the first cases' values are small integers)."""
+    if isinstance(expected, tuple):
+        return tuple(_in_dtype(e, dtype) for e in expected)
+    if expected is None:
+        return None
+    cast = expected.astype(dtype)
+    assert np.array_equal(cast.astype(expected.dtype), expected), f"the golden is not exact in {dtype}"
+    return cast
+
+
 @pytest.mark.mpi(min_size=1)
 @pytest.mark.parametrize("name", sorted(mpicoll.OPERATIONS))
 def test_any_input_layout(name):
-    """Every operator's first golden case, its x given in every layout and container: the same
-    result as the same values C-contiguous, validation on and off. An operator that fills x in
-    place (Broadcast) refuses every layout it could not fill, on every rank."""
+    """Every operator's first golden case, its x given in every layout and container: the numpy
+    golden (in the dtype the layout gives, for floats also int8 and float16), validation on and off,
+    twice. An operator that fills x in place (Broadcast) refuses every layout it could not fill, on
+    every rank (test_errors)."""
     spec = CHECKS[name]
     if not spec.cases(SIZE):
         pytest.skip(f"{name} has no case at {SIZE} rank(s)")
@@ -82,16 +96,29 @@ def test_any_input_layout(name):
             v = x                        # (a dtype the operator does not take: this rank keeps its x)
         if cls.WRITES_X and layout in ("strided", "fortran", "list"):
             continue                     # (test_errors: Broadcast refuses what it cannot fill)
-        want = case.op.execute(np.ascontiguousarray(v) if v is not None else v, *rest, **case.kwargs)
-        want = [w.copy() if isinstance(w, np.ndarray) else w for w in (want if isinstance(want, tuple) else (want,))]
+        same = v is None or np.asarray(v).dtype == x.dtype
+        want = case.expected if same else _in_dtype(case.expected, np.asarray(v).dtype)   # (the layout's dtype)
         for validate in (True, False):
             op = cls(case.op.param, validate=validate)
             for _ in range(2):
-                got = op.execute(v, *rest, **case.kwargs)
-                got = got if isinstance(got, tuple) else (got,)
-                for g, w in zip(got, want):
-                    assert (g is None and w is None) or (g.shape == w.shape and g.dtype == w.dtype and
-                                                         np.array_equal(g, w)), (name, layout, validate)
+                wrong = count_wrong(op.execute(v, *rest, **case.kwargs), want, exact=case.exact, n=SIZE)
+                assert wrong == 0, (name, layout, validate, wrong)
+
+
+def _v_goldens(counts, displs, n):
+    """numpy: what rank RANK gets from test_validation_off_v_operators_take_any_count_container's
+    four calls, rank r's x being ``arange * (r + 1)``."""
+    c, d = counts[RANK], displs[RANK]
+    base = np.arange(sum(counts) + 2, dtype=np.float64)
+    rsv = base[d:d + c] * (n * (n + 1) // 2)                                   # the sum over ranks of block RANK
+    agv = np.zeros(sum(counts))
+    for j in range(n):
+        agv[displs[j]:displs[j] + counts[j]] = base[:counts[j]] * (j + 1)
+    agv_eq = np.zeros(2 * n)
+    for j in range(n):                                                          # displacements reversed
+        agv_eq[2 * (n - 1 - j):2 * (n - j)] = base[:2] * (j + 1)
+    vv2 = np.concatenate([base[d:d + c] * (j + 1) for j in range(n)]).reshape(1, n * c)
+    return rsv, agv, agv_eq, vv2
 
 
 @pytest.mark.mpi(min_size=1)
@@ -99,7 +126,7 @@ def test_any_input_layout(name):
 @pytest.mark.parametrize("equal", [False, True], ids=["unequal", "equal"])
 def test_validation_off_v_operators_take_any_count_container(kind, equal):
     """Counts as int64/int32 arrays, lists or tuples, equal (ReduceScatterV: the block call) or not,
-    packed or permuted: the same results as validated."""
+    packed or permuted: the numpy golden, validated or not, twice."""
     P, n = mpicoll, SIZE
     conv = {"ndarray": np.array, "int32": lambda v: np.array(v, dtype=np.int32), "list": list, "tuple": tuple}[kind]
     counts = [3] * n if equal else [j + 1 for j in range(n)]
@@ -107,22 +134,19 @@ def test_validation_off_v_operators_take_any_count_container(kind, equal):
     permuted = list(reversed(np.concatenate(([0], np.cumsum(counts[::-1])[:-1])).tolist()))
     x = np.arange(sum(counts) + 2, dtype=np.float64) * (RANK + 1)      # longer than the blocks: allowed
     for displs in (packed, permuted):
+        want = _v_goldens(counts, displs, n)
         for v in (True, False):
             rsv = P.ReduceScatterVOperation(validate=v)
-            got = [rsv.execute(x, conv(counts), conv(displs), counts[RANK]) for _ in range(2)]
             agv = P.AllGatherVOperation(validate=v)
-            mine = x[:counts[RANK]]
-            got += [agv.execute(mine, counts[RANK], conv(counts), conv(displs)) for _ in range(2)]
-            eq = np.full(n, 2).tolist()
-            got += [agv.execute(x[:2], 2, conv(eq), conv([2 * j for j in range(n)][::-1])) for _ in range(2)]
             vv2 = P.AllToAllVV2Operation(validate=v)
-            got += [vv2.execute(x, conv(counts), conv(displs), conv([counts[RANK]] * n),
-                                conv([counts[RANK] * j for j in range(n)])) for _ in range(2)]
-            if v:
-                want = got
-            else:
-                for a, b in zip(got, want):
-                    assert np.array_equal(a, b), (kind, displs)
+            for _ in range(2):
+                got = (rsv.execute(x, conv(counts), conv(displs), counts[RANK]),
+                       agv.execute(x[:counts[RANK]], counts[RANK], conv(counts), conv(displs)),
+                       agv.execute(x[:2], 2, conv([2] * n), conv([2 * j for j in range(n)][::-1])),
+                       vv2.execute(x, conv(counts), conv(displs), conv([counts[RANK]] * n),
+                                   conv([counts[RANK] * j for j in range(n)])))
+                for g, w in zip(got, want):
+                    assert g.shape == w.shape and np.array_equal(g, w), (kind, displs, v, g, w)
 
 
 @pytest.mark.mpi(min_size=1)

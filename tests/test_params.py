@@ -8,15 +8,17 @@ import pytest
 import mpicoll
 from mpicoll import CollectiveArgumentError, CommMode
 
-PARAMS = [getattr(mpicoll, n) for n in mpicoll.__all__ if n.endswith("Param") and n != "CommParam"]
+PARAMS = [cls.PARAM for cls in mpicoll.OPERATIONS.values()]
 
 
-def test_every_primitive_has_param_and_operation():
-    names = ["AllReduce", "AllGather", "AllGatherV", "ReduceScatter", "ReduceScatterV", "Broadcast", "AllToAll",
-             "AllToAllV", "AllToAllVV2"]
-    for n in names:
-        assert getattr(mpicoll, n + "Param") and getattr(mpicoll, n + "Operation")
-        assert mpicoll.OPERATIONS[n] is getattr(mpicoll, n + "Operation")
+@pytest.mark.parametrize("name", list(mpicoll.OPERATIONS))
+def test_every_operator_exports_its_param_and_operation(name):
+    """Every registered operator ``X`` is public as ``mpicoll.XOperation`` with ``mpicoll.XParam``,
+    its own Param class (not the shared base)."""
+    cls = mpicoll.OPERATIONS[name]
+    assert f"{name}Operation" in mpicoll.__all__ and getattr(mpicoll, f"{name}Operation") is cls
+    assert f"{name}Param" in mpicoll.__all__ and getattr(mpicoll, f"{name}Param") is cls.PARAM
+    assert cls.PARAM is not mpicoll.CommParam and cls.PARAM.__name__ == f"{name}Param"
 
 
 @pytest.mark.parametrize("cls", PARAMS)
