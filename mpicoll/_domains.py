@@ -73,6 +73,8 @@ def _own(comm: MPI.Comm, name: str, label: str) -> LibComm:
 
 
 def _dup(comm: MPI.Comm, what: str) -> MPI.Comm:
+    """The ``Idup`` that makes a library communicator, under the watchdog when timed: made on the
+    world or on the user's communicator, before any LibComm exists (so not a LibComm call)."""
     alive(f"duplicating {what}")
     new, req = comm.Idup()
     timeout = timeout_default()

@@ -201,15 +201,18 @@ STOPPED = """
 
 
 @pytest.mark.skipif(SIZE != 1, reason="runs its own mpirun jobs once")
-@pytest.mark.parametrize("stop,word", [("raise KeyboardInterrupt", "\nKeyboardInterrupt"),
-                                       ("sys.exit(3)", "Abort(3)")])
-def test_ctrl_c_inside_a_capture_stays_ctrl_c(tmp_path, stop, word):
+@pytest.mark.parametrize("stop,word,rc", [("raise KeyboardInterrupt", "\nKeyboardInterrupt", 130),
+                                          ("sys.exit(3)", "Abort(3)", 3)])
+def test_ctrl_c_inside_a_capture_stays_ctrl_c(tmp_path, stop, word, rc):
     """A KeyboardInterrupt (or SystemExit) on one rank leaves the block unchanged, starting no
-    agreement: python -m mpi4py aborts the job (the peer waits in its agreement until then)."""
+    agreement: python -m mpi4py aborts the job with its status (130 for Ctrl-C; the peer waits in
+    its agreement until then). (The launcher may cut the aborting rank's last lines under load:
+    its status says what it raised then.)"""
     res, seconds, left = run_job(tmp_path, STOPPED.replace("STOP", stop), np_=2, env={"MPICOLL_TIMEOUT": "30"})
     remove(left)
-    assert res.returncode != 0 and seconds < 20, (seconds, res.returncode, res.stderr[-2000:])
-    assert word in res.stderr and "CollectiveArgumentError" not in res.stderr, res.stderr[-2000:]
+    assert res.returncode == rc and seconds < 20, (seconds, res.returncode, res.stderr[-2000:])
+    assert "CollectiveArgumentError" not in res.stderr, res.stderr[-2000:]
+    assert word in res.stderr or "Traceback" in res.stderr, res.stderr[-2000:]
 
 
 @mpi1
