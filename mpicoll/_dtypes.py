@@ -165,6 +165,8 @@ def reduce_op(value: object, *, op: str = "mpicoll", param: str = "reduce_type",
     Raises:
         CollectiveArgumentError: anything else.
     """
+    if type(value) is str and value in REDUCE_OPS:      # (the common case first: a call per collective)
+        return REDUCE_OPS[value]
     if isinstance(value, ReduceOp):
         return value
     if isinstance(value, (int, np.integer)) and not isinstance(value, bool) and 0 <= value <= 3:

@@ -102,6 +102,7 @@ class _Backstop:
         self._ticket = 0
         self._armed: tuple[int, float, Callable[[], str]] | None = None
         self._thread: threading.Thread | None = None
+        self._wake = float("inf")       # when the thread next looks (inf: it waits to be notified)
 
     def arm(self, at: float, lost: Callable[[], str]) -> int:
         with self._cond:
@@ -110,7 +111,8 @@ class _Backstop:
             if self._thread is None:
                 self._thread = threading.Thread(target=self._run, name="mpicoll-watchdog", daemon=True)
                 self._thread.start()
-            self._cond.notify()
+            if at < self._wake:         # (else it looks before then anyway: waking it on every timed
+                self._cond.notify()     # wait would cost a thread switch per call)
             return self._ticket
 
     def disarm(self, ticket: int) -> None:
@@ -122,11 +124,13 @@ class _Backstop:
         with self._cond:
             while True:
                 if self._armed is None:
+                    self._wake = float("inf")
                     self._cond.wait()
                     continue
                 ticket, at, lost = self._armed
                 left = at - time.monotonic()
                 if left > 0:
+                    self._wake = at
                     self._cond.wait(left)
                     continue
                 break

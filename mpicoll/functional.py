@@ -177,7 +177,7 @@ def _reduce_name(op: Any) -> str | None:
     """mpicoll's name of a reduce op as given (the reduce-op table's names, or an enum member
     with such a ``name``, as torch's ``ReduceOp.SUM``); None: not one."""
     try:
-        return reduce_op(getattr(op, "name", op)).name
+        return reduce_op(op if type(op) is str else getattr(op, "name", op)).name
     except CollectiveArgumentError:
         return None
 

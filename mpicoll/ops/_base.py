@@ -342,7 +342,7 @@ def _key(args: tuple, values: frozenset) -> tuple | None:
         for i, a in enumerate(args):     # (flat: this runs on every unvalidated call)
             t = type(a)
             if i in values:
-                key.append(_value(a))
+                key.append((a.dtype, a.shape, a.tobytes()) if t is np.ndarray else _value(a))
             elif t is np.ndarray:
                 key.append((id(a), a.shape, a.dtype))
             elif t in _SCALARS:
@@ -377,7 +377,7 @@ def _value(a: Any) -> Any:
     v = np.asarray(a)                          # (an array, a memoryview, a numpy scalar, ...)
     if v.dtype.hasobject:
         raise TypeError(t)
-    return (v.dtype.str, v.shape, v.tobytes())
+    return (v.dtype, v.shape, v.tobytes())
 
 
 def buffers(call: Call) -> list[np.ndarray]:
