@@ -480,45 +480,6 @@ def _need(op: str, rank: int, name: str, buf: np.ndarray, need: int, how: str) -
         raise arg_error(op, f"{name}.size", buf.size, rank, f"must be >= {need} = {how}")
 
 
-def _describe_blocks(op, rank, n, send, recv, count, dtype, rop, stride_count, repeat) -> Call:
-    """AllReduce, AllGather, ReduceScatter, AllToAll: ``count`` elements per block, per round."""
-    kind = op[5:]
-    dt, x, y = _buffers(op, rank, send, recv, dtype, in_place_ok=kind == "AllReduce")
-    c = V.scalar_count(op, "count", count, rank)
-    s = V.scalar_count(op, "stride_count", stride_count, rank) or c
-    r = _repeat(op, rank, repeat)
-    if s < c:
-        raise arg_error(op, "stride_count", s, rank, f"must be 0 or >= the count ({c}): blocks may not overlap")
-    span, how = (r - 1) * c + (n - 1) * s + c, "(repeat-1)*count + (rank_size-1)*stride + count"
-    need = {"AllReduce": ((r * c, "repeat*count"),) * 2, "AllGather": ((r * c, "repeat*count"), (span, how)),
-            "ReduceScatter": ((span, how), (r * c, "repeat*count")), "AllToAll": ((span, how), (span, how))}[kind]
-    for name, buf, (k, why) in zip(("send", "recv"), (x, y), need):
-        _need(op, rank, name, buf, k if c else 0, why)
-    if kind in ("AllGather", "AllToAll") and r > 1 and n > 1 and c and s < r * c:
-        raise arg_error(op, "stride_count", stride_count, rank, f"with repeat={r}, must be >= repeat*count = {r * c}: "
-                        "else a later round's blocks overwrite an earlier round's in recv")
-    call = Call(dt, x, y, (c, r))
-    call.info = V.BIT_PACKED if s == c or c == 0 else 0       # (each rank's own layout; issue reads all)
-    call.reduce = None if rop is None else reduce_op(rop, op=op, param="op", rank=rank)
-    call.args, call.repeat, call.types, call.in_place = (c, s), r, [], send is recv
-    call.result = recv
-    return call
-
-
-def _describe_v(op, rank, n, send, send_layout, recv, recv_layout, dtype, repeat) -> Call:
-    dt, x, y = _buffers(op, rank, send, recv, dtype)
-    r = _repeat(op, rank, repeat)
-    sc, sd = (V.counts(op, name, v, n, rank) for name, v in zip(("send_counts", "sdispls"), send_layout))
-    rc, rd = (V.counts(op, name, v, n, rank) for name, v in zip(("recv_counts", "rdispls"), recv_layout))
-    # every round's blocks: peer j's r blocks of c[j] elements, from d[j] on, one after the other
-    V.check_layout(op, "send_counts", [r * c for c in sc], "sdispls", sd, x.size, "send.size", rank)
-    V.check_layout(op, "recv_counts", [r * c for c in rc], "rdispls", rd, y.size, "recv.size", rank, receive=True)
-    call = Call(dt, x, y, (r,))
-    call.send, call.recv, call.args, call.repeat, call.types = sc, rc, (sc, sd, rc, rd), r, []
-    call.result = recv
-    return call
-
-
 # ----------------------------------------------------------------------------- golden checks
 # (``python -m mpicoll.run`` and the tests run them, as every operator's beside it): tile plans of
 # every task kind, the seed's 2 x 128 + 44 among them, each against the untiled result computed in
