@@ -101,7 +101,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--compare", default="", help="also time mpi4py, gloo and/or deepspeed (its CPU shared-memory "
                    "allreduce; AllReduce only): e.g. mpi4py,gloo")
     p.add_argument("--reps", type=int, default=None,
-                   help="interleaved repetitions per point (median kept; default 1, or 3 with --compare)")
+                   help="interleaved repetitions per point (median kept; default 1, or 3 with --compare; at least "
+                        f"{SMALL_REPS} up to {SMALL_BYTES} B, where a block is short and noise large)")
     p.add_argument("--json", help="write every row to this JSON file (on Ctrl-C: the rows measured so far)")
     p.add_argument("--plot", help="draw busbw vs size to this PNG, log-log (needs matplotlib: the plot extra)")
     p.add_argument("--quiet", action="store_true", help="no progress on stderr")
@@ -181,6 +182,10 @@ class _DeepSpeed:
 
     def all_reduce(self, tensor, op, group=None):
         return self._comm.inference_all_reduce(tensor, op=op)
+
+
+#: points up to this many bytes are timed in at least SMALL_REPS blocks by default (their median kept)
+SMALL_BYTES, SMALL_REPS = 1024, 5
 
 
 def _time(comm: MPI.Comm, fn, iters: int) -> float:
@@ -392,6 +397,8 @@ def _point(spec, name, case, args, compare, gloo, reps, comm) -> Row:
         for _ in range(args.warmup_iters):
             fn()
     times: dict[str, list[float]] = {k: [] for k in live}
+    if not args.reps and row.size <= SMALL_BYTES:       # (a tiny point's block lasts a few ms: more of them)
+        reps = max(reps, SMALL_REPS)
     torches = [k for k in ("gloo", "deepspeed") if k in live]
     order = [k for k in live if k not in torches]
     for rep in range(reps):        # interleaved, so drift on a shared machine hits every implementation alike,
@@ -576,7 +583,9 @@ def _figure(plt, rows: list[Row], n: int, compare: list[str], mode: str | None, 
     dtypes = sorted({r.type for r in rows})
     cols = max(1, min(3, len(ops)))
     nrows = max(1, -(-len(ops) // cols))
-    fig, axes = plt.subplots(nrows, cols, figsize=(5.2 * cols, 3.8 * nrows), squeeze=False)
+    # (constrained layout leaves the figure's title its own room: tight_layout ignores it, and it
+    # overlapped the first row's panel titles)
+    fig, axes = plt.subplots(nrows, cols, figsize=(5.2 * cols, 3.8 * nrows), squeeze=False, layout="constrained")
     colors = {"mpicoll": "tab:blue", "mpicoll in-place": "tab:cyan", "mpi4py": "tab:orange", "gloo": "tab:green",
               "deepspeed": "tab:red"}
     for ax, op in zip(axes.flat, ops):
@@ -623,7 +632,6 @@ def _figure(plt, rows: list[Row], n: int, compare: list[str], mode: str | None, 
     title = (f"mpicoll vs {', '.join(compare) or 'itself'}: bus bandwidth vs size, "
              f"{mode + ', ' if mode else ''}{where}, {what}")
     fig.suptitle(title, fontsize=9)
-    fig.tight_layout()
     return fig, title
 
 

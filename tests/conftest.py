@@ -218,3 +218,19 @@ def pytest_collectreport(report):
     # A collection error on one rank only would otherwise leave its peers
     # running collectives alone.
     _abort_on_failure(report)
+
+
+def pytest_terminal_summary(terminalreporter):
+    """One line: how many tests were skipped, by reason (most first), so that a run says what it
+    did not test and why (e.g. "needs torch", "runs its own mpirun jobs once")."""
+    reasons = {}
+    for report in terminalreporter.stats.get("skipped", []):
+        longrepr = getattr(report, "longrepr", None)
+        reason = longrepr[2] if isinstance(longrepr, tuple) and len(longrepr) == 3 else str(longrepr)
+        reason = reason.removeprefix("Skipped: ")
+        reasons[reason] = reasons.get(reason, 0) + 1
+    if reasons:
+        size = _launcher_size() or 1
+        terminalreporter.write_line(
+            f"skipped at {size} rank(s), by reason: "
+            + "; ".join(f"{n} {why}" for why, n in sorted(reasons.items(), key=lambda kv: -kv[1])))

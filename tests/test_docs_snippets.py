@@ -12,12 +12,20 @@ HTML comment directly above its fence (invisible on the rendered page) can say m
     x = np.ones(4, np.float32)                       (for a fragment: its inputs, imports, helpers)
     -->
 
-Several such comments may stand one above the other. A block written as a doctest (``>>>``) runs
-as a doctest, its printed results compared. The blocks of one page at one rank count run in one
-job, one after the other, from a temporary folder; each test below is one block, and its id names
-the page and the line of its fence. A failure is reported with the traceback, whose file and line
-numbers are those of the page. After a block fails, the page's later blocks of that job are
-reported as not run.
+Several such comments may stand one above the other.
+
+A reader sees the block, not the setup, so every block either runs as pasted (its own imports and
+inputs; an example's first line shows its launch: ``# mpirun -np 2 python -m mpi4py example.py``) or
+is a fragment of an earlier example that says so: a block with a setup must start with a visible line
+``# continues from <which example>: <the names it uses>`` (``# continues from the AllGather example:
+np, rank, n``), and the setup holds what that example defines. A block with a setup that does not
+start so fails, naming the page and line.
+
+A block written as a doctest (``>>>``, after the ``# continues from`` line of a fragment) runs as a
+doctest, its printed results compared. The blocks of one page at one rank count run in one job, one
+after the other, from a temporary folder; each test below is one block, and its id names the page
+and the line of its fence. A failure is reported with the traceback, whose file and line numbers are
+those of the page. After a block fails, the page's later blocks of that job are reported as not run.
 
 The file is also the runner inside each job: ``python -m mpi4py tests/test_docs_snippets.py PAGE
 NP RESULTS``.
@@ -39,6 +47,7 @@ PAGES = [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md"))]
 DEFAULT_NP = 2
 JOB_TIMEOUT = 60
 _DIRECTIVE = re.compile(r"<!--\s*snippet:\s*(\w+)\s*(.*)$")
+CONTINUES = "# continues from"        # the visible first line of a block with a hidden setup
 
 
 @dataclass
@@ -55,6 +64,19 @@ class Snippet:
     @property
     def id(self) -> str:
         return f"{self.page}:{self.line}"
+
+    def unannounced_setup(self) -> str:
+        """Why the block breaks the rule for a hidden setup, or "" if it keeps it: a reader sees
+        the block but not its setup, so the block's first line says what it continues from."""
+        if not self.setup:
+            return ""
+        first = self.code.split("\n", 1)[0]
+        if first.startswith(CONTINUES):
+            return ""
+        return (f"{self.page}:{self.line + 1}: this block runs after a hidden setup "
+                f"({self.page}:{self.setup_line - 1}), so pasted alone it fails; its first line must say what it "
+                f"continues from, '{CONTINUES} <which example>: <the names it uses>' (found {first!r}), "
+                "or make it run as pasted: its setup in the block, the setup comment gone")
 
 
 def parse(path: Path) -> list[Snippet]:
@@ -122,11 +144,19 @@ def _compiled(code: str, page: str, first_line: int):
     return compile("\n" * (first_line - 1) + code, page, "exec")
 
 
+def _is_doctest(code: str) -> bool:
+    """A block written as a doctest: its first line, after a ``# continues from`` line, is ``>>>``."""
+    lines = code.lstrip().split("\n", 1)
+    if lines[0].startswith(CONTINUES):
+        lines = lines[1:]
+    return bool(lines) and lines[0].lstrip().startswith(">>>")
+
+
 def _run_one(snip: Snippet) -> None:
     ns = {"__name__": "__main__"}
     if snip.setup:
         exec(_compiled(snip.setup, snip.page, snip.setup_line), ns)  # noqa: S102 - the page's own code
-    if snip.code.lstrip().startswith(">>>"):
+    if _is_doctest(snip.code):
         test = doctest.DocTestParser().get_doctest(snip.code, ns, snip.id, snip.page, snip.line)
         report: list[str] = []
         runner = doctest.DocTestRunner(optionflags=doctest.ELLIPSIS)
@@ -216,8 +246,23 @@ def test_snippets_found():
     assert len(SNIPPETS) >= 40, f"only {len(SNIPPETS)} ```python blocks found in README.md and docs/*.md"
 
 
+def test_continues_rule():
+    """The rule for a hidden setup, on blocks made up here: the page and line are named."""
+    plain = Snippet("docs/x.md", 10, "print(1)")
+    assert plain.unannounced_setup() == ""
+    fragment = Snippet("docs/x.md", 10, "y = x + 1", setup="x = 1", setup_line=8)
+    assert fragment.unannounced_setup().startswith("docs/x.md:11: ")
+    assert "'y = x + 1'" in fragment.unannounced_setup()
+    announced = Snippet("docs/x.md", 10, "# continues from the first example: x\ny = x + 1", setup="x = 1",
+                        setup_line=8)
+    assert announced.unannounced_setup() == ""
+    assert _is_doctest("# continues from the first example: x\n>>> x\n1") and not _is_doctest("# x\n>>> x")
+
+
 @pytest.mark.parametrize("snip", SNIPPETS, ids=[s.id for s in SNIPPETS])
 def test_snippet(snip: Snippet, tmp_path_factory):
+    if snip.unannounced_setup():
+        pytest.fail(snip.unannounced_setup(), pytrace=False)
     if snip.skip:
         pytest.skip(f"{snip.id}: {snip.skip}")
     if not _importable(snip.needs):
