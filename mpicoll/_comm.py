@@ -168,14 +168,6 @@ class LibComm:
         timed_call(self.mpi, "Barrier", (), _watchdog.timeout_default(),
                    lambda: f"{self.label}: timed out waiting for every member to {what}")
 
-    def dup(self, name: str) -> MPI.Comm:
-        """A duplicate of the communicator for a user to own (collective over the members, under
-        the watchdog's Barrier first): mpicoll makes no call on it."""
-        self.meet(f"duplicate it for its user ({name})")
-        mine = self.mpi.Dup()
-        mine.Set_name(name)
-        return mine
-
     def add_buffer(self, buf) -> None:
         """Register a node buffer (:class:`mpicoll._shm.NodeBuffer`) just allocated on it."""
         self.buffers.append(buf)
@@ -224,12 +216,13 @@ class LibComm:
             getattr(self.mpi, name)(*args)
             return
         self.seq += 1
-        if self._mark is not None:
-            self._arrive(where)
-        if timeout is None:
-            getattr(self.mpi, name)(*args)
-            return
-        self.wait([getattr(self.mpi, nonblocking(name))(*args)], timeout, name, where)
+        if self._mark is None:                   # (debug mode alone: every member blocking, unless timed)
+            if timeout is None:
+                getattr(self.mpi, name)(*args)
+                return
+        else:                                    # (a watchdog somewhere: every member takes the non-blocking
+            self._arrive(where)                  # form, timed or not; MPI matches a blocking collective only
+        self.wait([getattr(self.mpi, nonblocking(name))(*args)], timeout, name, where)   # with a blocking one)
 
     def bind(self, name: str, args: tuple, timeout: float | None, where: tuple) -> Callable[[], None]:
         """:meth:`call` bound once, for a plan's blocking run (the caller drains ``pending`` first)."""
@@ -401,11 +394,14 @@ def nonblocking(name: str) -> str:
 
 
 def timed_call(mpi: MPI.Comm, name: str, args: tuple, timeout: float | None, expired: Callable[[], str]) -> None:
-    """A collective on a communicator that is not (yet) a LibComm, under the watchdog when timed."""
+    """A collective on a communicator that is not (yet) a LibComm, under the watchdog when timed;
+    always the non-blocking form, so that members with and without ``MPICOLL_TIMEOUT`` make the
+    same MPI call (MPI matches a blocking collective only with a blocking one)."""
+    req = getattr(mpi, nonblocking(name))(*args)
     if timeout is None:
-        getattr(mpi, name)(*args)
+        req.Wait()
     else:
-        _watchdog.wait([getattr(mpi, nonblocking(name))(*args)], timeout, expired, expired)
+        _watchdog.wait([req], timeout, expired, expired)
 
 
 # ----------------------------------------------------------------------------- exit

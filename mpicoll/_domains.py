@@ -24,7 +24,7 @@ from mpi4py import MPI
 
 from . import _rendezvous, _watchdog
 from ._comm import LOCK, LibComm, alive
-from ._errors import CollectiveArgumentError, CollectiveTimeout, arg_error
+from ._errors import CollectiveArgumentError, CollectiveError, CollectiveTimeout, arg_error
 from ._watchdog import timeout_default
 
 _WORLD: LibComm | None = None
@@ -152,8 +152,12 @@ def lib_domain(name: str, rank_size: int | None = None) -> LibComm:
                                           "be an int >= 1", param="rank_size", rank=me)
         members = _rendezvous.rendezvous(name, None if rank_size is None else int(rank_size), None)
     lib = _own(_rendezvous.create(name, members), f"mpicoll.domain.{name}", f"domain {name!r}")
+    # (the user's own duplicate, for domain(name), made now, while every member is here: made
+    # later, at a domain() call only some members make, it would wait for the others)
+    user = _dup(lib.mpi, f"domain {name!r} for its user")
+    user.Set_name(f"user.{name}")
     with LOCK:
-        _DOMAINS[name] = lib
+        _DOMAINS[name], _USER[name] = lib, user
     return lib
 
 
@@ -165,10 +169,10 @@ def domain(name: str, rank_size: int | None = None) -> MPI.Comm:
         rank_size: number of members; required to form an undeclared domain, checked otherwise.
 
     Returns:
-        The caller's own duplicate of the domain's communicator (group-local rank order = world
-        rank order): use it freely, free it if you like; mpicoll never calls MPI on it. Made at
-        this rank's first ``domain(name)`` call (collective over the members, as forming the domain
-        is) and returned again until freed. For "" the world: ``MPI.COMM_WORLD``.
+        The user's own duplicate of the domain's communicator (group-local rank order = world rank
+        order), made when the domain was formed, the same one at every call: use it freely (mpicoll
+        never calls MPI on it); freeing it is yours, after which ``domain(name)`` raises. For ""
+        the world: ``MPI.COMM_WORLD``.
 
     Raises:
         CollectiveArgumentError: no rank_size for a new domain, this rank not a member of a declared
@@ -181,12 +185,15 @@ def domain(name: str, rank_size: int | None = None) -> MPI.Comm:
         me = MPI.COMM_WORLD.Get_rank()
         raise CollectiveArgumentError(f"comm domain {name!r}: rank_size={rank_size!r} on world rank {me}: the domain "
                                       f"has {comm.size} members", param="rank_size", rank=me)
-    lib = comm or lib_domain(name, rank_size)
+    if comm is None:
+        lib_domain(name, rank_size)
     if not name:
         return MPI.COMM_WORLD
-    mine = _USER.get(name)
-    if mine is None or mine == MPI.COMM_NULL:       # (never asked for, or freed by its user)
-        mine = _USER[name] = lib.dup(f"user.{name}")
+    mine = _USER[name]
+    if mine == MPI.COMM_NULL:
+        raise CollectiveError(f"comm domain {name!r}: the communicator mpicoll.domain() gave for it was freed "
+                              "(Comm.Free): keep it while you use the domain's communicator", param="name",
+                              rank=MPI.COMM_WORLD.Get_rank())
     return mine
 
 

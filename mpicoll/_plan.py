@@ -34,8 +34,8 @@ import numpy as np
 
 from . import _comm
 from . import _validate as V
-from ._comm import OP_NAMES, LibComm, op_code
-from ._errors import CollectiveError, agree, agreed
+from ._comm import LibComm
+from ._errors import CollectiveError, agreed, settle
 from ._watchdog import done
 
 #: the most collectives one call keeps in flight at once (``go.start``); a start beyond it first
@@ -252,16 +252,18 @@ class Plan:
     """
 
     __slots__ = ("op", "result", "parts", "_timeout", "_steps", "_used", "_tokens", "_persistent", "_reuse",
-                 "_handle", "_state", "_go", "_tally", "_where", "_sequenced", "__weakref__")
+                 "_handle", "_state", "_go", "_tally", "_where", "__weakref__")
 
     def __init__(self, rec: Recorder, timeout: float | None, persistent: bool = True) -> None:
         self.parts = rec.parts
         self.op = self.parts[0].op if len(self.parts) == 1 else f"graph of {len(self.parts)} calls"
         self.result = self.parts[0].result if len(self.parts) == 1 else tuple(p.result for p in self.parts)
         self._timeout = timeout
-        self._steps = rec.steps
         self._tokens = rec.tokens
         self._used = tuple(dict.fromkeys(s.comm for s in rec.steps if s.comm is not None))
+        self._steps = rec.steps
+        if persistent:                 # (one-shot and remembered calls' plans are the calls themselves)
+            self._sequence(timeout)
         self._where = [(p.op, None, "") for p in self.parts]
         self._reuse = persistent       # persistent requests at the first start (else I-calls every time)
         self._persistent: list[MPI.Prequest | None] | None = None
@@ -269,14 +271,33 @@ class Plan:
         self._state = _IDLE
         self._go: Callable[[], None] | None = None
         self._tally: tuple = ("", {"": 0}, ())     # (a plan of several calls: each part counts itself)
-        # (a prepared plan or a graph skips the per-call agreement; where its communicators keep a
-        # sequence (a watchdog or MPICOLL_DEBUG), every run first agrees it: see _agree_sequence.
-        # The plans of one-shot and remembered calls are the calls themselves: they do not)
-        self._sequenced: tuple = ()
-        if persistent and any(not c.plain for c in self._used):
-            self._sequenced = tuple((c, _next_serial(c)) for c in self._used)
         if persistent:
             _LIVE.add(self)
+
+    def _sequence(self, timeout: float | None) -> None:
+        """A prepared plan or a graph skips the per-call agreement. On each of its communicators that
+        keeps a sequence (a watchdog or ``MPICOLL_DEBUG``: ``not plain``), its every run and start
+        first agrees one header row (:func:`mpicoll._validate.plan_row`: a plan's run, the plan's
+        serial number there, the sequence number), as a validated call's header is agreed. A rank
+        that skipped a run and then made another call (a validated one, or a run of another plan)
+        meets it with a row that differs: every rank raises the same named error instead of
+        finishing with another call's bytes. (A rank that skipped a run and runs the same plan
+        again pairs with its peers' run: the same call.) The agreement is the plan's first steps
+        after its count, so that a started plan starts it non-blocking like its other collectives;
+        it costs one small ``Allgather`` per such communicator per run."""
+        checks = []
+        for c in self._used:
+            if not c.plain:
+                row = V.plan_row(c.size, _next_serial(c))
+                table = np.empty((c.size, row.size), dtype=np.int64)
+                checks += [Step(LOCAL, None, "", _stamp, (row, c), -1, 0),
+                           Step(MPI_CALL, c, "Allgather", None, ([row, MPI.INT64_T], [table, MPI.INT64_T]), -1, 0),
+                           Step(LOCAL, None, "", _check_sequence, (c, table, timeout), -1, 0)]
+        if checks:
+            at = 1 if self._steps and self._steps[0].kind == COUNT else 0
+            self._steps = self._steps[:at] + checks + self._steps[at:]
+            for p in self.parts:
+                p.end += len(checks)
 
     def run(self) -> Any:
         """Run the calls once, blocking; returns the output (the same arrays on every run).
@@ -299,33 +320,8 @@ class Plan:
             for c in self._used:
                 if c.pending:
                     c.drain(None)
-        if self._sequenced:
-            self._agree_sequence("run()", None)
         self._go()
         return self.result
-
-    def _agree_sequence(self, what: str, number: int | None) -> None:
-        """Before a run, where the communicators keep a sequence: one header row per communicator
-        (a run of this plan, the plan's serial number there, the sequence number), agreed as a
-        validated call's is. A rank that skipped a run and then made another call (a validated
-        one, or a run of another plan) meets this agreement with a row that differs: every rank
-        raises the same named error instead of finishing with another call's bytes. (A rank that
-        skipped a run and runs the same plan again pairs with its peers' run: the same call.)
-        Costs one small Allgather per communicator."""
-        name = f"{self.op} (plan run)"
-        code = op_code(name)
-        if code not in OP_NAMES:
-            OP_NAMES[code] = name
-            V.PARAM_DESCRIBERS[name] = lambda k: f"the {_comm.ordinal(k)} plan made there"
-        for c, serial in self._sequenced:
-            row = np.zeros(V.H_LEN + 2 * c.size, dtype=np.int64)
-            row[V.H_OP], row[V.H_PARAMS], row[V.H_SEQ], row[V.H_MODE] = code, serial, c.seq, 1
-            table = agree(c, row, None, self._timeout, self.parts[0].op, number,
-                          f"the agreement before its plan's {what} (an internal MPI Allgather)")
-            try:
-                V.check_table(name, table, None, c.label)
-            except CollectiveError as exc:
-                raise agreed(exc, c.world_ranks) from None
 
     def _bind(self) -> Callable[[], None]:
         """The steps as one callable (made at the first run). A plan of one call counts it in
@@ -369,12 +365,6 @@ class Plan:
         if self._state or MPI.Is_finalized():
             self._refuse("start")
         _comm.check_live(self._used, self.op)
-        if self._sequenced:
-            for c in self._used:
-                if c.pending:
-                    c.drain(None)
-            first = self.parts[0]
-            self._agree_sequence("start()", first.comms[0].calls.get(first.op, 0) + 1)
         if self._reuse and self._persistent is None:   # made at the first start, on every rank at the same point
             self._persistent = [s.comm.persistent(s.name, s.args) if s.kind in (MPI_CALL, START)
                                 else None for s in self._steps]
@@ -454,6 +444,24 @@ _SERIALS: "weakref.WeakKeyDictionary[LibComm, int]" = weakref.WeakKeyDictionary(
 def _next_serial(c: LibComm) -> int:
     k = _SERIALS[c] = _SERIALS.get(c, 0) + 1
     return k
+
+
+def _stamp(row: np.ndarray, c: LibComm) -> None:
+    """A plan's sequence row gets the communicator's sequence number as the run begins."""
+    row[V.H_SEQ] = c.seq
+
+
+def _check_sequence(c: LibComm, table: np.ndarray, timeout: float | None) -> None:
+    """The gathered sequence rows (:meth:`Plan._sequence`): a peer's local error (its call failed to
+    describe) is exchanged and raised, as a validated call's; any other difference is a named
+    mismatch, the same on every rank."""
+    where = (V.PLAN_RUN, None, "the agreement of a plan's run (an internal MPI Allgather)")
+    if any(table[:, 0].tolist()):
+        settle(c, None, timeout, where)
+    try:
+        V.check_table(V.PLAN_RUN, table, None, c.label)
+    except CollectiveError as exc:
+        raise agreed(exc, c.world_ranks) from None
 
 
 def _each(fns: tuple) -> None:

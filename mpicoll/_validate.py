@@ -18,7 +18,7 @@ from typing import Any
 import numpy as np
 from mpi4py import MPI
 
-from ._comm import OP_NAMES
+from ._comm import OP_NAMES, op_code, ordinal
 from ._env import flag
 from ._dtypes import ALL_DTYPES, DType, by_code, of_array, reduce_by_code
 from ._errors import CollectiveMismatchError, arg_error, mismatch_error, settle
@@ -40,6 +40,11 @@ def validate_default() -> bool:
 
 
 # ----------------------------------------------------------------------------- the header
+
+#: the operation a prepared plan's sequence row names (mpicoll._plan.Plan._sequence), registered
+#: here so that every rank names it alike in a mismatch
+PLAN_RUN = "plan run"
+OP_NAMES[op_code(PLAN_RUN)] = PLAN_RUN
 
 class HeaderOverflow(ValueError):
     """A header value that does not fit in int64: ``args = (field name, value)``."""
@@ -76,6 +81,14 @@ def header(n: int, code: int, call: Any, validate: bool, seq: int) -> np.ndarray
         i = next(i for i, v in enumerate(row) if not -2 ** 63 <= int(v) < 2 ** 63)
         what = names[i] if i < len(names) else "a shape or count entry"
         raise HeaderOverflow(what, row[i]) from None
+
+
+def plan_row(n: int, serial: int) -> np.ndarray:
+    """The header row of a prepared plan's run (``H_SEQ`` stamped at each run): ``PLAN_RUN`` and the
+    plan's serial number on its communicator of ``n`` members, laid out as a call's header."""
+    row = np.zeros(H_LEN + 2 * n, dtype=np.int64)
+    row[H_OP], row[H_PARAMS], row[H_MODE] = op_code(PLAN_RUN), serial, 1
+    return row
 
 
 def exchange_rows(lib, rows: np.ndarray, error: BaseException | None, timeout: float | None,
@@ -153,7 +166,7 @@ def _shape(row: np.ndarray) -> str:
 
 
 #: operator name -> how to show its H_PARAMS value in a mismatch message
-PARAM_DESCRIBERS: dict = {}
+PARAM_DESCRIBERS: dict = {PLAN_RUN: lambda k: f"the {ordinal(k)} plan made there"}
 #: operator name -> what its header's shape is, where it is not x's ("the block's shape")
 SHAPE_NAMES: dict = {}
 

@@ -32,6 +32,7 @@ from ._comm import alive
 from ._domains import declare_domains, group_fields
 from ._dtypes import reduce_op
 from ._errors import CollectiveArgumentError
+from ._numeric import prefix
 from ._plan import Call
 from .ops._base import Operation
 from .ops.allgather import AllGatherOperation, AllGatherVOperation
@@ -362,7 +363,7 @@ class _AllToAllSingle(AllToAllVV2Operation):
         so = _splits(fn, "output_split_sizes", output_split_sizes, n, output.shape[0], r, "output.shape[0]")
         row = _rows(input)
         sc, rc = [s * row for s in si], [s * row for s in so]
-        call = super().describe(input, sc, _prefix(sc), rc, _prefix(rc), None, output.reshape(1, -1))
+        call = super().describe(input, sc, prefix(sc), rc, prefix(rc), None, output.reshape(1, -1))
         call.send, call.recv, call.shape, call.result = si, so, input.shape[1:], output     # splits, in rows
         return call
 
@@ -381,7 +382,7 @@ class _AllGatherIntoTensorUneven(AllGatherVOperation):
         so = _splits(fn, "output_split_sizes", output_split_sizes, n, output.shape[0], r, "output.shape[0]")
         row = _rows(input)
         rc = [s * row for s in so]
-        call = super().describe(input, input.size, rc, _prefix(rc), output.shape, output)
+        call = super().describe(input, input.size, rc, prefix(rc), output.shape, output)
         call.send, call.recv, call.shape = [input.shape[0]] * n, so, input.shape[1:]
         return call
 
@@ -400,7 +401,7 @@ class _ReduceScatterTensorUneven(ReduceScatterVOperation):
         si = _splits(fn, "input_split_sizes", input_split_sizes, n, input.shape[0], r, "input.shape[0]")
         row = _rows(input)
         sc = [s * row for s in si]
-        call = super().describe(input, sc, _prefix(sc), output.size, output.reshape(-1))
+        call = super().describe(input, sc, prefix(sc), output.size, output.reshape(-1))
         call.send, call.recv, call.shape, call.result = si, [output.shape[0]] * n, input.shape[1:], output
         return call
 
@@ -532,7 +533,7 @@ class _AllToAllList(AllToAllVV2Operation):
         sc, rc = [t.size for t in ins], [t.size for t in outs]
         send = np.empty(sum(sc), dtype)
         recv = np.empty((1, sum(rc)), dtype)
-        call = super().describe(send, sc, _prefix(sc), rc, _prefix(rc), None, recv)
+        call = super().describe(send, sc, prefix(sc), rc, prefix(rc), None, recv)
         call.result = list(outs)
         call.extra = (list(ins), list(outs), send, recv)
         return call
@@ -583,14 +584,6 @@ class _ReduceScatterList(ReduceScatterOperation):
     def issue(self, call, table, go) -> None:
         go.local(_stack, *call.extra)
         super().issue(call, table, go)
-
-
-def _prefix(counts: list[int]) -> list[int]:
-    out, pos = [], 0
-    for c in counts:
-        out.append(pos)
-        pos += c
-    return out
 
 
 for _fn, _shape in (("all_reduce", "tensor.shape"), ("broadcast", "tensor.shape"), ("reduce", "tensor.shape"),

@@ -2,7 +2,6 @@
 from __future__ import annotations
 
 import json
-import os
 import subprocess
 import sys
 import textwrap
@@ -397,9 +396,10 @@ def test_multi_thread_mode_runs_one_communicator_per_thread():
 
 @mpi2
 def test_a_domain_communicator_is_the_users_own():
-    """``mpicoll.domain(name)`` hands out a duplicate the user owns: not the library's own (calls on
-    it never meet mpicoll's), usable beside mpicoll's operations, and freeing it is fine (the next
-    call makes another); "" gives MPI.COMM_WORLD."""
+    """``mpicoll.domain(name)`` hands out a duplicate the user owns, made when the domain formed: not
+    the library's own (calls on it never meet mpicoll's), usable beside mpicoll's operations, asked
+    for by one rank alone without a collective; once the user frees it, asking again raises;
+    "" gives MPI.COMM_WORLD."""
     from mpicoll._domains import lookup
     assert mpicoll.domain("") is MPI.COMM_WORLD
     if RANK < 2:
@@ -410,7 +410,9 @@ def test_a_domain_communicator_is_the_users_own():
         assert op.execute(np.ones(2)).tolist() == [2, 2]
         req.Wait()
         assert x.tolist() == [3, 3]
+        if RANK == 0:
+            assert mpicoll.domain("tU.pair") is mine          # (no collective: one rank alone may ask)
         mine.Free()
-        again = mpicoll.domain("tU.pair")
-        assert again != MPI.COMM_NULL and again.allreduce(1) == 2
+        with pytest.raises(mpicoll.CollectiveError, match="was freed"):
+            mpicoll.domain("tU.pair")
     WORLD.Barrier()

@@ -10,6 +10,8 @@ from mpicoll import (AllGatherOperation, AllGatherParam, AllReduceOperation, All
 
 world = MPI.COMM_WORLD
 rank, n = world.Get_rank(), world.Get_size()
+if n < 2:                                     # (the errors below are one rank's against the others)
+    raise SystemExit("1 rank: launch with mpirun -np 4 python docs/examples/errors.py (any count >= 2)")
 last = n - 1
 
 

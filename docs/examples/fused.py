@@ -11,7 +11,8 @@ from mpicoll import (AlltoAllAllGatherBatchMatMulOperation, AlltoAllAllGatherBat
 
 world = MPI.COMM_WORLD
 rank = world.Get_rank()
-assert world.Get_size() == 4, "run with mpirun -np 4"
+if world.Get_size() != 4:                     # (every rank alike: the same size everywhere)
+    raise SystemExit(f"{world.Get_size()} rank(s): launch with mpirun -np 4 python docs/examples/fused.py")
 m = mpicoll.mesh(2, 2)                         # tp contiguous: world rank = 2 * ep_rank + tp_rank
 E, C, H, M = 4, 2, 4, 6                        # experts, tokens per expert, hidden size, output size
 

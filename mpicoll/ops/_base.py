@@ -55,7 +55,9 @@ class Operation:
             always checks. Set it alike on every rank: the first call raises on every rank if not.
         timeout: seconds before a collective that some rank never joins raises
             :class:`~mpicoll.CollectiveTimeout` (and, by default, aborts the job); default
-            ``MPICOLL_TIMEOUT``, unset = wait forever, as MPI does.
+            ``MPICOLL_TIMEOUT``, unset = wait forever, as MPI does. Give it alike on every rank
+            (or use ``MPICOLL_TIMEOUT``, which may be set on any rank): a timed call is the
+            non-blocking form of the MPI call, which MPI does not match with a blocking one.
     """
 
     NAME: ClassVar[str] = ""
@@ -111,6 +113,7 @@ class Operation:
         self._comms: tuple[LibComm, ...] = ()
         self._param_error: BaseException | None = None
         self._agreed_once = False
+        self._fresh = False               # (describe allocated an output: _out)
         self._runner = Runner(self.NAME, self.timeout)
         #: its last unvalidated calls: key -> [its arguments (kept alive, so the key's identities stay
         #: theirs), its call, its plan once it came back]
@@ -233,8 +236,9 @@ class Operation:
         failed = self._param_error or _found(args)       # (no agreement: a local error is this rank's alone)
         if failed is not None:
             raise failed
+        self._fresh = False
         call = self.describe(*args)
-        if key is not None:
+        if key is not None and not self._fresh:          # (an output made for it: a repeat needs another)
             self._calls[key] = [args, call, None]
             if len(self._calls) > REMEMBERED:
                 self._calls.popitem(last=False)
@@ -309,8 +313,10 @@ class Operation:
 
     def _out(self, out: Any, shape: tuple, dtype: np.dtype, x: np.ndarray | None = None,
              in_place_ok: bool = False, name: str = "out") -> np.ndarray:
-        """``out`` checked against the output's shape and dtype, or a fresh array."""
+        """``out`` checked against the output's shape and dtype, or a fresh array (then the call is
+        not remembered: a repeat must get a new output, as the first did)."""
         if out is None:
+            self._fresh = True
             return np.empty(shape, dtype=dtype)
         return V.check_out(self.NAME, out, shape, dtype, self.rank, x, in_place_ok, name)
 
@@ -346,7 +352,7 @@ def _key(args: tuple, values: frozenset) -> tuple | None:
             elif t is np.ndarray:
                 key.append((id(a), a.shape, a.dtype))
             elif t in _SCALARS:
-                key.append(a)
+                key.append((t, a))            # (2, 2.0 and True are equal, but not the same argument)
             else:
                 key.append(_data(a))
     except TypeError:
@@ -359,7 +365,7 @@ def _data(a: Any) -> Any:
     if t is np.ndarray:
         return (id(a), a.shape, a.dtype)
     if t in _SCALARS:
-        return a
+        return (t, a)
     if t is list or t is tuple:
         return tuple([_data(v) for v in a])
     raise TypeError(t)
@@ -369,7 +375,7 @@ def _value(a: Any) -> Any:
     """A value's contents, hashable and copied (a memoryview or an array may change later)."""
     t = type(a)
     if t in _SCALARS:
-        return a
+        return (t, a)
     if (t is list or t is tuple) and all(type(v) is int for v in a):
         return tuple(a)
     if t is list or t is tuple:
@@ -489,7 +495,7 @@ def _row(lib: LibComm, op: Operation, call: Call | None, err: BaseException | No
          ) -> tuple[np.ndarray, BaseException | None]:
     """The header row of one call, and its local error (a value that cannot travel is one)."""
     try:
-        return V.header(lib.size, op.CODE, call, op.validate, 0 if lib.plain else lib.seq), err
+        return V.header(lib.size, op.CODE, call, op._validate, 0 if lib.plain else lib.seq), err
     except V.HeaderOverflow as exc:          # a value this rank cannot send is its local error
         what, value = exc.args
         return V.header(lib.size, op.CODE, None, op.validate, 0), err or arg_error(

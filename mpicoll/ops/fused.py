@@ -175,6 +175,11 @@ class _Mesh(Operation):
                 raise V.arg_error(op, name, v, r, "must be a domain name of 1 to 127 characters")
         if p.group_ep == p.group_tp:
             raise V.arg_error(op, "group_tp", p.group_tp, r, f"must differ from group_ep ({p.group_ep!r})")
+        # the collective set-up first (its domains, the node's cores), then the rules one rank may
+        # break alone: their error is agreed at the first call, with every member past the set-up
+        self._ep = resolve(op, None, p.group_ep, p.ep_world_size, "group_ep")
+        self._tp = resolve(op, None, p.group_tp, p.tp_world_size, "group_tp")
+        self._threads = blas_threads(mesh)
         for name, v in (("ep_world_size", p.ep_world_size), ("tp_world_size", p.tp_world_size)):
             if v is not None and v not in SIZES:
                 raise V.arg_error(op, name, v, r, f"must be one of {list(SIZES)}")
@@ -183,8 +188,6 @@ class _Mesh(Operation):
             raise V.arg_error(op, self.SHARD_FIELD, shard, r, "must be 0 (along H) or 1 (along C)")
         if isinstance(p.chunks, bool) or not isinstance(p.chunks, (int, np.integer)) or p.chunks < 0:
             raise V.arg_error(op, "chunks", p.chunks, r, "must be an int >= 0 (0: the default)")
-        self._ep = resolve(op, None, p.group_ep, p.ep_world_size, "group_ep")
-        self._tp = resolve(op, None, p.group_tp, p.tp_world_size, "group_tp")
         for name, comm, size in (("ep_world_size", self._ep, p.ep_world_size), ("tp_world_size", self._tp,
                                                                                   p.tp_world_size)):
             if comm.size not in SIZES:
@@ -197,7 +200,6 @@ class _Mesh(Operation):
                                   f"must lie inside {mesh.label} ({list(mesh.world_ranks)})")
         self._comms = (mesh, self._ep, self._tp)
         self._shard = int(shard)
-        self._threads = blas_threads(mesh)
 
     def _chunks(self, experts: int) -> list[tuple[int, int]]:
         """``chunks`` ranges of experts (at most one per expert)."""
