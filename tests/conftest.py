@@ -20,6 +20,7 @@ mpi4py only lazily, so plain ``pytest`` without MPI still works.
 
 import faulthandler
 import os
+import re
 import sys
 
 import pytest
@@ -228,6 +229,8 @@ def pytest_terminal_summary(terminalreporter):
         longrepr = getattr(report, "longrepr", None)
         reason = longrepr[2] if isinstance(longrepr, tuple) and len(longrepr) == 3 else str(longrepr)
         reason = reason.removeprefix("Skipped: ")
+        reason = re.sub(r"^\S+:\d+: ", "", reason)              # (a docs block's place: one reason for all)
+        reason = re.sub(r"^Test requires (\d+) MPI processes.*", r"needs \1+ ranks", reason)   # (pytest-mpi's)
         reasons[reason] = reasons.get(reason, 0) + 1
     if reasons:
         size = _launcher_size() or 1
