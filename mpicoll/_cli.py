@@ -14,6 +14,7 @@ from typing import Callable, Iterator
 from mpi4py import MPI
 
 from . import __version__
+from ._env import launched
 from ._numeric import kernels_in_use
 
 
@@ -42,14 +43,10 @@ def epilog(text: str) -> str:
     return f"{text}numeric kernels: {kernels_in_use()}\nmore: docs/cli.md\n"
 
 
-#: what a launcher puts in each rank's environment (MPICH's hydra, Open MPI/PRRTE, PMIx, Slurm)
-_LAUNCHED = ("PMI_RANK", "PMI_SIZE", "PMIX_RANK", "OMPI_COMM_WORLD_SIZE", "SLURM_PROCID")
-
-
 def launcher_note(command: str) -> None:
     """On a job of one rank that no launcher started (``python -m mpicoll.run`` typed alone), say
     once, on stderr, how to run more ranks; silent under any launcher (``mpirun -np 1`` included)."""
-    if MPI.COMM_WORLD.Get_size() == 1 and not any(v in os.environ for v in _LAUNCHED):
+    if MPI.COMM_WORLD.Get_size() == 1 and not launched():
         print(f"{command}: 1 rank (not started by mpirun): launch with `mpirun -np N {command}` for N ranks",
               file=sys.stderr, flush=True)
 

@@ -24,7 +24,7 @@ import time
 
 from mpi4py import MPI
 
-from ._env import seconds
+from ._env import JOB_VARS, seconds
 from ._errors import CollectiveArgumentError, CollectiveError, CollectiveTimeout
 
 _CHUNK = 900      # characters per published value (MPICH's name service keeps at most 1023)
@@ -52,7 +52,7 @@ def create(name: str, members: tuple[int, ...]) -> MPI.Comm:
 
 def _job() -> str:
     """A token naming this job, for a name server shared by several jobs (hydra_nameserver)."""
-    for var in ("PMIX_NAMESPACE", "SLURM_JOB_ID", "PMI_KVSNAME", "OMPI_MCA_ess_base_jobid"):
+    for var in JOB_VARS:
         if os.environ.get(var):
             return os.environ[var] + os.environ.get("SLURM_STEP_ID", "")
     return "job"

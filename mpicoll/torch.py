@@ -263,6 +263,8 @@ def _create(backend_opts, options) -> ProcessGroupMpicoll:
     world = MPI.COMM_WORLD
     mine = ranks[backend_opts.group_rank]
     if len(ranks) == world.Get_size():             # (the whole world, made on every rank: agree the ranks)
+        # (on MPI_COMM_WORLD itself, not a LibComm: a set-up check of torch's ranks against MPI's,
+        # made before mpicoll has made any communicator for this group)
         wrong = [(w, t) for w, t in enumerate(world.allgather(mine)) if w != t]
         if wrong:
             raise ValueError(f"the mpicoll backend: torch's ranks must be MPI's, but world ranks {[w for w, _ in wrong]} "

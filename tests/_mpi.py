@@ -12,6 +12,9 @@ from pathlib import Path
 import pytest
 from mpi4py import MPI
 
+# what the outer job's launcher put in the environment (a nested launcher would take it for its own job)
+from mpicoll._env import LAUNCHER_PREFIXES
+
 WORLD = MPI.COMM_WORLD
 RANK, SIZE = WORLD.Get_rank(), WORLD.Get_size()
 #: the MPI in use is Open MPI (its launcher needs flags MPICH's does not; its messages differ)
@@ -40,9 +43,6 @@ def await_word(stream, word: str, times: int) -> None:
         seen += line.count(word)
 
 
-#: what the outer job's launcher puts in a rank's environment (a nested launcher would take it for
-#: its own job): MPICH/hydra, Open MPI/PRRTE/PMIx
-_LAUNCHER_VARS = ("PMI_", "HYD", "MPI_LOCAL", "PMIX_", "PRTE_", "OMPI_")
 
 
 def launch_env(**extra: str) -> dict[str, str]:
@@ -50,7 +50,7 @@ def launch_env(**extra: str) -> dict[str, str]:
     one without the outer launcher's variables, the test harness' own (``MPICOLL_TEST_*``) and the
     outer job's ``MPIEXEC_TIMEOUT``, plus ``extra``."""
     env = {k: v for k, v in os.environ.items()
-           if not k.startswith(_LAUNCHER_VARS + ("MPICOLL_TEST", "MPIEXEC_TIMEOUT"))
+           if not k.startswith(LAUNCHER_PREFIXES + ("MPICOLL_TEST", "MPIEXEC_TIMEOUT"))
            or k.startswith("OMPI_ALLOW_RUN_AS_ROOT")}
     env.update(extra)
     return env

@@ -146,7 +146,7 @@ def plan_chunks(size: int, n: int, block_size: int) -> tuple[np.ndarray, np.ndar
         bstarts = np.concatenate(([0], np.cumsum(bcounts)))
         ends = np.minimum(bstarts[1:] * block_size, size)
         counts = ends - np.minimum(bstarts[:-1] * block_size, size)
-    displs, bdispls = prefix(counts), prefix(bcounts)
+    displs, bdispls = np.array(prefix(counts), dtype=np.int64), np.array(prefix(bcounts), dtype=np.int64)
     return counts.astype(np.int64), displs, bcounts, bdispls
 
 
