@@ -277,8 +277,8 @@ class Plan:
     def _sequence(self, timeout: float | None) -> None:
         """A prepared plan or a graph skips the per-call agreement. On each of its communicators that
         keeps a sequence (a watchdog or ``MPICOLL_DEBUG``: ``not plain``), its every run and start
-        first agrees one header row (:func:`mpicoll._validate.plan_row`: a plan's run, the plan's
-        serial number there, the sequence number), as a validated call's header is agreed. A rank
+        first agrees one header row (:func:`mpicoll._validate.plan_row`: a plan's run and the plan's
+        serial number there), as a validated call's header is agreed. A rank
         that skipped a run and then made another call (a validated one, or a run of another plan)
         meets it with a row that differs: every rank raises the same named error instead of
         finishing with another call's bytes. (A rank that skipped a run and runs the same plan
@@ -290,8 +290,7 @@ class Plan:
             if not c.plain:
                 row = V.plan_row(c.size, _next_serial(c))
                 table = np.empty((c.size, row.size), dtype=np.int64)
-                checks += [Step(LOCAL, None, "", _stamp, (row, c), -1, 0),
-                           Step(MPI_CALL, c, "Allgather", None, ([row, MPI.INT64_T], [table, MPI.INT64_T]), -1, 0),
+                checks += [Step(MPI_CALL, c, "Allgather", None, ([row, MPI.INT64_T], [table, MPI.INT64_T]), -1, 0),
                            Step(LOCAL, None, "", _check_sequence, (c, table, timeout), -1, 0)]
         if checks:
             at = 1 if self._steps and self._steps[0].kind == COUNT else 0
@@ -444,11 +443,6 @@ _SERIALS: "weakref.WeakKeyDictionary[LibComm, int]" = weakref.WeakKeyDictionary(
 def _next_serial(c: LibComm) -> int:
     k = _SERIALS[c] = _SERIALS.get(c, 0) + 1
     return k
-
-
-def _stamp(row: np.ndarray, c: LibComm) -> None:
-    """A plan's sequence row gets the communicator's sequence number as the run begins."""
-    row[V.H_SEQ] = c.seq
 
 
 def _check_sequence(c: LibComm, table: np.ndarray, timeout: float | None) -> None:

@@ -84,8 +84,9 @@ def header(n: int, code: int, call: Any, validate: bool, seq: int) -> np.ndarray
 
 
 def plan_row(n: int, serial: int) -> np.ndarray:
-    """The header row of a prepared plan's run (``H_SEQ`` stamped at each run): ``PLAN_RUN`` and the
-    plan's serial number on its communicator of ``n`` members, laid out as a call's header."""
+    """The header row of a prepared plan's run: ``PLAN_RUN`` and the plan's serial number on its
+    communicator of ``n`` members, laid out as a call's header (no sequence number: which plan runs
+    is what a skipped run changes, and a started run's collectives start when its ranks drive it)."""
     row = np.zeros(H_LEN + 2 * n, dtype=np.int64)
     row[H_OP], row[H_PARAMS], row[H_MODE] = op_code(PLAN_RUN), serial, 1
     return row

@@ -493,7 +493,11 @@ def _check_calls(lib: LibComm, entries: list, every: np.ndarray, counts: np.ndar
 
 def _row(lib: LibComm, op: Operation, call: Call | None, err: BaseException | None
          ) -> tuple[np.ndarray, BaseException | None]:
-    """The header row of one call, and its local error (a value that cannot travel is one)."""
+    """The header row of one call, and its local error (a value that cannot travel is one). Work
+    queued on the communicator starts its collectives first: the sequence number in the row must
+    count them on every rank alike, whatever each rank's ``test()`` calls had started already."""
+    if lib.pending:
+        lib.drain(None)
     try:
         return V.header(lib.size, op.CODE, call, op._validate, 0 if lib.plain else lib.seq), err
     except V.HeaderOverflow as exc:          # a value this rank cannot send is its local error
