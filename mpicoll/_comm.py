@@ -1,11 +1,15 @@
 """The library communicator: one MPI communicator mpicoll owns, and what every call on it needs.
 
 mpicoll never runs on a user's communicator: it runs on a :class:`LibComm`, made once per
-communicator it uses (a duplicate of the world, of a user comm, a comm domain). Every MPI call
-mpicoll makes on it goes through :meth:`LibComm.call` (blocking), :meth:`LibComm.bind` (a plan's
-bound call) or :meth:`LibComm.start` / :meth:`LibComm.wait` (non-blocking and persistent), so that
-the watchdog (:mod:`mpicoll._watchdog`) covers all of them alike and one method,
-:meth:`LibComm.direct`, decides when a call may go straight to MPI.
+communicator it uses (a duplicate of the world, of a user comm, a comm domain). Every collective
+mpicoll calls on it goes through :meth:`LibComm.call` (blocking), :meth:`LibComm.bind` (a plan's
+bound call) or :meth:`LibComm.start` / :meth:`LibComm.wait` (non-blocking and persistent, made by
+:meth:`LibComm.persistent`), so that the watchdog (:mod:`mpicoll._watchdog`) covers all of them
+alike and one method, :meth:`LibComm.direct`, decides when a call may go straight to MPI. (What
+makes a communicator or a window from it, ``Split``, ``Dup``, ``Win.Allocate_shared``, follows a
+watched ``meet`` Barrier instead: it is not a call on it.) Under a watchdog on any member, every
+member makes the non-blocking form of each call, timed or not: MPI matches a blocking collective
+only with a blocking one.
 
 Collectives on one communicator must start in the same order on every rank. Work in flight that
 still has collectives to start (a started plan of several steps, :class:`~mpicoll._plan.Handle`)

@@ -1,15 +1,15 @@
 """The Operation base class, the operator registry, and the reduce-scatter building blocks.
 
-One call flows in one straight line (docs/design.md)::
+One call flows in one straight line (docs/design.md), every mode through one dispatcher::
 
-    execute(args)  = count -> describe -> [agree] -> issue(call, table, Runner)           (at once)
-    prepare(args)  = count -> describe ->  agree  -> issue(call, table, Recorder) -> Plan  (run many times)
-    _start(args)   = count -> describe -> [agree] -> issue(call, table, Recorder) -> Handle (one-shot, non-blocking)
+    _dispatch(args) = live-check (bind) -> [remembered plan] -> count -> describe -> [agree]
+    execute(args)   = _dispatch -> issue(call, table, Runner)                 (at once)
+    prepare(args)   = _dispatch (always agreeing) -> issue(..., Recorder) -> Plan  (run many times)
+    _start(args)    = _dispatch -> issue(..., Recorder) -> Handle              (one-shot, non-blocking)
 
-``describe`` and ``agree`` are one routine, :meth:`Operation._call` (:func:`agree_calls` for the
-agreement of one call or of many: the Hccl client and captured graphs use the same). The first
-call of an operation always agrees, whatever its ``validate``: that is where a Param error on one
-rank, or a ``validate`` set differently across ranks, is raised on every rank.
+The first call of an operation always agrees, whatever its ``validate``: that is where a Param
+error on one rank, or a ``validate`` set differently across ranks, is raised on every rank. A
+captured graph describes its calls with the same steps and agrees them at once (:func:`agree_calls`).
 
 An operator subclass supplies ``describe`` (local and pure: its arguments -> a
 :class:`~mpicoll._plan.Call`, raising on a rule one rank can see) and ``issue`` (the only place that
