@@ -1,8 +1,9 @@
 """THE dtype table and the reduce-op table: numpy dtype <-> MPI datatype, reduce path.
 
 Nothing else in mpicoll maps a numpy dtype to an MPI datatype (the torch backend only maps torch
-dtypes onto numpy's; the benchmark's raw baselines name MPI's own types, as a user would). Each entry says how an array of that dtype travels (``mpi``:
-the MPI datatype handed to MPI with the array itself, always explicitly) and how it is reduced:
+dtypes onto numpy's; the benchmark's raw baselines name MPI's own types, as a user would). Each
+entry says how an array of that dtype travels (``mpi``: the MPI datatype handed to MPI with the
+array itself, always explicitly) and how it is reduced:
 
 * ``native``: by MPI itself (integers, float32, float64);
 * ``float32``: in numpy (or the optional C kernels) with float32 accumulation, rounded once
@@ -143,6 +144,8 @@ REDUCE_OPS: dict[str, ReduceOp] = {
     "min": ReduceOp("min", MPI.MIN, np.minimum, 4),
 }
 _REDUCE_BY_CODE = {r.code: r for r in REDUCE_OPS.values()}
+#: the rule a reduce op breaks (every message that refuses one says it)
+REDUCE_RULE = "must be one of 'sum', 'prod', 'max', 'min'"
 # Names the accelerator stacks use for the same four operations.
 _REDUCE_ALIASES = {"sum": "sum", "prod": "prod", "max": "max", "min": "min", "product": "prod",
                    "hccl_reduce_sum": "sum", "hccl_reduce_prod": "prod", "hccl_reduce_max": "max",
@@ -176,7 +179,7 @@ def reduce_op(value: object, *, op: str = "mpicoll", param: str = "reduce_type",
         if name is not None:
             return REDUCE_OPS[name]
     raise CollectiveArgumentError(
-        f"{op}: {param}={value!r} on rank {rank}: must be one of 'sum', 'prod', 'max', 'min'",
+        f"{op}: {param}={value!r} on rank {rank}: {REDUCE_RULE}",
         op=op, param=param, rank=rank)
 
 

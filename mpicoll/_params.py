@@ -101,8 +101,8 @@ class CommParam:
         op = self.__dict__.get("_bound_to")
         if op is not None:
             raise CollectiveArgumentError(
-                f"{type(self).__name__}.{name}: this Param is bound to its operation ({op}) since that one's first call, "
-                f"which read it: make a new Param and operation (dataclasses.replace(param, {name}=...))",
+                f"{type(self).__name__}.{name}: this Param is bound to its operation ({op}) since that one's "
+                f"first call, which read it: make a new Param and operation (dataclasses.replace(param, {name}=...))",
                 op=op, param=name)
         object.__setattr__(self, name, value)
 

@@ -35,7 +35,7 @@ import numpy as np
 from . import _comm
 from . import _validate as V
 from ._comm import LibComm
-from ._errors import CollectiveError, agreed, settle
+from ._errors import CollectiveError, settle
 from ._watchdog import done
 
 #: the most collectives one call keeps in flight at once (``go.start``); a start beyond it first
@@ -449,13 +449,9 @@ def _check_sequence(c: LibComm, table: np.ndarray, timeout: float | None) -> Non
     """The gathered sequence rows (:meth:`Plan._sequence`): a peer's local error (its call failed to
     describe) is exchanged and raised, as a validated call's; any other difference is a named
     mismatch, the same on every rank."""
-    where = (V.PLAN_RUN, None, "the agreement of a plan's run (an internal MPI Allgather)")
-    if any(table[:, 0].tolist()):
-        settle(c, None, timeout, where)
-    try:
-        V.check_table(V.PLAN_RUN, table, None, c.label)
-    except CollectiveError as exc:
-        raise agreed(exc, c.world_ranks) from None
+    if any(table[:, 0].tolist()):          # (as _errors.agree does after its Allgather)
+        settle(c, None, timeout, (V.PLAN_RUN, None, "the exchange of an error (internal MPI Allgather/Allgatherv)"))
+    V.check_agreed(c, V.PLAN_RUN, table)
 
 
 def _each(fns: tuple) -> None:

@@ -21,7 +21,7 @@ from mpi4py import MPI
 from ._comm import OP_NAMES, op_code, ordinal
 from ._env import flag
 from ._dtypes import ALL_DTYPES, DType, by_code, of_array, reduce_by_code
-from ._errors import CollectiveMismatchError, arg_error, mismatch_error, settle
+from ._errors import CollectiveError, CollectiveMismatchError, agreed, arg_error, mismatch_error, settle
 
 H_FLAG, H_OP, H_DTYPE, H_REDUCE, H_ROOT, H_PARAMS, H_SEQ, H_MODE, H_SIZE, H_NDIM, H_DIMS = range(11)
 MAX_DIMS = 8
@@ -153,6 +153,15 @@ def check_table(op: str, table: np.ndarray, pair_names: tuple[str, str] | None, 
             raise mismatch_error(op, recv_name, f"{recv_name}={recv[j][i]} on rank {j} but rank {i} has "
                                  f"{send_name}={send[i][j]}: what rank {j} receives from rank {i} must equal "
                                  f"what rank {i} sends to rank {j}", j)
+
+
+def check_agreed(lib, op: str, table: np.ndarray, pair_names: tuple[str, str] | None = None) -> None:
+    """:func:`check_table` of a table gathered over ``lib``: its error is marked as raised alike by
+    every member (``agreed``: one traceback per job)."""
+    try:
+        check_table(op, table, pair_names, lib.label)
+    except CollectiveError as exc:
+        raise agreed(exc, lib.world_ranks) from None
 
 
 def _shape(row: np.ndarray) -> str:

@@ -30,7 +30,7 @@ from mpi4py import MPI
 from . import _validate as V
 from ._comm import alive
 from ._domains import declare_domains, group_fields
-from ._dtypes import reduce_op
+from ._dtypes import REDUCE_RULE, reduce_op
 from ._errors import CollectiveArgumentError
 from ._numeric import prefix
 from ._plan import Call
@@ -206,7 +206,7 @@ def _run(cls: type, group: Any, args: tuple, async_op: bool, outputs: Any, root:
     else:
         name = _reduce_name(reduce)
         if name is None:
-            refused = ("op", getattr(reduce, "name", reduce), "must be one of 'sum', 'prod', 'max', 'min'")
+            refused = ("op", getattr(reduce, "name", reduce), REDUCE_RULE)
         reduce = name or "sum"
     if root is not None:
         try:

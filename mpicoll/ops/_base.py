@@ -214,9 +214,7 @@ class Operation:
             ``(plan, None, None)`` for a remembered call, else ``(None, call, table)``: the described
             call and the agreed header table (None without agreement).
         """
-        if self._lib is None:
-            self._bind()
-        check_live(self._comms, self.NAME)
+        self._live()
         agree = always or self._validate or not self._agreed_once
         key = None
         at = self._OUT_AT
@@ -408,10 +406,7 @@ def agree_call(lib: LibComm, op: Operation, call: Call | None, err: BaseExceptio
     header table. A captured graph agrees all its calls at once: :func:`agree_calls`."""
     row, err = _row(lib, op, call, err)
     table = agree(lib, row, err, timeout, op.NAME, number)
-    try:
-        V.check_table(op.NAME, table, op.PAIR_NAMES, lib.label)
-    except CollectiveError as exc:
-        raise agreed(exc, lib.world_ranks) from None
+    V.check_agreed(lib, op.NAME, table, op.PAIR_NAMES)
     op._agreed_once = True
     return table
 
