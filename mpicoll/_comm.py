@@ -18,7 +18,7 @@ ahead of it until that work has started all its collectives there (:meth:`LibCom
 order is then the program order, the same on every rank, without a copy of the communicator.
 
 Making one is collective over its members, who then agree the settings that change which MPI calls
-a rank makes (``MPICOLL_VALIDATE``, ``MPICOLL_DEBUG``, ``MPICOLL_SHM``), whether every member runs on
+a rank makes (``MPICOLL_VALIDATE``, ``MPICOLL_DEBUG``, ``MPICOLL_SHM``, ``MPICOLL_EXACT``), whether every member runs on
 one node (``local``: then large reductions may go through a shared window, :mod:`mpicoll._shm`), or
 else how many members each node holds (``per_node``: then a large AllReduce may go in tiers, node by
 node and across nodes, :meth:`LibComm.tiers`), and whether any of them runs a watchdog
@@ -78,6 +78,9 @@ class LibComm:
         validate, debug: the agreed defaults of ``MPICOLL_VALIDATE`` and ``MPICOLL_DEBUG``.
         local: every member runs on one node and ``MPICOLL_SHM`` is on (agreed): large reductions
             may use the node window (:func:`mpicoll._shm.node_window`).
+        exact: ``MPICOLL_EXACT`` (agreed, on by default): float SUM and PROD over more than 2
+            members reduce in rank order on every path (docs/reproducibility.md), never in MPI's
+            own reduction, whose order depends on the size and the MPI library.
         buffers: its node buffers (:func:`mpicoll._shm.node_buffer`), freed with it.
         per_node: the members span several nodes, each holding this many (more than one) of them,
             and ``MPICOLL_SHM`` is on (agreed; else 0): a large AllReduce may go in tiers
@@ -90,12 +93,12 @@ class LibComm:
             plans on it raise (:func:`check_live`) instead of calling MPI on a freed handle.
     """
 
-    __slots__ = ("mpi", "label", "rank", "size", "world_ranks", "ident", "validate", "debug", "local", "calls",
-                 "seq", "pending", "plain", "freed", "per_node", "buffers", "_win", "_mark", "_node", "_split",
+    __slots__ = ("mpi", "label", "rank", "size", "world_ranks", "ident", "validate", "debug", "local", "exact",
+                 "calls", "seq", "pending", "plain", "freed", "per_node", "buffers", "_win", "_mark", "_node", "_split",
                  "_tiers", "__weakref__")
 
     def __init__(self, mpi: MPI.Comm, label: str, validate: bool, debug: bool, watched: bool,
-                 local: bool = False, split: MPI.Comm | None = None) -> None:
+                 local: bool = False, split: MPI.Comm | None = None, exact: bool = True) -> None:
         self.mpi, self.label = mpi, label
         self.rank, self.size = mpi.Get_rank(), mpi.Get_size()
         group, world = mpi.Get_group(), MPI.COMM_WORLD.Get_group()
@@ -103,7 +106,7 @@ class LibComm:
         self.ident = zlib.crc32(f"{label}:{self.world_ranks}".encode()) | len(self.world_ranks) << 32   # (the same on every member)
         group.Free()
         world.Free()
-        self.validate, self.debug, self.local = validate, debug, local
+        self.validate, self.debug, self.local, self.exact = validate, debug, local, exact
         self._node = self._tiers = None
         self.buffers: list = []            # its node buffers (mpicoll._shm.node_buffer), in allocation order
         self._split = split                # (this rank's node's members, kept for tiers(); None: no tiers)
@@ -132,15 +135,16 @@ class LibComm:
         runs a watchdog.
 
         Raises:
-            CollectiveMismatchError: ``MPICOLL_VALIDATE``, ``MPICOLL_DEBUG`` or ``MPICOLL_SHM`` set
+            CollectiveMismatchError: ``MPICOLL_VALIDATE``, ``MPICOLL_DEBUG``, ``MPICOLL_SHM`` or ``MPICOLL_EXACT`` set
                 differently on the members (each would make different MPI calls), on every member.
         """
         mine = np.array([flag("MPICOLL_VALIDATE", "1"), flag("MPICOLL_DEBUG", "0"),
-                         _watchdog.timeout_default() is not None, flag("MPICOLL_SHM", "1")], dtype=np.int64)
-        table = np.empty((mpi.Get_size(), 4), dtype=np.int64)
+                         _watchdog.timeout_default() is not None, flag("MPICOLL_SHM", "1"),
+                         flag("MPICOLL_EXACT", "1")], dtype=np.int64)
+        table = np.empty((mpi.Get_size(), len(mine)), dtype=np.int64)
         timed_call(mpi, "Allgather", ([mine, MPI.INT64_T], [table, MPI.INT64_T]), _watchdog.timeout_default(),
                    lambda: f"setting up {label}: timed out agreeing its settings")
-        for col, name in ((0, "MPICOLL_VALIDATE"), (1, "MPICOLL_DEBUG"), (3, "MPICOLL_SHM")):
+        for col, name in ((0, "MPICOLL_VALIDATE"), (1, "MPICOLL_DEBUG"), (3, "MPICOLL_SHM"), (4, "MPICOLL_EXACT")):
             values = table[:, col].tolist()
             if len(set(values)) > 1:
                 on = [r for r, v in enumerate(values) if v]
@@ -161,7 +165,8 @@ class LibComm:
             if one_node or here == 1 or span[0] != -span[1]:
                 split.Free()
                 split = None
-        return cls(mpi, label, bool(table[0, 0]), bool(table[0, 1]), bool(table[:, 2].any()), one_node, split)
+        return cls(mpi, label, bool(table[0, 0]), bool(table[0, 1]), bool(table[:, 2].any()), one_node, split,
+                   bool(table[0, 4]))
 
     def meet(self, what: str) -> None:
         """A Barrier under the watchdog before a collective set-up step that is not timed itself

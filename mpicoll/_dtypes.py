@@ -56,6 +56,8 @@ class DType:
         # a plain attribute, not a property: read on every execute, where a property call costs
         # a noticeable part of the Python overhead allowed beside the MPI call
         object.__setattr__(self, "itemsize", self.np.itemsize)
+        # a float: its SUM and PROD round, so their bits depend on the order they combine inputs in
+        object.__setattr__(self, "floating", self.np.kind == "f" or self.reduce == "float32")
 
 
 def _row(name, np_dtype, mpi, reduce, hccl):
@@ -135,13 +137,16 @@ class ReduceOp:
     mpi: MPI.Op
     ufunc: np.ufunc
     code: int
+    #: it rounds on floats (SUM, PROD): the order that combines the inputs decides the bits;
+    #: MAX and MIN pick one input, whatever the order
+    rounds: bool
 
 
 REDUCE_OPS: dict[str, ReduceOp] = {
-    "sum": ReduceOp("sum", MPI.SUM, np.add, 1),
-    "prod": ReduceOp("prod", MPI.PROD, np.multiply, 2),
-    "max": ReduceOp("max", MPI.MAX, np.maximum, 3),
-    "min": ReduceOp("min", MPI.MIN, np.minimum, 4),
+    "sum": ReduceOp("sum", MPI.SUM, np.add, 1, True),
+    "prod": ReduceOp("prod", MPI.PROD, np.multiply, 2, True),
+    "max": ReduceOp("max", MPI.MAX, np.maximum, 3, False),
+    "min": ReduceOp("min", MPI.MIN, np.minimum, 4, False),
 }
 _REDUCE_BY_CODE = {r.code: r for r in REDUCE_OPS.values()}
 #: the rule a reduce op breaks (every message that refuses one says it)

@@ -71,16 +71,15 @@ def _golden(dtype, seed):
 @mpi1
 @pytest.mark.parametrize("dtype", ["int8", "int32", "int64", "float16", "bfloat16", "float32"])
 def test_replay_equals_eager_bit_for_bit_with_new_contents(dtype):
-    """Replays read the arrays' current contents and give the numpy golden (bit for bit where the
-    order of a sum cannot matter: integers, at most 2 ranks; else within count_wrong's float
-    tolerance) and eager execution's bytes exactly. AllReduce calls merge where that stays
-    bit-identical (integers, or at most 2 ranks), else stay apart; AllGather and Broadcast merge."""
+    """Replays read the arrays' current contents and give the numpy golden bit for bit (every float
+    sum in rank order: docs/reproducibility.md) and eager execution's bytes exactly. Every call
+    merges: the AllReduce calls too, since merged they give the same bits."""
     xs = _arrays(dtype, 0)
     outs = _buffers(xs)
     with graph.capture() as g:
         _program(xs, outs)
     eager_x, eager_o = [x.copy() for x in xs], _buffers(xs)
-    exact = dtype.startswith("int") or SIZE <= 2           # (also where AllReduce calls merge)
+    exact = True                                           # (MPICOLL_EXACT on: the default)
     for seed in (1, 2):                                    # twice, the contents changed in between
         _fill(xs, outs, dtype, seed)
         _fill(eager_x, eager_o, dtype, seed)

@@ -510,6 +510,17 @@ class ReduceTypeOperation(Operation):
 
 # ----------------------------------------------------------------------------- float32 reduction path
 
+def ordered(comm: LibComm, dt: DType, rop: ReduceOp) -> bool:
+    """THE reproducibility rule (docs/reproducibility.md): whether a reduction on ``comm`` must
+    run on mpicoll's rank-order paths only (the shared window, :func:`alltoall_reduce`, a gather
+    and :func:`~mpicoll._numeric.reduce_rows`), never in MPI's own reduction, whose order changes
+    with the message size and the MPI library: a float SUM or PROD over more than 2 members, with
+    ``MPICOLL_EXACT`` on (``comm.exact``, agreed). Integers (exact, wrapping), MAX and MIN (they
+    pick an input) and 2 members (one commutative operation per element) give the same bits on
+    any path."""
+    return comm.exact and comm.size > 2 and dt.floating and rop.rounds
+
+
 def alltoall_reduce(go: Any, comm: LibComm, flat: np.ndarray, dt: DType, rop: ReduceOp, counts: np.ndarray,
                     displs: np.ndarray | None, out: np.ndarray, recv: np.ndarray | None = None,
                     block_type: MPI.Datatype | None = None) -> None:
@@ -545,9 +556,9 @@ def reduce_scatter(go: Any, comm: LibComm, blocks: np.ndarray, counts: list[int]
     same list on every rank. ``packed_everywhere``: every rank's blocks are packed (agreed: a
     rank's layout is its own). On one node, packed blocks from ``_shm.REDUCE_SCATTER_BYTES`` on
     go through the node's shared window (:mod:`mpicoll._shm`). Otherwise MPI's own reduction runs
-    for the dtypes it reduces natively when every rank's blocks are packed (``Reduce_scatter_block``
-    for equal counts, else
-    ``Reduce_scatter``); otherwise an AllToAll of the blocks and a rank-order reduction
+    for the dtypes it reduces natively when every rank's blocks are packed and the order cannot
+    change the bits (not :func:`ordered`): ``Reduce_scatter_block`` for equal counts, else
+    ``Reduce_scatter``; otherwise an AllToAll of the blocks and a rank-order reduction
     (:func:`alltoall_reduce`: float16/bfloat16 accumulated in float32). ``inputs``: every rank's
     ``blocks`` in a node buffer (:func:`_shm.resident`), read there by the window path.
     """
@@ -556,7 +567,7 @@ def reduce_scatter(go: Any, comm: LibComm, blocks: np.ndarray, counts: list[int]
                                                                 _shm.REDUCE_SCATTER_BYTES, inputs is None):
         _shm.reduce_scatter(go, comm, blocks, counts, dt, rop, out, inputs)     # one node: the shared window
         return
-    if dt.reduce == "native" and packed_everywhere:
+    if dt.reduce == "native" and packed_everywhere and not ordered(comm, dt, rop):
         if equal:
             go.mpi(comm, "Reduce_scatter_block", [blocks, dt.mpi], [out, dt.mpi], rop.mpi)
         else:

@@ -7,13 +7,14 @@ import numpy as np
 from mpi4py import MPI
 
 from .._dtypes import DTYPES, reduce_op
+from .._env import flag
 from .._golden import (TORCH_OPS, BenchRun, BenchSpec, Case, CheckSpec, bench_data, golden_reduce, rank_data,
                        raw_reduce_type, reduce_case_names, register_bench, register_check, torch_view)
 from .._params import ReduceTypeParam
 from .. import _shm
 from .._plan import Call, Plan
-from .._numeric import copy_pairs, from_f32, pack, prefix, scatter_pairs, split_even, to_f32
-from ._base import ReduceTypeOperation, alltoall_reduce, reduce_scatter
+from .._numeric import copy_pairs, from_f32, pack, prefix, reduce_chunks, scatter_pairs, split_even, to_f32
+from ._base import ReduceTypeOperation, alltoall_reduce, ordered, reduce_scatter
 
 #: float16/bfloat16 AllReduce of at most this many bytes: cast to float32, one native float32
 #: Allreduce, cast back (one collective beats two at small sizes); above: the AllToAll path.
@@ -38,6 +39,10 @@ PIECED_BYTES = 4 * PIECE_BYTES
 #: Measured there: bfloat16 at 128 KiB 1.27x the flat path's time (the middle tier then goes as
 #: float32 too), 256 KiB 0.87x and 0.51x at 1 Gbit/s.
 TIERED_BYTES = 256 * 1024
+#: A rank-order reduction (:func:`~._base.ordered`) of at most this many bytes that the node window
+#: does not take: an Allgather (a Reduce: Gather) of every input, then a rank-order reduction on every
+#: rank (the root); above it, AllToAll + rank-order reduction + AllGather (bandwidth-optimal).
+GATHERED_BYTES = 16 * 1024
 
 
 __all__ = ["AllReduceOperation", "AllReduceParam"]
@@ -94,12 +99,11 @@ class AllReduceOperation(ReduceTypeOperation):
         reduce_pieces(go, self._lib, call.x, call.out, call.dt, self._rop, inputs=inputs)
 
     def coalesce_key(self, call, exact=True) -> tuple | None:
-        """``exact``: only where the result cannot depend on the size of the message (MPI picks its
-        reduction order by size, so a float reduction over more than 2 ranks may round differently
-        when merged): integers (exact, wrapping) and sum/prod over at most 2 ranks (one operation
-        per element)."""
-        same = call.dt.np.kind in "iu" or (self.size <= 2 and self._rop.name in ("sum", "prod"))
-        if (exact and not same) or not self._one_issue(AllReduceOperation):
+        """``exact``: only where the result cannot depend on the size of the message: always with
+        ``MPICOLL_EXACT`` on (every path reduces in rank order); with it off, not a float SUM or
+        PROD over more than 2 ranks (MPI picks its reduction order by the size)."""
+        sized = not self._lib.exact and self.size > 2 and call.dt.floating and self._rop.rounds
+        if (exact and sized) or not self._one_issue(AllReduceOperation):
             return None
         return ("AllReduce", self._lib.ident, call.dt.code, self._rop.code)
 
@@ -123,19 +127,25 @@ def reduce_pieces(go, comm, x: np.ndarray, out: np.ndarray | None, dt, rop, root
     with more than one member each, an AllReduce that MPI does not reduce itself, from TIERED_BYTES
     on, in tiers (:func:`_tiered`); else MPI's own reduction in one call; 16-bit floats up to
     SMALL_F32_BYTES as one float32 reduction; else, and from PIECED_BYTES on in PIECE_BYTES pieces,
-    AllToAll + a local reduction in rank order + AllGather (or Gather). ``out`` may be ``x`` (in
-    place). ``inputs``: every rank's ``x`` in a node buffer (:func:`_shm.resident`)."""
+    AllToAll + a local reduction in rank order + AllGather (or Gather). A reduction that must run in
+    rank order (:func:`~._base.ordered`: float SUM/PROD over more than 2 ranks) never takes MPI's
+    reduction or tiers: up to GATHERED_BYTES an Allgather (Gather) and a rank-order reduction, else
+    the AllToAll path. ``out`` may be ``x`` (in place). ``inputs``: every rank's ``x`` in a node
+    buffer (:func:`_shm.resident`)."""
     n, in_place = comm.size, out is x
     window = _shm.ALLREDUCE_BYTES if dt.reduce == "native" else _shm.ALLREDUCE_16BIT_BYTES
     if _shm.serves(comm, x.nbytes, window):                                    # one node: the shared window
         _shm.allreduce(go, comm, x, out, dt, rop, in_place, inputs)
         return
-    if root is None and comm.per_node and x.nbytes >= TIERED_BYTES and not _mpi_reduces(dt, x.size, n):
-        # several nodes, and the flat path would be our own (blind to nodes): in tiers
+    order = ordered(comm, dt, rop)
+    mpi_reduces = _mpi_reduces(dt, x.size, n, order)
+    if root is None and comm.per_node and x.nbytes >= TIERED_BYTES and not mpi_reduces and not order:
+        # several nodes, and the flat path would be our own (blind to nodes): in tiers (which
+        # regroup a sum by node: never for a rank-order reduction)
         _tiered(go, comm, x, out, dt, rop)
         return
     pieced = x.nbytes >= PIECED_BYTES and n > 1
-    if not pieced and _mpi_reduces(dt, x.size, n):                             # MPI's own reduction, one call
+    if not pieced and mpi_reduces:                                             # MPI's own reduction, one call
         _native(go, comm, x, out, dt, rop, root, in_place)
         return
     flat, oflat = x.reshape(-1), None if out is None else out.reshape(-1)
@@ -143,7 +153,7 @@ def reduce_pieces(go, comm, x: np.ndarray, out: np.ndarray | None, dt, rop, root
     scratch: dict = {}                    # the buffers the pieces share (they run one after the other)
     for s in range(0, flat.size, step):
         _piece(go, comm, flat[s:s + step], None if oflat is None else oflat[s:s + step], dt, rop, root, in_place,
-               scratch)
+               scratch, order)
 
 
 def _tiered(go, comm, x: np.ndarray, out: np.ndarray, dt, rop) -> None:
@@ -161,10 +171,11 @@ def _tiered(go, comm, x: np.ndarray, out: np.ndarray, dt, rop) -> None:
     go.mpi(node, "Allgatherv", [mine, dt.mpi], [oflat, (counts, prefix(counts)), dt.mpi])
 
 
-def _mpi_reduces(dt, size: int, n: int) -> bool:
+def _mpi_reduces(dt, size: int, n: int, order: bool) -> bool:
     """Whether MPI's own reduction serves a (piece of an) AllReduce or Reduce: the dtypes MPI
-    reduces natively, but not 8-bit integers from BYTE_ALLTOALL_BYTES on (MPICH's byte loop)."""
-    return dt.reduce == "native" and (dt.itemsize > 1 or size < BYTE_ALLTOALL_BYTES or n == 1)
+    reduces natively, but not 8-bit integers from BYTE_ALLTOALL_BYTES on (MPICH's byte loop), and
+    never a reduction that must run in rank order (``order``: :func:`~._base.ordered`)."""
+    return dt.reduce == "native" and not order and (dt.itemsize > 1 or size < BYTE_ALLTOALL_BYTES or n == 1)
 
 
 def _native(go, comm, x, out, dt, rop, root, in_place) -> None:
@@ -176,13 +187,22 @@ def _native(go, comm, x, out, dt, rop, root, in_place) -> None:
         go.mpi(comm, "Reduce", MPI.IN_PLACE if mine and in_place else [x, m], [out, m] if mine else None, rop.mpi, root)
 
 
-def _piece(go, comm, x, out, dt, rop, root, in_place, scratch) -> None:
-    """One flat piece of :func:`reduce_pieces`."""
-    n, mine = comm.size, out is not None
-    if _mpi_reduces(dt, x.size, n):
+def _piece(go, comm, x, out, dt, rop, root, in_place, scratch, order) -> None:
+    """One flat piece of :func:`reduce_pieces` (``order``: it must reduce in rank order)."""
+    n, mine, m = comm.size, out is not None, dt.mpi
+    if _mpi_reduces(dt, x.size, n, order):
         _native(go, comm, x, out, dt, rop, root, in_place)
         return
-    if dt.reduce != "native" and (x.nbytes <= SMALL_F32_BYTES or n == 1):
+    if order and x.nbytes <= GATHERED_BYTES:           # every input to every rank (the root), rank order there
+        rows = go.scratch(_rows, n, x.size, dt.np)
+        if root is None:
+            go.mpi(comm, "Allgather", [x, m], [rows, m])
+        else:
+            go.mpi(comm, "Gather", [x, m], [rows, m] if mine else None, root)
+        if mine:
+            go.local(reduce_chunks, rows, dt, rop, out)
+        return
+    if not order and dt.reduce != "native" and (x.nbytes <= SMALL_F32_BYTES or n == 1):
         if "f32" not in scratch:                      # (the first piece is the largest)
             scratch["f32"] = np.empty(x.size, dtype=np.float32)
         acc = scratch["f32"][:x.size]
@@ -199,7 +219,7 @@ def _piece(go, comm, x, out, dt, rop, root, in_place, scratch) -> None:
     if "recv" not in scratch:                         # (the first piece is the largest)
         scratch["recv"], scratch["chunk"] = np.empty(n * int(counts[0]), dtype=dt.np), np.empty(int(counts[0]), dt.np)
     recv, chunk = scratch["recv"], scratch["chunk"][:int(counts[comm.rank])]
-    even, m = x.size % n == 0, dt.mpi
+    even = x.size % n == 0
     displs = None if even else prefix(counts)
     alltoall_reduce(go, comm, x, dt, rop, counts, displs, chunk, recv)
     if root is None:
@@ -207,6 +227,10 @@ def _piece(go, comm, x, out, dt, rop, root, in_place, scratch) -> None:
     else:
         recv_spec = ([out, m] if even else [out, (counts, prefix(counts)), m]) if mine else None
         go.mpi(comm, "Gather" if even else "Gatherv", [chunk, m], recv_spec, root)
+
+
+def _rows(n: int, size: int, dtype) -> np.ndarray:
+    return np.empty((n, size), dtype=dtype)
 
 
 # ----------------------------------------------------------------------------- golden check
@@ -229,7 +253,9 @@ def _case(case, dtype, comm_domain, rank, n, seed, validate=True) -> Case:
     op = AllReduceOperation(AllReduceParam(comm_domain=comm_domain, rank_size=n, reduce_type=rname),
                             validate=validate)
     x = inputs[rank].copy()
-    return Case(op, (x,), {"out": x} if family == "inplace" else {}, golden_reduce(inputs, dt, rop), kind == "int")
+    # (bit for bit: integers are exact; floats reduce in the golden's rank order with MPICOLL_EXACT on)
+    return Case(op, (x,), {"out": x} if family == "inplace" else {}, golden_reduce(inputs, dt, rop),
+                kind == "int" or flag("MPICOLL_EXACT", "1"))
 
 
 register_check(CheckSpec("AllReduce", _cases, _case))
