@@ -41,7 +41,11 @@ PIECED_BYTES = 4 * PIECE_BYTES
 TIERED_BYTES = 256 * 1024
 #: A rank-order reduction (:func:`~._base.ordered`) of at most this many bytes that the node window
 #: does not take: an Allgather (a Reduce: Gather) of every input, then a rank-order reduction on every
-#: rank (the root); above it, AllToAll + rank-order reduction + AllGather (bandwidth-optimal).
+#: rank (the root); above it, AllToAll + rank-order reduction + AllGather (bandwidth-optimal: the
+#: Allgather moves (n - 1) / 2 times its bytes). Measured without the window (MPICOLL_SHM=0, one node,
+#: float32 and bfloat16, 3 and 4 ranks): the Allgather took 0.55-0.77x the AllToAll path's time up to
+#: 4 KiB, 0.95-1.2x at 8-16 KiB, 0.6-0.8x at 32-64 KiB (MPICH's AllToAll crosses its eager limit);
+#: kept at 16 KiB for networks, where the bytes weigh more.
 GATHERED_BYTES = 16 * 1024
 
 
@@ -123,21 +127,21 @@ def reduce_pieces(go, comm, x: np.ndarray, out: np.ndarray | None, dt, rop, root
     """The MPI calls of AllReduce (``root`` None: every rank gets ``out``) or Reduce (only rank
     ``root`` gets it; ``out`` None elsewhere), chosen from the dtype and the size alone (the same on
     every rank): on one node from ``_shm.ALLREDUCE_BYTES`` on (16-bit floats:
-    ``ALLREDUCE_16BIT_BYTES``), the node's shared window (:mod:`mpicoll._shm`); over several nodes
-    with more than one member each, an AllReduce that MPI does not reduce itself, from TIERED_BYTES
-    on, in tiers (:func:`_tiered`); else MPI's own reduction in one call; 16-bit floats up to
-    SMALL_F32_BYTES as one float32 reduction; else, and from PIECED_BYTES on in PIECE_BYTES pieces,
-    AllToAll + a local reduction in rank order + AllGather (or Gather). A reduction that must run in
-    rank order (:func:`~._base.ordered`: float SUM/PROD over more than 2 ranks) never takes MPI's
-    reduction or tiers: up to GATHERED_BYTES an Allgather (Gather) and a rank-order reduction, else
-    the AllToAll path. ``out`` may be ``x`` (in place). ``inputs``: every rank's ``x`` in a node
-    buffer (:func:`_shm.resident`)."""
-    n, in_place = comm.size, out is x
-    window = _shm.ALLREDUCE_BYTES if dt.reduce == "native" else _shm.ALLREDUCE_16BIT_BYTES
+    ``ALLREDUCE_16BIT_BYTES``; a rank-order reduction: ``ORDERED_BYTES``), the node's shared window
+    (:mod:`mpicoll._shm`); over several nodes with more than one member each, an AllReduce that MPI
+    does not reduce itself, from TIERED_BYTES on, in tiers (:func:`_tiered`); else MPI's own
+    reduction in one call; 16-bit floats up to SMALL_F32_BYTES as one float32 reduction; else, and
+    from PIECED_BYTES on in PIECE_BYTES pieces, AllToAll + a local reduction in rank order +
+    AllGather (or Gather). A reduction that must run in rank order (:func:`~._base.ordered`: float
+    SUM/PROD over more than 2 ranks) never takes MPI's reduction or tiers: up to GATHERED_BYTES an
+    Allgather (Gather) and a rank-order reduction, else the AllToAll path. ``out`` may be ``x`` (in
+    place). ``inputs``: every rank's ``x`` in a node buffer (:func:`_shm.resident`)."""
+    n, in_place, order = comm.size, out is x, ordered(comm, dt, rop)
+    window = _shm.ORDERED_BYTES if order else _shm.ALLREDUCE_BYTES if dt.reduce == "native" else \
+        _shm.ALLREDUCE_16BIT_BYTES
     if _shm.serves(comm, x.nbytes, window):                                    # one node: the shared window
         _shm.allreduce(go, comm, x, out, dt, rop, in_place, inputs)
         return
-    order = ordered(comm, dt, rop)
     mpi_reduces = _mpi_reduces(dt, x.size, n, order)
     if root is None and comm.per_node and x.nbytes >= TIERED_BYTES and not mpi_reduces and not order:
         # several nodes, and the flat path would be our own (blind to nodes): in tiers (which
