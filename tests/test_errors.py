@@ -577,11 +577,11 @@ def test_debug_mode_set_on_some_ranks_only_raises_everywhere(monkeypatch):
 
 
 @mpi2
-@pytest.mark.parametrize("setting", ["MPICOLL_VALIDATE", "MPICOLL_SHM"])
+@pytest.mark.parametrize("setting", ["MPICOLL_VALIDATE", "MPICOLL_SHM", "MPICOLL_EXACT"])
 def test_a_setting_on_some_ranks_only_raises_everywhere(monkeypatch, setting):
     """Agreed likewise when mpicoll makes the communicator: MPICOLL_VALIDATE decides whether a rank
     makes the header Allgather, MPICOLL_SHM whether it takes the shared window's Barriers or MPI's
-    collective."""
+    collective, MPICOLL_EXACT whether a float sum runs in MPI's reduction or in rank order."""
     if RANK == 0:
         monkeypatch.setenv(setting, "0")
     comm = WORLD.Dup()

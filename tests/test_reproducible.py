@@ -1,0 +1,201 @@
+"""Reproducible reductions (docs/reproducibility.md): element i of a float SUM or PROD result is the
+rank-order reduction of the n inputs of element i (16-bit floats in float32, rounded once), bit for
+bit, whatever the message size, the offset of the element in it, the path (the node window in one or
+two shots, the Allgather, the AllToAll path, pieces; each forced by its threshold), the communicator
+(the world, a sub-domain, one made without the window: the paths several hosts take), the root,
+validation, in place or not. MAX and MIN likewise. The golden is computed per element in rank order,
+so it cannot depend on the size: a result equal to it is invariant.
+
+Hypothesis runs derandomized (the same examples on every rank) and each verdict is agreed across ranks
+(``_mpi.agreed``), as in test_fuzz; ``MPICOLL_FUZZ_EXAMPLES`` sets the examples per property.
+"""
+from __future__ import annotations
+
+import contextlib
+import os
+
+import numpy as np
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+import mpicoll
+from mpicoll import _shm, functional as F, graph
+from mpicoll._dtypes import DTYPES, reduce_op
+from mpicoll._env import flag
+from mpicoll._golden import golden_reduce
+from mpicoll.ops import allreduce as A
+
+from _mpi import RANK, SIZE, WORLD, agreed
+
+EXAMPLES = int(os.environ.get("MPICOLL_FUZZ_EXAMPLES", "25"))
+PROPERTY = settings(max_examples=EXAMPLES, derandomize=True, database=None, deadline=None,
+                    suppress_health_check=list(HealthCheck), print_blob=False)
+mpi1 = pytest.mark.mpi(min_size=1)
+pytestmark = pytest.mark.skipif(not flag("MPICOLL_EXACT", "1"), reason="MPICOLL_EXACT=0: float sums in MPI's order")
+
+FLOATS = ["float16", "bfloat16", "float32", "float64"]
+BIG = 1 << 40
+#: path -> the thresholds that force it (module constants, read when a call picks its MPI calls)
+PATHS = {
+    "chosen": {},
+    "window": {(_shm, "ORDERED_BYTES"): 0, (_shm, "REDUCE_SCATTER_BYTES"): 0},
+    "window-two-shots": {(_shm, "ORDERED_BYTES"): 0, (_shm, "REDUCE_SCATTER_BYTES"): 0, (_shm, "ONE_SHOT_BYTES"): 0},
+    "gather": {(_shm, "ORDERED_BYTES"): BIG, (_shm, "REDUCE_SCATTER_BYTES"): BIG, (A, "GATHERED_BYTES"): BIG},
+    "alltoall": {(_shm, "ORDERED_BYTES"): BIG, (_shm, "REDUCE_SCATTER_BYTES"): BIG, (A, "GATHERED_BYTES"): 0},
+    "pieces": {(_shm, "ORDERED_BYTES"): BIG, (A, "PIECED_BYTES"): 8192, (A, "PIECE_BYTES"): 4096},
+    "pieces-alltoall": {(_shm, "ORDERED_BYTES"): BIG, (A, "PIECED_BYTES"): 8192, (A, "PIECE_BYTES"): 4096,
+                        (A, "GATHERED_BYTES"): 0},
+}
+COMMS: dict = {}
+
+
+@contextlib.contextmanager
+def forced(path: str):
+    old = {k: getattr(*k) for k in PATHS[path]}
+    for (mod, name), v in PATHS[path].items():
+        setattr(mod, name, v)
+    try:
+        yield
+    finally:
+        for (mod, name), v in old.items():
+            setattr(mod, name, v)
+
+
+def comm_param(kind: str) -> dict:
+    """The Param fields of a communicator kind: the world; a sub-domain of the first ``SIZE - 1``
+    ranks (its other rank sits the call out); a duplicate of the world made with ``MPICOLL_SHM=0``
+    (no node window: MPI's collectives and mpicoll's own reductions, as across hosts)."""
+    if kind == "world":
+        return {}
+    if kind == "sub":
+        return {"comm_domain": "first" if RANK < SIZE - 1 else "last", "rank_size": max(SIZE - 1, 1)}
+    if kind not in COMMS:
+        COMMS[kind] = WORLD.Dup()
+        os.environ["MPICOLL_SHM"] = "0"
+        try:
+            mpicoll.AllReduceOperation(mpicoll.AllReduceParam(comm=COMMS[kind])).execute(np.zeros(1))   # (binds it)
+        finally:
+            del os.environ["MPICOLL_SHM"]
+    return {"comm": COMMS[kind]}
+
+
+def members(kind: str) -> list[int]:
+    return list(range(SIZE - 1)) if kind == "sub" and SIZE > 1 else list(range(SIZE))
+
+
+def inputs(seed: int, dtype: str, count: int, ranks: list[int]) -> list[np.ndarray]:
+    """Every member's input: normal values over 8 decades (sums that round differently in another
+    order), rebuilt alike on every rank from the seed."""
+    out = []
+    for r in ranks:
+        g = np.random.default_rng([seed, r, count])
+        out.append((g.standard_normal(count) * 10.0 ** g.integers(-4, 4, count)).astype(DTYPES[dtype].np))
+    return out
+
+
+def bits(a: np.ndarray) -> bytes:
+    return np.ascontiguousarray(a).view(np.uint8).tobytes()
+
+
+cases = st.fixed_dictionaries({
+    "seed": st.integers(0, 2 ** 31),
+    "dtype": st.sampled_from(FLOATS),
+    "rname": st.sampled_from(["sum", "sum", "prod", "max"]),
+    "count": st.one_of(st.integers(0, 40), st.integers(41, 5000), st.sampled_from([1 << 14, 100_003])),
+    "path": st.sampled_from(list(PATHS)),
+    "comm": st.sampled_from(["world", "world", "sub", "no-window"]),
+    "validate": st.booleans(),
+    "in_place": st.booleans(),
+    "root": st.integers(0, 63),
+})
+
+
+@mpi1
+@PROPERTY
+@given(cases)
+def test_allreduce_and_reduce_give_the_rank_order_bits(c):
+    ranks = members(c["comm"])
+    xs = inputs(c["seed"], c["dtype"], c["count"], ranks)
+    dt, rop = DTYPES[c["dtype"]], reduce_op(c["rname"])
+    want = golden_reduce(xs, dt, rop)
+    root = c["root"] % len(ranks)
+
+    def check():
+        if RANK not in ranks:
+            return
+        me = ranks.index(RANK)
+        param = dict(comm_param(c["comm"]), reduce_type=c["rname"])
+        with forced(c["path"]):
+            x = xs[me].copy()
+            got = mpicoll.AllReduceOperation(mpicoll.AllReduceParam(**param), validate=c["validate"]).execute(
+                x, x if c["in_place"] else None)
+            assert bits(got) == bits(want), ("AllReduce", c)
+            x = xs[me].copy()
+            got = mpicoll.ReduceOperation(mpicoll.ReduceParam(rank_root=root, **param), validate=c["validate"]).execute(
+                x, x if c["in_place"] and me == root else None)
+            assert (bits(got) == bits(want)) if me == root else got is None, ("Reduce", c)
+    agreed(check)
+
+
+@mpi1
+@PROPERTY
+@given(cases, st.lists(st.integers(0, 300), min_size=64, max_size=64))
+def test_reduce_scatter_and_v_give_the_rank_order_bits(c, spread):
+    ranks = members(c["comm"])
+    n = len(ranks)
+    per = c["count"] // max(n, 1)
+    counts = spread[:n]                                   # ReduceScatterV's blocks (zeros included)
+    xs = inputs(c["seed"], c["dtype"], max(per * n, sum(counts)), ranks)
+    dt, rop = DTYPES[c["dtype"]], reduce_op(c["rname"])
+    full = golden_reduce(xs, dt, rop)
+
+    def check():
+        if RANK not in ranks:
+            return
+        me = ranks.index(RANK)
+        param = dict(comm_param(c["comm"]), reduce_type=c["rname"])
+        with forced(c["path"]):
+            x = xs[me][:per * n].copy()
+            out = x[me * per:(me + 1) * per] if c["in_place"] else None
+            got = mpicoll.ReduceScatterOperation(mpicoll.ReduceScatterParam(**param),
+                                                 validate=c["validate"]).execute(x, out)
+            assert bits(got) == bits(full[me * per:(me + 1) * per]), ("ReduceScatter", c)
+            starts = np.concatenate(([0], np.cumsum(counts)[:-1])).astype(int).tolist()
+            got = mpicoll.ReduceScatterVOperation(mpicoll.ReduceScatterVParam(**param),
+                                                  validate=c["validate"]).execute(
+                xs[me][:sum(counts)].copy(), counts, starts, counts[me])
+            assert bits(got) == bits(full[starts[me]:starts[me] + counts[me]]), ("ReduceScatterV", c)
+    agreed(check)
+
+
+@mpi1
+@PROPERTY
+@given(st.integers(0, 2 ** 31), st.sampled_from(FLOATS),
+       st.lists(st.one_of(st.integers(1, 30), st.integers(31, 3000)), min_size=2, max_size=12))
+def test_functional_calls_eager_and_merged_in_a_graph_give_the_same_bits(seed, dtype, sizes):
+    """A list of float all_reduce calls (a DDP-like bucket list): eager, and captured in a graph that
+    merges them into one message, give the golden bits; so does one all_reduce of them packed."""
+    dt = DTYPES[dtype]
+    every = [inputs(seed + k, dtype, s, list(range(SIZE))) for k, s in enumerate(sizes)]
+    want = [golden_reduce(xs, dt, reduce_op("sum")) for xs in every]
+
+    def check():
+        eager = [xs[RANK].copy() for xs in every]
+        for t in eager:
+            F.all_reduce(t)
+        assert all(bits(a) == bits(b) for a, b in zip(eager, want)), "eager"
+        ts = [xs[RANK].copy() for xs in every]
+        with graph.capture() as g:
+            for t in ts:
+                F.all_reduce(t)
+        assert "merged: all_reduce calls" in g.summary() or len(sizes) < 2, g.summary()
+        for t, xs in zip(ts, every):
+            t[...] = xs[RANK]
+        g.replay()
+        g.free()
+        assert all(bits(a) == bits(b) for a, b in zip(ts, want)), "graph"
+        packed = np.concatenate([xs[RANK] for xs in every])
+        F.all_reduce(packed)
+        assert bits(packed) == bits(np.concatenate(want)), "packed"
+    agreed(check)
