@@ -188,17 +188,21 @@ class LibComm:
             if self not in _OPEN:
                 _OPEN.append(self)
 
-    def tiers(self) -> tuple["LibComm", "LibComm"]:
+    def tiers(self) -> tuple["LibComm", "LibComm", bool]:
         """The two communicators of a tiered AllReduce (``per_node`` > 0), made on first use like
         :func:`mpicoll._shm.node_window`: this rank's node's members (``local``: they share a node window), and
-        the members with this rank's index on its node, one per node (rank order kept in both)."""
+        the members with this rank's index on its node, one per node (rank order kept in both); and
+        whether each node holds consecutive ranks, in node order (block placement, agreed)."""
         if self._tiers is None:
             self.meet("make its node and cross-node communicators (a rank never made its first large "
                       "AllReduce there)")
             k = self._split.Get_rank()
             across = self.mpi.Split(k, self.rank)
+            block = np.array([int(self.rank == across.Get_rank() * self.per_node + k)], dtype=np.int64)
+            timed_call(self.mpi, "Allreduce", (MPI.IN_PLACE, [block, MPI.INT64_T], MPI.MIN),
+                       _watchdog.timeout_default(), lambda: f"{self.label}: timed out agreeing its placement")
             self._tiers = (LibComm.make(self._split, f"{self.label}: the members on this node"),
-                           LibComm.make(across, f"{self.label}: the members with node index {k}"))
+                           LibComm.make(across, f"{self.label}: the members with node index {k}"), bool(block[0]))
         return self._tiers
 
     @property

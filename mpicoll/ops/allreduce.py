@@ -13,7 +13,7 @@ from .._golden import (TORCH_OPS, BenchRun, BenchSpec, Case, CheckSpec, bench_da
 from .._params import ReduceTypeParam
 from .. import _shm
 from .._plan import Call, Plan
-from .._numeric import copy_pairs, from_f32, pack, prefix, reduce_chunks, scatter_pairs, split_even, to_f32
+from .._numeric import copy_pairs, from_f32, pack, prefix, reduce_chunks, reduce_rows, scatter_pairs, split_even, to_f32
 from ._base import ReduceTypeOperation, alltoall_reduce, ordered, reduce_scatter
 
 #: float16/bfloat16 AllReduce of at most this many bytes: cast to float32, one native float32
@@ -133,8 +133,9 @@ def reduce_pieces(go, comm, x: np.ndarray, out: np.ndarray | None, dt, rop, root
     reduction in one call; 16-bit floats up to SMALL_F32_BYTES as one float32 reduction; else, and
     from PIECED_BYTES on in PIECE_BYTES pieces, AllToAll + a local reduction in rank order +
     AllGather (or Gather). A reduction that must run in rank order (:func:`~._base.ordered`: float
-    SUM/PROD over more than 2 ranks) never takes MPI's reduction or tiers: up to GATHERED_BYTES an
-    Allgather (Gather) and a rank-order reduction, else the AllToAll path. ``out`` may be ``x`` (in
+    SUM/PROD over more than 2 ranks) never takes MPI's reduction or tiers: float32/float64 on 2
+    nodes holding consecutive ranks, from TIERED_BYTES on, node after node (:func:`_chained`); else up to
+    GATHERED_BYTES an Allgather (Gather) and a rank-order reduction, else the AllToAll path. ``out`` may be ``x`` (in
     place). ``inputs``: every rank's ``x`` in a node buffer (:func:`_shm.resident`)."""
     n, in_place, order = comm.size, out is x, ordered(comm, dt, rop)
     window = _shm.ORDERED_BYTES if order else _shm.ALLREDUCE_BYTES if dt.reduce == "native" else \
@@ -143,11 +144,17 @@ def reduce_pieces(go, comm, x: np.ndarray, out: np.ndarray | None, dt, rop, root
         _shm.allreduce(go, comm, x, out, dt, rop, in_place, inputs)
         return
     mpi_reduces = _mpi_reduces(dt, x.size, n, order)
-    if root is None and comm.per_node and x.nbytes >= TIERED_BYTES and not mpi_reduces and not order:
-        # several nodes, and the flat path would be our own (blind to nodes): in tiers (which
-        # regroup a sum by node: never for a rank-order reduction)
-        _tiered(go, comm, x, out, dt, rop)
-        return
+    if root is None and comm.per_node and x.nbytes >= TIERED_BYTES and not mpi_reduces:
+        # several nodes, and the flat path would be our own (blind to nodes): in tiers, which
+        # regroup a sum by node; in rank order, node after node where each node holds consecutive
+        # ranks of 2 nodes; else the flat path
+        if not order:
+            _tiered(go, comm, x, out, dt, rop)
+            return
+        node, across, block = comm.tiers()
+        if block and across.size == 2 and dt.reduce == "native":
+            _chained(go, node, across, x, out, dt, rop)
+            return
     pieced = x.nbytes >= PIECED_BYTES and n > 1
     if not pieced and mpi_reduces:                                             # MPI's own reduction, one call
         _native(go, comm, x, out, dt, rop, root, in_place)
@@ -166,13 +173,40 @@ def _tiered(go, comm, x: np.ndarray, out: np.ndarray, dt, rop) -> None:
     k-th member), an AllReduce of block k among the k-th members of every node (each node's link
     carries ``2 (N - 1) / N`` of the message for N nodes, spread over its members), then an
     AllGather among the members on each node. 16-bit floats round to their dtype between the tiers."""
-    node, across = comm.tiers()
+    node, across, _ = comm.tiers()
     flat, oflat = x.reshape(-1), out.reshape(-1)
     counts = split_even(flat.size, node.size)
     mine = np.empty(int(counts[node.rank]), dtype=dt.np)
     reduce_scatter(go, node, flat, [int(c) for c in counts], dt, rop, mine)
     reduce_pieces(go, across, mine, mine, dt, rop)
     go.mpi(node, "Allgatherv", [mine, dt.mpi], [oflat, (counts, prefix(counts)), dt.mpi])
+
+
+def _chained(go, node, across, x: np.ndarray, out: np.ndarray, dt, rop) -> None:
+    """A rank-order AllReduce of a dtype MPI reduces (float32, float64) over 2 nodes whose members
+    hold consecutive ranks (``node``: this rank's node's members, ``across``: the members with its
+    node index, :meth:`LibComm.tiers`). Block k of the message goes to each node's k-th member (an
+    AllToAll on the node); the first node's k-th member folds its node's blocks k in rank order and
+    sends the running result to the second node's k-th member, which folds on from it: block k of
+    the result. Then a Bcast among the k-th members and an AllGather on each node. Each node's link
+    carries the message once, the optimum for 2 nodes, where the flat path carries 1.75 times it
+    (16-bit floats would carry their running float32 sum: twice the message, so they stay flat)."""
+    flat, oflat, p = x.reshape(-1), out.reshape(-1), node.size
+    counts = split_even(flat.size, p)
+    displs = prefix(counts)
+    c, lo = int(counts[node.rank]), displs[node.rank]
+    rows = np.empty((p, c), dtype=dt.np)
+    go.mpi(node, "Alltoallv", [flat, (counts, displs), dt.mpi], [rows, (np.full(p, c), np.arange(p) * c), dt.mpi])
+    mine = oflat[lo:lo + c]
+    if across.rank == 0:
+        acc = np.empty(c, dtype=dt.np)
+        go.local(reduce_rows, list(rows), dt, rop, acc)
+        go.mpi(across, "Send", [acc, dt.mpi], 1, 0)
+    else:
+        go.mpi(across, "Recv", [mine, dt.mpi], 0, 0)
+        go.local(reduce_rows, [mine, *rows], dt, rop, mine)
+    go.mpi(across, "Bcast", [mine, dt.mpi], 1)
+    go.mpi(node, "Allgatherv", MPI.IN_PLACE, [oflat, (counts, displs), dt.mpi])
 
 
 def _mpi_reduces(dt, size: int, n: int, order: bool) -> bool:
