@@ -85,6 +85,8 @@ class LibComm:
         per_node: the members span several nodes, each holding this many (more than one) of them,
             and ``MPICOLL_SHM`` is on (agreed; else 0): a large AllReduce may go in tiers
             (:meth:`tiers`).
+        blocks: with ``per_node``, each node holds consecutive ranks, the nodes in rank order (block
+            placement, agreed): a rank-order sum can go node after node.
         calls: operator name -> how many calls of it this rank has made on it (as the user counts).
         seq: how many collectives mpicoll has started on it (kept where it is read: with arrival
             marks or in debug mode).
@@ -94,11 +96,12 @@ class LibComm:
     """
 
     __slots__ = ("mpi", "label", "rank", "size", "world_ranks", "ident", "validate", "debug", "local", "exact",
-                 "calls", "seq", "pending", "plain", "freed", "per_node", "buffers", "_win", "_mark", "_node", "_split",
-                 "_tiers", "__weakref__")
+                 "calls", "seq", "pending", "plain", "freed", "per_node", "blocks", "buffers", "_win", "_mark", "_node",
+                 "_split", "_tiers", "__weakref__")
 
     def __init__(self, mpi: MPI.Comm, label: str, validate: bool, debug: bool, watched: bool,
-                 local: bool = False, split: MPI.Comm | None = None, exact: bool = True) -> None:
+                 local: bool = False, split: MPI.Comm | None = None, exact: bool = True,
+                 blocks: bool = False) -> None:
         self.mpi, self.label = mpi, label
         self.rank, self.size = mpi.Get_rank(), mpi.Get_size()
         group, world = mpi.Get_group(), MPI.COMM_WORLD.Get_group()
@@ -111,6 +114,7 @@ class LibComm:
         self.buffers: list = []            # its node buffers (mpicoll._shm.node_buffer), in allocation order
         self._split = split                # (this rank's node's members, kept for tiers(); None: no tiers)
         self.per_node = 0 if split is None else split.Get_size()
+        self.blocks = blocks
         self.calls: dict[str, int] = {}
         self.seq = 0
         self.pending: list = []
@@ -159,14 +163,19 @@ class LibComm:
             here = split.Get_size()
             one_node = here == mpi.Get_size()   # (all on one node: the whole comm everywhere, else smaller
             if not one_node:                    # everywhere: the same verdict on every member)
-                span = np.array([here, -here], dtype=np.int64)      # (-min, max: alike on every node?)
-                timed_call(mpi, "Allreduce", (MPI.IN_PLACE, [span, MPI.INT64_T], MPI.MAX),
+                ours, theirs = split.Get_group(), mpi.Get_group()
+                mine = list(MPI.Group.Translate_ranks(ours, list(range(here)), theirs))   # (this node's ranks)
+                ours.Free()
+                theirs.Free()
+                block = mine == list(range(mine[0], mine[0] + here)) and mine[0] % here == 0
+                span = np.array([here, -here, -int(block)], dtype=np.int64)   # (max, -min: alike on every node?
+                timed_call(mpi, "Allreduce", (MPI.IN_PLACE, [span, MPI.INT64_T], MPI.MAX),  # -min: all in blocks?)
                            _watchdog.timeout_default(), lambda: f"setting up {label}: timed out agreeing its layout")
             if one_node or here == 1 or span[0] != -span[1]:
                 split.Free()
                 split = None
         return cls(mpi, label, bool(table[0, 0]), bool(table[0, 1]), bool(table[:, 2].any()), one_node, split,
-                   bool(table[0, 4]))
+                   bool(table[0, 4]), split is not None and span[2] == -1)
 
     def meet(self, what: str) -> None:
         """A Barrier under the watchdog before a collective set-up step that is not timed itself
@@ -188,21 +197,17 @@ class LibComm:
             if self not in _OPEN:
                 _OPEN.append(self)
 
-    def tiers(self) -> tuple["LibComm", "LibComm", bool]:
+    def tiers(self) -> tuple["LibComm", "LibComm"]:
         """The two communicators of a tiered AllReduce (``per_node`` > 0), made on first use like
         :func:`mpicoll._shm.node_window`: this rank's node's members (``local``: they share a node window), and
-        the members with this rank's index on its node, one per node (rank order kept in both); and
-        whether each node holds consecutive ranks, in node order (block placement, agreed)."""
+        the members with this rank's index on its node, one per node (rank order kept in both)."""
         if self._tiers is None:
             self.meet("make its node and cross-node communicators (a rank never made its first large "
                       "AllReduce there)")
             k = self._split.Get_rank()
             across = self.mpi.Split(k, self.rank)
-            block = np.array([int(self.rank == across.Get_rank() * self.per_node + k)], dtype=np.int64)
-            timed_call(self.mpi, "Allreduce", (MPI.IN_PLACE, [block, MPI.INT64_T], MPI.MIN),
-                       _watchdog.timeout_default(), lambda: f"{self.label}: timed out agreeing its placement")
             self._tiers = (LibComm.make(self._split, f"{self.label}: the members on this node"),
-                           LibComm.make(across, f"{self.label}: the members with node index {k}"), bool(block[0]))
+                           LibComm.make(across, f"{self.label}: the members with node index {k}"))
         return self._tiers
 
     @property

@@ -151,9 +151,8 @@ def reduce_pieces(go, comm, x: np.ndarray, out: np.ndarray | None, dt, rop, root
         if not order:
             _tiered(go, comm, x, out, dt, rop)
             return
-        node, across, block = comm.tiers()
-        if block and across.size == 2 and dt.reduce == "native":
-            _chained(go, node, across, x, out, dt, rop)
+        if comm.blocks and n == 2 * comm.per_node and dt.reduce == "native":
+            _chained(go, *comm.tiers(), x, out, dt, rop)
             return
     pieced = x.nbytes >= PIECED_BYTES and n > 1
     if not pieced and mpi_reduces:                                             # MPI's own reduction, one call
@@ -173,7 +172,7 @@ def _tiered(go, comm, x: np.ndarray, out: np.ndarray, dt, rop) -> None:
     k-th member), an AllReduce of block k among the k-th members of every node (each node's link
     carries ``2 (N - 1) / N`` of the message for N nodes, spread over its members), then an
     AllGather among the members on each node. 16-bit floats round to their dtype between the tiers."""
-    node, across, _ = comm.tiers()
+    node, across = comm.tiers()
     flat, oflat = x.reshape(-1), out.reshape(-1)
     counts = split_even(flat.size, node.size)
     mine = np.empty(int(counts[node.rank]), dtype=dt.np)
