@@ -40,6 +40,7 @@ def comm(monkeypatch, request):
     monkeypatch.setattr(_shm, "SLOT_BYTES", SLOT)
     monkeypatch.setattr(_shm, "ALLREDUCE_BYTES", THRESHOLD)
     monkeypatch.setattr(_shm, "ALLREDUCE_16BIT_BYTES", THRESHOLD)
+    monkeypatch.setattr(_shm, "ORDERED_BYTES", THRESHOLD)
     monkeypatch.setattr(_shm, "REDUCE_SCATTER_BYTES", THRESHOLD)
     c = WORLD.Dup()
     yield c
