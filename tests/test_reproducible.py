@@ -7,7 +7,7 @@ validation, in place or not. MAX and MIN likewise. The golden is computed per el
 so it cannot depend on the size: a result equal to it is invariant.
 
 Hypothesis runs derandomized (the same examples on every rank) and each verdict is agreed across ranks
-(``_mpi.agreed``), as in test_fuzz; ``MPICOLL_FUZZ_EXAMPLES`` sets the examples per property.
+(``_mpi.agreed``), as in test_fuzz; ``MPICOLL_FUZZ_EXAMPLES`` sets the examples per property (here 60).
 """
 from __future__ import annotations
 
@@ -28,7 +28,7 @@ from mpicoll.ops import allreduce as A
 
 from _mpi import RANK, SIZE, WORLD, agreed
 
-EXAMPLES = int(os.environ.get("MPICOLL_FUZZ_EXAMPLES", "25"))
+EXAMPLES = int(os.environ.get("MPICOLL_FUZZ_EXAMPLES", "60"))
 PROPERTY = settings(max_examples=EXAMPLES, derandomize=True, database=None, deadline=None,
                     suppress_health_check=list(HealthCheck), print_blob=False)
 mpi1 = pytest.mark.mpi(min_size=1)
@@ -124,8 +124,7 @@ def test_allreduce_and_reduce_give_the_rank_order_bits(c):
     def check():
         if RANK not in ranks:
             return
-        me = ranks.index(RANK)
-        param = dict(comm_param(c["comm"]), reduce_type=c["rname"])
+        me, param = ranks.index(RANK), dict(comm_param(c["comm"]), reduce_type=c["rname"])
         with forced(c["path"]):
             x = xs[me].copy()
             got = mpicoll.AllReduceOperation(mpicoll.AllReduceParam(**param), validate=c["validate"]).execute(
@@ -153,8 +152,7 @@ def test_reduce_scatter_and_v_give_the_rank_order_bits(c, spread):
     def check():
         if RANK not in ranks:
             return
-        me = ranks.index(RANK)
-        param = dict(comm_param(c["comm"]), reduce_type=c["rname"])
+        me, param = ranks.index(RANK), dict(comm_param(c["comm"]), reduce_type=c["rname"])
         with forced(c["path"]):
             x = xs[me][:per * n].copy()
             out = x[me * per:(me + 1) * per] if c["in_place"] else None
@@ -236,3 +234,23 @@ def test_the_same_bits_on_mpich_and_open_mpi():
     assert {here["mpi"].split()[0], there["mpi"].split()[0]} == {"MPICH", "Open"}, (here["mpi"], there["mpi"])
     assert here["wrong"] == there["wrong"] == 0, (here, there)
     assert here["sha256"] == there["sha256"], (here, there)
+
+
+@mpi1
+@PROPERTY
+@given(st.integers(0, 2 ** 31), st.one_of(st.integers(0, 50), st.integers(51, 70_000)), st.sampled_from([0, 1, 7, 32]))
+def test_quant_allreduce_sums_in_rank_order_at_any_size(seed, count, block):
+    """QuantAllReduce (float16 gather): every element is float16(sum_r float32(q_r) * scale_r), summed
+    in rank order, whatever the size and its chunks (the operator's numpy golden, bit for bit)."""
+    from mpicoll.ops.quant import QuantAllReduceOperation, QuantAllReduceParam, golden
+    rngs = [np.random.default_rng([seed, r, count, block]) for r in range(SIZE)]
+    xs = [g.integers(-127, 128, count).astype(np.int8) for g in rngs]
+    nscales = 1 if block == 0 else -(-count // block)
+    scales = [(g.uniform(1e-4, 1e-1, nscales) * 10.0 ** g.integers(-3, 3, nscales)).astype(np.float32) for g in rngs]
+    want = golden(xs, scales, block)
+
+    def check():
+        op = QuantAllReduceOperation(QuantAllReduceParam(block_size=block))
+        got = op.execute(xs[RANK], scales[RANK] if block else float(scales[RANK][0]))
+        assert bits(got) == bits(want), (seed, count, block)
+    agreed(check)
