@@ -248,16 +248,15 @@ def dequant_sum_quantize(q: np.ndarray, scales: np.ndarray, block: int, qblock: 
 
 
 def _sum_rows(t: np.ndarray, out: np.ndarray, acc: np.ndarray) -> None:
-    """``out = t[0] + t[1] + ...`` in row order (numpy reduces axis 0 row by row), float32, rounded
-    once. The reduction starts from -0.0, not add's identity 0, so that ``-0.0 + t[0]`` is
-    ``t[0]`` bit for bit (0 + -0.0 would be +0.0)."""
-    if out.dtype == np.float32:
-        np.add.reduce(t, axis=0, out=out, initial=_NEG0)
-    else:
-        from_f32(np.add.reduce(t, axis=0, out=acc[:t.shape[1]], initial=_NEG0), out)
-
-
-_NEG0 = np.float32(-0.0)
+    """``out = ((t[0] + t[1]) + t[2]) + ...`` in row order, float32, rounded once. One add per row:
+    ``np.add.reduce(t, axis=0)`` sums a one-column tile pairwise, whose order would then depend on
+    where the tiles fall (the message size)."""
+    total = out if out.dtype == np.float32 else acc[:t.shape[1]]
+    np.copyto(total, t[0])
+    for row in t[1:]:
+        np.add(total, row, out=total)
+    if total is not out:
+        from_f32(total, out)
 
 
 # ----------------------------------------------------------------------------- counts and packing

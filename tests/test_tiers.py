@@ -57,18 +57,20 @@ nodes = [[r for r in range(n) if first[r] == f] for f in sorted(set(first))]
 regular = len({len(m) for m in nodes}) == 1 and len(nodes[0]) > 1 and len(nodes) > 1
 window = os.environ.get("MPICOLL_SHM", "1") != "0"          # MPICOLL_SHM=0: no window, so no tiers
 tiered = regular and window
+# 2 nodes holding consecutive ranks: a float32/float64 sum goes node after node (allreduce._chained)
+chained = tiered and len(nodes) == 2 and all(m == list(range(m[0], m[0] + len(m))) for m in nodes)
 
 
 def tiered_golden(inputs, dt, rop):
     """Each node's members reduced in rank order in float32 (integers: in their dtype), rounded to
     the dtype; then the nodes' results the same way, node index k's member of each node in order."""
     def reduce(rows):
-        wide = dt.np if dt.np.kind in "iu" else np.float32
+        wide = np.float32 if dt.reduce == "float32" else dt.np      # (16-bit floats in float32)
         acc = rows[0].astype(wide)
         for r in rows[1:]:
             acc = rop.ufunc(acc, r.astype(wide))
         return acc.astype(dt.np)
-    if not tiered or (rop.rounds and dt.floating and n > 2):    # (a float sum: rank order, never in tiers)
+    if not tiered or dt.floating:                # (a float reduction: rank order, never in tiers)
         return reduce(inputs)
     L = len(nodes[0])
     counts = [len(inputs[0].reshape(-1)) // L + (k < len(inputs[0].reshape(-1)) % L) for k in range(L)]
@@ -106,7 +108,20 @@ for name, count in [("bfloat16", 1023), ("float32", 50_000), ("int32", 50_000), 
     for x in xs[1:]:
         want = want + x if dt.np.kind == "f" else (want + x).astype(dt.np)
     check(f"flat {name} {count}", got, want.astype(dt.np))
-assert lib._tiers is None, "a flat call made tiers"
+assert (lib._tiers is not None) == chained, "a flat call made tiers"
+
+# float32/float64 in rank order (node after node where chained), above the threshold, in place too
+for name in ["float32", "float64"]:
+    dt = DTYPES[name]
+    for rname in ("sum", "prod", "max"):
+        op = mpicoll.AllReduceOperation(mpicoll.AllReduceParam(comm=comm, reduce_type=rname))
+        for count in (2048 // dt.itemsize, 5 * 4096 + 3):
+            xs = [rank_data(8, f"{name}/{rname}/{count}", r, (count,), dt, "random") for r in range(n)]
+            want = tiered_golden(xs, dt, REDUCE_OPS[rname])
+            check(f"{name} {rname} {count}", op.execute(xs[me]), want)
+            y = xs[me].copy()
+            op.execute(y, out=y)
+            check(f"{name} {rname} {count} in place", y, want)
 
 for name in ["float16", "bfloat16", "int8"]:
     dt = DTYPES[name]
@@ -125,38 +140,40 @@ for name in ["float16", "bfloat16", "int8"]:
             check(f"{name} {rname} {count} in place", y, want)
 assert (lib._tiers is not None) == tiered
 
-# plans, a started plan with collectives in between, the functional API
-dt = DTYPES["bfloat16"]
-xs = [rank_data(9, "plan", r, (3, 1001), dt, "random") for r in range(n)]
-want = tiered_golden(xs, dt, REDUCE_OPS["sum"])
-op = mpicoll.AllReduceOperation(mpicoll.AllReduceParam(comm=comm, reduce_type="sum"))
-out = np.empty_like(xs[me])
-plan = op.prepare(xs[me], out=out)
-for _ in range(3):
-    out[:] = 0
-    check("plan", plan.run(), want)
-bc = mpicoll.BroadcastOperation(mpicoll.BroadcastParam(comm=comm))
-for _ in range(3):
-    out[:] = 0
-    h = plan.start()
-    b = np.arange(4096, dtype=np.float32) if me == 0 else np.zeros(4096, np.float32)
-    bc.execute(b)
-    other = op.execute(xs[me])
-    check("started plan", h.wait(), want)
-    check("between", other, want)
-    assert b[-1] == 4095
-t = xs[me].copy()
-mpicoll.functional.all_reduce(t, group=comm)
-check("functional", t, want)
+# plans, a started plan with collectives in between, the functional API (int8: in tiers; float32:
+# node after node where chained)
+for name, count, kind in (("int8", 3 * 8192, "int"), ("float32", 3 * 1001, "random")):
+    dt = DTYPES[name]
+    xs = [rank_data(9, "plan", r, (3, count // 3), dt, kind) for r in range(n)]
+    want = tiered_golden(xs, dt, REDUCE_OPS["sum"])
+    op = mpicoll.AllReduceOperation(mpicoll.AllReduceParam(comm=comm, reduce_type="sum"))
+    out = np.empty_like(xs[me])
+    plan = op.prepare(xs[me], out=out)
+    for _ in range(3):
+        out[:] = 0
+        check("plan", plan.run(), want)
+    bc = mpicoll.BroadcastOperation(mpicoll.BroadcastParam(comm=comm))
+    for _ in range(3):
+        out[:] = 0
+        h = plan.start()
+        b = np.arange(4096, dtype=np.float32) if me == 0 else np.zeros(4096, np.float32)
+        bc.execute(b)
+        other = op.execute(xs[me])
+        check("started plan", h.wait(), want)
+        check("between", other, want)
+        assert b[-1] == 4095
+    t = xs[me].copy()
+    mpicoll.functional.all_reduce(t, group=comm)
+    check("functional", t, want)
 comm.Free()                                  # (frees its tiers and their windows)
 
 # a rank that never arrives: the others time out naming the operator
 if os.environ.get("TIMEOUT_CASE") and tiered:
     from mpicoll import CollectiveTimeout
     c2 = W.Dup()
-    op = mpicoll.AllReduceOperation(mpicoll.AllReduceParam(comm=c2, reduce_type="max"), timeout=2,
+    op = mpicoll.AllReduceOperation(mpicoll.AllReduceParam(comm=c2, reduce_type="sum"), timeout=2,
                                     validate=False)
-    x = np.ones(4096, dt.np)
+    x = np.ones(16384, np.int8)                  # (in tiers)
     op.execute(x)
     if me == n - 1:
         time.sleep(6)
@@ -168,7 +185,8 @@ if os.environ.get("TIMEOUT_CASE") and tiered:
         sys.exit(0)
     print(f"rank {me}: no timeout", flush=True)
     sys.exit(4)
-print(f"rank {me}: tiers ok ({len(nodes)} nodes: {nodes}; {'in tiers' if tiered else 'flat'})", flush=True)
+print(f"rank {me}: tiers ok ({len(nodes)} nodes: {nodes}; {'in tiers' if tiered else 'flat'}"
+      f"{', chained' if chained else ''})", flush=True)
 '''
 
 
@@ -182,12 +200,17 @@ def _job(tmp_path, np_: int, cliques: int, **env: str) -> subprocess.CompletedPr
 
 
 @pytest.mark.timeout_s(260)
-@pytest.mark.parametrize("np_,cliques", [(4, 2), (6, 2), (6, 3), (3, 2)], ids=["2x2", "2x3", "3x2", "uneven-2+1"])
-def test_tiered_allreduce_bit_for_bit(tmp_path, np_, cliques):
-    res = _job(tmp_path, np_, cliques)
+@pytest.mark.parametrize("np_,cliques,blocks", [(4, 2, False), (6, 2, False), (6, 3, False), (3, 2, False),
+                                                 (4, 2, True), (6, 2, True)],
+                         ids=["2x2", "2x3", "3x2", "uneven-2+1", "2x2-blocks", "2x3-blocks"])
+def test_tiered_allreduce_bit_for_bit(tmp_path, np_, cliques, blocks):
+    """Round-robin placement (MPICH's cliques), and in blocks (``MPIR_CVAR_CLIQUES_BY_BLOCK``: 2 nodes
+    holding consecutive ranks, where a float32/float64 sum goes node after node)."""
+    res = _job(tmp_path, np_, cliques, **({"MPIR_CVAR_CLIQUES_BY_BLOCK": "1"} if blocks else {}))
     assert res.returncode == 0, res.stdout[-3000:] + res.stderr[-3000:]
     assert res.stdout.count("tiers ok") == np_, res.stdout
-    assert res.stdout.count("; in tiers)" if np_ % cliques == 0 else "; flat)") == np_, res.stdout
+    verdict = ("; in tiers, chained)" if blocks else "; in tiers)") if np_ % cliques == 0 else "; flat)"
+    assert res.stdout.count(verdict) == np_, res.stdout
 
 
 @pytest.mark.timeout_s(120)

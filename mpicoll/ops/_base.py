@@ -514,11 +514,19 @@ def ordered(comm: LibComm, dt: DType, rop: ReduceOp) -> bool:
     """THE reproducibility rule (docs/reproducibility.md): whether a reduction on ``comm`` must
     run on mpicoll's rank-order paths only (the shared window, :func:`alltoall_reduce`, a gather
     and :func:`~mpicoll._numeric.reduce_rows`), never in MPI's own reduction, whose order changes
-    with the message size and the MPI library: a float SUM or PROD over more than 2 members, with
-    ``MPICOLL_EXACT`` on (``comm.exact``, agreed). Integers (exact, wrapping), MAX and MIN (they
-    pick an input) and 2 members (one commutative operation per element) give the same bits on
-    any path."""
-    return comm.exact and comm.size > 2 and dt.floating and rop.rounds
+    with the message size, the MPI library, even the rank: every float reduction over more than 1
+    member, with ``MPICOLL_EXACT`` on (``comm.exact``, agreed), but a SUM or PROD over 2 (one
+    commutative operation per element: the same bits on any path). Integers are exact anyway;
+    a float MAX or MIN is not (MPI's ``a > b ? a : b`` drops a NaN or picks a signed zero by its
+    operands' order, which MPI varies; numpy's maximum in rank order propagates NaN)."""
+    return comm.exact and dt.floating and (comm.size > 2 or (comm.size == 2 and not rop.rounds))
+
+
+def invariant(comm: LibComm, dt: DType, rop: ReduceOp) -> bool:
+    """Whether a reduction's bits cannot depend on its path (the message size, fusion into a larger
+    message): integers, one member (a copy), the :func:`ordered` reductions, a float SUM or PROD
+    over 2 members."""
+    return not dt.floating or comm.size == 1 or ordered(comm, dt, rop) or (comm.size == 2 and rop.rounds)
 
 
 def alltoall_reduce(go: Any, comm: LibComm, flat: np.ndarray, dt: DType, rop: ReduceOp, counts: np.ndarray,

@@ -14,7 +14,7 @@ from .._params import ReduceTypeParam
 from .. import _shm
 from .._plan import Call, Plan
 from .._numeric import copy_pairs, from_f32, pack, prefix, reduce_chunks, reduce_rows, scatter_pairs, split_even, to_f32
-from ._base import ReduceTypeOperation, alltoall_reduce, ordered, reduce_scatter
+from ._base import ReduceTypeOperation, alltoall_reduce, invariant, ordered, reduce_scatter
 
 #: float16/bfloat16 AllReduce of at most this many bytes: cast to float32, one native float32
 #: Allreduce, cast back (one collective beats two at small sizes); above: the AllToAll path.
@@ -39,14 +39,15 @@ PIECED_BYTES = 4 * PIECE_BYTES
 #: Measured there: bfloat16 at 128 KiB 1.27x the flat path's time (the middle tier then goes as
 #: float32 too), 256 KiB 0.87x and 0.51x at 1 Gbit/s.
 TIERED_BYTES = 256 * 1024
-#: A rank-order reduction (:func:`~._base.ordered`) of at most this many bytes that the node window
-#: does not take: an Allgather (a Reduce: Gather) of every input, then a rank-order reduction on every
-#: rank (the root); above it, AllToAll + rank-order reduction + AllGather (bandwidth-optimal: the
-#: Allgather moves (n - 1) / 2 times its bytes). Measured without the window (MPICOLL_SHM=0, one node,
-#: float32 and bfloat16, 3 and 4 ranks): the Allgather took 0.55-0.77x the AllToAll path's time up to
-#: 4 KiB, 0.95-1.2x at 8-16 KiB, 0.6-0.8x at 32-64 KiB (MPICH's AllToAll crosses its eager limit);
-#: kept at 16 KiB for networks, where the bytes weigh more.
-GATHERED_BYTES = 16 * 1024
+#: A rank-order reduction (:func:`~._base.ordered`) that the node window does not take, of at most
+#: this many bytes over all ranks' inputs (n x its size): an Allgather (a Reduce: Gather) of every
+#: input, then a rank-order reduction on every rank (the root); above it, AllToAll + rank-order
+#: reduction + AllGather (bandwidth-optimal: the Allgather moves (n - 1) / 2 times its bytes).
+#: Measured without the window (MPICOLL_SHM=0, one node, float32 and bfloat16, 3 and 4 ranks), per
+#: rank's input: the Allgather took 0.55-0.77x the AllToAll path's time up to 4 KiB, 0.95-1.2x at
+#: 8-16 KiB, 0.6-0.8x at 32-64 KiB (MPICH's AllToAll crosses its eager limit); 16 KiB a rank at 4
+#: ranks, less at more ranks and on networks, where the bytes weigh more.
+GATHERED_BYTES = 64 * 1024
 
 
 __all__ = ["AllReduceOperation", "AllReduceParam"]
@@ -103,11 +104,9 @@ class AllReduceOperation(ReduceTypeOperation):
         reduce_pieces(go, self._lib, call.x, call.out, call.dt, self._rop, inputs=inputs)
 
     def coalesce_key(self, call, exact=True) -> tuple | None:
-        """``exact``: only where the result cannot depend on the size of the message: always with
-        ``MPICOLL_EXACT`` on (every path reduces in rank order); with it off, not a float SUM or
-        PROD over more than 2 ranks (MPI picks its reduction order by the size)."""
-        sized = not self._lib.exact and self.size > 2 and call.dt.floating and self._rop.rounds
-        if (exact and sized) or not self._one_issue(AllReduceOperation):
+        """``exact``: only where the result cannot depend on the size of the message
+        (:func:`~._base.invariant`: always with ``MPICOLL_EXACT`` on)."""
+        if (exact and not invariant(self._lib, call.dt, self._rop)) or not self._one_issue(AllReduceOperation):
             return None
         return ("AllReduce", self._lib.ident, call.dt.code, self._rop.code)
 
@@ -133,9 +132,10 @@ def reduce_pieces(go, comm, x: np.ndarray, out: np.ndarray | None, dt, rop, root
     reduction in one call; 16-bit floats up to SMALL_F32_BYTES as one float32 reduction; else, and
     from PIECED_BYTES on in PIECE_BYTES pieces, AllToAll + a local reduction in rank order +
     AllGather (or Gather). A reduction that must run in rank order (:func:`~._base.ordered`: float
-    SUM/PROD over more than 2 ranks) never takes MPI's reduction or tiers: float32/float64 on 2
-    nodes holding consecutive ranks, from TIERED_BYTES on, node after node (:func:`_chained`); else up to
-    GATHERED_BYTES an Allgather (Gather) and a rank-order reduction, else the AllToAll path. ``out`` may be ``x`` (in
+    reduction over more than 2 ranks, or a MAX/MIN over 2) never takes MPI's reduction or tiers:
+    float32/float64 on 2 nodes holding consecutive ranks, from TIERED_BYTES on, node after node
+    (:func:`_chained`); else up to GATHERED_BYTES over all inputs an Allgather (Gather) and a
+    rank-order reduction, else the AllToAll path. ``out`` may be ``x`` (in
     place). ``inputs``: every rank's ``x`` in a node buffer (:func:`_shm.resident`)."""
     n, in_place, order = comm.size, out is x, ordered(comm, dt, rop)
     window = _shm.ORDERED_BYTES if order else _shm.ALLREDUCE_BYTES if dt.reduce == "native" else \
@@ -186,26 +186,26 @@ def _chained(go, node, across, x: np.ndarray, out: np.ndarray, dt, rop) -> None:
     hold consecutive ranks (``node``: this rank's node's members, ``across``: the members with its
     node index, :meth:`LibComm.tiers`). Block k of the message goes to each node's k-th member (an
     AllToAll on the node); the first node's k-th member folds its node's blocks k in rank order and
-    sends the running result to the second node's k-th member, which folds on from it: block k of
-    the result. Then a Bcast among the k-th members and an AllGather on each node. Each node's link
-    carries the message once, the optimum for 2 nodes, where the flat path carries 1.75 times it
-    (16-bit floats would carry their running float32 sum: twice the message, so they stay flat)."""
+    passes the running result to the second node's k-th member (a Gatherv there), which folds on
+    from it: block k of the result. Then a Bcast among the k-th members and an AllGather on each
+    node. Each node's link carries the message once, the optimum for 2 nodes, where the flat path
+    carries 1.75 times it (16-bit floats would carry their running float32 sum: twice the message,
+    so they stay flat)."""
     flat, oflat, p = x.reshape(-1), out.reshape(-1), node.size
     counts = split_even(flat.size, p)
     displs = prefix(counts)
     c, lo = int(counts[node.rank]), displs[node.rank]
-    rows = np.empty((p, c), dtype=dt.np)
-    go.mpi(node, "Alltoallv", [flat, (counts, displs), dt.mpi], [rows, (np.full(p, c), np.arange(p) * c), dt.mpi])
-    mine = oflat[lo:lo + c]
+    rows = go.scratch(_rows, p + 1, c, dt.np)           # every member's block k, and the running result
+    m, mine, acc = dt.mpi, oflat[lo:lo + c], rows[p]
+    go.mpi(node, "Alltoallv", [flat, (counts, displs), m], [rows[:p], (np.full(p, c), np.arange(p) * c), m])
     if across.rank == 0:
-        acc = np.empty(c, dtype=dt.np)
-        go.local(reduce_rows, list(rows), dt, rop, acc)
-        go.mpi(across, "Send", [acc, dt.mpi], 1, 0)
+        go.local(reduce_rows, list(rows[:p]), dt, rop, acc)
+        go.mpi(across, "Gatherv", [acc, m], None, 1)
     else:
-        go.mpi(across, "Recv", [mine, dt.mpi], 0, 0)
-        go.local(reduce_rows, [mine, *rows], dt, rop, mine)
-    go.mpi(across, "Bcast", [mine, dt.mpi], 1)
-    go.mpi(node, "Allgatherv", MPI.IN_PLACE, [oflat, (counts, displs), dt.mpi])
+        go.mpi(across, "Gatherv", [acc[:0], m], [acc, ([c, 0], [0, c]), m], 1)
+        go.local(reduce_rows, [acc, *rows[:p]], dt, rop, mine)
+    go.mpi(across, "Bcast", [mine, m], 1)
+    go.mpi(node, "Allgatherv", MPI.IN_PLACE, [oflat, (counts, displs), m])
 
 
 def _mpi_reduces(dt, size: int, n: int, order: bool) -> bool:
@@ -230,7 +230,7 @@ def _piece(go, comm, x, out, dt, rop, root, in_place, scratch, order) -> None:
     if _mpi_reduces(dt, x.size, n, order):
         _native(go, comm, x, out, dt, rop, root, in_place)
         return
-    if order and x.nbytes <= GATHERED_BYTES:           # every input to every rank (the root), rank order there
+    if order and n * x.nbytes <= GATHERED_BYTES:       # every input to every rank (the root), rank order there
         rows = go.scratch(_rows, n, x.size, dt.np)
         if root is None:
             go.mpi(comm, "Allgather", [x, m], [rows, m])
