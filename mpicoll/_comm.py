@@ -164,12 +164,14 @@ class LibComm:
             one_node = here == mpi.Get_size()   # (all on one node: the whole comm everywhere, else smaller
             if not one_node:                    # everywhere: the same verdict on every member)
                 ours, theirs = split.Get_group(), mpi.Get_group()
-                mine = list(MPI.Group.Translate_ranks(ours, list(range(here)), theirs))   # (this node's ranks)
+                node_ranks = list(MPI.Group.Translate_ranks(ours, list(range(here)), theirs))
                 ours.Free()
                 theirs.Free()
-                block = mine == list(range(mine[0], mine[0] + here)) and mine[0] % here == 0
-                span = np.array([here, -here, -int(block)], dtype=np.int64)   # (max, -min: alike on every node?
-                timed_call(mpi, "Allreduce", (MPI.IN_PLACE, [span, MPI.INT64_T], MPI.MAX),  # -min: all in blocks?)
+                first = node_ranks[0]                # (in blocks: this node holds ranks first.. first + here - 1)
+                block = node_ranks == list(range(first, first + here)) and first % here == 0
+                # max of (size, -size, -block): every node alike if max == -(-min); every node in blocks
+                span = np.array([here, -here, -int(block)], dtype=np.int64)
+                timed_call(mpi, "Allreduce", (MPI.IN_PLACE, [span, MPI.INT64_T], MPI.MAX),
                            _watchdog.timeout_default(), lambda: f"setting up {label}: timed out agreeing its layout")
             if one_node or here == 1 or span[0] != -span[1]:
                 split.Free()
@@ -198,9 +200,10 @@ class LibComm:
                 _OPEN.append(self)
 
     def tiers(self) -> tuple["LibComm", "LibComm"]:
-        """The two communicators of a tiered AllReduce (``per_node`` > 0), made on first use like
-        :func:`mpicoll._shm.node_window`: this rank's node's members (``local``: they share a node window), and
-        the members with this rank's index on its node, one per node (rank order kept in both)."""
+        """The two communicators of a tiered or host-after-host AllReduce (``per_node`` > 0), made
+        on first use like :func:`mpicoll._shm.node_window`: this rank's node's members (``local``:
+        they share a node window), and the members with this rank's index on its node, one per node
+        (rank order kept in both)."""
         if self._tiers is None:
             self.meet("make its node and cross-node communicators (a rank never made its first large "
                       "AllReduce there)")

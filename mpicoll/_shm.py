@@ -73,11 +73,11 @@ ALLREDUCE_BYTES = 16 * 1024
 #: float32 and back (measured with --no-threshold: the window took 0.30-0.38x that path's time at
 #: 8 KiB, 2 ranks, 0.50-0.55x at 4 ranks; at 1-4 KiB 0.6-1.2x)
 ALLREDUCE_16BIT_BYTES = 8 * 1024
-#: A rank-order reduction (float SUM/PROD over more than 2 ranks, ``ops._base.ordered``) uses the
-#: window from this size, where it beats an Allgather of every input plus a reduction on every rank
-#: (AllReduce, one node, time with the window / with the Allgather, float32: 3 ranks 1.05-1.07x at
-#: 64 B-2 KiB, 1.02x at 4 KiB, 0.62x at 8 KiB; 4 ranks 1.39x at 64 B-2 KiB, 1.00x at 4 KiB, 0.76x at
-#: 8 KiB; bfloat16 alike)
+#: A rank-order reduction (a float reduction over more than 2 ranks, ``ops._base.ordered``) uses the
+#: window from this size, where it breaks even with an Allgather of every input plus a reduction on
+#: every rank, and wins from 8 KiB (AllReduce, one node, time with the window / with the Allgather,
+#: float32: 3 ranks 1.05-1.07x at 64 B-2 KiB, 1.02x at 4 KiB, 0.62x at 8 KiB; 4 ranks 1.39x at 64 B-2
+#: KiB, 1.00x at 4 KiB, 0.76x at 8 KiB; bfloat16 alike)
 ORDERED_BYTES = 4 * 1024
 #: ReduceScatter(V) payloads (all blocks of one rank) of at least this many bytes use the window
 REDUCE_SCATTER_BYTES = 64 * 1024

@@ -19,9 +19,10 @@ operator. Then the calls are issued into one recorded :class:`~mpicoll.Plan`, af
 
 * **coalescing**: calls of the same kind, communicator, dtype, reduce op and root (AllReduce,
   Broadcast, AllGather and the functional calls on them) run as one MPI call over a staging buffer,
-  where every output stays bit-identical to eager execution (AllReduce: integers, or sum/prod over
-  at most 2 ranks; a float sum over more ranks may round differently when MPI sees a larger
-  message, so those stay apart). A call may move up to an earlier call of its group only if its
+  where every output stays bit-identical to eager execution (AllReduce: every reduction whose
+  bits cannot depend on the message, ``ops._base.invariant``: all of them with ``MPICOLL_EXACT``
+  on, docs/reproducibility.md; with it off, a float reduction over more than 2 ranks stays apart).
+  A call may move up to an earlier call of its group only if its
   arrays touch no array of any call before it (on every rank of its communicator): calls that
   touch the same memory keep their order.
 * **once, not per replay**: validation, dtype mapping, counts, datatypes and the MPI calls' bound
@@ -55,9 +56,9 @@ def capture(group: Any = None, timeout: float | None = None, exact: bool = True)
             on a communicator inside it.
         timeout: the replay's watchdog, seconds (default ``MPICOLL_TIMEOUT``).
         exact: merge calls only where every output stays bit-identical to eager execution (the
-            default). False also merges float reductions over more than 2 ranks, whose last bits
-            may then differ from eager ones (MPI picks its reduction order by message size), as
-            bucketed gradient reductions (DDP) do.
+            default; with ``MPICOLL_EXACT`` on, every call). False also merges, under
+            ``MPICOLL_EXACT=0``, float reductions over more than 2 ranks, whose last bits may then
+            differ from eager ones (MPI picks its reduction order by message size).
 
     Returns:
         a context manager whose ``__enter__`` returns the :class:`Graph`.

@@ -1,10 +1,8 @@
 """DDP on the mpicoll torch backend gives bit-identical weights whatever its bucket size
 (docs/reproducibility.md): every gradient element is summed in rank order, whichever message its
 bucket puts it in. gloo does not promise it (4 ranks, 6 steps, buckets of 1 vs 25 MB: 152 of 1,581,066
-weights differed). On one node MPICH's own small reductions happen to agree with rank order for this
-model, so the test guards the guarantee on any MPI and placement more than it catches MPI's order here
-(the operator properties in test_reproducible do). Skipped, with the reason, where torch is not
-installed."""
+weights differed; with MPICOLL_EXACT=0, MPI's order, this test fails at 4 ranks). Skipped, with the
+reason, where torch is not installed."""
 from __future__ import annotations
 
 import pytest

@@ -63,8 +63,9 @@ class AllReduceParam(ReduceTypeParam):
 class AllReduceOperation(ReduceTypeOperation):
     """Element-wise reduction over all ranks; every rank gets the result.
 
-    Integers reduce in their own dtype and wrap on overflow, as MPI does; float16/bfloat16
-    accumulate in float32 and round once (across nodes in tiers: once per tier, docs/shm.md).
+    Integers reduce in their own dtype and wrap on overflow, as MPI does; floats reduce in rank
+    order, the same bits on every path (docs/reproducibility.md); float16/bfloat16 accumulate in
+    float32 and round once.
 
     Example (4 ranks, ``x = np.array([[rank]], np.float32)``)::
 

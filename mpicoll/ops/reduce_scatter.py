@@ -87,7 +87,8 @@ class ReduceScatterVOperation(ReduceTypeOperation):
     the reduction over all ranks of their block j, a 1-D array of ``recv_count`` elements.
     ``send_counts[j]`` must equal rank j's ``recv_count`` on every rank (so all ranks'
     ``send_counts`` agree); displacements are each rank's own and may leave gaps or permute the
-    blocks. Equal counts run MPI's ``Reduce_scatter_block``.
+    blocks. The MPI calls are ReduceScatter's (``_base.reduce_scatter``): equal counts run MPI's
+    ``Reduce_scatter_block`` where MPI's order cannot change the bits.
 
     Example (2 ranks, ``x = [1, 2, 3]`` on both, ``send_counts=[1, 2]``, ``sdispls=[0, 1]``)::
 
