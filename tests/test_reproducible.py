@@ -104,11 +104,18 @@ def bits(a: np.ndarray) -> bytes:
 
 
 def same(wrong: list, what: str, got, want) -> None:
-    """Note a result that is not ``want`` bit for bit (``want`` None: ``got`` must be None). Every
-    call of a check runs whatever an earlier one gave, and the check asserts once at its end: a rank
-    that stopped at a failed assert would leave its peers waiting in the next collective."""
-    if (got is None) != (want is None) or (want is not None and bits(got) != bits(want)):
+    """Note a result that is not ``want`` bit for bit, a NaN matching any NaN (which NaN, its sign
+    and payload, is not covered: numpy's and the C kernels' vector adds may order their operands
+    either way); ``want`` None: ``got`` must be None. Every call of a check runs whatever an earlier
+    one gave, and the check asserts once at its end: a rank that stopped at a failed assert would
+    leave its peers waiting in the next collective."""
+    if (got is None) != (want is None):
         wrong.append(what)
+    elif want is not None:
+        nan = np.isnan(want.astype(np.float64))
+        if got.shape != want.shape or got.dtype != want.dtype or not np.array_equal(
+                np.isnan(got.astype(np.float64)), nan) or bits(got[~nan]) != bits(want[~nan]):
+            wrong.append(what)
 
 
 cases = st.fixed_dictionaries({
