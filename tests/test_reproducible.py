@@ -287,3 +287,33 @@ def test_quant_allreduce_sums_in_rank_order_at_any_size(seed, count, block):
         got = op.execute(xs[RANK], scales[RANK] if block else float(scales[RANK][0]))
         assert bits(got) == bits(want), (seed, count, block)
     agreed(check)
+
+
+@mpi1
+@PROPERTY
+@given(st.integers(0, 2 ** 31), st.sampled_from(["float16", "bfloat16", "float32"]), st.integers(1, 3000),
+       st.integers(1, 4), st.sampled_from(["sum", "max"]))
+def test_hccl_rounds_give_the_rank_order_bits(seed, dtype, count, repeat, rname):
+    """The Hccl client's AllReduce and strided ReduceScatter, ``repeat`` rounds of ``count``: every
+    element the rank-order golden's, whatever the round size."""
+    from mpicoll import Hccl, HcclDataType, HcclReduceOp
+    dt, kind = DTYPES[dtype], {"float16": HcclDataType.FP16, "bfloat16": HcclDataType.BFP16,
+                               "float32": HcclDataType.FP32}[dtype]
+    op = {"sum": HcclReduceOp.SUM, "max": HcclReduceOp.MAX}[rname]
+    xs = inputs(seed, dtype, count * repeat * SIZE, list(range(SIZE)))
+    with np.errstate(all="ignore"):
+        full = golden_reduce(xs, dt, reduce_op(rname))
+    span = count * repeat
+
+    def check():
+        wrong, out = [], np.zeros(span * SIZE, dt.np)
+        recv = np.zeros(span, dt.np)
+        with Hccl().init() as hccl:
+            hccl.wait(hccl.all_reduce(xs[RANK], out, span * SIZE, kind, op, commit=True))
+            # rank r's block of round k: elements (r * repeat + k) * count .. + count (stride: a rank's span)
+            hccl.wait(hccl.reduce_scatter(xs[RANK], recv, count, kind, op, stride_count=span, repeat=repeat,
+                                          commit=True))
+        same(wrong, "all_reduce", out, full)
+        same(wrong, "reduce_scatter", recv, full[RANK * span:(RANK + 1) * span])
+        assert not wrong, (wrong, seed, dtype, count, repeat, rname)
+    agreed(check)
