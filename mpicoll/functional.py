@@ -770,19 +770,29 @@ class _Message:
 
     def Test(self) -> bool:  # noqa: N802 - the watchdog polls requests by MPI's name
         """MPI's ``Request.Test``, keeping the status (a receive's source and size)."""
-        return self.req.Test(self.status)
+        return self._mpi(self.req.Test)
+
+    def _mpi(self, fn: Any) -> Any:
+        """``fn(status)``: a message larger than the tensor is this call's argument error."""
+        try:
+            return fn(self.status)
+        except MPI.Exception as exc:
+            if exc.Get_error_class() != MPI.ERR_TRUNCATE:
+                raise
+            raise V.arg_error(self.fn, "tensor.nbytes", self.nbytes, self.lib.rank, f"a larger message came "
+                              f"(tag {self.tag}): give a tensor of the sender's size and dtype") from None
 
     def wait(self) -> None:
         if self.source is not None:
             return
         if self.timeout is None:
-            self.req.Wait(self.status)
+            self._mpi(self.req.Wait)
         else:
             _watch([self], self.timeout, self._expired, lambda: str(self._expired()))
         self._finish()
 
     def test(self) -> bool:
-        if self.source is None and self.req.Test(self.status):
+        if self.source is None and self.Test():
             self._finish()
         return self.source is not None
 
