@@ -256,9 +256,10 @@ class ProcessGroupMpicoll(dist.ProcessGroup):
     all_gather_single = _allgather_base
 
     def allgather_coalesced(self, output_lists, input_list, opts=None):
-        # torch's all_gather_coalesced: one all_gather per input, in order (same order on every rank)
-        for outs, x in zip(output_lists, input_list):
-            self.allgather([outs], [x], opts)
+        # torch's all_gather_coalesced (output_lists[rank][k] gets that rank's input_list[k]): one
+        # all_gather per input, in order
+        for k, x in enumerate(input_list):
+            self.allgather([[outs[k] for outs in output_lists]], [x], opts)
         return _done(output_lists)
 
     def gather(self, output_tensors, input_tensors, opts=None):

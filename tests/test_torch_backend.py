@@ -58,10 +58,10 @@ def test_torch_coalesced_forms():
     dist.all_reduce_coalesced(ts)
     for k, t in enumerate(ts):
         assert t.tolist() == [float(sum(r + k for r in range(SIZE)))] * (k + 1)
-    outs = [[torch.empty(k + 1) for _ in range(SIZE)] for k in range(2)]
+    outs = [[torch.empty(k + 1) for k in range(2)] for _ in range(SIZE)]        # outs[rank][k], as torch's
     dist.all_gather_coalesced(outs, [torch.full((k + 1,), float(RANK * 10 + k)) for k in range(2)])
-    for k in range(2):
-        assert [o.tolist() for o in outs[k]] == [[float(r * 10 + k)] * (k + 1) for r in range(SIZE)]
+    assert [[o.tolist() for o in outs[r]] for r in range(SIZE)] == \
+        [[[float(r * 10 + k)] * (k + 1) for k in range(2)] for r in range(SIZE)]
     from torch.distributed.distributed_c10d import _coalescing_manager
     gathered = [torch.empty(SIZE * 2) for _ in range(2)]
     scattered = [torch.empty(2) for _ in range(2)]
