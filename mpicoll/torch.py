@@ -22,8 +22,10 @@ torch's C++ callers (functional collectives, ``torch.compile``, DTensor) look gr
 """
 from __future__ import annotations
 
+import fcntl
 import os
 import socket
+import struct
 import time
 import urllib.parse
 from datetime import timedelta
@@ -50,6 +52,8 @@ _R = dist.ReduceOp.RedOpType
 #: torch's reduce ops -> mpicoll's (AVG: a sum, then a division; bool: logical or/and as max/min)
 _REDUCE = {_R.SUM: "sum", _R.PRODUCT: "prod", _R.MIN: "min", _R.MAX: "max", _R.AVG: "sum"}
 _BOOL_REDUCE = {"sum": "max", "prod": "min", "min": "min", "max": "max"}
+#: opts of an all_reduce called without them (torch's C++ callers pass theirs)
+_DEFAULT_ALLREDUCE = dist.AllreduceOptions()
 #: the tag of monitored_barrier's messages (MPI's largest): a user's tags stay below it
 _MONITOR_TAG = MPI.COMM_WORLD.Get_attr(MPI.TAG_UB)
 
@@ -57,12 +61,13 @@ _MONITOR_TAG = MPI.COMM_WORLD.Get_attr(MPI.TAG_UB)
 def _array(t: torch.Tensor, call: str, rank: int, strided: bool = False) -> np.ndarray:
     """A numpy view of the CPU tensor ``t`` (shares its memory; bfloat16 via int16, bool via uint8).
     ``strided``: a strided tensor is fine (an element of a list, which mpicoll copies to or from)."""
-    if t.device.type != "cpu":
+    if not t.is_cpu:
         raise arg_error(call, "tensor", str(t.device), rank, "the mpicoll backend takes CPU tensors")
     if not strided and not t.is_contiguous():
         raise arg_error(call, "tensor", f"strided {tuple(t.shape)} (strides {t.stride()})", rank,
                         "must be contiguous: pass t.contiguous() (and copy the result back if the call writes it)")
-    t = t.detach()
+    if t.requires_grad:
+        t = t.detach()
     try:
         if t.dtype == torch.bfloat16:
             return t.view(torch.int16).numpy().view(ml_dtypes.bfloat16)
@@ -85,16 +90,23 @@ def _one(tensors, call: str, rank: int) -> torch.Tensor:
     return tensors[0]
 
 
-def _reduce(opts: Any, t: torch.Tensor, call: str, rank: int) -> str:
-    """mpicoll's name of torch's reduce op (``opts.reduceOp``) for tensors like ``t``."""
-    op = opts.reduceOp.op
+#: (torch's reduce op, dtype) -> mpicoll's name, for the pairs :func:`_reduce` has mapped (its memo)
+_REDUCE_NAMES: dict[tuple, str] = {}
+
+
+def _reduce(op: Any, t: torch.Tensor, call: str, rank: int) -> str:
+    """mpicoll's name of torch's reduce op ``op`` (``opts.reduceOp.op``) for tensors like ``t``."""
+    name = _REDUCE_NAMES.get((op, t.dtype))
+    if name is not None:
+        return name
     name = _REDUCE.get(op)
     if name is None:
         raise arg_error(call, "op", str(op), rank, "not supported by the mpicoll backend: SUM, PRODUCT, MIN, MAX "
                         "and AVG (floating point)")
     if op == _R.AVG and not t.is_floating_point():
         raise arg_error(call, "op", f"AVG on {t.dtype}", rank, "only floating-point tensors are averaged")
-    return _BOOL_REDUCE[name] if t.dtype == torch.bool else name
+    name = _REDUCE_NAMES[op, t.dtype] = _BOOL_REDUCE[name] if t.dtype == torch.bool else name
+    return name
 
 
 def _done(result: Any) -> Any:
@@ -104,9 +116,9 @@ def _done(result: Any) -> Any:
     return _create_work_from_future(fut)
 
 
-def _average(t: torch.Tensor, opts: Any, n: int) -> None:
-    """AVG: the sum divided by the group size, in the tensor's dtype (outside autograd)."""
-    if opts.reduceOp.op == _R.AVG:
+def _average(t: torch.Tensor, op: Any, n: int) -> None:
+    """AVG (``op``): the sum divided by the group size, in the tensor's dtype (outside autograd)."""
+    if op == _R.AVG:
         t.detach().div_(n)
 
 
@@ -191,23 +203,23 @@ class ProcessGroupMpicoll(dist.ProcessGroup):
             return (exc,) + (None,) * (n - 1)
 
     def allreduce(self, tensors, opts=None):
-        opts = opts or dist.AllreduceOptions()
+        red = (opts or _DEFAULT_ALLREDUCE).reduceOp.op
         call, r = "all_reduce", self._rank
-        if len(tensors) == 1 and tensors[0].layout == torch.sparse_coo:
-            return self._sparse_allreduce(tensors[0], opts)
+        if len(tensors) == 1 and tensors[0].is_sparse:
+            return self._sparse_allreduce(tensors[0], red)
         x, op = self._args(call, 2, lambda: (_array(_one(tensors, call, r), call, r),
-                                             _reduce(opts, tensors[0], call, r)))
+                                             _reduce(red, tensors[0], call, r)))
         F.all_reduce(x, op or "sum", self._group)
-        _average(tensors[0], opts, self._size)
+        _average(tensors[0], red, self._size)
         return _done(tensors)
 
-    def _sparse_allreduce(self, t: torch.Tensor, opts) -> Any:
+    def _sparse_allreduce(self, t: torch.Tensor, op: Any) -> Any:
         """A sparse COO tensor's SUM, as gloo makes it: every rank's indices and values gathered
         (two uneven AllGathers after one of the counts), summed by ``coalesce``; the result
         replaces ``t``'s contents."""
         call, r = "all_reduce", self._rank
-        if opts.reduceOp.op != _R.SUM:
-            raise arg_error(call, "op", str(opts.reduceOp.op), r, "a sparse tensor is reduced with SUM only")
+        if op != _R.SUM:
+            raise arg_error(call, "op", str(op), r, "a sparse tensor is reduced with SUM only")
         c = t.coalesce()
         indices = c.indices().t().contiguous()                    # (nnz, sparse dims)
         values = c.values().contiguous()                          # (nnz, *dense dims)
@@ -232,12 +244,12 @@ class ProcessGroupMpicoll(dist.ProcessGroup):
 
     def reduce(self, tensors, opts=None):
         opts = opts or dist.ReduceOptions()
-        call, r = "reduce", self._rank
+        call, r, red = "reduce", self._rank, opts.reduceOp.op
         x, op = self._args(call, 2, lambda: (_array(_one(tensors, call, r), call, r),
-                                             _reduce(opts, tensors[0], call, r)))
+                                             _reduce(red, tensors[0], call, r)))
         F.reduce(x, op=op or "sum", group=self._group, group_dst=opts.rootRank)
         if r == opts.rootRank:
-            _average(tensors[0], opts, self._size)
+            _average(tensors[0], red, self._size)
         return _done(tensors)
 
     def allgather(self, output_tensors, input_tensors, opts=None):
@@ -283,21 +295,21 @@ class ProcessGroupMpicoll(dist.ProcessGroup):
 
     def reduce_scatter(self, output_tensors, input_tensors, opts=None):
         opts = opts or dist.ReduceScatterOptions()
-        call, r = "reduce_scatter", self._rank
+        call, r, red = "reduce_scatter", self._rank, opts.reduceOp.op
         out, ins, op = self._args(call, 3, lambda: (_array(_one(output_tensors, call, r), call, r),
                                                     _arrays(_one(input_tensors, call, r), call, r),
-                                                    _reduce(opts, output_tensors[0], call, r)))
+                                                    _reduce(red, output_tensors[0], call, r)))
         F.reduce_scatter(out, ins, op or "sum", self._group)
-        _average(output_tensors[0], opts, self._size)
+        _average(output_tensors[0], red, self._size)
         return _done(output_tensors)
 
     def _reduce_scatter_base(self, output, input, opts=None):  # noqa: A002
         opts = opts or dist.ReduceScatterOptions()
-        call, r = "reduce_scatter_tensor", self._rank
+        call, r, red = "reduce_scatter_tensor", self._rank, opts.reduceOp.op
         out, x, op = self._args(call, 3, lambda: (_array(output, call, r), _array(input, call, r),
-                                                  _reduce(opts, output, call, r)))
+                                                  _reduce(red, output, call, r)))
         F.reduce_scatter_tensor(out, x, op or "sum", self._group)
-        _average(output, opts, self._size)
+        _average(output, red, self._size)
         return _done([output])
 
     reduce_scatter_single = _reduce_scatter_base
@@ -489,22 +501,107 @@ def _mpi_rendezvous(url: str, timeout: timedelta = default_pg_timeout, **kwargs)
         if given not in (-1, "-1", None) and int(given) != mine:
             raise ValueError(f"init_process_group(init_method='mpi://', {key}={given}): MPI says {mine} on world "
                              f"rank {rank}; leave {key} out (mpi:// takes it from MPI)")
-    store, where = None, None
+    store, why = _shared_store(world, timeout)
+    yield (store if store is not None else _LocalStore(why)), rank, size
+
+
+class _LocalStore(dist.Store):
+    """The store of ``mpi://`` when some rank cannot reach world rank 0's TCPStore: this process's
+    alone (the mpicoll backend needs none). A key another rank would have set is an error at once,
+    not a wait, saying ``why`` there is no shared store."""
+
+    def __init__(self, why: str) -> None:
+        super().__init__()
+        self._d: dict[str, bytes] = {}
+        self._why = why
+
+    def _missing(self, key: str):
+        raise RuntimeError(f"init_method='mpi://' has no store shared between the ranks (key {key!r} is not "
+                           f"here): {self._why}. The mpicoll backend needs none, but a store-based group (gloo) "
+                           "does: set MPICOLL_STORE_HOST to an address of world rank 0 the others reach, or start "
+                           "with init_method='env://' or 'tcp://...'")
+
+    def set(self, key, value):
+        self._d[key] = value if isinstance(value, bytes) else str(value).encode()
+
+    def get(self, key):
+        return self._d[key] if key in self._d else self._missing(key)
+
+    def add(self, key, value):
+        v = int(self._d.get(key, b"0")) + value
+        self._d[key] = str(v).encode()
+        return v
+
+    def compare_set(self, key, expected, desired):
+        as_bytes = lambda v: v if isinstance(v, bytes) else str(v).encode()  # noqa: E731
+        if self._d.get(key, b"") == as_bytes(expected):
+            self._d[key] = as_bytes(desired)
+        return self._d.get(key, as_bytes(expected))
+
+    def check(self, keys):
+        return all(k in self._d for k in keys)
+
+    def wait(self, keys, timeout=None):
+        for k in keys:
+            if k not in self._d:
+                self._missing(k)
+
+    def delete_key(self, key):
+        return self._d.pop(key, None) is not None
+
+    def num_keys(self):
+        return len(self._d)
+
+
+def _ipv4_addresses() -> list[str]:
+    """This host's IPv4 addresses but loopback (Linux: SIOCGIFADDR per interface)."""
+    found = []
+    with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as s:
+        for _, name in socket.if_nameindex():
+            try:
+                packed = fcntl.ioctl(s.fileno(), 0x8915, struct.pack("256s", name[:15].encode()))
+            except OSError:
+                continue
+            address = socket.inet_ntoa(packed[20:24])
+            if not address.startswith("127."):
+                found.append(address)
+    return found
+
+
+def _shared_store(world: MPI.Comm, timeout: timedelta) -> tuple[Any, str]:
+    """``(a TCPStore served by world rank 0, "")``, or ``(None, why)`` on every rank when some rank
+    cannot reach it. Rank 0 serves on every interface and sends its addresses over MPI
+    (``MPICOLL_STORE_HOST``, else its IPv4 addresses); a rank on rank 0's host takes the loopback,
+    another the first address it can connect to; the ranks agree whether all could (set-up steps on
+    MPI_COMM_WORLD, before any group exists)."""
+    rank = world.Get_rank()
+    server, offer = None, None
     if rank == 0:
-        host = os.environ.get("MPICOLL_STORE_HOST") or socket.gethostname()
         try:
-            store = dist.TCPStore(host, 0, size, is_master=True, timeout=timeout, wait_for_workers=False)
-            where = (host, store.port)
-        except (RuntimeError, OSError) as exc:          # (every rank raises it, none waits)
-            where = (None, f"init_method='mpi://': world rank 0 could not serve a TCPStore on {host!r} ({exc}); "
-                           "set MPICOLL_STORE_HOST to an address of rank 0's host the others reach")
-    # (a set-up step on MPI_COMM_WORLD: rank 0's store address to every rank)
-    host, port = world.bcast(where, root=0)
-    if host is None:
-        raise RuntimeError(port)
-    if store is None:
-        store = dist.TCPStore(host, port, size, is_master=False, timeout=timeout)
-    yield store, rank, size
+            server = dist.TCPStore("127.0.0.1", 0, world.Get_size(), is_master=True, timeout=timeout,
+                                   wait_for_workers=False)
+            given = os.environ.get("MPICOLL_STORE_HOST")
+            offer = ([given] if given else _ipv4_addresses(), server.port, MPI.Get_processor_name())
+        except (RuntimeError, OSError) as exc:
+            offer = str(exc)
+    offer = world.bcast(offer, root=0)
+    if isinstance(offer, str):
+        return None, f"world rank 0 could not serve a TCPStore ({offer})"
+    addresses, port, host0 = offer
+    address = "127.0.0.1" if rank == 0 or MPI.Get_processor_name() == host0 else None
+    for candidate in addresses if address is None else ():
+        try:
+            socket.create_connection((candidate, port), timeout=2).close()
+            address = candidate
+            break
+        except OSError:
+            continue
+    lost = [r for r, ok in enumerate(world.allgather(address is not None)) if not ok]
+    if lost:
+        return None, f"world ranks {lost} could not reach world rank 0's TCPStore at {addresses} port {port}"
+    if server is not None:
+        return server, ""
+    return dist.TCPStore(address, port, world.Get_size(), is_master=False, timeout=timeout), ""
 
 
 def _register() -> None:
