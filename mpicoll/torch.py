@@ -154,6 +154,18 @@ class _Message(dist.Work):
         return fut
 
 
+def _eager_under_compile(cls: type) -> type:
+    """Wrap the group's methods torch calls (``torch.compiler.disable``, ~0.2 us a call): torch's C++
+    side (DDP's reducer, a compiled graph's collectives) calls them while torch.compile runs, and
+    dynamo must run them as they are, not trace into a group it sees as an opaque object (a hard
+    ``InternalTorchDynamoError`` for a compiled DDP model otherwise)."""
+    for name, fn in list(vars(cls).items()):
+        if callable(fn) and (not name.startswith("_") or name in ("_allgather_base", "_reduce_scatter_base")):
+            setattr(cls, name, torch.compiler.disable(fn))
+    return cls
+
+
+@_eager_under_compile
 class ProcessGroupMpicoll(dist.ProcessGroup):
     """A torch.distributed process group on mpicoll (one per torch group; world ranks ``ranks``)."""
 

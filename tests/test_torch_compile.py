@@ -94,3 +94,26 @@ def test_torch_dtensor_sharded_matmul():
     assert inner.placements[0].is_partial() and np.array_equal(inner.full_tensor().numpy(), want)
     assert np.array_equal(inner.redistribute(mesh, [Shard(0)]).to_local().numpy(),
                           want[want.shape[0] // SIZE * RANK:want.shape[0] // SIZE * (RANK + 1)])
+
+
+@pytest.mark.timeout_s(600)
+def test_torch_compiled_ddp_trains_like_eager_ddp():
+    """A DDP model under torch.compile (aot_eager): DDP's reducer calls the group from C++ while
+    the compiled step runs; the parameters end as those of the same DDP model run eagerly."""
+    def model():
+        torch.manual_seed(0)
+        return torch.nn.Sequential(torch.nn.Linear(8, 16), torch.nn.ReLU(), torch.nn.Linear(16, 4))
+    g = torch.Generator().manual_seed(RANK)
+    batches = [(torch.randn(4, 8, generator=g), torch.randn(4, 4, generator=g)) for _ in range(3)]
+    ends = []
+    for compiled in (False, True):
+        ddp = torch.nn.parallel.DistributedDataParallel(model())
+        run = torch.compile(ddp, backend="aot_eager") if compiled else ddp
+        opt = torch.optim.SGD(ddp.parameters(), lr=0.1)
+        for x, y in batches:
+            opt.zero_grad()
+            torch.nn.functional.mse_loss(run(x), y).backward()
+            opt.step()
+        ends.append([p.detach().clone() for p in ddp.module.parameters()])
+    for a, b in zip(*ends):
+        torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-6)
