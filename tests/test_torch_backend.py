@@ -156,6 +156,32 @@ def test_torch_init_timeout_raises_the_named_timeout(tmp_path):
         res.stdout
 
 
+RECV_TIMEOUT = """
+    import sys, time
+    from datetime import timedelta
+    import torch, torch.distributed as dist
+    import mpicoll, mpicoll.torch
+    dist.init_process_group("mpicoll", init_method="mpi://", timeout=timedelta(seconds=2))
+    if dist.get_rank() == 1:
+        time.sleep(8)                                   # never sends
+        sys.exit(0)
+    try:
+        dist.recv(torch.empty(2), src=1, tag=4)
+    except mpicoll.CollectiveTimeout as exc:
+        print(f"rank 0: {exc}", flush=True)
+        sys.exit(3)
+"""
+
+
+def test_torch_a_message_that_never_comes_times_out(tmp_path):
+    if SIZE != 1:
+        pytest.skip("runs its own mpirun job once")
+    res, seconds, _ = run_job(tmp_path, RECV_TIMEOUT, np_=2, timeout=60)
+    assert res.returncode == 3, res.stdout + res.stderr[-3000:]
+    assert "rank 0: irecv: timed out after 2 s on rank 0 of the world (mpicoll.world), waiting for the message " \
+           "from rank 1 (world rank 1) (tag 4)" in res.stdout, res.stdout
+
+
 def test_torch_torchrun_is_refused_at_init(tmp_path):
     """torchrun starts MPI singletons: every process must refuse at init (never N worlds of 1)."""
     if SIZE != 1:
