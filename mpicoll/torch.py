@@ -122,7 +122,7 @@ def _average(t: torch.Tensor, op: Any, n: int) -> None:
         t.detach().div_(n)
 
 
-class _Message(dist.Work):
+class _MessageWork(dist.Work):
     """A point-to-point message in flight (mpicoll.functional's Work): ``wait()`` completes it."""
 
     def __init__(self, work: F.Work, tensors: list) -> None:
@@ -402,14 +402,14 @@ class ProcessGroupMpicoll(dist.ProcessGroup):
     reduce_scatter_tensor_coalesced = reduce_scatter_single_coalesced
 
     # --------------------------------------------------------------- point-to-point
-    def _message(self, fn: Callable, call: str, tensors, peer: int | None, tag: int) -> _Message:
+    def _message(self, fn: Callable, call: str, tensors, peer: int | None, tag: int) -> _MessageWork:
         r = self._rank
         t = _one(tensors, call, r)
         if not 0 <= tag < _MONITOR_TAG:
             raise arg_error(call, "tag", tag, r, f"must be in [0, {_MONITOR_TAG}) (MPI's TAG_UB is "
                             "monitored_barrier's)")
         peer_arg = {} if peer is None else {"group_" + ("dst" if call == "send" else "src"): peer}
-        return _Message(fn(_array(t, call, r), group=self._group, tag=tag, **peer_arg), tensors)
+        return _MessageWork(fn(_array(t, call, r), group=self._group, tag=tag, **peer_arg), tensors)
 
     def send(self, tensors, dstRank, tag):  # noqa: N803 - torch's names
         return self._message(F.isend, "send", tensors, dstRank, tag)
