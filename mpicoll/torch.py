@@ -58,6 +58,14 @@ _DEFAULT_ALLREDUCE = dist.AllreduceOptions()
 _MONITOR_TAG = MPI.COMM_WORLD.Get_attr(MPI.TAG_UB)
 
 
+#: numpy views of small tensors by (address, dtype, shape, strides): a call that comes back with the same tensor
+#: passes mpicoll the same array, which it can replay as a recorded plan (validation off) instead of
+#: describing a fresh view. An entry keeps its tensor, so its memory cannot be reused while cached,
+#: and is used only while that tensor still has that address (a set_() gives it other memory).
+_VIEWS: dict[tuple, tuple] = {}
+_VIEWS_MAX, _VIEW_BYTES = 64, 1 << 16
+
+
 def _array(t: torch.Tensor, call: str, rank: int, strided: bool = False) -> np.ndarray:
     """A numpy view of the CPU tensor ``t`` (shares its memory; bfloat16 via int16, bool via uint8).
     ``strided``: a strided tensor is fine (an element of a list, which mpicoll copies to or from)."""
@@ -66,16 +74,26 @@ def _array(t: torch.Tensor, call: str, rank: int, strided: bool = False) -> np.n
     if not strided and not t.is_contiguous():
         raise arg_error(call, "tensor", f"strided {tuple(t.shape)} (strides {t.stride()})", rank,
                         "must be contiguous: pass t.contiguous() (and copy the result back if the call writes it)")
+    key = (t.data_ptr(), t.dtype, t.shape, t.stride())
+    seen = _VIEWS.get(key)
+    if seen is not None and seen[0].data_ptr() == key[0]:   # (its tensor still owns that memory)
+        return seen[1]
     if t.requires_grad:
         t = t.detach()
     try:
         if t.dtype == torch.bfloat16:
-            return t.view(torch.int16).numpy().view(ml_dtypes.bfloat16)
-        if t.dtype == torch.bool:
-            return t.view(torch.uint8).numpy()
-        return t.numpy()
+            view = t.view(torch.int16).numpy().view(ml_dtypes.bfloat16)
+        elif t.dtype == torch.bool:
+            view = t.view(torch.uint8).numpy()
+        else:
+            view = t.numpy()
     except (TypeError, RuntimeError) as exc:          # (a dtype numpy lacks, a sparse tensor, ...)
         raise arg_error(call, "tensor", str(t.dtype), rank, f"has no numpy view ({exc})") from None
+    if view.nbytes <= _VIEW_BYTES and view.flags.c_contiguous:
+        _VIEWS[key] = (t, view)
+        if len(_VIEWS) > _VIEWS_MAX:
+            _VIEWS.pop(next(iter(_VIEWS)))
+    return view
 
 
 def _arrays(ts, call: str, rank: int) -> list[np.ndarray]:

@@ -422,3 +422,21 @@ def test_a_gloo_group_under_mpi_init():
         dist.broadcast(t, src=SIZE - 1, group=pair)
         assert t.item() == SIZE - 1
     dist.barrier()
+
+
+def test_views_are_reused_only_for_the_same_memory():
+    """A small tensor's numpy view is kept (so that mpicoll can replay a repeated call), and given
+    back only for a tensor of the same address, dtype, shape and strides that still owns it."""
+    t = torch.zeros(2, 2)
+    assert mpicoll.torch._array(t, "test", RANK) is mpicoll.torch._array(t, "test", RANK)
+    strided = mpicoll.torch._array(t.t(), "test", RANK, strided=True)      # (same address and shape)
+    assert strided.strides != mpicoll.torch._array(t, "test", RANK).strides
+    before = mpicoll.torch._array(t, "test", RANK)
+    t.set_(torch.ones(2, 2).untyped_storage(), 0, (2, 2), (2, 1))          # (other memory)
+    after = mpicoll.torch._array(t, "test", RANK)
+    assert after is not before and after.tolist() == [[1.0, 1.0], [1.0, 1.0]]
+    x = torch.full((3,), float(RANK))
+    for _ in range(3):                                                     # (a repeated call, same tensor)
+        x.fill_(float(RANK))
+        dist.all_reduce(x)
+        assert x.tolist() == [float(sum(range(SIZE)))] * 3
