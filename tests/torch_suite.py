@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import argparse
 import os
+import shutil
 import sys
 import tempfile
 import time
@@ -121,7 +122,6 @@ def main() -> int:
               f"skipped in {time.monotonic() - t_start:.0f} s" + (f"; failed: {failed}" if failed else ""), flush=True)
     dist.destroy_process_group()
     if RANK == 0:
-        import shutil
         shutil.rmtree(temp, ignore_errors=True)
     return 1 if failed else 0
 
