@@ -1,7 +1,8 @@
 """The mpicoll torch.distributed backend against gloo, same ranks, same run, interleaved.
 
     mpirun -np 2 python benchmarks/torch_backend.py [--sizes 1K,...,64M] [--dtypes float32,bfloat16]
-                                                    [--reps 5] [--ddp-steps 6] [--no-ddp]
+                                                    [--reps 5] [--ddp-steps 6] [--no-ddp] [--no-allreduce]
+                                                    [--widths 566,1024,1588] [--compile aot_eager]
 
 Three tables (rank 0 prints; medians over ``--reps`` interleaved blocks, slowest rank per block):
 
@@ -9,8 +10,9 @@ Three tables (rank 0 prints; medians over ``--reps`` interleaved blocks, slowest
 2. Python overhead per backend call: ``dist.all_reduce(t, group=mpicoll)``, the backend's own method
    without torch's wrapper (``group.allreduce([t], opts)``), the mpicoll call it makes
    (``mpicoll.functional.all_reduce`` on the same memory) and the raw mpi4py ``Allreduce``, 8 B float32.
-3. A DDP training step (forward, backward with the gradient all-reduces, SGD step) of a
-   5-layer MLP of 21 M parameters, mpicoll / gloo, with the time of the same step without DDP.
+3. A DDP training step (forward, backward with the gradient all-reduces, SGD step) of 5-layer MLPs
+   (``--widths``: 1.6 M, 5.2 M and 12.6 M parameters), mpicoll / gloo, with the time of the same step
+   without DDP; ``--compile BACKEND`` adds the same models under ``torch.compile``.
 
 gloo's group comes from a TCP store on 127.0.0.1 (one host); the mpicoll group is
 ``dist.new_group(backend="mpicoll")`` over the same ranks. BLAS runs one thread per rank.
@@ -105,18 +107,23 @@ def overhead_table(mp, reps) -> None:
         print(flush=True)
 
 
-def mlp() -> torch.nn.Module:
+def mlp(width: int) -> torch.nn.Module:
+    """5 linear layers of ``width`` x ``width`` with ReLUs between: 5 (w^2 + w) parameters."""
     torch.manual_seed(0)
     layers = []
     for _ in range(5):
-        layers += [torch.nn.Linear(2048, 2048), torch.nn.ReLU()]
+        layers += [torch.nn.Linear(width, width), torch.nn.ReLU()]
     return torch.nn.Sequential(*layers[:-1])
 
 
-def ddp_table(groups, steps, reps) -> None:
-    x, y = torch.randn(32, 2048), torch.randn(32, 2048)
-    models = {k: torch.nn.parallel.DistributedDataParallel(mlp(), process_group=g) for k, g in groups.items()}
-    models["no DDP (compute only)"] = mlp()
+def ddp_table(groups, width: int, steps: int, reps: int, compile_backend: str | None) -> None:
+    x, y = torch.randn(32, width), torch.randn(32, width)
+    models = {k: torch.nn.parallel.DistributedDataParallel(mlp(width), process_group=g) for k, g in groups.items()}
+    if compile_backend:
+        for k, g in groups.items():
+            models[f"{k}, compiled"] = torch.compile(
+                torch.nn.parallel.DistributedDataParallel(mlp(width), process_group=g), backend=compile_backend)
+    models["no DDP (compute only)"] = mlp(width)
     opts = {k: torch.optim.SGD(m.parameters(), lr=1e-3) for k, m in models.items()}
 
     def step(k):
@@ -126,13 +133,16 @@ def ddp_table(groups, steps, reps) -> None:
     got = interleaved({k: (lambda k=k: step(k)) for k in models}, steps, reps)
     params = sum(p.numel() for p in models["no DDP (compute only)"].parameters())
     if RANK == 0:
-        print(f"# DDP training step, MLP of {params / 1e6:.1f} M parameters (float32), batch 32 per rank, "
-              f"{SIZE} ranks (ms per step, median of {reps})")
+        print(f"# DDP training step, MLP of {params / 1e6:.1f} M parameters (5 x {width}^2, float32), batch 32 "
+              f"per rank, {SIZE} ranks (ms per step, median of {reps})")
         for k, v in got.items():
             print(f"{k:<24}{v * 1e3:>9.1f}")
-        print(f"ratio mpicoll/gloo: {got['mpicoll'] / got['gloo']:.2f}; communication (step - compute): mpicoll "
+        line = f"ratio mpicoll/gloo: {got['mpicoll'] / got['gloo']:.2f}"
+        if compile_backend:
+            line += f"; compiled ({compile_backend}): {got['mpicoll, compiled'] / got['gloo, compiled']:.2f}"
+        print(line + f"; communication (step - compute): mpicoll "
               f"{(got['mpicoll'] - got['no DDP (compute only)']) * 1e3:.1f} ms, gloo "
-              f"{(got['gloo'] - got['no DDP (compute only)']) * 1e3:.1f} ms", flush=True)
+              f"{(got['gloo'] - got['no DDP (compute only)']) * 1e3:.1f} ms\n", flush=True)
 
 
 def main() -> None:
@@ -142,6 +152,9 @@ def main() -> None:
     ap.add_argument("--reps", type=int, default=5)
     ap.add_argument("--ddp-steps", type=int, default=6)
     ap.add_argument("--no-ddp", action="store_true")
+    ap.add_argument("--widths", default="566,1024,1588", help="DDP MLP widths (1.6 M, 5.2 M, 12.6 M parameters)")
+    ap.add_argument("--compile", default=None, help="also a torch.compile'd DDP model, with this backend")
+    ap.add_argument("--no-allreduce", action="store_true")
     args = ap.parse_args()
     port = None
     if RANK == 0:
@@ -153,10 +166,12 @@ def main() -> None:
     groups = {"mpicoll": dist.new_group(backend="mpicoll"), "gloo": dist.group.WORLD}
     with threadpool_limits(limits=1, user_api="blas"):
         torch.set_num_threads(1)
-        allreduce_table(groups, [size(s) for s in args.sizes.split(",")], args.dtypes.split(","), args.reps)
-        overhead_table(groups["mpicoll"], args.reps)
+        if not args.no_allreduce:
+            allreduce_table(groups, [size(s) for s in args.sizes.split(",")], args.dtypes.split(","), args.reps)
+            overhead_table(groups["mpicoll"], args.reps)
         if not args.no_ddp:
-            ddp_table(groups, args.ddp_steps, args.reps)
+            for width in map(int, args.widths.split(",")):
+                ddp_table(groups, width, args.ddp_steps, args.reps, args.compile)
     dist.destroy_process_group()
 
 

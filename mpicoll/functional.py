@@ -719,3 +719,185 @@ def reduce_scatter_tensor_uneven(output: np.ndarray, input: np.ndarray, input_sp
 def barrier(group: Any = None, async_op: bool = False) -> Work | None:
     """Wait until every rank of the group has reached it."""
     return _run(_Barrier, group, (), async_op, [])
+
+
+# ----------------------------------------------------------------------------- point-to-point
+#
+# A message between two ranks has no collective to agree in: a bad argument raises on the rank that
+# gave it, alone (its peer's matching call then waits, or times out under the watchdog). The
+# messages go on the group's library communicator, mpicoll's own duplicate (never the user's
+# world), as raw bytes: a receiver's tensor must have the sender's size in bytes. They use that
+# communicator's mpi4py object directly, not LibComm.call/start: those count collectives and mark
+# arrivals for the collective watchdog, which a message must not touch. The watchdog
+# (MPICOLL_TIMEOUT) times the wait of a message as it times a collective.
+
+from ._domains import resolve  # noqa: E402 - the p2p section's own imports
+from ._errors import CollectiveTimeout  # noqa: E402
+from ._watchdog import timeout_seconds, wait as _watch  # noqa: E402
+
+__all__ += ["irecv", "isend", "recv", "send", "source"]
+
+
+class _Message:
+    """A started send or receive: the handle :class:`Work` drives (``wait``/``test``)."""
+
+    __slots__ = ("fn", "req", "status", "lib", "peer", "tag", "nbytes", "timeout", "source")
+
+    def __init__(self, fn: str, req: MPI.Request, lib: Any, peer: int, tag: int, nbytes: int) -> None:
+        self.fn, self.req, self.lib, self.peer, self.tag, self.nbytes = fn, req, lib, peer, tag, nbytes
+        self.status, self.timeout, self.source = MPI.Status(), timeout_seconds(None), None
+
+    def _peer(self) -> str:
+        if self.peer == MPI.ANY_SOURCE:
+            return "any rank"
+        return f"rank {self.peer} (world rank {self.lib.world_ranks[self.peer]})"
+
+    def _expired(self) -> CollectiveTimeout:
+        way = "to" if self.fn.endswith("send") else "from"
+        return CollectiveTimeout(f"{self.fn}: timed out after {self.timeout:g} s on rank {self.lib.rank} of "
+                                 f"{self.lib.label}, waiting for the message {way} {self._peer()} (tag {self.tag}): "
+                                 "its peer never made the matching call", op=self.fn, param="timeout",
+                                 rank=self.lib.rank)
+
+    def _finish(self) -> None:
+        if self.source is None and not self.fn.endswith("send"):
+            got = self.status.Get_count(MPI.BYTE)
+            if got != self.nbytes:
+                raise V.arg_error(self.fn, "tensor.nbytes", self.nbytes, self.lib.rank, f"the message from rank "
+                                  f"{self.status.Get_source()} (tag {self.tag}) has {got} bytes: give a tensor of "
+                                  "the sender's size and dtype")
+        self.source = self.status.Get_source() if self.peer == MPI.ANY_SOURCE else self.peer
+
+    def Test(self) -> bool:  # noqa: N802 - the watchdog polls requests by MPI's name
+        """MPI's ``Request.Test``, keeping the status (a receive's source and size)."""
+        return self._mpi(self.req.Test)
+
+    def _mpi(self, fn: Any) -> Any:
+        """``fn(status)``: a message larger than the tensor is this call's argument error."""
+        try:
+            return fn(self.status)
+        except MPI.Exception as exc:
+            if exc.Get_error_class() != MPI.ERR_TRUNCATE:
+                raise
+            raise V.arg_error(self.fn, "tensor.nbytes", self.nbytes, self.lib.rank, f"a larger message came "
+                              f"(tag {self.tag}): give a tensor of the sender's size and dtype") from None
+
+    def wait(self) -> None:
+        if self.source is not None:
+            return
+        if self.timeout is None:
+            self._mpi(self.req.Wait)
+        else:
+            _watch([self], self.timeout, self._expired, lambda: str(self._expired()))
+        self._finish()
+
+    def test(self) -> bool:
+        if self.source is None and self.Test():
+            self._finish()
+        return self.source is not None
+
+
+def _p2p(fn: str, tensor: Any, peer: Any, group_peer: Any, group: Any, tag: Any, peer_name: str,
+         any_source: bool = False) -> tuple | None:
+    """``(library communicator, group rank of the peer, tag, bytes of tensor)``; None: this rank is
+    not in a list ``group``. Raises the argument errors of a message, on this rank."""
+    lib_fields = _group(group, fn) if isinstance(group, (list, tuple, range)) else (None, group_fields(group, fn))
+    if lib_fields is None:
+        return None
+    fields = lib_fields[1]
+    lib = resolve(fn, fields.get("comm"), fields.get("comm_domain", ""), None, "group")
+    r, n = lib.rank, lib.size
+    array = _tensor(fn, "tensor", tensor, r, writes=not fn.endswith("send"))
+    if peer is not None and group_peer is not None:
+        raise V.arg_error(fn, f"group_{peer_name}", group_peer, r, f"give {peer_name} (a world rank) or "
+                          f"group_{peer_name} (a group rank), not both")
+    if peer is None and group_peer is None:
+        if not any_source:
+            raise V.arg_error(fn, peer_name, None, r, f"give {peer_name} (a world rank) or group_{peer_name}")
+        at = MPI.ANY_SOURCE
+    elif group_peer is None:
+        if isinstance(peer, bool) or not isinstance(peer, (int, np.integer)) or int(peer) not in lib.world_ranks:
+            raise V.arg_error(fn, peer_name, peer, r, f"must be a world rank in the group ({list(lib.world_ranks)})")
+        at = lib.world_ranks.index(int(peer))
+    else:
+        if isinstance(group_peer, bool) or not isinstance(group_peer, (int, np.integer)) or \
+                not 0 <= group_peer < n:
+            raise V.arg_error(fn, f"group_{peer_name}", group_peer, r, f"must be in [0, {n})")
+        at = int(group_peer)
+    top = MPI.COMM_WORLD.Get_attr(MPI.TAG_UB)
+    if isinstance(tag, bool) or not isinstance(tag, (int, np.integer)) or not 0 <= tag <= top:
+        raise V.arg_error(fn, "tag", tag, r, f"must be an int in [0, {top}] (MPI's TAG_UB)")
+    return lib, at, int(tag), array.reshape(-1).view(np.uint8)
+
+
+def isend(tensor: np.ndarray, dst: int | None = None, group: Any = None, tag: int = 0,
+          group_dst: int | None = None) -> Work | None:
+    """Start sending ``tensor`` to one rank; the :class:`Work` completes when the buffer may be
+    reused. Messages from one rank to another with one tag arrive in the order they were sent.
+
+    Example (2 ranks): rank 0 ``isend(np.arange(3.0), dst=1).wait()``; rank 1 ``recv(t, src=0)``.
+
+    Args:
+        tensor: a C-contiguous array (read, not written).
+        dst: the destination as a world rank; or ``group_dst``, a rank in the group.
+        group: None (world), a domain name, a list of world ranks, or an mpi4py communicator.
+        tag: an int in [0, MPI's TAG_UB]; the receiver's must be the same.
+
+    Returns:
+        A :class:`Work`; None on a rank outside a list ``group``.
+
+    Raises:
+        CollectiveArgumentError: a bad argument, on this rank only (there is no collective to
+            agree in); CollectiveTimeout: ``wait()`` under ``MPICOLL_TIMEOUT``, the receiver absent.
+    """
+    got = _p2p("isend", tensor, dst, group_dst, group, tag, "dst")
+    if got is None:
+        return None
+    lib, at, tag, data = got
+    return Work(_Message("isend", lib.mpi.Isend([data, MPI.BYTE], at, tag), lib, at, tag, data.size), [tensor])
+
+
+def irecv(tensor: np.ndarray, src: int | None = None, group: Any = None, tag: int = 0,
+          group_src: int | None = None) -> Work | None:
+    """Start receiving into ``tensor`` from one rank (``src`` and ``group_src`` None: from any
+    rank of the group); :func:`source` of the Work, once complete, is the sender's group rank.
+
+    Args:
+        tensor: a C-contiguous writable array of the sender's size in bytes (else ``wait()`` raises).
+        src: the source as a world rank; or ``group_src``, a rank in the group; neither: any.
+        group, tag: as in :func:`isend`.
+
+    Returns:
+        A :class:`Work`; None on a rank outside a list ``group``.
+    """
+    got = _p2p("irecv", tensor, src, group_src, group, tag, "src", any_source=True)
+    if got is None:
+        return None
+    lib, at, tag, data = got
+    return Work(_Message("irecv", lib.mpi.Irecv([data, MPI.BYTE], at, tag), lib, at, tag, data.size), [tensor])
+
+
+def send(tensor: np.ndarray, dst: int | None = None, group: Any = None, tag: int = 0,
+         group_dst: int | None = None) -> None:
+    """Send ``tensor`` to one rank (:func:`isend`, then ``wait()``)."""
+    work = isend(tensor, dst, group, tag, group_dst)
+    if work is not None:
+        work.wait()
+
+
+def recv(tensor: np.ndarray, src: int | None = None, group: Any = None, tag: int = 0,
+         group_src: int | None = None) -> int:
+    """Receive into ``tensor`` from one rank, or from any (``src`` None); the sender's world rank
+    (-1 on a rank outside a list ``group``), as torch's ``recv``."""
+    work = irecv(tensor, src, group, tag, group_src)
+    if work is None:
+        return -1
+    work.wait()
+    message = work._handle
+    return message.lib.world_ranks[message.source]
+
+
+def source(work: Work) -> int:
+    """The sender's group rank of a completed :func:`irecv`'s ``work``."""
+    work.wait()
+    return work._handle.source

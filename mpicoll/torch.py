@@ -5,18 +5,28 @@
     dist.init_process_group("mpicoll", init_method="mpi://")  # rank and world size from MPI
 
 Importing this module registers the backend ``"mpicoll"`` for CPU tensors and the init method
-``mpi://`` (rank and world size are MPI's, the store is local: the backend never needs one).
-Each process-group call maps onto :mod:`mpicoll.functional` on numpy views of the tensors (no
-copies; bfloat16 through a 16-bit view, bool through uint8), so it takes mpicoll's one call path:
-described, agreed across the ranks (a mismatch raises the same ``CollectiveError`` on every rank,
-through torch), issued. A group of ``dist.new_group(ranks)`` is an mpicoll comm domain of those world
-ranks. Calls run to completion before they return: the ``Work`` torch hands back is complete, its
-future set (``async_op=True`` is accepted and changes nothing). A tensor or a reduce op the backend
-cannot take raises ``CollectiveArgumentError`` through the call's agreement, on every rank of the
-group; point-to-point calls raise ``NotImplementedError`` naming the call.
+``mpi://`` (rank and world size are MPI's; the store is a TCPStore on world rank 0 whose address
+MPI hands to the others, so that store-based groups, gloo's, can join the job). Each process-group
+call maps onto :mod:`mpicoll.functional` on numpy views of the tensors (no copies; bfloat16 through
+a 16-bit view, bool through uint8), so it takes mpicoll's one call path: described, agreed across
+the ranks (a mismatch raises the same ``CollectiveError`` on every rank, through torch), issued.
+A group of ``dist.new_group(ranks)`` is an mpicoll comm domain of those world ranks. Collectives
+run to completion before they return: the ``Work`` torch hands back is complete, its future set
+(``async_op=True`` is accepted and changes nothing); point-to-point messages are started and
+completed by ``wait()``. A tensor or a reduce op the backend cannot take raises
+``CollectiveArgumentError`` through the call's agreement, on every rank of the group.
+
+torch 2.13 lets Python subclass its ``ProcessGroup`` but not its ``Backend`` (no constructor is
+bound): the group here is a ``ProcessGroup`` that names itself (``group_name``), which is what
+torch's C++ callers (functional collectives, ``torch.compile``, DTensor) look groups up by.
 """
 from __future__ import annotations
 
+import fcntl
+import os
+import socket
+import struct
+import time
 import urllib.parse
 from datetime import timedelta
 from typing import Any, Callable
@@ -27,10 +37,11 @@ import torch
 import torch.distributed as dist
 from mpi4py import MPI
 from torch._C._distributed_c10d import _create_work_from_future
+from torch.distributed.constants import default_pg_timeout
 from torch.distributed.rendezvous import register_rendezvous_handler
 
 from . import functional as F
-from ._errors import CollectiveError, arg_error
+from ._errors import CollectiveError, CollectiveTimeout, arg_error
 
 __all__ = ["BACKEND", "ProcessGroupMpicoll"]
 
@@ -41,25 +52,53 @@ _R = dist.ReduceOp.RedOpType
 #: torch's reduce ops -> mpicoll's (AVG: a sum, then a division; bool: logical or/and as max/min)
 _REDUCE = {_R.SUM: "sum", _R.PRODUCT: "prod", _R.MIN: "min", _R.MAX: "max", _R.AVG: "sum"}
 _BOOL_REDUCE = {"sum": "max", "prod": "min", "min": "min", "max": "max"}
+#: opts of an all_reduce called without them (torch's C++ callers pass theirs)
+_DEFAULT_ALLREDUCE = dist.AllreduceOptions()
+#: the tag of monitored_barrier's messages (MPI's largest): a user's tags stay below it
+_MONITOR_TAG = MPI.COMM_WORLD.Get_attr(MPI.TAG_UB)
 
 
-def _array(t: torch.Tensor, call: str, rank: int) -> np.ndarray:
-    """A numpy view of the CPU tensor ``t`` (shares its memory; bfloat16 via int16, bool via uint8)."""
-    if t.device.type != "cpu":
+#: numpy views of small tensors by (address, dtype, shape, strides): a call that comes back with the same tensor
+#: passes mpicoll the same array, which it can replay as a recorded plan (validation off) instead of
+#: describing a fresh view. An entry keeps its tensor, so its memory cannot be reused while cached,
+#: and is used only while that tensor still has that address (a set_() gives it other memory).
+_VIEWS: dict[tuple, tuple] = {}
+_VIEWS_MAX, _VIEW_BYTES = 64, 1 << 16
+
+
+def _array(t: torch.Tensor, call: str, rank: int, strided: bool = False) -> np.ndarray:
+    """A numpy view of the CPU tensor ``t`` (shares its memory; bfloat16 via int16, bool via uint8).
+    ``strided``: a strided tensor is fine (an element of a list, which mpicoll copies to or from)."""
+    if not t.is_cpu:
         raise arg_error(call, "tensor", str(t.device), rank, "the mpicoll backend takes CPU tensors")
-    t = t.detach()
+    if not strided and not t.is_contiguous():
+        raise arg_error(call, "tensor", f"strided {tuple(t.shape)} (strides {t.stride()})", rank,
+                        "must be contiguous: pass t.contiguous() (and copy the result back if the call writes it)")
+    key = (t.data_ptr(), t.dtype, t.shape, t.stride())
+    seen = _VIEWS.get(key)
+    if seen is not None and seen[0].data_ptr() == key[0]:   # (its tensor still owns that memory)
+        return seen[1]
+    if t.requires_grad:
+        t = t.detach()
     try:
         if t.dtype == torch.bfloat16:
-            return t.view(torch.int16).numpy().view(ml_dtypes.bfloat16)
-        if t.dtype == torch.bool:
-            return t.view(torch.uint8).numpy()
-        return t.numpy()
+            view = t.view(torch.int16).numpy().view(ml_dtypes.bfloat16)
+        elif t.dtype == torch.bool:
+            view = t.view(torch.uint8).numpy()
+        else:
+            view = t.numpy()
     except (TypeError, RuntimeError) as exc:          # (a dtype numpy lacks, a sparse tensor, ...)
         raise arg_error(call, "tensor", str(t.dtype), rank, f"has no numpy view ({exc})") from None
+    if view.nbytes <= _VIEW_BYTES and view.flags.c_contiguous:
+        _VIEWS[key] = (t, view)
+        if len(_VIEWS) > _VIEWS_MAX:
+            _VIEWS.pop(next(iter(_VIEWS)))
+    return view
 
 
 def _arrays(ts, call: str, rank: int) -> list[np.ndarray]:
-    return [_array(t, call, rank) for t in ts]
+    """Views of a list's tensors (strided ones too)."""
+    return [_array(t, call, rank, strided=True) for t in ts]
 
 
 def _one(tensors, call: str, rank: int) -> torch.Tensor:
@@ -69,16 +108,23 @@ def _one(tensors, call: str, rank: int) -> torch.Tensor:
     return tensors[0]
 
 
-def _reduce(opts: Any, t: torch.Tensor, call: str, rank: int) -> str:
-    """mpicoll's name of torch's reduce op (``opts.reduceOp``) for tensors like ``t``."""
-    op = opts.reduceOp.op
+#: (torch's reduce op, dtype) -> mpicoll's name, for the pairs :func:`_reduce` has mapped (its memo)
+_REDUCE_NAMES: dict[tuple, str] = {}
+
+
+def _reduce(op: Any, t: torch.Tensor, call: str, rank: int) -> str:
+    """mpicoll's name of torch's reduce op ``op`` (``opts.reduceOp.op``) for tensors like ``t``."""
+    name = _REDUCE_NAMES.get((op, t.dtype))
+    if name is not None:
+        return name
     name = _REDUCE.get(op)
     if name is None:
         raise arg_error(call, "op", str(op), rank, "not supported by the mpicoll backend: SUM, PRODUCT, MIN, MAX "
                         "and AVG (floating point)")
     if op == _R.AVG and not t.is_floating_point():
         raise arg_error(call, "op", f"AVG on {t.dtype}", rank, "only floating-point tensors are averaged")
-    return _BOOL_REDUCE[name] if t.dtype == torch.bool else name
+    name = _REDUCE_NAMES[op, t.dtype] = _BOOL_REDUCE[name] if t.dtype == torch.bool else name
+    return name
 
 
 def _done(result: Any) -> Any:
@@ -88,23 +134,69 @@ def _done(result: Any) -> Any:
     return _create_work_from_future(fut)
 
 
-def _average(t: torch.Tensor, opts: Any, n: int) -> None:
-    """AVG: the sum divided by the group size, in the tensor's dtype (outside autograd)."""
-    if opts.reduceOp.op == _R.AVG:
+def _average(t: torch.Tensor, op: Any, n: int) -> None:
+    """AVG (``op``): the sum divided by the group size, in the tensor's dtype (outside autograd)."""
+    if op == _R.AVG:
         t.detach().div_(n)
 
 
+class _MessageWork(dist.Work):
+    """A point-to-point message in flight (mpicoll.functional's Work): ``wait()`` completes it."""
+
+    def __init__(self, work: F.Work, tensors: list) -> None:
+        super().__init__()
+        self._work, self._tensors = work, tensors
+
+    def wait(self, timeout: Any = None) -> bool:
+        return self._work.wait()
+
+    def is_completed(self) -> bool:
+        return self._work.is_completed()
+
+    def is_success(self) -> bool:
+        return self._work.is_completed()
+
+    def _source_rank(self) -> int:                     # (torch's recv with src=None reads it)
+        return F.source(self._work)
+
+    def source_rank(self) -> int:
+        return F.source(self._work)
+
+    def result(self) -> list:
+        return self._tensors
+
+    def get_future(self) -> torch.futures.Future:
+        self._work.wait()
+        fut = torch.futures.Future()
+        fut.set_result(self._tensors)
+        return fut
+
+
+def _eager_under_compile(cls: type) -> type:
+    """Wrap the group's methods torch calls (``torch.compiler.disable``, ~0.2 us a call): torch's C++
+    side (DDP's reducer, a compiled graph's collectives) calls them while torch.compile runs, and
+    dynamo must run them as they are, not trace into a group it sees as an opaque object (a hard
+    ``InternalTorchDynamoError`` for a compiled DDP model otherwise)."""
+    for name, fn in list(vars(cls).items()):
+        if callable(fn) and (not name.startswith("_") or name in ("_allgather_base", "_reduce_scatter_base")):
+            setattr(cls, name, torch.compiler.disable(fn))
+    return cls
+
+
+@_eager_under_compile
 class ProcessGroupMpicoll(dist.ProcessGroup):
     """A torch.distributed process group on mpicoll (one per torch group; world ranks ``ranks``)."""
 
     def __init__(self, rank: int, size: int, ranks: list[int], timeout: timedelta | None = None) -> None:
         super().__init__(rank, size)
-        self._rank, self._size = rank, size
+        self._rank, self._size, self._ranks = rank, size, list(ranks)
         # the mpicoll group: the world, or the comm domain of these world ranks (as new_group's)
-        self._group = None if list(ranks) == list(range(MPI.COMM_WORLD.Get_size())) else list(ranks)
+        self._group = None if self._ranks == list(range(MPI.COMM_WORLD.Get_size())) else self._ranks
+        self._timeout = timeout or default_pg_timeout
+        self._name, self._desc = "", ""
 
     # --------------------------------------------------------------- what torch asks of a group
-    def getBackendName(self) -> str:  # noqa: N802 - torch's name
+    def getBackendName(self) -> str:  # noqa: N802 - torch's names
         return BACKEND
 
     def getRank(self) -> int:  # noqa: N802
@@ -113,8 +205,21 @@ class ProcessGroupMpicoll(dist.ProcessGroup):
     def getSize(self) -> int:  # noqa: N802
         return self._size
 
+    def setGroupName(self, name: str) -> None:  # noqa: N802 - torch's C++ callers find a group by it
+        self._name = name
+
+    def getGroupName(self) -> str:  # noqa: N802
+        return self._name
+
+    def setGroupDesc(self, desc: str) -> None:  # noqa: N802
+        self._desc = desc
+
+    def getGroupDesc(self) -> str:  # noqa: N802
+        return self._desc
+
     def __repr__(self) -> str:
-        return f"ProcessGroupMpicoll(rank={self._rank}, size={self._size}, group={self._group or 'world'})"
+        return (f"ProcessGroupMpicoll(rank={self._rank}, size={self._size}, group={self._group or 'world'}, "
+                f"name={self._name!r})")
 
     # --------------------------------------------------------------- collectives
     def _args(self, call: str, n: int, build: Callable[[], tuple]) -> tuple:
@@ -127,37 +232,64 @@ class ProcessGroupMpicoll(dist.ProcessGroup):
         except CollectiveError as exc:
             return (exc,) + (None,) * (n - 1)
 
-    def allreduce(self, tensors, opts):
+    def allreduce(self, tensors, opts=None):
+        red = (opts or _DEFAULT_ALLREDUCE).reduceOp.op
         call, r = "all_reduce", self._rank
+        if len(tensors) == 1 and tensors[0].is_sparse:
+            return self._sparse_allreduce(tensors[0], red)
         x, op = self._args(call, 2, lambda: (_array(_one(tensors, call, r), call, r),
-                                             _reduce(opts, tensors[0], call, r)))
+                                             _reduce(red, tensors[0], call, r)))
         F.all_reduce(x, op or "sum", self._group)
-        _average(tensors[0], opts, self._size)
+        _average(tensors[0], red, self._size)
         return _done(tensors)
 
-    def broadcast(self, tensors, opts):
+    def _sparse_allreduce(self, t: torch.Tensor, op: Any) -> Any:
+        """A sparse COO tensor's SUM, as gloo makes it: every rank's indices and values gathered
+        (two uneven AllGathers after one of the counts), summed by ``coalesce``; the result
+        replaces ``t``'s contents."""
+        call, r = "all_reduce", self._rank
+        if op != _R.SUM:
+            raise arg_error(call, "op", str(op), r, "a sparse tensor is reduced with SUM only")
+        c = t.coalesce()
+        indices = c.indices().t().contiguous()                    # (nnz, sparse dims)
+        values = c.values().contiguous()                          # (nnz, *dense dims)
+        counts = torch.empty(self._size, dtype=torch.int64)
+        F.all_gather_into_tensor(_array(counts, call, r), np.array([indices.shape[0]], np.int64), self._group)
+        n = counts.tolist()
+        all_indices = torch.empty((sum(n), indices.shape[1]), dtype=indices.dtype)
+        all_values = torch.empty((sum(n), *values.shape[1:]), dtype=values.dtype)
+        F.all_gather_into_tensor_uneven(_array(all_indices, call, r), _array(indices, call, r), n, self._group)
+        F.all_gather_into_tensor_uneven(_array(all_values, call, r), _array(values, call, r), n, self._group)
+        total = torch.sparse_coo_tensor(all_indices.t(), all_values, t.shape).coalesce()
+        with torch.no_grad():
+            t.copy_(total)
+        return _done([t])
+
+    def broadcast(self, tensors, opts=None):
+        opts = opts or dist.BroadcastOptions()
         call, r = "broadcast", self._rank
         x, = self._args(call, 1, lambda: (_array(_one(tensors, call, r), call, r),))
         F.broadcast(x, group=self._group, group_src=opts.rootRank)
         return _done(tensors)
 
-    def reduce(self, tensors, opts):
-        call, r = "reduce", self._rank
+    def reduce(self, tensors, opts=None):
+        opts = opts or dist.ReduceOptions()
+        call, r, red = "reduce", self._rank, opts.reduceOp.op
         x, op = self._args(call, 2, lambda: (_array(_one(tensors, call, r), call, r),
-                                             _reduce(opts, tensors[0], call, r)))
+                                             _reduce(red, tensors[0], call, r)))
         F.reduce(x, op=op or "sum", group=self._group, group_dst=opts.rootRank)
         if r == opts.rootRank:
-            _average(tensors[0], opts, self._size)
+            _average(tensors[0], red, self._size)
         return _done(tensors)
 
-    def allgather(self, output_tensors, input_tensors, opts):
+    def allgather(self, output_tensors, input_tensors, opts=None):
         call, r = "all_gather", self._rank
         x, outs = self._args(call, 2, lambda: (_array(_one(input_tensors, call, r), call, r),
                                                _arrays(_one(output_tensors, call, r), call, r)))
         F.all_gather(outs, x, group=self._group)
         return _done(output_tensors)
 
-    def _allgather_base(self, output, input, opts):  # noqa: A002 - torch's names
+    def _allgather_base(self, output, input, opts=None):  # noqa: A002 - torch's names
         call, r = "all_gather_into_tensor", self._rank
         x, out = self._args(call, 2, lambda: (_array(input, call, r), _array(output, call, r)))
         F.all_gather_into_tensor(out, x, group=self._group)
@@ -165,15 +297,25 @@ class ProcessGroupMpicoll(dist.ProcessGroup):
 
     all_gather_single = _allgather_base
 
-    def gather(self, output_tensors, input_tensors, opts):
+    def allgather_coalesced(self, output_lists, input_list, opts=None):
+        # torch's all_gather_coalesced (output_lists[rank][k] gets that rank's input_list[k]): one
+        # all_gather per input, in order
+        for k, x in enumerate(input_list):
+            self.allgather([[outs[k] for outs in output_lists]], [x], opts)
+        return _done(output_lists)
+
+    def gather(self, output_tensors, input_tensors, opts=None):
+        opts = opts or dist.GatherOptions()
         call, r = "gather", self._rank
         root = r == opts.rootRank
         x, outs = self._args(call, 2, lambda: (_array(_one(input_tensors, call, r), call, r),
                                                _arrays(_one(output_tensors, call, r), call, r) if root else None))
         F.gather(x, outs, group=self._group, group_dst=opts.rootRank)
-        return _done(output_tensors)
+        if root and outs is not None:
+            return _done(output_tensors)
 
-    def scatter(self, output_tensors, input_tensors, opts):
+    def scatter(self, output_tensors, input_tensors, opts=None):
+        opts = opts or dist.ScatterOptions()
         call, r = "scatter", self._rank
         root = r == opts.rootRank
         x, ins = self._args(call, 2, lambda: (_array(_one(output_tensors, call, r), call, r),
@@ -181,32 +323,34 @@ class ProcessGroupMpicoll(dist.ProcessGroup):
         F.scatter(x, ins, group=self._group, group_src=opts.rootRank)
         return _done(output_tensors)
 
-    def reduce_scatter(self, output_tensors, input_tensors, opts):
-        call, r = "reduce_scatter", self._rank
+    def reduce_scatter(self, output_tensors, input_tensors, opts=None):
+        opts = opts or dist.ReduceScatterOptions()
+        call, r, red = "reduce_scatter", self._rank, opts.reduceOp.op
         out, ins, op = self._args(call, 3, lambda: (_array(_one(output_tensors, call, r), call, r),
                                                     _arrays(_one(input_tensors, call, r), call, r),
-                                                    _reduce(opts, output_tensors[0], call, r)))
+                                                    _reduce(red, output_tensors[0], call, r)))
         F.reduce_scatter(out, ins, op or "sum", self._group)
-        _average(output_tensors[0], opts, self._size)
+        _average(output_tensors[0], red, self._size)
         return _done(output_tensors)
 
-    def _reduce_scatter_base(self, output, input, opts):  # noqa: A002
-        call, r = "reduce_scatter_tensor", self._rank
+    def _reduce_scatter_base(self, output, input, opts=None):  # noqa: A002
+        opts = opts or dist.ReduceScatterOptions()
+        call, r, red = "reduce_scatter_tensor", self._rank, opts.reduceOp.op
         out, x, op = self._args(call, 3, lambda: (_array(output, call, r), _array(input, call, r),
-                                                  _reduce(opts, output, call, r)))
+                                                  _reduce(red, output, call, r)))
         F.reduce_scatter_tensor(out, x, op or "sum", self._group)
-        _average(output, opts, self._size)
+        _average(output, red, self._size)
         return _done([output])
 
     reduce_scatter_single = _reduce_scatter_base
 
-    def alltoall(self, output_tensors, input_tensors, opts):
+    def alltoall(self, output_tensors, input_tensors, opts=None):
         call, r = "all_to_all", self._rank
         outs, ins = self._args(call, 2, lambda: (_arrays(output_tensors, call, r), _arrays(input_tensors, call, r)))
         F.all_to_all(outs, ins, group=self._group)
         return _done(output_tensors)
 
-    def alltoall_base(self, output, input, output_split_sizes, input_split_sizes, opts):  # noqa: A002
+    def alltoall_base(self, output, input, output_split_sizes, input_split_sizes, opts=None):  # noqa: A002
         call, r = "all_to_all_single", self._rank
         out, x = self._args(call, 2, lambda: (_array(output, call, r), _array(input, call, r)))
         F.all_to_all_single(out, x, list(output_split_sizes) or None, list(input_split_sizes) or None,
@@ -215,22 +359,59 @@ class ProcessGroupMpicoll(dist.ProcessGroup):
 
     all_to_all_single = alltoall_base
 
-    def barrier(self, opts):
+    def barrier(self, opts=None):
         F.barrier(group=self._group)
         return _done([])
 
+    def monitored_barrier(self, timeout: timedelta | float | None = None, wait_all_ranks: bool = False) -> None:
+        """gloo's ``monitored_barrier`` (torch's ``dist.monitored_barrier`` refuses every backend
+        but gloo by name, so call it on the group: ``dist.group.WORLD.monitored_barrier()``).
+        Group rank 0 waits up to ``timeout`` (default: the group's) for a message from every other
+        rank, then answers each; a rank that did not come is named in the ``RuntimeError`` rank 0
+        raises (all of them with ``wait_all_ranks``); the ranks that came then time out too."""
+        timeout = self._timeout if timeout is None else timeout
+        seconds = timeout.total_seconds() if isinstance(timeout, timedelta) else float(timeout)
+        deadline = time.monotonic() + seconds
+        token = torch.zeros(1, dtype=torch.int32)
+        if self._rank != 0:
+            F.send(_array(token, "monitored_barrier", self._rank), group=self._group, tag=_MONITOR_TAG, group_dst=0)
+            work = F.irecv(_array(token, "monitored_barrier", self._rank), group=self._group, tag=_MONITOR_TAG,
+                           group_src=0)
+            _wait_until(work, deadline, lambda: f"monitored_barrier: rank {self._rank} waited {seconds:g} s for "
+                                                "rank 0 to answer: some rank did not reach monitored_barrier")
+            return
+        tokens = [torch.zeros(1, dtype=torch.int32) for _ in range(self._size)]
+        works = {p: F.irecv(_array(tokens[p], "monitored_barrier", 0), group=self._group, tag=_MONITOR_TAG,
+                            group_src=p) for p in range(1, self._size)}
+        missing = []
+        for p, work in works.items():
+            try:
+                _wait_until(work, deadline, lambda p=p: f"monitored_barrier: rank {p} (world rank "
+                                                        f"{self._ranks[p]}) did not reach it within {seconds:g} s")
+            except RuntimeError as exc:
+                if not wait_all_ranks:
+                    raise
+                missing.append((p, exc))
+        if missing:
+            raise RuntimeError(f"monitored_barrier: ranks {[p for p, _ in missing]} (world ranks "
+                               f"{[self._ranks[p] for p, _ in missing]}) did not reach it within {seconds:g} s")
+        for p in range(1, self._size):
+            F.send(_array(token, "monitored_barrier", 0), group=self._group, tag=_MONITOR_TAG, group_dst=p)
+
     # torch's coalescing manager hands over the calls it gathered: they run one after the other
-    def allreduce_coalesced(self, tensors, opts):
+    def allreduce_coalesced(self, tensors, opts=None):
+        opts = opts or dist.AllreduceCoalescedOptions()
         for t in tensors:
             self.allreduce([t], opts)
         return _done(tensors)
 
-    def all_gather_single_coalesced(self, outputs, inputs, opts):
+    def all_gather_single_coalesced(self, outputs, inputs, opts=None):
         for out, x in zip(outputs, inputs):
             self._allgather_base(out, x, opts)
         return _done(outputs)
 
-    def reduce_scatter_single_coalesced(self, outputs, inputs, opts):
+    def reduce_scatter_single_coalesced(self, outputs, inputs, opts=None):
+        opts = opts or dist.ReduceScatterOptions()
         for out, x in zip(outputs, inputs):
             self._reduce_scatter_base(out, x, opts)
         return _done(outputs)
@@ -238,56 +419,137 @@ class ProcessGroupMpicoll(dist.ProcessGroup):
     allgather_into_tensor_coalesced = all_gather_single_coalesced
     reduce_scatter_tensor_coalesced = reduce_scatter_single_coalesced
 
-    # --------------------------------------------------------------- what mpicoll does not do
-    def _unsupported(self, call: str) -> None:
-        raise NotImplementedError(f"{call}: not supported by the mpicoll backend (collectives only, no point-to-point "
-                                  "send/recv); use a gloo group for it")
+    # --------------------------------------------------------------- point-to-point
+    def _message(self, fn: Callable, call: str, tensors, peer: int | None, tag: int) -> _MessageWork:
+        r = self._rank
+        t = _one(tensors, call, r)
+        if not 0 <= tag < _MONITOR_TAG:
+            raise arg_error(call, "tag", tag, r, f"must be in [0, {_MONITOR_TAG}) (MPI's TAG_UB is "
+                            "monitored_barrier's)")
+        peer_arg = {} if peer is None else {"group_" + ("dst" if call == "send" else "src"): peer}
+        return _MessageWork(fn(_array(t, call, r), group=self._group, tag=tag, **peer_arg), tensors)
 
-    def send(self, tensors, dst, tag):
-        self._unsupported("send")
+    def send(self, tensors, dstRank, tag):  # noqa: N803 - torch's names
+        return self._message(F.isend, "send", tensors, dstRank, tag)
 
-    def recv(self, tensors, src, tag):
-        self._unsupported("recv")
+    def recv(self, tensors, srcRank, tag):  # noqa: N803
+        return self._message(F.irecv, "recv", tensors, srcRank, tag)
 
     def recv_anysource(self, tensors, tag):
-        self._unsupported("recv_anysource")
+        return self._message(F.irecv, "recv", tensors, None, tag)
 
-    def allgather_coalesced(self, output_lists, input_list, opts):
-        self._unsupported("all_gather_coalesced")
+
+def _wait_until(work: F.Work, deadline: float, why: Callable[[], str]) -> None:
+    """Poll ``work`` until it completes or ``deadline`` passes (then RuntimeError: ``why()``)."""
+    pause = 1e-5
+    while not work.is_completed():
+        if time.monotonic() > deadline:
+            raise RuntimeError(why())
+        time.sleep(pause)
+        pause = min(2 * pause, 1e-3)
+
+
+# ----------------------------------------------------------------------------- start-up
+
+def _launcher_size() -> tuple[str, int] | None:
+    """``(variable, value)`` of a launcher's world size in the environment (torchrun's and
+    torch's ``env://`` ``WORLD_SIZE``), or None."""
+    value = os.environ.get("WORLD_SIZE")
+    return None if value in (None, "") else ("WORLD_SIZE", int(value))
+
+
+def _refuse_other_world(torch_size: int, where: str) -> None:
+    """Raise at once, on every process, when torch's world is not MPI's: a job launched by
+    torchrun (or any launcher but mpirun) runs each process as an MPI world of its own, and would
+    otherwise train N separate worlds of 1."""
+    mpi_size = MPI.COMM_WORLD.Get_size()
+    launcher = _launcher_size()
+    if torch_size != mpi_size or (launcher is not None and launcher[1] != mpi_size):
+        given = f"{launcher[0]}={launcher[1]}" if launcher is not None and launcher[1] != mpi_size else \
+            f"a world of {torch_size}"
+        raise RuntimeError(f"the mpicoll backend ({where}): torch was given {given}, but this process's MPI world "
+                           f"has {mpi_size} process(es): the processes were not started by one MPI launcher (torchrun "
+                           f"starts MPI singletons, which MPI cannot join). Launch with "
+                           f"`mpirun -np {max(torch_size, launcher[1] if launcher else 0)} python ...` instead")
 
 
 def _create(backend_opts, options) -> ProcessGroupMpicoll:
     """The creator torch calls for ``init_process_group("mpicoll")`` and ``new_group`` (extended API:
-    ``backend_opts`` carries the group's rank, size and world ranks)."""
-    ranks = list(backend_opts.global_ranks_in_group) or list(range(backend_opts.group_size))
+    ``backend_opts`` carries the group's rank, size, world ranks and timeout)."""
     world = MPI.COMM_WORLD
+    default = not backend_opts.global_ranks_in_group
+    if default:
+        _refuse_other_world(backend_opts.group_size, "init_process_group")
+    ranks = list(backend_opts.global_ranks_in_group) or list(range(backend_opts.group_size))
     mine = ranks[backend_opts.group_rank]
-    if len(ranks) == world.Get_size():             # (the whole world, made on every rank: agree the ranks)
-        # (on MPI_COMM_WORLD itself, not a LibComm: a set-up check of torch's ranks against MPI's,
-        # made before mpicoll has made any communicator for this group)
-        wrong = [(w, t) for w, t in enumerate(world.allgather(mine)) if w != t]
+    timeout = backend_opts.timeout
+    if default:
+        # (on MPI_COMM_WORLD itself, not a LibComm: a set-up check of torch's ranks and timeout
+        # against MPI's, made before mpicoll has made any communicator for this group)
+        seen = world.allgather((mine, timeout.total_seconds()))
+        wrong = [(w, t) for w, (t, _) in enumerate(seen) if w != t]
         if wrong:
             raise ValueError(f"the mpicoll backend: torch's ranks must be MPI's, but world ranks {[w for w, _ in wrong]} "
                              f"have torch ranks {[t for _, t in wrong]} (init_method='mpi://' takes them from MPI)")
+        if len({s for _, s in seen}) > 1:
+            raise ValueError(f"the mpicoll backend: init_process_group(timeout=...) differs across ranks: "
+                             f"{[s for _, s in seen]} s on world ranks 0..{len(seen) - 1}: give it alike everywhere")
+        _apply_timeout(timeout)
     if ranks != sorted(ranks):
         raise ValueError(f"the mpicoll backend: new_group(ranks={ranks}, sort_ranks=False): a group's ranks follow "
                          "the world's order here (a comm domain); leave sort_ranks at True")
-    return ProcessGroupMpicoll(backend_opts.group_rank, backend_opts.group_size, ranks, backend_opts.timeout)
+    pg = ProcessGroupMpicoll(backend_opts.group_rank, backend_opts.group_size, ranks, timeout)
+    # the group's communicator is made now, by all its members (torch makes a group on every member
+    # at once), so that a first message between two of them never waits for the others
+    F.barrier(group=pg._group)
+    return pg
+
+
+def _apply_timeout(timeout: timedelta) -> None:
+    """``init_process_group(timeout=T)``: mpicoll's watchdog for the process's collectives and
+    messages (``MPICOLL_TIMEOUT=T``, raising: ``MPICOLL_TIMEOUT_ACTION=raise``), unless
+    ``MPICOLL_TIMEOUT`` is set already. torch's default (30 min, given when the user gives none)
+    leaves the watchdog as ``MPICOLL_TIMEOUT`` says (unset: none), so that calls keep their direct
+    path to MPI."""
+    if timeout == default_pg_timeout or os.environ.get("MPICOLL_TIMEOUT"):
+        return
+    os.environ["MPICOLL_TIMEOUT"] = f"{timeout.total_seconds():g}"
+    os.environ.setdefault("MPICOLL_TIMEOUT_ACTION", "raise")
+
+
+def _mpi_rendezvous(url: str, timeout: timedelta = default_pg_timeout, **kwargs):
+    """``init_method="mpi://"``: MPI's rank and world size, and a TCPStore served by world rank 0
+    whose address MPI gives the others (so that a store-based group, gloo's, can be made). torch
+    passes a ``rank=``/``world_size=`` given to ``init_process_group`` in the URL's query (-1: not
+    given); one that is not MPI's is refused, as is a launcher's WORLD_SIZE that is not MPI's."""
+    world = MPI.COMM_WORLD
+    rank, size = world.Get_rank(), world.Get_size()
+    query = dict(urllib.parse.parse_qsl(urllib.parse.urlparse(url).query))
+    _refuse_other_world(size, "init_method='mpi://'")
+    for key, mine in (("rank", rank), ("world_size", size)):
+        given = query.get(key, kwargs.get(key, -1))
+        if given not in (-1, "-1", None) and int(given) != mine:
+            raise ValueError(f"init_process_group(init_method='mpi://', {key}={given}): MPI says {mine} on world "
+                             f"rank {rank}; leave {key} out (mpi:// takes it from MPI)")
+    store, why = _shared_store(world, timeout)
+    yield (store if store is not None else _LocalStore(why)), rank, size
 
 
 class _LocalStore(dist.Store):
-    """The store of ``mpi://``: this process's alone (the backend needs none). A key another rank
-    would have set is an error at once, not a wait: a store-based group (gloo) or torch's
-    ``TORCH_DIST_INIT_BARRIER`` needs a shared store (``env://``, ``tcp://``)."""
+    """The store of ``mpi://`` when some rank cannot reach world rank 0's TCPStore: this process's
+    alone (the mpicoll backend needs none). A key another rank would have set is an error at once,
+    not a wait, saying ``why`` there is no shared store."""
 
-    def __init__(self) -> None:
+    def __init__(self, why: str) -> None:
         super().__init__()
         self._d: dict[str, bytes] = {}
+        self._why = why
 
     def _missing(self, key: str):
         raise RuntimeError(f"init_method='mpi://' has no store shared between the ranks (key {key!r} is not "
-                           "here): the mpicoll backend needs none, but a store-based group (gloo) does: start with "
-                           "init_method='env://' or 'tcp://...' for that")
+                           f"here): {self._why}. The mpicoll backend needs none, but a store-based group (gloo) "
+                           "does: set MPICOLL_STORE_HOST to an address of world rank 0 the others reach, or start "
+                           "with init_method='env://' or 'tcp://...'")
 
     def set(self, key, value):
         self._d[key] = value if isinstance(value, bytes) else str(value).encode()
@@ -321,19 +583,55 @@ class _LocalStore(dist.Store):
         return len(self._d)
 
 
-def _mpi_rendezvous(url: str, timeout: timedelta = timedelta(minutes=30), **kwargs):
-    """``init_method="mpi://"``: MPI's rank and world size, and a store of this process alone. torch
-    passes a ``rank=``/``world_size=`` given to ``init_process_group`` in the URL's query (-1: not
-    given); one that is not MPI's is refused."""
-    world = MPI.COMM_WORLD
-    rank, size = world.Get_rank(), world.Get_size()
-    query = dict(urllib.parse.parse_qsl(urllib.parse.urlparse(url).query))
-    for key, mine in (("rank", rank), ("world_size", size)):
-        given = query.get(key, kwargs.get(key, -1))
-        if given not in (-1, "-1", None) and int(given) != mine:
-            raise ValueError(f"init_process_group(init_method='mpi://', {key}={given}): MPI says {mine} on world "
-                             f"rank {rank}; leave {key} out (mpi:// takes it from MPI)")
-    yield _LocalStore(), rank, size
+def _ipv4_addresses() -> list[str]:
+    """This host's IPv4 addresses but loopback (Linux: SIOCGIFADDR per interface)."""
+    found = []
+    with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as s:
+        for _, name in socket.if_nameindex():
+            try:
+                packed = fcntl.ioctl(s.fileno(), 0x8915, struct.pack("256s", name[:15].encode()))
+            except OSError:
+                continue
+            address = socket.inet_ntoa(packed[20:24])
+            if not address.startswith("127."):
+                found.append(address)
+    return found
+
+
+def _shared_store(world: MPI.Comm, timeout: timedelta) -> tuple[Any, str]:
+    """``(a TCPStore served by world rank 0, "")``, or ``(None, why)`` on every rank when some rank
+    cannot reach it. Rank 0 serves on every interface and sends its addresses over MPI
+    (``MPICOLL_STORE_HOST``, else its IPv4 addresses); a rank on rank 0's host takes the loopback,
+    another the first address it can connect to; the ranks agree whether all could (set-up steps on
+    MPI_COMM_WORLD, before any group exists)."""
+    rank = world.Get_rank()
+    server, offer = None, None
+    if rank == 0:
+        try:
+            server = dist.TCPStore("127.0.0.1", 0, world.Get_size(), is_master=True, timeout=timeout,
+                                   wait_for_workers=False)
+            given = os.environ.get("MPICOLL_STORE_HOST")
+            offer = ([given] if given else _ipv4_addresses(), server.port, MPI.Get_processor_name())
+        except (RuntimeError, OSError) as exc:
+            offer = str(exc)
+    offer = world.bcast(offer, root=0)
+    if isinstance(offer, str):
+        return None, f"world rank 0 could not serve a TCPStore ({offer})"
+    addresses, port, host0 = offer
+    address = "127.0.0.1" if rank == 0 or MPI.Get_processor_name() == host0 else None
+    for candidate in addresses if address is None else ():
+        try:
+            socket.create_connection((candidate, port), timeout=2).close()
+            address = candidate
+            break
+        except OSError:
+            continue
+    lost = [r for r, ok in enumerate(world.allgather(address is not None)) if not ok]
+    if lost:
+        return None, f"world ranks {lost} could not reach world rank 0's TCPStore at {addresses} port {port}"
+    if server is not None:
+        return server, ""
+    return dist.TCPStore(address, port, world.Get_size(), is_master=False, timeout=timeout), ""
 
 
 def _register() -> None:

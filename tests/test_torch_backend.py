@@ -1,0 +1,202 @@
+"""The mpicoll torch backend as torch's C++ and Python callers see a backend: group names,
+opts-less calls, subgroup destroy, the coalesced forms, monitored_barrier, sparse all_reduce,
+init_process_group(timeout=...) through the watchdog, launchers that are not mpirun. Skipped,
+with the reason, where torch is not installed."""
+from __future__ import annotations
+
+from datetime import timedelta
+
+import pytest
+
+torch = pytest.importorskip("torch", reason="torch is not installed: pip install '.[torch]' (torch 2.4 or later, CPU)")
+import torch.distributed as dist  # noqa: E402
+
+import mpicoll.torch  # noqa: E402, F401 - registers the backend and mpi://
+
+from _mpi import RANK, SIZE, WORLD, launch_env, run_job  # noqa: E402
+
+pytestmark = pytest.mark.mpi(min_size=1)
+
+
+@pytest.fixture(scope="module", autouse=True)
+def world_group():
+    if not dist.is_initialized():
+        dist.init_process_group("mpicoll", init_method="mpi://")
+    yield dist.group.WORLD
+    dist.destroy_process_group()
+
+
+def test_torch_group_names_and_opts_less_calls():
+    pg = dist.group.WORLD
+    assert pg.group_name and dist.distributed_c10d._resolve_process_group(pg.group_name) is pg
+    t = torch.full((3,), float(RANK))
+    pg.allreduce([t]).wait()                               # no opts: torch's defaults (SUM)
+    assert t.tolist() == [float(sum(range(SIZE)))] * 3
+    t = torch.full((2,), float(RANK))
+    pg.broadcast([t]).wait()                               # root 0
+    assert t.tolist() == [0.0, 0.0]
+    pg.barrier().wait()
+
+
+@pytest.mark.mpi(min_size=2)
+def test_torch_destroy_a_subgroup_and_make_another():
+    for _ in range(2):
+        g = dist.new_group([0, 1])
+        if RANK < 2:
+            assert g.group_name
+            t = torch.ones(2)
+            dist.all_reduce(t, group=g)
+            assert t.tolist() == [2.0, 2.0]
+        dist.destroy_process_group(g)
+    t = torch.ones(1)
+    dist.all_reduce(t)
+    assert t.item() == SIZE
+
+
+def test_torch_coalesced_forms():
+    ts = [torch.full((k + 1,), float(RANK + k)) for k in range(3)]
+    dist.all_reduce_coalesced(ts)
+    for k, t in enumerate(ts):
+        assert t.tolist() == [float(sum(r + k for r in range(SIZE)))] * (k + 1)
+    outs = [[torch.empty(k + 1) for k in range(2)] for _ in range(SIZE)]        # outs[rank][k], as torch's
+    dist.all_gather_coalesced(outs, [torch.full((k + 1,), float(RANK * 10 + k)) for k in range(2)])
+    assert [[o.tolist() for o in outs[r]] for r in range(SIZE)] == \
+        [[[float(r * 10 + k)] * (k + 1) for k in range(2)] for r in range(SIZE)]
+    from torch.distributed.distributed_c10d import _coalescing_manager
+    gathered = [torch.empty(SIZE * 2) for _ in range(2)]
+    scattered = [torch.empty(2) for _ in range(2)]
+    with _coalescing_manager():
+        for k in range(2):
+            dist.all_gather_into_tensor(gathered[k], torch.full((2,), float(RANK + k)))
+    with _coalescing_manager():
+        for k in range(2):
+            dist.reduce_scatter_tensor(scattered[k], torch.arange(2.0 * SIZE) + k)
+    for k in range(2):
+        assert gathered[k].tolist() == [float(r + k) for r in range(SIZE) for _ in range(2)]
+        assert scattered[k].tolist() == [SIZE * (2.0 * RANK + j + k) for j in range(2)]
+
+
+def test_torch_sparse_all_reduce_sums_like_gloo():
+    # rank r holds 1s at (r, r) and (0, 1), value r + 1 at (2, 0): the sum is exact
+    i = torch.tensor([[RANK, 0, 2], [RANK, 1, 0]])
+    v = torch.tensor([1.0, 1.0, RANK + 1.0])
+    t = torch.sparse_coo_tensor(i, v, (SIZE + 2, SIZE + 2))
+    dist.all_reduce(t)
+    want = torch.zeros(SIZE + 2, SIZE + 2)
+    for r in range(SIZE):
+        want[r, r] += 1
+        want[0, 1] += 1
+        want[2, 0] += r + 1
+    assert t.is_sparse and torch.equal(t.to_dense(), want)
+
+
+@pytest.mark.mpi(min_size=2)
+def test_torch_monitored_barrier_on_the_group():
+    pg = dist.group.WORLD
+    pg.monitored_barrier(timedelta(seconds=30))            # everyone comes
+    pg.monitored_barrier(timedelta(seconds=30), wait_all_ranks=True)
+    with pytest.raises(ValueError, match="only implemented for GLOO"):   # (torch's own check, by name)
+        dist.monitored_barrier()
+
+
+MONITORED = """
+    import sys, time
+    from datetime import timedelta
+    import torch, torch.distributed as dist
+    import mpicoll.torch
+    dist.init_process_group("mpicoll", init_method="mpi://")
+    rank = dist.get_rank()
+    if rank == 1:
+        time.sleep(8)
+        sys.exit(0)
+    try:
+        dist.group.WORLD.monitored_barrier(timedelta(seconds=2), wait_all_ranks=True)
+    except RuntimeError as exc:
+        print(f"rank {rank}: {exc}", flush=True)
+    time.sleep(4)
+    sys.exit(0)
+"""
+
+
+def test_torch_monitored_barrier_names_the_rank_that_did_not_come(tmp_path):
+    if SIZE != 1:
+        pytest.skip("runs its own mpirun job once")
+    res, seconds, _ = run_job(tmp_path, MONITORED, np_=3, timeout=60)
+    assert "rank 0: monitored_barrier: ranks [1] (world ranks [1]) did not reach it within 2 s" in res.stdout, \
+        res.stdout + res.stderr[-2000:]
+    assert "rank 2: monitored_barrier: rank 2 waited 2 s for rank 0" in res.stdout
+
+
+TIMEOUT = """
+    import sys, time
+    from datetime import timedelta
+    import torch, torch.distributed as dist
+    import mpicoll, mpicoll.torch
+    dist.init_process_group("mpicoll", init_method="mpi://", timeout=timedelta(seconds=2))
+    rank = dist.get_rank()
+    dist.all_reduce(torch.ones(4))
+    if rank == 1:
+        time.sleep(12)                                  # never joins the next collective
+        sys.exit(0)
+    t0 = time.monotonic()
+    try:
+        dist.all_reduce(torch.ones(4))
+    except mpicoll.CollectiveTimeout as exc:
+        print(f"rank {rank} after {time.monotonic() - t0:.1f} s: {exc}", flush=True)
+        sys.exit(3)
+"""
+
+
+def test_torch_init_timeout_raises_the_named_timeout(tmp_path):
+    if SIZE != 1:
+        pytest.skip("runs its own mpirun job once")
+    res, seconds, left = run_job(tmp_path, TIMEOUT, np_=3, timeout=60)
+    assert res.returncode == 3, res.stdout + res.stderr[-3000:]
+    assert "all_reduce: timed out after 2 s" in res.stdout and "ranks that did not arrive: [1]" in res.stdout, \
+        res.stdout
+
+
+RECV_TIMEOUT = """
+    import sys, time
+    from datetime import timedelta
+    import torch, torch.distributed as dist
+    import mpicoll, mpicoll.torch
+    dist.init_process_group("mpicoll", init_method="mpi://", timeout=timedelta(seconds=2))
+    if dist.get_rank() == 1:
+        time.sleep(8)                                   # never sends
+        sys.exit(0)
+    try:
+        dist.recv(torch.empty(2), src=1, tag=4)
+    except mpicoll.CollectiveTimeout as exc:
+        print(f"rank 0: {exc}", flush=True)
+        sys.exit(3)
+"""
+
+
+def test_torch_a_message_that_never_comes_times_out(tmp_path):
+    if SIZE != 1:
+        pytest.skip("runs its own mpirun job once")
+    res, seconds, _ = run_job(tmp_path, RECV_TIMEOUT, np_=2, timeout=60)
+    assert res.returncode == 3, res.stdout + res.stderr[-3000:]
+    assert "rank 0: irecv: timed out after 2 s on rank 0 of the world (mpicoll.world), waiting for the message " \
+           "from rank 1 (world rank 1) (tag 4)" in res.stdout, res.stdout
+
+
+def test_torch_torchrun_is_refused_at_init(tmp_path):
+    """torchrun starts MPI singletons: every process must refuse at init (never N worlds of 1)."""
+    if SIZE != 1:
+        pytest.skip("runs its own torchrun job once")
+    import subprocess
+    import sys
+    script = tmp_path / "train.py"
+    script.write_text("import torch.distributed as dist, mpicoll.torch\n"
+                      "dist.init_process_group('mpicoll', init_method=sys_argv)\n"
+                      "print('TRAINED', dist.get_world_size(), flush=True)\n".replace(
+                          "sys_argv", "__import__('sys').argv[1]"))
+    for method in ("mpi://", "env://"):
+        res = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2",
+                              "--master_port", str(29500 + WORLD.Get_rank() + (method == "env://")),
+                              str(script), method], capture_output=True, text=True, timeout=120,
+                             env={k: v for k, v in launch_env().items() if not k.startswith("MPICOLL_")})
+        assert res.returncode != 0 and "TRAINED" not in res.stdout, (method, res.stdout, res.stderr[-3000:])
+        assert res.stderr.count("Launch with `mpirun -np 2 python ...` instead") >= 2, (method, res.stderr[-3000:])

@@ -1,0 +1,127 @@
+"""Point-to-point on the mpicoll backend: send/recv (src=None: any source), isend/irecv,
+batch_isend_irecv, tags, every dtype, on the world and on subgroups; the errors of a message.
+Skipped, with the reason, where torch is not installed."""
+from __future__ import annotations
+
+import pytest
+
+torch = pytest.importorskip("torch", reason="torch is not installed: pip install '.[torch]' (torch 2.4 or later, CPU)")
+import torch.distributed as dist  # noqa: E402
+
+import mpicoll  # noqa: E402
+import mpicoll.torch  # noqa: E402, F401 - registers the backend and mpi://
+
+from _mpi import RANK, SIZE  # noqa: E402
+
+pytestmark = pytest.mark.mpi(min_size=2)
+DTYPES = [torch.float32, torch.float64, torch.float16, torch.bfloat16, torch.int8, torch.int64, torch.uint8,
+          torch.bool]
+
+
+@pytest.fixture(scope="module", autouse=True)
+def world_group():
+    if not dist.is_initialized():
+        dist.init_process_group("mpicoll", init_method="mpi://")
+    yield dist.group.WORLD
+    dist.destroy_process_group()
+
+
+def _value(src: int, tag: int, dtype) -> torch.Tensor:
+    return (torch.arange(5) * (src + 1) + tag).to(dtype) if dtype != torch.bool else torch.arange(5) % (src + 2) == 0
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_torch_p2p_ring_with_tags_out_of_order(dtype):
+    """Each rank sends two tagged messages to the next; the next receives tag 2 before tag 1."""
+    nxt, prv = (RANK + 1) % SIZE, (RANK - 1) % SIZE
+    works = [dist.isend(_value(RANK, tag, dtype), dst=nxt, tag=tag) for tag in (1, 2)]
+    for tag in (2, 1):
+        t = torch.empty(5, dtype=dtype)
+        assert dist.recv(t, src=prv, tag=tag) == prv
+        assert torch.equal(t, _value(prv, tag, dtype))
+    for w in works:
+        w.wait()
+
+
+def test_torch_p2p_recv_from_any_source():
+    if RANK == 0:
+        seen = set()
+        for _ in range(SIZE - 1):
+            t = torch.empty(1, dtype=torch.int64)
+            src = dist.recv(t, tag=7)                      # src=None: whoever sends first
+            assert t.item() == src * 10
+            seen.add(src)
+        assert seen == set(range(1, SIZE))
+    else:
+        dist.send(torch.tensor([RANK * 10]), dst=0, tag=7)
+    dist.barrier()
+
+
+def test_torch_p2p_isend_irecv_and_batch():
+    nxt, prv = (RANK + 1) % SIZE, (RANK - 1) % SIZE
+    got = torch.empty(3)
+    recv = dist.irecv(got, src=prv)
+    send = dist.isend(torch.full((3,), float(RANK)), dst=nxt)
+    send.wait()
+    recv.wait()
+    assert got.tolist() == [float(prv)] * 3
+    ins = [torch.empty(2) for _ in range(2)]
+    ops = [dist.P2POp(dist.irecv, ins[0], prv, tag=3), dist.P2POp(dist.isend, torch.full((2,), RANK + 0.5), nxt, tag=3),
+           dist.P2POp(dist.isend, torch.full((2,), -RANK - 0.5), prv, tag=4), dist.P2POp(dist.irecv, ins[1], nxt, tag=4)]
+    for w in dist.batch_isend_irecv(ops):
+        w.wait()
+    assert ins[0].tolist() == [prv + 0.5] * 2 and ins[1].tolist() == [-nxt - 0.5] * 2
+
+
+def test_torch_p2p_on_a_subgroup():
+    """On a group of the world's odd ranks or of ranks [1, ...]: src/dst are world ranks (group_src,
+    group_dst group ranks); any-source gives a world rank."""
+    members = list(range(1, SIZE)) if SIZE > 2 else [0, 1]
+    g = dist.new_group(members)
+    if RANK in members:
+        me = members.index(RANK)
+        nxt, prv = members[(me + 1) % len(members)], members[(me - 1) % len(members)]
+        w = dist.isend(torch.tensor([float(RANK)]), dst=nxt, group=g, tag=5)
+        t = torch.empty(1)
+        assert dist.recv(t, src=prv, group=g, tag=5) == prv and t.item() == prv
+        w.wait()
+        w = dist.isend(torch.tensor([float(RANK)]), group=g, group_dst=(me + 1) % len(members))
+        t = torch.empty(1)
+        assert dist.recv(t, group=g) == prv and t.item() == prv            # any source, in the group
+        w.wait()
+    dist.barrier()
+
+
+def test_torch_p2p_errors_name_the_parameter():
+    nxt = (RANK + 1) % SIZE
+    with pytest.raises(mpicoll.CollectiveArgumentError, match=r"send: tag=-1 on rank \d+: must be in \[0, "):
+        dist.send(torch.ones(1), dst=nxt, tag=-1)
+    with pytest.raises(mpicoll.CollectiveArgumentError, match="must be contiguous: pass t.contiguous"):
+        dist.send(torch.ones(3, 2).t(), dst=nxt)
+    # a receiver whose tensor is not the sender's size: its wait() names both sizes
+    w = dist.isend(torch.ones(4), dst=nxt, tag=9)
+    t = torch.empty(2)
+    with pytest.raises(mpicoll.CollectiveArgumentError, match=r"irecv: tensor.nbytes=8 on rank \d+: a larger "
+                                                              r"message came \(tag 9\)"):
+        dist.recv(t, src=(RANK - 1) % SIZE, tag=9)
+    w.wait()
+    w = dist.isend(torch.ones(1), dst=nxt, tag=10)
+    with pytest.raises(mpicoll.CollectiveArgumentError, match=r"irecv: tensor.nbytes=8 on rank \d+: the message "
+                                                              r"from rank \d+ \(tag 10\) has 4 bytes"):
+        dist.recv(t, src=(RANK - 1) % SIZE, tag=10)
+    w.wait()
+    dist.barrier()
+
+
+def test_torch_pipeline_example(tmp_path):
+    """docs/examples/torch_pipeline.py at this rank count (it asserts its own result)."""
+    if SIZE % 2:
+        pytest.skip("the pipeline example runs at even rank counts")
+    import runpy
+    from pathlib import Path
+    script = Path(__file__).resolve().parent.parent / "docs" / "examples" / "torch_pipeline.py"
+    dist.destroy_process_group()                           # (the example makes its own)
+    try:
+        runpy.run_path(str(script), run_name="__main__")
+    finally:
+        dist.init_process_group("mpicoll", init_method="mpi://")
