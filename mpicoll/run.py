@@ -36,6 +36,8 @@ environment (read by the library on every rank; set them alike everywhere):
   MPICOLL_KERNELS=0          numpy instead of the C kernels (float16/bfloat16, int8 quantization)
   MPICOLL_SHM=0              no shared-window reductions on one node, no AllReduce in tiers across nodes
                              (default on; docs/shm.md)
+  MPICOLL_STORE_HOST=ADDR    the torch backend's mpi://: the address of world rank 0 that the other ranks
+                             reach its store at (default: its IPv4 addresses, tried in turn; docs/torch.md)
   MPICOLL_EXACT=0            float reductions in MPI's order, which changes with the message size and
                              the MPI (default on: rank order, the same bits on every path;
                              docs/reproducibility.md)
