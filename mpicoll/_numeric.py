@@ -114,8 +114,10 @@ def reduce_rows(rows: list[np.ndarray], dt: DType, rop: ReduceOp, out: np.ndarra
         with np.errstate(over="ignore", invalid="ignore"):   # overflow to inf / NaN are the IEEE answers, as MPI's
             if n == 1:
                 np.copyto(out, rows[0])
-            elif n == 2:
+            elif n == 2 or c <= TILE:                   # (one tile: no slicing)
                 rop.ufunc(rows[0], rows[1], out=out)
+                for r in rows[2:]:
+                    rop.ufunc(out, r, out=out)
             else:
                 for s in range(0, c, TILE):
                     e = min(s + TILE, c)
