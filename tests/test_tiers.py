@@ -45,6 +45,7 @@ from mpicoll._golden import rank_data
 
 _shm.SLOT_BYTES = 4096                       # (small rounds: the node tier's ReduceScatter takes many)
 allreduce.TIERED_BYTES = 2048
+allreduce.CHAIN_PIECE_BYTES = 1000           # (node after node: many pieces, a short last one)
 allreduce.BYTE_ALLTOALL_BYTES = 8192
 W = MPI.COMM_WORLD
 n, me = W.size, W.rank

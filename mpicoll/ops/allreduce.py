@@ -39,6 +39,9 @@ PIECED_BYTES = 4 * PIECE_BYTES
 #: Measured there: bfloat16 at 128 KiB 1.27x the flat path's time (the middle tier then goes as
 #: float32 too), 256 KiB 0.87x and 0.51x at 1 Gbit/s.
 TIERED_BYTES = 256 * 1024
+#: The pieces in which a rank-order AllReduce over 2 nodes passes its running results between them
+#: (:func:`_chained`): each piece's transfer one way overlaps the previous piece's result the other.
+CHAIN_PIECE_BYTES = 256 * 1024
 #: A rank-order reduction (:func:`~._base.ordered`) that the node window does not take, of at most
 #: this many bytes over all ranks' inputs (n x its size): an Allgather (a Reduce: Gather) of every
 #: input, then a rank-order reduction on every rank (the root); above it, AllToAll + rank-order
@@ -186,12 +189,13 @@ def _chained(go, node, across, x: np.ndarray, out: np.ndarray, dt, rop) -> None:
     """A rank-order AllReduce of a dtype MPI reduces (float32, float64) over 2 nodes whose members
     hold consecutive ranks (``node``: this rank's node's members, ``across``: the members with its
     node index, :meth:`LibComm.tiers`). Block k of the message goes to each node's k-th member (an
-    AllToAll on the node); the first node's k-th member folds its node's blocks k in rank order and
-    passes the running result to the second node's k-th member (a Gatherv there), which folds on
-    from it: block k of the result. Then a Bcast among the k-th members and an AllGather on each
-    node. Each node's link carries the message once, the optimum for 2 nodes, where the flat path
-    carries 1.75 times it (16-bit floats would carry their running float32 sum: twice the message,
-    so they stay flat)."""
+    AllToAll on the node). Then, piece by piece (CHAIN_PIECE_BYTES), the first node's k-th member
+    folds its node's blocks k in rank order and passes the running result to the second node's
+    k-th member, which folds on from it: a piece of the result, passed back. One Alltoallv between
+    the two per piece carries piece j one way and the result of piece j - 1 the other, so both
+    directions of the link work at once. Last, an AllGather on each node. Each node's link carries
+    the message once each way, the optimum for 2 nodes, where the flat path carries 1.75 times it
+    (16-bit floats would carry their running float32 sum: twice the message, so they stay flat)."""
     flat, oflat, p = x.reshape(-1), out.reshape(-1), node.size
     counts = split_even(flat.size, p)
     displs = prefix(counts)
@@ -199,13 +203,18 @@ def _chained(go, node, across, x: np.ndarray, out: np.ndarray, dt, rop) -> None:
     rows = go.scratch(_rows, p + 1, c, dt.np)           # every member's block k, and the running result
     m, mine, acc = dt.mpi, oflat[lo:lo + c], rows[p]
     go.mpi(node, "Alltoallv", [flat, (counts, displs), m], [rows[:p], (np.full(p, c), np.arange(p) * c), m])
-    if across.rank == 0:
-        go.local(reduce_rows, list(rows[:p]), dt, rop, acc)
-        go.mpi(across, "Gatherv", [acc, m], None, 1)
-    else:
-        go.mpi(across, "Gatherv", [acc[:0], m], [acc, ([c, 0], [0, c]), m], 1)
-        go.local(reduce_rows, [acc, *rows[:p]], dt, rop, mine)
-    go.mpi(across, "Bcast", [mine, m], 1)
+    step = max(CHAIN_PIECE_BYTES // dt.itemsize, 1)
+    cuts = list(range(0, c, step)) + [c]
+    first = across.rank == 0
+    for j in range(len(cuts)):              # (piece j one way, the result of piece j - 1 the other)
+        s, e = (cuts[j], cuts[j + 1]) if j + 1 < len(cuts) else (c, c)
+        ps, pe = (cuts[j - 1], cuts[j]) if j else (0, 0)
+        if first:                           # fold piece j, send it; receive the result of piece j - 1
+            go.local(reduce_rows, [r[s:e] for r in rows[:p]], dt, rop, acc[s:e])
+            go.mpi(across, "Alltoallv", [acc, ([0, e - s], [0, s]), m], [mine, ([0, pe - ps], [0, ps]), m])
+        else:                               # receive piece j, send the result of piece j - 1; fold piece j
+            go.mpi(across, "Alltoallv", [mine, ([pe - ps, 0], [ps, 0]), m], [acc, ([e - s, 0], [s, 0]), m])
+            go.local(reduce_rows, [acc[s:e], *(r[s:e] for r in rows[:p])], dt, rop, mine[s:e])
     go.mpi(node, "Allgatherv", MPI.IN_PLACE, [oflat, (counts, displs), m])
 
 
