@@ -10,8 +10,8 @@ Sizes are bytes of each rank's input. For every operator, dtype and size it time
 ``plan.run()`` on a duplicate of the world made with ``MPICOLL_EXACT=1``, of ``plan.run()`` on one made
 with ``MPICOLL_EXACT=0`` and of the raw mpi4py call (none for bfloat16, which MPI cannot reduce), each
 block the slowest rank's mean, the three in turn, each in turn first. Prints the median times and the
-median of the ratios paired within a repetition. At 1 or 2 ranks both settings make the same calls
-(one operation per element: any order gives the same bits), so the ratio is 1 by construction.
+median of the ratios paired within a repetition (SUM). At 1 or 2 ranks both settings make the same
+calls for a SUM (one operation per element: any order gives the same bits), so the ratio is 1 there.
 Plans run with validation off: the loop a user writes for speed.
 """
 from __future__ import annotations
