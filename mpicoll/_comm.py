@@ -78,9 +78,9 @@ class LibComm:
         validate, debug: the agreed defaults of ``MPICOLL_VALIDATE`` and ``MPICOLL_DEBUG``.
         local: every member runs on one node and ``MPICOLL_SHM`` is on (agreed): large reductions
             may use the node window (:func:`mpicoll._shm.node_window`).
-        exact: ``MPICOLL_EXACT`` (agreed, on by default): float SUM and PROD over more than 2
-            members reduce in rank order on every path (docs/reproducibility.md), never in MPI's
-            own reduction, whose order depends on the size and the MPI library.
+        exact: ``MPICOLL_EXACT`` (agreed, on by default): float reductions reduce in rank order on
+            every path (``ops._base.ordered``, docs/reproducibility.md), never in MPI's own
+            reduction, whose order depends on the size and the MPI library.
         buffers: its node buffers (:func:`mpicoll._shm.node_buffer`), freed with it.
         per_node: the members span several nodes, each holding this many (more than one) of them,
             and ``MPICOLL_SHM`` is on (agreed; else 0): a large AllReduce may go in tiers

@@ -137,8 +137,8 @@ class ReduceOp:
     mpi: MPI.Op
     ufunc: np.ufunc
     code: int
-    #: it rounds on floats (SUM, PROD): the order that combines the inputs decides the bits;
-    #: MAX and MIN pick one input, whatever the order
+    #: it rounds on floats (SUM, PROD): the order that combines the inputs decides the bits; MAX and
+    #: MIN pick one input (which one, for NaN and signed zeros, depends on the code: ops._base.ordered)
     rounds: bool
 
 
