@@ -87,8 +87,8 @@ def _array(t: torch.Tensor, call: str, rank: int, strided: bool = False) -> np.n
             view = t.numpy()
     except (TypeError, RuntimeError) as exc:          # (a dtype numpy lacks, a sparse tensor, ...)
         raise arg_error(call, "tensor", str(t.dtype), rank, f"has no numpy view ({exc})") from None
-    if view.nbytes <= _VIEW_BYTES and view.flags.c_contiguous:
-        _VIEWS[key] = (t, view)
+    if t.untyped_storage().nbytes() <= _VIEW_BYTES and view.flags.c_contiguous:   # (its whole memory small:
+        _VIEWS[key] = (t, view)                                                    # an entry keeps it alive)
         if len(_VIEWS) > _VIEWS_MAX:
             _VIEWS.pop(next(iter(_VIEWS)))
     return view
@@ -192,6 +192,7 @@ class ProcessGroupMpicoll(dist.ProcessGroup):
         self._group = None if self._ranks == list(range(MPI.COMM_WORLD.Get_size())) else self._ranks
         self._timeout = timeout or default_pg_timeout
         self._name, self._desc = "", ""
+        self._barriers = 0                  # monitored_barrier calls so far (their tokens carry it)
 
     # --------------------------------------------------------------- what torch asks of a group
     def getBackendName(self) -> str:  # noqa: N802 - torch's names
@@ -246,13 +247,17 @@ class ProcessGroupMpicoll(dist.ProcessGroup):
         (two uneven AllGathers after one of the counts), summed by ``coalesce``; the result
         replaces ``t``'s contents."""
         call, r = "all_reduce", self._rank
-        if op != _R.SUM:
-            raise arg_error(call, "op", str(op), r, "a sparse tensor is reduced with SUM only")
         c = t.coalesce()
         indices = c.indices().t().contiguous()                    # (nnz, sparse dims)
         values = c.values().contiguous()                          # (nnz, *dense dims)
         counts = torch.empty(self._size, dtype=torch.int64)
-        F.all_gather_into_tensor(_array(counts, call, r), np.array([indices.shape[0]], np.int64), self._group)
+
+        def check():                        # (a bad op on one rank: raised by the first gather, everywhere)
+            if op != _R.SUM:
+                raise arg_error(call, "op", str(op), r, "a sparse tensor is reduced with SUM only")
+            return (_array(counts, call, r),)
+        out, = self._args(call, 1, check)
+        F.all_gather_into_tensor(out, np.array([indices.shape[0]], np.int64), self._group)
         n = counts.tolist()
         all_indices = torch.empty((sum(n), indices.shape[1]), dtype=indices.dtype)
         all_values = torch.empty((sum(n), *values.shape[1:]), dtype=values.dtype)
@@ -309,8 +314,7 @@ class ProcessGroupMpicoll(dist.ProcessGroup):
         x, outs = self._args(call, 2, lambda: (_array(_one(input_tensors, call, r), call, r),
                                                _arrays(_one(output_tensors, call, r), call, r) if root else None))
         F.gather(x, outs, group=self._group, group_dst=opts.rootRank)
-        if root and outs is not None:
-            return _done(output_tensors)
+        return _done(output_tensors)
 
     def scatter(self, output_tensors, input_tensors, opts=None):
         opts = opts or dist.ScatterOptions()
@@ -370,22 +374,28 @@ class ProcessGroupMpicoll(dist.ProcessGroup):
         timeout = self._timeout if timeout is None else timeout
         seconds = timeout.total_seconds() if isinstance(timeout, timedelta) else float(timeout)
         deadline = time.monotonic() + seconds
-        token = torch.zeros(1, dtype=torch.int32)
+        self._barriers += 1
+        serial, call = self._barriers, "monitored_barrier"
+
+        def receive(p: int, why: Callable[[], str]) -> None:
+            """A token of this barrier from group rank ``p`` (one of an earlier, failed barrier that
+            came late is dropped)."""
+            token = torch.zeros(1, dtype=torch.int64)
+            while int(token) != serial:
+                _wait_until(F.irecv(_array(token, call, self._rank), group=self._group, tag=_MONITOR_TAG,
+                                    group_src=p), deadline, why)
+
+        token = torch.full((1,), serial, dtype=torch.int64)
         if self._rank != 0:
-            F.send(_array(token, "monitored_barrier", self._rank), group=self._group, tag=_MONITOR_TAG, group_dst=0)
-            work = F.irecv(_array(token, "monitored_barrier", self._rank), group=self._group, tag=_MONITOR_TAG,
-                           group_src=0)
-            _wait_until(work, deadline, lambda: f"monitored_barrier: rank {self._rank} waited {seconds:g} s for "
-                                                "rank 0 to answer: some rank did not reach monitored_barrier")
+            F.send(_array(token, call, self._rank), group=self._group, tag=_MONITOR_TAG, group_dst=0)
+            receive(0, lambda: f"monitored_barrier: rank {self._rank} waited {seconds:g} s for rank 0 to answer: "
+                               "some rank did not reach monitored_barrier")
             return
-        tokens = [torch.zeros(1, dtype=torch.int32) for _ in range(self._size)]
-        works = {p: F.irecv(_array(tokens[p], "monitored_barrier", 0), group=self._group, tag=_MONITOR_TAG,
-                            group_src=p) for p in range(1, self._size)}
         missing = []
-        for p, work in works.items():
+        for p in range(1, self._size):
             try:
-                _wait_until(work, deadline, lambda p=p: f"monitored_barrier: rank {p} (world rank "
-                                                        f"{self._ranks[p]}) did not reach it within {seconds:g} s")
+                receive(p, lambda p=p: f"monitored_barrier: rank {p} (world rank {self._ranks[p]}) did not reach it "
+                                       f"within {seconds:g} s")
             except RuntimeError as exc:
                 if not wait_all_ranks:
                     raise
@@ -394,7 +404,7 @@ class ProcessGroupMpicoll(dist.ProcessGroup):
             raise RuntimeError(f"monitored_barrier: ranks {[p for p, _ in missing]} (world ranks "
                                f"{[self._ranks[p] for p, _ in missing]}) did not reach it within {seconds:g} s")
         for p in range(1, self._size):
-            F.send(_array(token, "monitored_barrier", 0), group=self._group, tag=_MONITOR_TAG, group_dst=p)
+            F.send(_array(token, call, 0), group=self._group, tag=_MONITOR_TAG, group_dst=p)
 
     # torch's coalescing manager hands over the calls it gathered: they run one after the other
     def allreduce_coalesced(self, tensors, opts=None):
@@ -438,10 +448,14 @@ class ProcessGroupMpicoll(dist.ProcessGroup):
 
 
 def _wait_until(work: F.Work, deadline: float, why: Callable[[], str]) -> None:
-    """Poll ``work`` until it completes or ``deadline`` passes (then RuntimeError: ``why()``)."""
+    """Poll the receive ``work`` until it completes or ``deadline`` passes (then RuntimeError:
+    ``why()``, the receive cancelled: a late message must not land in a later call's buffer)."""
     pause = 1e-5
     while not work.is_completed():
         if time.monotonic() > deadline:
+            request = work._handle.req
+            request.Cancel()
+            request.Wait()
             raise RuntimeError(why())
         time.sleep(pause)
         pause = min(2 * pause, 1e-3)
@@ -523,12 +537,21 @@ def _mpi_rendezvous(url: str, timeout: timedelta = default_pg_timeout, **kwargs)
     world = MPI.COMM_WORLD
     rank, size = world.Get_rank(), world.Get_size()
     query = dict(urllib.parse.parse_qsl(urllib.parse.urlparse(url).query))
-    _refuse_other_world(size, "init_method='mpi://'")
-    for key, mine in (("rank", rank), ("world_size", size)):
-        given = query.get(key, kwargs.get(key, -1))
-        if given not in (-1, "-1", None) and int(given) != mine:
-            raise ValueError(f"init_process_group(init_method='mpi://', {key}={given}): MPI says {mine} on world "
-                             f"rank {rank}; leave {key} out (mpi:// takes it from MPI)")
+    problem = None
+    try:
+        _refuse_other_world(size, "init_method='mpi://'")
+        for key, mine in (("rank", rank), ("world_size", size)):
+            given = query.get(key, kwargs.get(key, -1))
+            if given not in (-1, "-1", None) and int(given) != mine:
+                raise ValueError(f"init_process_group(init_method='mpi://', {key}={given}): MPI says {mine} on "
+                                 f"world rank {rank}; leave {key} out (mpi:// takes it from MPI)")
+    except (RuntimeError, ValueError) as exc:
+        problem = (type(exc), str(exc))
+    # every rank raises the first rank's problem, so that none waits in the store's set-up (a set-up
+    # step on MPI_COMM_WORLD: no mpicoll communicator exists yet)
+    seen = [p for p in world.allgather(problem) if p is not None]
+    if seen:
+        raise seen[0][0](seen[0][1])
     store, why = shared_store(world, timeout)
     yield (store if store is not None else LocalStore(why)), rank, size
 

@@ -11,6 +11,7 @@ import pytest
 torch = pytest.importorskip("torch", reason="torch is not installed: pip install '.[torch]' (torch 2.4 or later, CPU)")
 import torch.distributed as dist  # noqa: E402
 
+import mpicoll  # noqa: E402
 import mpicoll.torch  # noqa: E402, F401 - registers the backend and mpi://
 
 from _mpi import RANK, SIZE, WORLD, launch_env, run_job  # noqa: E402
@@ -90,6 +91,25 @@ def test_torch_sparse_all_reduce_sums_like_gloo():
     assert t.is_sparse and torch.equal(t.to_dense(), want)
 
 
+def test_torch_sparse_all_reduce_with_another_op_on_one_rank_raises_everywhere():
+    """A reduce op a sparse tensor cannot take, on the last rank only: every rank raises the same
+    error (through the first gather's agreement), none waits."""
+    t = torch.sparse_coo_tensor(torch.tensor([[0]]), torch.tensor([1.0]), (4,))
+    op = dist.ReduceOp.MAX if RANK == SIZE - 1 else dist.ReduceOp.SUM
+    with pytest.raises(mpicoll.CollectiveError) as info:
+        dist.all_reduce(t, op)
+    assert len(set(WORLD.allgather(str(info.value)))) == 1
+    assert f"on rank {SIZE - 1}: a sparse tensor is reduced with SUM only" in str(info.value)
+
+
+def test_torch_async_gather_gives_a_work_on_every_rank():
+    outs = [torch.empty(2) for _ in range(SIZE)] if RANK == 0 else None
+    work = dist.gather(torch.full((2,), float(RANK)), outs, dst=0, async_op=True)
+    assert work is not None and work.wait()
+    if RANK == 0:
+        assert [o.tolist() for o in outs] == [[float(r)] * 2 for r in range(SIZE)]
+
+
 @pytest.mark.mpi(min_size=2)
 def test_torch_monitored_barrier_on_the_group():
     pg = dist.group.WORLD
@@ -125,6 +145,54 @@ def test_torch_monitored_barrier_names_the_rank_that_did_not_come(tmp_path):
     assert "rank 0: monitored_barrier: ranks [1] (world ranks [1]) did not reach it within 2 s" in res.stdout, \
         res.stdout + res.stderr[-2000:]
     assert "rank 2: monitored_barrier: rank 2 waited 2 s for rank 0" in res.stdout
+
+
+AGAIN = """
+    import time
+    from datetime import timedelta
+    import torch, torch.distributed as dist
+    import mpicoll.torch
+    dist.init_process_group("mpicoll", init_method="mpi://")
+    rank, pg = dist.get_rank(), dist.group.WORLD
+    if rank == 1:
+        time.sleep(3)                        # late for the first barrier
+    try:
+        pg.monitored_barrier(timedelta(seconds=1))
+    except RuntimeError:
+        pass
+    time.sleep(0 if rank == 1 else 4)
+    pg.monitored_barrier(timedelta(seconds=10))
+    print(f"rank {rank}: second barrier ok", flush=True)
+"""
+
+
+def test_torch_monitored_barrier_after_a_failed_one(tmp_path):
+    """A late rank's token of a failed barrier, and the receives the failed barrier posted, do not
+    spill into the next one: every rank passes it."""
+    if SIZE != 1:
+        pytest.skip("runs its own mpirun job once")
+    res, seconds, _ = run_job(tmp_path, AGAIN, np_=3, timeout=60)
+    assert res.returncode == 0 and res.stdout.count("second barrier ok") == 3, res.stdout + res.stderr[-2000:]
+
+
+RANK_ARG = """
+    import torch.distributed as dist
+    import mpicoll.torch
+    try:
+        dist.init_process_group("mpicoll", init_method="mpi://", rank=0, world_size=2)
+    except ValueError as exc:
+        print(f"raised: {exc}", flush=True)
+"""
+
+
+def test_torch_a_wrong_rank_on_one_process_raises_on_every_one(tmp_path):
+    """``rank=0`` given on every process is wrong on rank 1 only: both raise its ValueError, none
+    waits in the store's set-up."""
+    if SIZE != 1:
+        pytest.skip("runs its own mpirun job once")
+    res, seconds, _ = run_job(tmp_path, RANK_ARG, np_=2, timeout=60)
+    assert res.stdout.count("raised: init_process_group(init_method='mpi://', rank=0): MPI says 1 on world "
+                            "rank 1") == 2, res.stdout + res.stderr[-2000:]
 
 
 TIMEOUT = """
