@@ -17,6 +17,7 @@ from mpicoll._dtypes import DTYPES, REDUCE_OPS  # noqa: E402
 from mpicoll._golden import SEED, golden_reduce, rank_data  # noqa: E402
 
 from _mpi import RANK, SIZE, WORLD  # noqa: E402
+from _torch import world_group  # noqa: E402, F401 - the module's process group (autouse)
 
 pytestmark = pytest.mark.mpi(min_size=1)
 
@@ -24,13 +25,6 @@ NUMERIC = ["float32", "float64", "float16", "bfloat16", "int8", "int16", "int32"
 ALL = NUMERIC + ["bool"]
 OPS = {"sum": dist.ReduceOp.SUM, "prod": dist.ReduceOp.PRODUCT, "min": dist.ReduceOp.MIN, "max": dist.ReduceOp.MAX}
 
-
-@pytest.fixture(scope="module", autouse=True)
-def world_group():
-    if not dist.is_initialized():
-        dist.init_process_group("mpicoll", init_method="mpi://")
-    yield dist.group.WORLD
-    dist.destroy_process_group()
 
 
 def _np(key: str, shape, dtype: str, rank: int = RANK) -> np.ndarray:

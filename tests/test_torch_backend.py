@@ -15,16 +15,12 @@ import mpicoll  # noqa: E402
 import mpicoll.torch  # noqa: E402, F401 - registers the backend and mpi://
 
 from _mpi import RANK, SIZE, WORLD, launch_env, run_job  # noqa: E402
+from _torch import world_group  # noqa: E402, F401 - the module's process group (autouse)
 
 pytestmark = pytest.mark.mpi(min_size=1)
+#: a test that launches its own mpirun job, once, from the 1-rank run
+ONE_JOB = pytest.mark.skipif(SIZE != 1, reason="runs its own mpirun job once")
 
-
-@pytest.fixture(scope="module", autouse=True)
-def world_group():
-    if not dist.is_initialized():
-        dist.init_process_group("mpicoll", init_method="mpi://")
-    yield dist.group.WORLD
-    dist.destroy_process_group()
 
 
 def test_torch_group_names_and_opts_less_calls():
@@ -138,9 +134,8 @@ MONITORED = """
 """
 
 
+@ONE_JOB
 def test_torch_monitored_barrier_names_the_rank_that_did_not_come(tmp_path):
-    if SIZE != 1:
-        pytest.skip("runs its own mpirun job once")
     res, seconds, _ = run_job(tmp_path, MONITORED, np_=3, timeout=60)
     assert "rank 0: monitored_barrier: ranks [1] (world ranks [1]) did not reach it within 2 s" in res.stdout, \
         res.stdout + res.stderr[-2000:]
@@ -166,11 +161,10 @@ AGAIN = """
 """
 
 
+@ONE_JOB
 def test_torch_monitored_barrier_after_a_failed_one(tmp_path):
     """A late rank's token of a failed barrier, and the receives the failed barrier posted, do not
     spill into the next one: every rank passes it."""
-    if SIZE != 1:
-        pytest.skip("runs its own mpirun job once")
     res, seconds, _ = run_job(tmp_path, AGAIN, np_=3, timeout=60)
     assert res.returncode == 0 and res.stdout.count("second barrier ok") == 3, res.stdout + res.stderr[-2000:]
 
@@ -185,11 +179,10 @@ RANK_ARG = """
 """
 
 
+@ONE_JOB
 def test_torch_a_wrong_rank_on_one_process_raises_on_every_one(tmp_path):
     """``rank=0`` given on every process is wrong on rank 1 only: both raise its ValueError, none
     waits in the store's set-up."""
-    if SIZE != 1:
-        pytest.skip("runs its own mpirun job once")
     res, seconds, _ = run_job(tmp_path, RANK_ARG, np_=2, timeout=60)
     assert res.stdout.count("raised: init_process_group(init_method='mpi://', rank=0): MPI says 1 on world "
                             "rank 1") == 2, res.stdout + res.stderr[-2000:]
@@ -215,9 +208,8 @@ TIMEOUT = """
 """
 
 
+@ONE_JOB
 def test_torch_init_timeout_raises_the_named_timeout(tmp_path):
-    if SIZE != 1:
-        pytest.skip("runs its own mpirun job once")
     res, seconds, left = run_job(tmp_path, TIMEOUT, np_=3, timeout=60)
     assert res.returncode == 3, res.stdout + res.stderr[-3000:]
     assert "all_reduce: timed out after 2 s" in res.stdout and "ranks that did not arrive: [1]" in res.stdout, \
@@ -241,19 +233,17 @@ RECV_TIMEOUT = """
 """
 
 
+@ONE_JOB
 def test_torch_a_message_that_never_comes_times_out(tmp_path):
-    if SIZE != 1:
-        pytest.skip("runs its own mpirun job once")
     res, seconds, _ = run_job(tmp_path, RECV_TIMEOUT, np_=2, timeout=60)
     assert res.returncode == 3, res.stdout + res.stderr[-3000:]
     assert "rank 0: irecv: timed out after 2 s on rank 0 of the world (mpicoll.world), waiting for the message " \
            "from rank 1 (world rank 1) (tag 4)" in res.stdout, res.stdout
 
 
+@pytest.mark.skipif(SIZE != 1, reason="runs its own torchrun job once")
 def test_torch_torchrun_is_refused_at_init(tmp_path):
     """torchrun starts MPI singletons: every process must refuse at init (never N worlds of 1)."""
-    if SIZE != 1:
-        pytest.skip("runs its own torchrun job once")
     import subprocess
     import sys
     script = tmp_path / "train.py"

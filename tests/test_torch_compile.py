@@ -15,17 +15,11 @@ import torch.distributed._functional_collectives as fc  # noqa: E402
 import mpicoll.torch  # noqa: E402, F401 - registers the backend and mpi://
 
 from _mpi import RANK, SIZE  # noqa: E402
+from _torch import world_group  # noqa: E402, F401 - the module's process group (autouse)
 
 pytestmark = [pytest.mark.mpi(min_size=2),
               pytest.mark.skipif(SIZE not in (2, 3), reason="compiles at 2 and 3 ranks only (slow on 2 cores)")]
 
-
-@pytest.fixture(scope="module", autouse=True)
-def world_group():
-    if not dist.is_initialized():
-        dist.init_process_group("mpicoll", init_method="mpi://")
-    yield dist.group.WORLD
-    dist.destroy_process_group()
 
 
 def _x(r):                     # rank r's inputs (small integers in float32: every sum is exact)

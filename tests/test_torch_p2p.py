@@ -12,18 +12,12 @@ import mpicoll  # noqa: E402
 import mpicoll.torch  # noqa: E402, F401 - registers the backend and mpi://
 
 from _mpi import RANK, SIZE  # noqa: E402
+from _torch import world_group  # noqa: E402, F401 - the module's process group (autouse)
 
 pytestmark = pytest.mark.mpi(min_size=2)
 DTYPES = [torch.float32, torch.float64, torch.float16, torch.bfloat16, torch.int8, torch.int64, torch.uint8,
           torch.bool]
 
-
-@pytest.fixture(scope="module", autouse=True)
-def world_group():
-    if not dist.is_initialized():
-        dist.init_process_group("mpicoll", init_method="mpi://")
-    yield dist.group.WORLD
-    dist.destroy_process_group()
 
 
 def _value(src: int, tag: int, dtype) -> torch.Tensor:

@@ -14,17 +14,11 @@ import mpicoll.torch  # noqa: E402, F401 - registers the backend and mpi://
 from mpicoll._env import flag  # noqa: E402
 
 from _mpi import RANK, SIZE  # noqa: E402
+from _torch import world_group  # noqa: E402, F401 - the module's process group (autouse)
 
 pytestmark = [pytest.mark.mpi(min_size=1),
               pytest.mark.skipif(not flag("MPICOLL_EXACT", "1"), reason="MPICOLL_EXACT=0: float sums in MPI's order")]
 
-
-@pytest.fixture(scope="module", autouse=True)
-def world_group():
-    if not dist.is_initialized():
-        dist.init_process_group("mpicoll", init_method="mpi://")
-    yield
-    dist.destroy_process_group()
 
 
 def _train(bucket_cap_mb: float, steps: int = 4) -> list[torch.Tensor]:
