@@ -21,13 +21,15 @@ RANK, SIZE = WORLD.Get_rank(), WORLD.Get_size()
 OPEN_MPI = MPI.Get_library_version().startswith("Open MPI")
 
 
-def mpirun(np_: int, *args: str) -> list[str]:
+def mpirun(np_: int, *args: str, python: str = sys.executable, open_mpi: bool = OPEN_MPI) -> list[str]:
     """The command line of a nested job of ``np_`` ranks, with the launcher flags the MPI in use
     needs here: Open MPI refuses more ranks than cores without ``--map-by :OVERSUBSCRIBE`` and
-    refuses root without ``--allow-run-as-root``; MPICH's hydra needs neither."""
-    exe = Path(sys.executable).with_name("mpirun")
+    refuses root without ``--allow-run-as-root``; MPICH's hydra needs neither. ``python``,
+    ``open_mpi``: another environment's interpreter (its ``mpirun`` beside it) and whether its MPI
+    is Open MPI."""
+    exe = Path(python).with_name("mpirun")
     cmd = [str(exe) if exe.exists() else "mpirun"]
-    if OPEN_MPI:
+    if open_mpi:
         cmd += ["--map-by", ":OVERSUBSCRIBE"] + (["--allow-run-as-root"] if os.geteuid() == 0 else [])
     return cmd + ["-np", str(np_), *args]
 
@@ -123,3 +125,20 @@ def on(ranks) -> str:
     """How an error names the ranks that broke one rule alike: ``on rank 2``, ``on ranks [0, 1, 2]``."""
     ranks = list(ranks)
     return f"on rank {ranks[0]}" if len(ranks) == 1 else f"on ranks {ranks}"
+
+
+def digest_job(python: str, np_: int = 4) -> dict:
+    """tests/multihost/digest.py (the bits of float reductions) as a job of ``np_`` ranks under the
+    MPI of ``python``'s environment, which imports this tree's mpicoll; its JSON line."""
+    import json
+    root = Path(__file__).resolve().parent.parent
+    version = subprocess.run([str(Path(python).with_name("mpirun")), "--version"], capture_output=True, text=True,
+                             timeout=60).stdout
+    env = {k: v for k, v in launch_env(PYTHONPATH=str(root), OMPI_MCA_osc="^ucx").items()
+           if not k.startswith("MPICOLL_")}
+    proc = subprocess.run(mpirun(np_, python, str(root / "tests" / "multihost" / "digest.py"), python=python,
+                                 open_mpi="Open MPI" in version), capture_output=True, text=True, timeout=240,
+                          env=env, cwd=root)
+    assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-2000:]
+    return json.loads(proc.stdout.strip().splitlines()[-1])
+

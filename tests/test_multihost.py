@@ -17,7 +17,7 @@ from pathlib import Path
 import pytest
 from mpi4py import MPI
 
-from _mpi import await_word, launch_env
+from _mpi import await_word, digest_job, launch_env
 
 ROOT = Path(__file__).resolve().parent.parent
 _loader = importlib.machinery.SourceFileLoader("mpicoll_cluster", str(ROOT / "scripts" / "cluster"))
@@ -97,8 +97,7 @@ def test_the_same_bits_on_one_host_and_on_two():
         proc = _cluster("run", "2", "4", "--timeout", "150", *extra, "--", sys.executable, "tests/multihost/digest.py")
         assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
         digests.append(json.loads(proc.stdout.strip().splitlines()[-1]))
-    from test_reproducible import _digest
-    digests.append(_digest(sys.executable, 4))
+    digests.append(digest_job(sys.executable, 4))
     assert all(d["wrong"] == 0 for d in digests), digests
     assert len({d["sha256"] for d in digests}) == 1, digests
 

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import sys
 
 import numpy as np
 import pytest
@@ -26,7 +27,7 @@ from mpicoll._env import flag
 from mpicoll._golden import golden_reduce
 from mpicoll.ops import allreduce as A
 
-from _mpi import RANK, SIZE, WORLD, agreed
+from _mpi import RANK, SIZE, WORLD, agreed, digest_job
 
 EXAMPLES = int(os.environ.get("MPICOLL_FUZZ_EXAMPLES", "60"))
 PROPERTY = settings(max_examples=EXAMPLES, derandomize=True, database=None, deadline=None,
@@ -232,27 +233,6 @@ def test_functional_calls_eager_and_merged_in_a_graph_give_the_same_bits(seed, d
     agreed(check)
 
 
-def _digest(python: str, np_: int = 4) -> dict:
-    """tests/multihost/digest.py under the MPI of ``python`` (its own mpirun, beside it)."""
-    import json
-    import subprocess
-    from pathlib import Path
-
-    from _mpi import launch_env
-    bin_dir = Path(python).parent
-    launcher = [str(bin_dir / "mpirun")]
-    version = subprocess.run(launcher + ["--version"], capture_output=True, text=True, timeout=60).stdout
-    if "Open MPI" in version:
-        launcher += ["--map-by", ":OVERSUBSCRIBE"] + (["--allow-run-as-root"] if os.geteuid() == 0 else [])
-    root = Path(__file__).resolve().parent.parent
-    env = {k: v for k, v in launch_env(PYTHONPATH=str(root), OMPI_MCA_osc="^ucx").items()
-           if not k.startswith("MPICOLL_")}
-    proc = subprocess.run(launcher + ["-np", str(np_), python, str(root / "tests" / "multihost" / "digest.py")],
-                          capture_output=True, text=True, timeout=240, env=env, cwd=root)
-    assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-2000:]
-    return json.loads(proc.stdout.strip().splitlines()[-1])
-
-
 @pytest.mark.mpi(min_size=1)
 @pytest.mark.timeout_s(600)
 @pytest.mark.skipif(SIZE != 1, reason="launches its own jobs once (from the 1-rank run)")
@@ -262,8 +242,7 @@ def _digest(python: str, np_: int = 4) -> dict:
 def test_the_same_bits_on_mpich_and_open_mpi():
     """The same inputs give the same bits of every float reduction on this MPI and on the other one
     (MPICH and Open MPI wheels), each equal to the rank-order golden."""
-    import sys
-    here, there = _digest(sys.executable), _digest(os.environ["MPICOLL_OTHER_MPI_PYTHON"])
+    here, there = digest_job(sys.executable), digest_job(os.environ["MPICOLL_OTHER_MPI_PYTHON"])
     assert {here["mpi"].split()[0], there["mpi"].split()[0]} == {"MPICH", "Open"}, (here["mpi"], there["mpi"])
     assert here["wrong"] == there["wrong"] == 0, (here, there)
     assert here["sha256"] == there["sha256"], (here, there)
