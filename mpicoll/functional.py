@@ -29,11 +29,12 @@ from mpi4py import MPI
 
 from . import _validate as V
 from ._comm import alive
-from ._domains import declare_domains, group_fields
+from ._domains import declare_domains, group_fields, resolve
 from ._dtypes import REDUCE_RULE, reduce_op
-from ._errors import CollectiveArgumentError
+from ._errors import CollectiveArgumentError, CollectiveTimeout
 from ._numeric import prefix
 from ._plan import Call
+from ._watchdog import timeout_seconds, wait as _watch
 from .ops._base import Operation
 from .ops.allgather import AllGatherOperation, AllGatherVOperation
 from .ops.allreduce import AllReduceOperation
@@ -45,8 +46,9 @@ from .ops.reduce_scatter import ReduceScatterOperation, ReduceScatterVOperation
 from .ops.scatter import ScatterOperation
 
 __all__ = ["MAX_CACHED", "Work", "all_gather", "all_gather_into_tensor", "all_gather_into_tensor_uneven",
-           "all_reduce", "all_to_all", "all_to_all_single", "barrier", "broadcast", "gather", "reduce",
-           "reduce_scatter", "reduce_scatter_tensor", "reduce_scatter_tensor_uneven", "scatter"]
+           "all_reduce", "all_to_all", "all_to_all_single", "barrier", "broadcast", "gather", "irecv", "isend",
+           "recv", "reduce", "reduce_scatter", "reduce_scatter_tensor", "reduce_scatter_tensor_uneven", "scatter",
+           "send", "source"]
 
 #: operations kept per (function, group, reduce op or root); the least recently used goes first
 MAX_CACHED = 256
@@ -731,11 +733,6 @@ def barrier(group: Any = None, async_op: bool = False) -> Work | None:
 # arrivals for the collective watchdog, which a message must not touch. The watchdog
 # (MPICOLL_TIMEOUT) times the wait of a message as it times a collective.
 
-from ._domains import resolve  # noqa: E402 - the p2p section's own imports
-from ._errors import CollectiveTimeout  # noqa: E402
-from ._watchdog import timeout_seconds, wait as _watch  # noqa: E402
-
-__all__ += ["irecv", "isend", "recv", "send", "source"]
 
 
 class _Message:
