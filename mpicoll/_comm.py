@@ -76,6 +76,9 @@ class LibComm:
         ident: a number for it, the same on every member (its label and members): how a captured
             graph tells its communicators apart.
         validate, debug: the agreed defaults of ``MPICOLL_VALIDATE`` and ``MPICOLL_DEBUG``.
+        timeout: its own watchdog timeout in seconds (a torch group's ``timeout=``: given alike by
+            every member when it was made), or None: ``MPICOLL_TIMEOUT``'s. A call on it that gives
+            none takes it (:meth:`default_timeout`); its own timeout only raises, never aborts.
         local: every member runs on one node and ``MPICOLL_SHM`` is on (agreed): large reductions
             may use the node window (:func:`mpicoll._shm.node_window`).
         exact: ``MPICOLL_EXACT`` (agreed, on by default): float reductions reduce in rank order on
@@ -95,13 +98,13 @@ class LibComm:
             plans on it raise (:func:`check_live`) instead of calling MPI on a freed handle.
     """
 
-    __slots__ = ("mpi", "label", "rank", "size", "world_ranks", "ident", "validate", "debug", "local", "exact",
+    __slots__ = ("mpi", "label", "rank", "size", "world_ranks", "ident", "validate", "debug", "local", "exact", "timeout",
                  "calls", "seq", "pending", "plain", "freed", "per_node", "blocks", "buffers", "_win", "_mark", "_node",
                  "_split", "_tiers", "__weakref__")
 
     def __init__(self, mpi: MPI.Comm, label: str, validate: bool, debug: bool, watched: bool,
                  local: bool = False, split: MPI.Comm | None = None, exact: bool = True,
-                 blocks: bool = False) -> None:
+                 blocks: bool = False, timeout: float | None = None) -> None:
         self.mpi, self.label = mpi, label
         self.rank, self.size = mpi.Get_rank(), mpi.Get_size()
         group, world = mpi.Get_group(), MPI.COMM_WORLD.Get_group()
@@ -109,7 +112,7 @@ class LibComm:
         self.ident = zlib.crc32(f"{label}:{self.world_ranks}".encode()) | len(self.world_ranks) << 32   # (the same on every member)
         group.Free()
         world.Free()
-        self.validate, self.debug, self.local, self.exact = validate, debug, local, exact
+        self.validate, self.debug, self.local, self.exact, self.timeout = validate, debug, local, exact, timeout
         self._node = self._tiers = None
         self.buffers: list = []            # its node buffers (mpicoll._shm.node_buffer), in allocation order
         self._split = split                # (this rank's node's members, kept for tiers(); None: no tiers)
@@ -128,25 +131,28 @@ class LibComm:
             self._mark = np.frombuffer(self._win.tomemory(), dtype=np.int64)
             self._mark[:] = 0
             mpi.Barrier()                  # every mark is zero before anyone reads one
-            self._win.Lock_all()
+            # (every member holds a shared lock on all, none ever an exclusive one: NOCHECK, so that
+            # taking it needs no message, else it waits for the others to make MPI progress)
+            self._win.Lock_all(MPI.MODE_NOCHECK)
             with LOCK:
                 _OPEN.append(self)
 
     @classmethod
-    def make(cls, mpi: MPI.Comm, label: str) -> "LibComm":
+    def make(cls, mpi: MPI.Comm, label: str, timeout: float | None = None) -> "LibComm":
         """Wrap a communicator mpicoll has just created (collective over its members): agree the
         settings and whether all members share one node, and make the arrival window if any member
-        runs a watchdog.
+        runs a watchdog (``MPICOLL_TIMEOUT``, or ``timeout``: its own, see the class docstring).
 
         Raises:
             CollectiveMismatchError: ``MPICOLL_VALIDATE``, ``MPICOLL_DEBUG``, ``MPICOLL_SHM`` or ``MPICOLL_EXACT`` set
                 differently on the members (each would make different MPI calls), on every member.
         """
         mine = np.array([flag("MPICOLL_VALIDATE", "1"), flag("MPICOLL_DEBUG", "0"),
-                         _watchdog.timeout_default() is not None, flag("MPICOLL_SHM", "1"),
+                         timeout is not None or _watchdog.timeout_default() is not None, flag("MPICOLL_SHM", "1"),
                          flag("MPICOLL_EXACT", "1")], dtype=np.int64)
         table = np.empty((mpi.Get_size(), len(mine)), dtype=np.int64)
-        timed_call(mpi, "Allgather", ([mine, MPI.INT64_T], [table, MPI.INT64_T]), _watchdog.timeout_default(),
+        set_up = timeout if timeout is not None else _watchdog.timeout_default()
+        timed_call(mpi, "Allgather", ([mine, MPI.INT64_T], [table, MPI.INT64_T]), set_up,
                    lambda: f"setting up {label}: timed out agreeing its settings")
         for col, name in ((0, "MPICOLL_VALIDATE"), (1, "MPICOLL_DEBUG"), (3, "MPICOLL_SHM"), (4, "MPICOLL_EXACT")):
             values = table[:, col].tolist()
@@ -172,12 +178,12 @@ class LibComm:
                 # max of (size, -size, -block): every node alike if max == -(-min); every node in blocks
                 span = np.array([here, -here, -int(block)], dtype=np.int64)
                 timed_call(mpi, "Allreduce", (MPI.IN_PLACE, [span, MPI.INT64_T], MPI.MAX),
-                           _watchdog.timeout_default(), lambda: f"setting up {label}: timed out agreeing its layout")
+                           set_up, lambda: f"setting up {label}: timed out agreeing its layout")
             if one_node or here == 1 or span[0] != -span[1]:
                 split.Free()
                 split = None
         return cls(mpi, label, bool(table[0, 0]), bool(table[0, 1]), bool(table[:, 2].any()), one_node, split,
-                   bool(table[0, 4]), split is not None and span[2] == -1)
+                   bool(table[0, 4]), split is not None and span[2] == -1, timeout)
 
     def meet(self, what: str) -> None:
         """A Barrier under the watchdog before a collective set-up step that is not timed itself
@@ -185,7 +191,7 @@ class LibComm:
         gives ``CollectiveTimeout`` saying ``what`` it was waiting for."""
         if self.pending:
             self.drain(None)
-        timed_call(self.mpi, "Barrier", (), _watchdog.timeout_default(),
+        timed_call(self.mpi, "Barrier", (), self.default_timeout(),
                    lambda: f"{self.label}: timed out waiting for every member to {what}")
 
     def add_buffer(self, buf) -> None:
@@ -209,14 +215,18 @@ class LibComm:
                       "AllReduce there)")
             k = self._split.Get_rank()
             across = self.mpi.Split(k, self.rank)
-            self._tiers = (LibComm.make(self._split, f"{self.label}: the members on this node"),
-                           LibComm.make(across, f"{self.label}: the members with node index {k}"))
+            self._tiers = (LibComm.make(self._split, f"{self.label}: the members on this node", self.timeout),
+                           LibComm.make(across, f"{self.label}: the members with node index {k}", self.timeout))
         return self._tiers
 
     @property
     def watched(self) -> bool:
         """Whether the members keep arrival marks (a watchdog runs on some member)."""
         return self._win is not None
+
+    def default_timeout(self) -> float | None:
+        """The watchdog timeout of a call on it that gives none: its own, else ``MPICOLL_TIMEOUT``'s."""
+        return self.timeout if self.timeout is not None else _watchdog.timeout_default()
 
     # -- calls -----------------------------------------------------------------------------------
     def direct(self, timeout: float | None) -> bool:
@@ -279,7 +289,7 @@ class LibComm:
             MPI.Request.Waitall(requests)
             return
         _watchdog.wait(requests, timeout, lambda: self._expired(timeout, name, where),
-                       lambda: self._lost(timeout, name, where))
+                       lambda: self._lost(timeout, name, where), raises=self.timeout is not None)
 
     def drain(self, by: Any) -> None:
         """Drive the started work queued here ahead of ``by`` (all of it when ``by`` is None) until it

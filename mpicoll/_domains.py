@@ -51,7 +51,7 @@ def world() -> LibComm:
     return _WORLD
 
 
-def _own(comm: MPI.Comm, name: str, label: str) -> LibComm:
+def _own(comm: MPI.Comm, name: str, label: str, timeout: float | None = None) -> LibComm:
     """Name and wrap a communicator mpicoll has just made: the world's or a user comm's ``Idup``, a
     domain's ``Create_group``. Every entry path (operations, plans, graphs, node buffers, the Hccl
     client) gets its first library communicator here, so this is where, once per process, the
@@ -69,15 +69,15 @@ def _own(comm: MPI.Comm, name: str, label: str) -> LibComm:
         _UNLINKED = True
         _watchdog.unlink_own_segments()
     comm.Set_name(name)
-    return LibComm.make(comm, label)
+    return LibComm.make(comm, label, timeout)
 
 
-def _dup(comm: MPI.Comm, what: str) -> MPI.Comm:
+def _dup(comm: MPI.Comm, what: str, timeout: float | None = None) -> MPI.Comm:
     """The ``Idup`` that makes a library communicator, under the watchdog when timed: made on the
     world or on the user's communicator, before any LibComm exists (so not a LibComm call)."""
     alive(f"duplicating {what}")
     new, req = comm.Idup()
-    timeout = timeout_default()
+    timeout = timeout if timeout is not None else timeout_default()
     if timeout is None:
         req.Wait()
     else:
@@ -86,8 +86,10 @@ def _dup(comm: MPI.Comm, what: str) -> MPI.Comm:
     return new
 
 
-def user_comm(comm: MPI.Comm) -> LibComm:
-    """mpicoll's private duplicate of a user communicator (collective over it on first use only)."""
+def user_comm(comm: MPI.Comm, timeout: float | None = None) -> LibComm:
+    """mpicoll's private duplicate of a user communicator (collective over it on first use only).
+    ``timeout``: the duplicate's own watchdog timeout (:class:`LibComm`), given alike by every
+    member at that first use (mpicoll.torch's groups)."""
     global _KEYVAL
     if comm == MPI.COMM_WORLD:
         return world()
@@ -97,7 +99,7 @@ def user_comm(comm: MPI.Comm) -> LibComm:
     lib = comm.Get_attr(_KEYVAL)
     if lib is None:
         name = comm.Get_name() or "comm"
-        lib = _own(_dup(comm, f"user comm {name!r}"), f"mpicoll.user.{name}", f"user comm {name!r}")
+        lib = _own(_dup(comm, f"user comm {name!r}", timeout), f"mpicoll.user.{name}", f"user comm {name!r}", timeout)
         comm.Set_attr(_KEYVAL, lib)
     return lib
 

@@ -66,9 +66,10 @@ def action_default() -> str:
 
 
 def wait(requests: list[MPI.Request], timeout: float, expired: Callable[[], Any],
-         lost: Callable[[], str]) -> None:
+         lost: Callable[[], str], raises: bool = False) -> None:
     """Complete ``requests`` within ``timeout`` seconds, else raise ``expired()`` (an error, or the
-    text of one), or abort the job. ``lost()``: the text the backstop prints if MPI never returns."""
+    text of one), or abort the job (``MPICOLL_TIMEOUT_ACTION``; ``raises``: only raise, as on a
+    communicator with its own timeout). ``lost()``: the text the backstop prints if MPI never returns."""
     if done(requests):
         return
     now = time.monotonic()
@@ -85,7 +86,7 @@ def wait(requests: list[MPI.Request], timeout: float, expired: Callable[[], Any]
                 error = expired()
                 if not isinstance(error, BaseException):
                     error = CollectiveTimeout(str(error), param="timeout")
-                if action_default() == "abort":
+                if not raises and action_default() == "abort":
                     abort(f"mpicoll watchdog: {error}; aborting the job (MPICOLL_TIMEOUT_ACTION=raise only raises)")
                 raise error
             time.sleep(pause)

@@ -34,7 +34,7 @@ from ._dtypes import REDUCE_RULE, reduce_op
 from ._errors import CollectiveArgumentError, CollectiveTimeout
 from ._numeric import prefix
 from ._plan import Call
-from ._watchdog import timeout_seconds, wait as _watch
+from ._watchdog import wait as _watch
 from .ops._base import Operation
 from .ops.allgather import AllGatherOperation, AllGatherVOperation
 from .ops.allreduce import AllReduceOperation
@@ -130,8 +130,9 @@ def _op(cls: type, group: Any, fn: str, root: tuple | None = None, reduce: str |
     """The cached operation of ``cls`` on ``group`` (None: this rank is not in a list ``group``).
     ``root``: ``(name, world rank, group rank)`` of a rooted function's src/dst (one of the two
     ranks given, or neither: group rank 0); ``reduce``: its reduce op's name."""
-    if group is None or type(group) is str:      # (the common case: one dict lookup)
-        key = (cls, group or "", root, reduce)
+    kind = type(group)
+    if group is None or kind is str or kind is MPI.Intracomm:      # (the common cases: one dict lookup)
+        key = (cls, ("comm", id(group)) if kind is MPI.Intracomm else group or "", root, reduce)
         op = _OPS.get(key)
         if op is not None:
             _OPS.move_to_end(key)
@@ -742,7 +743,7 @@ class _Message:
 
     def __init__(self, fn: str, req: MPI.Request, lib: Any, peer: int, tag: int, nbytes: int) -> None:
         self.fn, self.req, self.lib, self.peer, self.tag, self.nbytes = fn, req, lib, peer, tag, nbytes
-        self.status, self.timeout, self.source = MPI.Status(), timeout_seconds(None), None
+        self.status, self.timeout, self.source = MPI.Status(), lib.default_timeout(), None
 
     def _peer(self) -> str:
         if self.peer == MPI.ANY_SOURCE:
@@ -785,7 +786,7 @@ class _Message:
         if self.timeout is None:
             self._mpi(self.req.Wait)
         else:
-            _watch([self], self.timeout, self._expired, lambda: str(self._expired()))
+            _watch([self], self.timeout, self._expired, lambda: str(self._expired()), raises=self.lib.timeout is not None)
         self._finish()
 
     def test(self) -> bool:

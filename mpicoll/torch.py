@@ -16,9 +16,11 @@ run to completion before they return: the ``Work`` torch hands back is complete,
 completed by ``wait()``. A tensor or a reduce op the backend cannot take raises
 ``CollectiveArgumentError`` through the call's agreement, on every rank of the group.
 
-torch 2.13 lets Python subclass its ``ProcessGroup`` but not its ``Backend`` (no constructor is
-bound): the group here is a ``ProcessGroup`` that names itself (``group_name``), which is what
-torch's C++ callers (functional collectives, ``torch.compile``, DTensor) look groups up by.
+The backend is a subclass of torch's c10d ``Backend`` (torch wraps it in a ``ProcessGroup``,
+names it, routes every CPU call of it to the backend, and wraps it for
+``TORCH_DISTRIBUTED_DEBUG=DETAIL``). torch before 2.14 binds no constructor for a Python
+``Backend``: there the same class derives from ``ProcessGroup`` and names itself (``group_name``,
+how torch's C++ callers find a group), which is all the difference (:data:`_BASE`).
 """
 from __future__ import annotations
 
@@ -33,12 +35,14 @@ import numpy as np
 import torch
 import torch.distributed as dist
 from mpi4py import MPI
-from torch._C._distributed_c10d import _create_work_from_future
+from torch._C._distributed_c10d import Backend as _C10dBackend, _create_work_from_future
 from torch.distributed.constants import default_pg_timeout
 from torch.distributed.rendezvous import register_rendezvous_handler
 
 from . import functional as F
-from ._errors import CollectiveError, CollectiveTimeout, arg_error
+from ._domains import user_comm
+from ._rendezvous import create
+from ._errors import CollectiveError, arg_error
 from ._torch_store import LocalStore, shared_store
 
 __all__ = ["BACKEND", "ProcessGroupMpicoll"]
@@ -141,11 +145,18 @@ def _average(t: torch.Tensor, op: Any, n: int) -> None:
 class _MessageWork(dist.Work):
     """A point-to-point message in flight (mpicoll.functional's Work): ``wait()`` completes it."""
 
-    def __init__(self, work: F.Work, tensors: list) -> None:
+    def __init__(self, work: F.Work, tensors: list, call: str) -> None:
         super().__init__()
-        self._work, self._tensors = work, tensors
+        self._work, self._tensors, self._call = work, tensors, call
 
     def wait(self, timeout: Any = None) -> bool:
+        """Complete the message; with a ``timeout`` (a timedelta or seconds; 0: none, torch's
+        default) a RuntimeError after that long, the message still posted (a later ``wait()``
+        completes it)."""
+        seconds = timeout.total_seconds() if isinstance(timeout, timedelta) else float(timeout or 0)
+        if seconds > 0:
+            _wait_until(self._work, time.monotonic() + seconds, cancel=False, why=lambda: (
+                f"{self._call}: the message did not complete within wait(timeout={seconds:g} s)"))
         return self._work.wait()
 
     def is_completed(self) -> bool:
@@ -170,6 +181,22 @@ class _MessageWork(dist.Work):
         return fut
 
 
+def _base() -> type:
+    """torch's c10d ``Backend`` where Python can subclass it (torch >= 2.14 binds its
+    constructor), else its ``ProcessGroup``."""
+    class Probe(_C10dBackend):
+        pass
+    try:
+        Probe(0, 1)
+    except TypeError:                       # ("No constructor defined!")
+        return dist.ProcessGroup
+    return _C10dBackend
+
+
+#: the group's base class (see the module docstring)
+_BASE = _base()
+
+
 def _eager_under_compile(cls: type) -> type:
     """Wrap the group's methods torch calls (``torch.compiler.disable``, ~0.2 us a call): torch's C++
     side (DDP's reducer, a compiled graph's collectives) calls them while torch.compile runs, and
@@ -182,14 +209,18 @@ def _eager_under_compile(cls: type) -> type:
 
 
 @_eager_under_compile
-class ProcessGroupMpicoll(dist.ProcessGroup):
+class ProcessGroupMpicoll(_BASE):
     """A torch.distributed process group on mpicoll (one per torch group; world ranks ``ranks``)."""
 
-    def __init__(self, rank: int, size: int, ranks: list[int], timeout: timedelta | None = None) -> None:
+    # what the group supports beyond the calls below: nothing (torch 2.14 reads these of a Python
+    # Backend as attributes: left to the base class, reading one recurses without end)
+    supports_splitting = supports_coalescing = supports_time_estimate = supports_shrinking = False
+    supports_reconfigure = supports_window = False
+
+    def __init__(self, rank: int, size: int, ranks: list[int], comm: MPI.Comm, timeout: timedelta | None = None) -> None:
         super().__init__(rank, size)
         self._rank, self._size, self._ranks = rank, size, list(ranks)
-        # the mpicoll group: the world, or the comm domain of these world ranks (as new_group's)
-        self._group = None if self._ranks == list(range(MPI.COMM_WORLD.Get_size())) else self._ranks
+        self._group = comm                  # the mpicoll group: the group's own communicator (_create)
         self._timeout = timeout or default_pg_timeout
         self._name, self._desc = "", ""
         self._barriers = 0                  # monitored_barrier calls so far (their tokens carry it)
@@ -215,6 +246,15 @@ class ProcessGroupMpicoll(dist.ProcessGroup):
 
     def getGroupDesc(self) -> str:  # noqa: N802
         return self._desc
+
+    def _set_sequence_number_for_group(self) -> None:
+        """(torch's start of a group's count of collectives: mpicoll keeps its own)"""
+
+    def _get_sequence_number_for_group(self) -> int:
+        """0: ``TORCH_DISTRIBUTED_DEBUG=DETAIL``'s wrapper compares it across ranks with each call's
+        op and shapes; mpicoll's agreement already checks that the ranks make the same call in
+        the same place of their sequence (validation on)."""
+        return 0
 
     def __repr__(self) -> str:
         return (f"ProcessGroupMpicoll(rank={self._rank}, size={self._size}, group={self._group or 'world'}, "
@@ -365,12 +405,15 @@ class ProcessGroupMpicoll(dist.ProcessGroup):
         F.barrier(group=self._group)
         return _done([])
 
-    def monitored_barrier(self, timeout: timedelta | float | None = None, wait_all_ranks: bool = False) -> None:
-        """gloo's ``monitored_barrier`` (torch's ``dist.monitored_barrier`` refuses every backend
-        but gloo by name, so call it on the group: ``dist.group.WORLD.monitored_barrier()``).
-        Group rank 0 waits up to ``timeout`` (default: the group's) for a message from every other
-        rank, then answers each; a rank that did not come is named in the ``RuntimeError`` rank 0
-        raises (all of them with ``wait_all_ranks``); the ranks that came then time out too."""
+    def monitored_barrier(self, timeout: Any = None, wait_all_ranks: bool = False) -> None:
+        """gloo's ``monitored_barrier``: ``dist.monitored_barrier()`` from torch 2.14 (before, torch
+        refuses every backend but gloo by name: call it on the group, ``dist.group.WORLD.monitored_barrier()``).
+        Group rank 0 waits up to ``timeout`` (default: the group's; torch passes its
+        ``BarrierOptions``) for a message from every other rank, then answers each; a rank that did
+        not come is named in the ``RuntimeError`` rank 0 raises (all of them with
+        ``wait_all_ranks``); the ranks that came then time out too."""
+        if isinstance(timeout, dist.BarrierOptions):
+            timeout = timeout.timeout
         timeout = self._timeout if timeout is None else timeout
         seconds = timeout.total_seconds() if isinstance(timeout, timedelta) else float(timeout)
         deadline = time.monotonic() + seconds
@@ -435,7 +478,7 @@ class ProcessGroupMpicoll(dist.ProcessGroup):
             raise arg_error(call, "tag", tag, r, f"must be in [0, {_MONITOR_TAG}) (MPI's TAG_UB is "
                             "monitored_barrier's)")
         peer_arg = {} if peer is None else {"group_" + ("dst" if call == "send" else "src"): peer}
-        return _MessageWork(fn(_array(t, call, r), group=self._group, tag=tag, **peer_arg), tensors)
+        return _MessageWork(fn(_array(t, call, r), group=self._group, tag=tag, **peer_arg), tensors, call)
 
     def send(self, tensors, dstRank, tag):  # noqa: N803 - torch's names
         return self._message(F.isend, "send", tensors, dstRank, tag)
@@ -447,15 +490,17 @@ class ProcessGroupMpicoll(dist.ProcessGroup):
         return self._message(F.irecv, "recv", tensors, None, tag)
 
 
-def _wait_until(work: F.Work, deadline: float, why: Callable[[], str]) -> None:
-    """Poll the receive ``work`` until it completes or ``deadline`` passes (then RuntimeError:
-    ``why()``, the receive cancelled: a late message must not land in a later call's buffer)."""
+def _wait_until(work: F.Work, deadline: float, why: Callable[[], str], cancel: bool = True) -> None:
+    """Poll the message ``work`` until it completes or ``deadline`` passes (then RuntimeError:
+    ``why()``; a receive of monitored_barrier's is ``cancel``led: a late token must not land in a
+    later barrier's buffer)."""
     pause = 1e-5
     while not work.is_completed():
         if time.monotonic() > deadline:
-            request = work._handle.req
-            request.Cancel()
-            request.Wait()
+            if cancel:
+                request = work._handle.req
+                request.Cancel()
+                request.Wait()
             raise RuntimeError(why())
         time.sleep(pause)
         pause = min(2 * pause, 1e-3)
@@ -485,48 +530,54 @@ def _refuse_other_world(torch_size: int, where: str) -> None:
                            f"`mpirun -np {max(torch_size, launcher[1] if launcher else 0)} python ...` instead")
 
 
+#: every group made: torch holds a Python backend by its C++ half only, and would otherwise lose the
+#: Python half (its methods) when Python's last reference goes
+_GROUPS: list[ProcessGroupMpicoll] = []
+
+
 def _create(backend_opts, options) -> ProcessGroupMpicoll:
     """The creator torch calls for ``init_process_group("mpicoll")`` and ``new_group`` (extended API:
-    ``backend_opts`` carries the group's rank, size, world ranks and timeout)."""
+    ``backend_opts`` carries the group's rank, size, world ranks and timeout), on the group's
+    members only.
+
+    Each group gets a communicator of its own, made here by its members (``Comm.Create_group``,
+    which involves nobody else), whose mpicoll duplicate carries the group's ``timeout`` as its
+    watchdog timeout (raising the named ``CollectiveTimeout``; torch's default, 30 min, leaves the
+    watchdog as ``MPICOLL_TIMEOUT`` says, unset: none, so that calls keep their direct path to
+    MPI). So two groups never mix their messages, a group's timeout is its own, and nothing of it
+    outlives the group or reaches mpicoll calls made outside torch."""
     world = MPI.COMM_WORLD
     default = not backend_opts.global_ranks_in_group
     if default:
         _refuse_other_world(backend_opts.group_size, "init_process_group")
     ranks = list(backend_opts.global_ranks_in_group) or list(range(backend_opts.group_size))
     mine = ranks[backend_opts.group_rank]
-    timeout = backend_opts.timeout
     if default:
-        # (on MPI_COMM_WORLD itself, not a LibComm: a set-up check of torch's ranks and timeout
-        # against MPI's, made before mpicoll has made any communicator for this group)
-        seen = world.allgather((mine, timeout.total_seconds()))
-        wrong = [(w, t) for w, (t, _) in enumerate(seen) if w != t]
+        # (a set-up check of torch's ranks against MPI's, on MPI_COMM_WORLD itself: no communicator
+        # of the group exists yet)
+        seen = world.allgather(mine)
+        wrong = [(w, t) for w, t in enumerate(seen) if w != t]
         if wrong:
             raise ValueError(f"the mpicoll backend: torch's ranks must be MPI's, but world ranks {[w for w, _ in wrong]} "
                              f"have torch ranks {[t for _, t in wrong]} (init_method='mpi://' takes them from MPI)")
-        if len({s for _, s in seen}) > 1:
-            raise ValueError(f"the mpicoll backend: init_process_group(timeout=...) differs across ranks: "
-                             f"{[s for _, s in seen]} s on world ranks 0..{len(seen) - 1}: give it alike everywhere")
-        _apply_timeout(timeout)
     if ranks != sorted(ranks):
         raise ValueError(f"the mpicoll backend: new_group(ranks={ranks}, sort_ranks=False): a group's ranks follow "
                          "the world's order here (a comm domain); leave sort_ranks at True")
-    pg = ProcessGroupMpicoll(backend_opts.group_rank, backend_opts.group_size, ranks, timeout)
-    # the group's communicator is made now, by all its members (torch makes a group on every member
-    # at once), so that a first message between two of them never waits for the others
-    F.barrier(group=pg._group)
+    # (Create_group over the members, as a comm domain's: its tag from the group's name)
+    comm = create(f"torch group {backend_opts.group_id}", tuple(ranks))
+    comm.Set_name(f"torch group {backend_opts.group_id}")
+    timeout = backend_opts.timeout
+    seconds = None if timeout == default_pg_timeout else timeout.total_seconds()
+    seen = comm.allgather(seconds)          # (a set-up step on the fresh communicator)
+    if len(set(seen)) > 1:
+        what = "init_process_group" if default else f"new_group(ranks={ranks}"
+        raise ValueError(f"the mpicoll backend: {what}, timeout=...) differs across its ranks: "
+                         f"{['default' if s is None else s for s in seen]} s on "
+                         f"world ranks {ranks}: give it alike everywhere")
+    user_comm(comm, seconds)                # mpicoll's duplicate, with the group's timeout
+    pg = ProcessGroupMpicoll(backend_opts.group_rank, backend_opts.group_size, ranks, comm, timeout)
+    _GROUPS.append(pg)
     return pg
-
-
-def _apply_timeout(timeout: timedelta) -> None:
-    """``init_process_group(timeout=T)``: mpicoll's watchdog for the process's collectives and
-    messages (``MPICOLL_TIMEOUT=T``, raising: ``MPICOLL_TIMEOUT_ACTION=raise``), unless
-    ``MPICOLL_TIMEOUT`` is set already. torch's default (30 min, given when the user gives none)
-    leaves the watchdog as ``MPICOLL_TIMEOUT`` says (unset: none), so that calls keep their direct
-    path to MPI."""
-    if timeout == default_pg_timeout or os.environ.get("MPICOLL_TIMEOUT"):
-        return
-    os.environ["MPICOLL_TIMEOUT"] = f"{timeout.total_seconds():g}"
-    os.environ.setdefault("MPICOLL_TIMEOUT_ACTION", "raise")
 
 
 def _mpi_rendezvous(url: str, timeout: timedelta = default_pg_timeout, **kwargs):

@@ -7,7 +7,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-torch = pytest.importorskip("torch", reason="torch is not installed: pip install '.[torch]' (torch 2.4 or later, CPU)")
+torch = pytest.importorskip("torch", reason="torch is not installed: pip install '.[torch]' (torch 2.13 or later, CPU)")
 import ml_dtypes  # noqa: E402
 import torch.distributed as dist  # noqa: E402
 
@@ -65,7 +65,9 @@ def _golden(xs: list[np.ndarray], dtype: str, op: str) -> np.ndarray:
 def test_rank_and_size_are_mpis():
     assert dist.get_rank() == WORLD.Get_rank() and dist.get_world_size() == WORLD.Get_size()
     assert dist.get_backend() == "mpicoll"
-    assert "ProcessGroupMpicoll" in repr(dist.group.WORLD) or dist.group.WORLD.name() == "mpicoll"
+    pg = dist.group.WORLD
+    backend = pg if isinstance(pg, mpicoll.torch.ProcessGroupMpicoll) else pg._get_backend(torch.device("cpu"))
+    assert isinstance(backend, mpicoll.torch.ProcessGroupMpicoll), backend
 
 
 # ----------------------------------------------------------------------------- reductions
@@ -174,7 +176,10 @@ def test_barrier_and_objects():
 def test_async_work_and_future():
     t = torch.full((4,), float(RANK + 1))
     work = dist.all_reduce(t, async_op=True)
-    assert work.wait() is True and work.is_completed()
+    assert work.wait() is True
+    # (torch >= 2.14 hands a Python backend's Work back in a holder that forwards wait() and
+    # get_future() only: its is_completed() stays False there, whatever the backend says)
+    assert work.is_completed() or mpicoll.torch._BASE is not dist.ProcessGroup
     fut = work.get_future()
     assert fut.done() and torch.equal(fut.value()[0], torch.full((4,), SIZE * (SIZE + 1) / 2))
     chained = fut.then(lambda f: f.value()[0] * 2)
@@ -235,8 +240,9 @@ def test_unsupported_calls_say_which():
         dist.all_reduce(torch.ones(1, dtype=torch.int32), op=dist.ReduceOp.BAND)
     with pytest.raises(mpicoll.CollectiveArgumentError, match="AVG on torch.int32.*only floating-point"):
         dist.all_reduce(torch.ones(1, dtype=torch.int32), op=dist.ReduceOp.AVG)
-    with pytest.raises(mpicoll.CollectiveArgumentError, match="tensor='meta' on ranks? .*takes CPU tensors"):
-        dist.all_reduce(torch.ones(1, device="meta"))
+    # (a tensor on another device never reaches a backend registered for the CPU on torch >= 2.14)
+    with pytest.raises(mpicoll.CollectiveArgumentError, match=r"tensor='strided \(2,\) .*on ranks? .*contiguous"):
+        dist.all_reduce(torch.ones(4)[::2])
     dist.barrier()
 
 
@@ -247,11 +253,11 @@ def test_a_failure_on_one_rank_before_the_call_is_agreed():
     bad = RANK == SIZE - 1
     with pytest.raises(mpicoll.CollectiveArgumentError, match=rf"op='RedOpType.BAND' on rank {SIZE - 1}"):
         dist.all_reduce(torch.ones(2, dtype=torch.int32), op=dist.ReduceOp.BAND if bad else dist.ReduceOp.SUM)
-    with pytest.raises(mpicoll.CollectiveArgumentError, match=rf"tensor='meta' on rank {SIZE - 1}"):
-        dist.broadcast(torch.ones(2, device="meta" if bad else "cpu"), src=0)
-    outs = [torch.empty(1) for _ in range(SIZE)]
+    with pytest.raises(mpicoll.CollectiveArgumentError, match=rf"tensor='strided .* on rank {SIZE - 1}"):
+        dist.broadcast(torch.ones(4)[::2] if bad else torch.ones(2), src=0)
+    outs = [torch.empty(2) for _ in range(SIZE)]
     with pytest.raises(mpicoll.CollectiveArgumentError, match=rf"on rank {SIZE - 1}"):
-        dist.all_gather(outs, torch.ones(1, device="meta" if bad else "cpu"))
+        dist.all_gather(outs, torch.ones(4)[::2] if bad else torch.ones(2))
     t = torch.ones(2)
     dist.all_reduce(t)
     assert t.tolist() == [SIZE, SIZE]

@@ -8,7 +8,7 @@ from datetime import timedelta
 
 import pytest
 
-torch = pytest.importorskip("torch", reason="torch is not installed: pip install '.[torch]' (torch 2.4 or later, CPU)")
+torch = pytest.importorskip("torch", reason="torch is not installed: pip install '.[torch]' (torch 2.13 or later, CPU)")
 import torch.distributed as dist  # noqa: E402
 
 import mpicoll  # noqa: E402
@@ -111,8 +111,12 @@ def test_torch_monitored_barrier_on_the_group():
     pg = dist.group.WORLD
     pg.monitored_barrier(timedelta(seconds=30))            # everyone comes
     pg.monitored_barrier(timedelta(seconds=30), wait_all_ranks=True)
-    with pytest.raises(ValueError, match="only implemented for GLOO"):   # (torch's own check, by name)
-        dist.monitored_barrier()
+    if mpicoll.torch._BASE is dist.ProcessGroup:
+        with pytest.raises(ValueError, match="only implemented for GLOO"):   # (torch < 2.14's check, by name)
+            dist.monitored_barrier()
+    else:                                   # (torch >= 2.14: any CPU backend, routed to the group's)
+        dist.monitored_barrier(timeout=timedelta(seconds=30))
+        dist.monitored_barrier(wait_all_ranks=True)
 
 
 MONITORED = """
@@ -216,6 +220,50 @@ def test_torch_init_timeout_raises_the_named_timeout(tmp_path):
         res.stdout
 
 
+GROUP_TIMEOUT = """
+    import time
+    from datetime import timedelta
+    import numpy as np
+    import torch, torch.distributed as dist
+    import mpicoll, mpicoll.torch
+    from mpicoll import functional as F
+    F.all_reduce(np.ones(1))                            # an mpicoll call before init: never timed
+    dist.init_process_group("mpicoll", init_method="mpi://")        # torch's default: no watchdog
+    rank = dist.get_rank()
+    g = dist.new_group([0, 1, 2], timeout=timedelta(seconds=2))
+    if rank == 0:
+        t0 = time.monotonic()
+        try:
+            dist.barrier(group=g)                       # ranks 1 and 2 never come
+        except mpicoll.CollectiveTimeout as exc:
+            print(f"rank 0 after {time.monotonic() - t0:.1f} s: {exc}", flush=True)
+    else:
+        time.sleep(3)
+    t = torch.ones(2)
+    dist.all_reduce(t)                                  # the world group: untouched, untimed
+    F.all_reduce(np.ones(1))
+    try:
+        dist.new_group([0, 1, 2], timeout=timedelta(seconds=2 + rank))
+    except ValueError as exc:
+        print(f"rank {rank}: {exc}", flush=True)
+    print(f"rank {rank}: world {t.tolist()}", flush=True)
+"""
+
+
+@ONE_JOB
+def test_torch_new_group_timeout_is_the_groups_own(tmp_path):
+    """``new_group(timeout=)``: that group's calls raise the named CollectiveTimeout after it (never
+    abort), the world group and mpicoll calls outside torch stay untimed; a timeout that differs
+    across the group's ranks is a ValueError on each of them."""
+    res, seconds, _ = run_job(tmp_path, GROUP_TIMEOUT, np_=3, timeout=60)
+    out = res.stdout
+    assert res.returncode == 0, out + res.stderr[-3000:]
+    assert "rank 0 after 2." in out and "barrier: timed out after 2 s on rank 0 of user comm 'torch group 1'" in out \
+        and "ranks that did not arrive: [1, 2]" in out, out
+    assert out.count("world [3.0, 3.0]") == 3, out
+    assert out.count("timeout=...) differs across its ranks: [2.0, 3.0, 4.0] s on world ranks [0, 1, 2]") == 3, out
+
+
 RECV_TIMEOUT = """
     import sys, time
     from datetime import timedelta
@@ -237,13 +285,14 @@ RECV_TIMEOUT = """
 def test_torch_a_message_that_never_comes_times_out(tmp_path):
     res, seconds, _ = run_job(tmp_path, RECV_TIMEOUT, np_=2, timeout=60)
     assert res.returncode == 3, res.stdout + res.stderr[-3000:]
-    assert "rank 0: irecv: timed out after 2 s on rank 0 of the world (mpicoll.world), waiting for the message " \
+    assert "rank 0: irecv: timed out after 2 s on rank 0 of user comm 'torch group 0', waiting for the message " \
            "from rank 1 (world rank 1) (tag 4)" in res.stdout, res.stdout
 
 
 @pytest.mark.skipif(SIZE != 1, reason="runs its own torchrun job once")
 def test_torch_torchrun_is_refused_at_init(tmp_path):
     """torchrun starts MPI singletons: every process must refuse at init (never N worlds of 1)."""
+    import socket
     import subprocess
     import sys
     script = tmp_path / "train.py"
@@ -252,9 +301,41 @@ def test_torch_torchrun_is_refused_at_init(tmp_path):
                       "print('TRAINED', dist.get_world_size(), flush=True)\n".replace(
                           "sys_argv", "__import__('sys').argv[1]"))
     for method in ("mpi://", "env://"):
+        with socket.socket() as s:                      # (a free port for torchrun's store)
+            s.bind(("127.0.0.1", 0))
+            port = s.getsockname()[1]
         res = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2",
-                              "--master_port", str(29500 + WORLD.Get_rank() + (method == "env://")),
+                              "--master_addr", "127.0.0.1", "--master_port", str(port),
                               str(script), method], capture_output=True, text=True, timeout=120,
                              env={k: v for k, v in launch_env().items() if not k.startswith("MPICOLL_")})
         assert res.returncode != 0 and "TRAINED" not in res.stdout, (method, res.stdout, res.stderr[-3000:])
         assert res.stderr.count("Launch with `mpirun -np 2 python ...` instead") >= 2, (method, res.stderr[-3000:])
+
+
+DETAIL = """
+    import torch, torch.distributed as dist
+    import mpicoll, mpicoll.torch
+    dist.init_process_group("mpicoll", init_method="mpi://")
+    rank = dist.get_rank()
+    wrapped = type(dist.group.WORLD._get_backend(torch.device("cpu"))).__name__ if mpicoll.torch._BASE is not \\
+        dist.ProcessGroup else "ProcessGroupMpicoll"
+    t = torch.ones(4)
+    dist.all_reduce(t)
+    try:
+        dist.all_reduce(torch.ones(4 + rank))             # a different shape on every rank
+    except (RuntimeError, mpicoll.CollectiveError) as exc:
+        print(f"rank {rank} ({wrapped}, sum {t.sum().item():g}): {type(exc).__name__}: {exc}", flush=True)
+"""
+
+
+@ONE_JOB
+def test_torch_debug_detail(tmp_path):
+    """``TORCH_DISTRIBUTED_DEBUG=DETAIL``: on torch >= 2.14 torch wraps the backend in its checking
+    wrapper, which names the mismatch; before, mpicoll's own agreement does; every rank raises."""
+    res, seconds, _ = run_job(tmp_path, DETAIL, np_=2, env={"TORCH_DISTRIBUTED_DEBUG": "DETAIL"}, timeout=60)
+    # (the ranks' lines may run together in mpirun's output: counted, not split)
+    expected = "CollectiveMismatchError: all_reduce: tensor.shape differs" if mpicoll.torch._BASE is dist.ProcessGroup \
+        else "RuntimeError: Detected mismatch between collectives on ranks"
+    for rank in (0, 1):
+        assert f"rank {rank} ({'ProcessGroupMpicoll' if 'Collective' in expected else '_ProcessGroupWrapper'}, " \
+               f"sum 8): {expected}" in res.stdout, res.stdout + res.stderr[-3000:]

@@ -8,7 +8,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-torch = pytest.importorskip("torch", reason="torch is not installed: pip install '.[torch]' (torch 2.4 or later, CPU)")
+torch = pytest.importorskip("torch", reason="torch is not installed: pip install '.[torch]' (torch 2.13 or later, CPU)")
 import torch.distributed as dist  # noqa: E402
 import torch.distributed._functional_collectives as fc  # noqa: E402
 

@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-pytest.importorskip("torch", reason="torch is not installed: pip install '.[torch]' (torch 2.4 or later, CPU)")
+torch = pytest.importorskip("torch", reason="torch is not installed: pip install '.[torch]' (torch 2.13 or later, CPU)")
 pytest.importorskip("expecttest", reason="torch's testing helpers need expecttest: pip install expecttest")
 
 from _mpi import SIZE, launch_env, mpirun  # noqa: E402
@@ -29,4 +29,6 @@ def test_torch_own_suite_at_three_ranks():
     failed = [ln for ln in res.stdout.splitlines() if ln.startswith("FAIL ")]
     assert res.returncode == 0 and summary, "\n".join(failed) or res.stdout[-3000:] + res.stderr[-3000:]
     passed = int(re.search(r"(\d+) passed", summary[0]).group(1))
-    assert passed >= 85, summary[0]                  # (85 of gloo's 91 apply: none may be lost to a skip)
+    import mpicoll.torch
+    applicable = 85 if mpicoll.torch._BASE is torch.distributed.ProcessGroup else 77    # (tests/torch_suite.py)
+    assert passed >= applicable, summary[0]          # (of gloo's 90: none may be lost to a skip)

@@ -55,7 +55,8 @@ class Operation:
             always checks. Set it alike on every rank: the first call raises on every rank if not.
         timeout: seconds before a collective that some rank never joins raises
             :class:`~mpicoll.CollectiveTimeout` (and, by default, aborts the job); default
-            ``MPICOLL_TIMEOUT``, unset = wait forever, as MPI does. Give it alike on every rank
+            the communicator's own (a torch group's), else ``MPICOLL_TIMEOUT``, unset = wait
+            forever, as MPI does. Give it alike on every rank
             (or use ``MPICOLL_TIMEOUT``, which may be set on any rank): a timed call is the
             non-blocking form of the MPI call, which MPI does not match with a blocking one.
     """
@@ -105,6 +106,7 @@ class Operation:
                 param="param")
         self.param = param
         self.timeout = timeout_seconds(timeout)
+        self._timeout_given = timeout is not None
         self._validate = V.validate_default() if validate is None else bool(validate)
         self._validate_given = validate is not None
         self.comm: MPI.Comm | None = None
@@ -154,6 +156,9 @@ class Operation:
         p.freeze(self.NAME)
         if not self._validate_given:      # the default its members agreed when the communicator was made
             self._validate = lib.validate
+        if not self._timeout_given and lib.timeout is not None:      # (the communicator's own)
+            self.timeout = lib.timeout
+            self._runner = Runner(self.NAME, self.timeout)
         if lib.debug:
             self._validate = True
         return lib
