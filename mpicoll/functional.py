@@ -15,8 +15,8 @@ Every function is a call of an internal operation (one per function, named after
 call path: described with torch's rules and argument names, agreed across the ranks (errors are
 ``CollectiveError``s raised on every rank), issued by the primitive operator it adapts. Operations
 are cached per (function, group, reduce op or root), at most ``MAX_CACHED``, least recently used
-out first; and an operation runs its last call as a recorded plan when the very same call comes
-back with validation off (docs/plans.md). Inside :func:`mpicoll.graph.capture` every function is
+out first; and an operation runs a call as a recorded plan when the very same call comes back
+(with validation on, once every rank has agreed the header it sent last time: docs/plans.md). Inside :func:`mpicoll.graph.capture` every function is
 captured instead of run.
 """
 from __future__ import annotations

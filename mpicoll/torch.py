@@ -35,7 +35,7 @@ import numpy as np
 import torch
 import torch.distributed as dist
 from mpi4py import MPI
-from torch._C._distributed_c10d import Backend as _C10dBackend, _create_work_from_future
+from torch._C._distributed_c10d import Backend as _C10dBackend
 from torch.distributed.constants import default_pg_timeout
 from torch.distributed.rendezvous import register_rendezvous_handler
 
@@ -61,7 +61,7 @@ _MONITOR_TAG = MPI.COMM_WORLD.Get_attr(MPI.TAG_UB)
 
 
 #: numpy views of small tensors by (address, dtype, shape, strides): a call that comes back with the same tensor
-#: passes mpicoll the same array, which it can replay as a recorded plan (validation off) instead of
+#: passes mpicoll the same array, which it can replay as a recorded plan (docs/plans.md) instead of
 #: describing a fresh view. An entry keeps its tensor, so its memory cannot be reused while cached,
 #: and is used only while that tensor still has that address (a set_() gives it other memory).
 _VIEWS: dict[tuple, tuple] = {}
@@ -129,11 +129,31 @@ def _reduce(op: Any, t: torch.Tensor, call: str, rank: int) -> str:
     return name
 
 
-def _done(result: Any) -> Any:
-    """A complete ``Work`` whose future holds ``result`` (torch's form for a finished call)."""
-    fut = torch.futures.Future()
-    fut.set_result(result)
-    return _create_work_from_future(fut)
+class _Done(dist.Work):
+    """A finished call's ``Work``: complete, its future holding ``result`` (made when asked for: a
+    Python Work costs a third of a future-wrapping one, and most are only waited on)."""
+
+    def __init__(self, result: Any) -> None:
+        super().__init__()
+        self._result = result
+
+    def wait(self, timeout: Any = None) -> bool:
+        return True
+
+    def is_completed(self) -> bool:
+        return True
+
+    def is_success(self) -> bool:
+        return True
+
+    def result(self) -> Any:
+        return self._result
+
+    def get_future(self) -> torch.futures.Future:
+        fut = torch.futures.Future()
+        fut.set_result(self._result)
+        return fut
+
 
 
 def _average(t: torch.Tensor, op: Any, n: int) -> None:
@@ -280,7 +300,7 @@ class ProcessGroupMpicoll(_BASE):
                                              _reduce(red, tensors[0], call, r)))
         F.all_reduce(x, op or "sum", self._group)
         _average(tensors[0], red, self._size)
-        return _done(tensors)
+        return _Done(tensors)
 
     def _sparse_allreduce(self, t: torch.Tensor, op: Any) -> Any:
         """A sparse COO tensor's SUM, as gloo makes it: every rank's indices and values gathered
@@ -306,14 +326,14 @@ class ProcessGroupMpicoll(_BASE):
         total = torch.sparse_coo_tensor(all_indices.t(), all_values, t.shape).coalesce()
         with torch.no_grad():
             t.copy_(total)
-        return _done([t])
+        return _Done([t])
 
     def broadcast(self, tensors, opts=None):
         opts = opts or dist.BroadcastOptions()
         call, r = "broadcast", self._rank
         x, = self._args(call, 1, lambda: (_array(_one(tensors, call, r), call, r),))
         F.broadcast(x, group=self._group, group_src=opts.rootRank)
-        return _done(tensors)
+        return _Done(tensors)
 
     def reduce(self, tensors, opts=None):
         opts = opts or dist.ReduceOptions()
@@ -323,20 +343,20 @@ class ProcessGroupMpicoll(_BASE):
         F.reduce(x, op=op or "sum", group=self._group, group_dst=opts.rootRank)
         if r == opts.rootRank:
             _average(tensors[0], red, self._size)
-        return _done(tensors)
+        return _Done(tensors)
 
     def allgather(self, output_tensors, input_tensors, opts=None):
         call, r = "all_gather", self._rank
         x, outs = self._args(call, 2, lambda: (_array(_one(input_tensors, call, r), call, r),
                                                _arrays(_one(output_tensors, call, r), call, r)))
         F.all_gather(outs, x, group=self._group)
-        return _done(output_tensors)
+        return _Done(output_tensors)
 
     def _allgather_base(self, output, input, opts=None):  # noqa: A002 - torch's names
         call, r = "all_gather_into_tensor", self._rank
         x, out = self._args(call, 2, lambda: (_array(input, call, r), _array(output, call, r)))
         F.all_gather_into_tensor(out, x, group=self._group)
-        return _done([output])
+        return _Done([output])
 
     all_gather_single = _allgather_base
 
@@ -345,7 +365,7 @@ class ProcessGroupMpicoll(_BASE):
         # all_gather per input, in order
         for k, x in enumerate(input_list):
             self.allgather([[outs[k] for outs in output_lists]], [x], opts)
-        return _done(output_lists)
+        return _Done(output_lists)
 
     def gather(self, output_tensors, input_tensors, opts=None):
         opts = opts or dist.GatherOptions()
@@ -354,7 +374,7 @@ class ProcessGroupMpicoll(_BASE):
         x, outs = self._args(call, 2, lambda: (_array(_one(input_tensors, call, r), call, r),
                                                _arrays(_one(output_tensors, call, r), call, r) if root else None))
         F.gather(x, outs, group=self._group, group_dst=opts.rootRank)
-        return _done(output_tensors)
+        return _Done(output_tensors)
 
     def scatter(self, output_tensors, input_tensors, opts=None):
         opts = opts or dist.ScatterOptions()
@@ -363,7 +383,7 @@ class ProcessGroupMpicoll(_BASE):
         x, ins = self._args(call, 2, lambda: (_array(_one(output_tensors, call, r), call, r),
                                               _arrays(_one(input_tensors, call, r), call, r) if root else None))
         F.scatter(x, ins, group=self._group, group_src=opts.rootRank)
-        return _done(output_tensors)
+        return _Done(output_tensors)
 
     def reduce_scatter(self, output_tensors, input_tensors, opts=None):
         opts = opts or dist.ReduceScatterOptions()
@@ -373,7 +393,7 @@ class ProcessGroupMpicoll(_BASE):
                                                     _reduce(red, output_tensors[0], call, r)))
         F.reduce_scatter(out, ins, op or "sum", self._group)
         _average(output_tensors[0], red, self._size)
-        return _done(output_tensors)
+        return _Done(output_tensors)
 
     def _reduce_scatter_base(self, output, input, opts=None):  # noqa: A002
         opts = opts or dist.ReduceScatterOptions()
@@ -382,7 +402,7 @@ class ProcessGroupMpicoll(_BASE):
                                                   _reduce(red, output, call, r)))
         F.reduce_scatter_tensor(out, x, op or "sum", self._group)
         _average(output, red, self._size)
-        return _done([output])
+        return _Done([output])
 
     reduce_scatter_single = _reduce_scatter_base
 
@@ -390,20 +410,20 @@ class ProcessGroupMpicoll(_BASE):
         call, r = "all_to_all", self._rank
         outs, ins = self._args(call, 2, lambda: (_arrays(output_tensors, call, r), _arrays(input_tensors, call, r)))
         F.all_to_all(outs, ins, group=self._group)
-        return _done(output_tensors)
+        return _Done(output_tensors)
 
     def alltoall_base(self, output, input, output_split_sizes, input_split_sizes, opts=None):  # noqa: A002
         call, r = "all_to_all_single", self._rank
         out, x = self._args(call, 2, lambda: (_array(output, call, r), _array(input, call, r)))
         F.all_to_all_single(out, x, list(output_split_sizes) or None, list(input_split_sizes) or None,
                             group=self._group)
-        return _done([output])
+        return _Done([output])
 
     all_to_all_single = alltoall_base
 
     def barrier(self, opts=None):
         F.barrier(group=self._group)
-        return _done([])
+        return _Done([])
 
     def monitored_barrier(self, timeout: Any = None, wait_all_ranks: bool = False) -> None:
         """gloo's ``monitored_barrier``: ``dist.monitored_barrier()`` from torch 2.14 (before, torch
@@ -454,18 +474,18 @@ class ProcessGroupMpicoll(_BASE):
         opts = opts or dist.AllreduceCoalescedOptions()
         for t in tensors:
             self.allreduce([t], opts)
-        return _done(tensors)
+        return _Done(tensors)
 
     def all_gather_single_coalesced(self, outputs, inputs, opts=None):
         for out, x in zip(outputs, inputs):
             self._allgather_base(out, x, opts)
-        return _done(outputs)
+        return _Done(outputs)
 
     def reduce_scatter_single_coalesced(self, outputs, inputs, opts=None):
         opts = opts or dist.ReduceScatterOptions()
         for out, x in zip(outputs, inputs):
             self._reduce_scatter_base(out, x, opts)
-        return _done(outputs)
+        return _Done(outputs)
 
     allgather_into_tensor_coalesced = all_gather_single_coalesced
     reduce_scatter_tensor_coalesced = reduce_scatter_single_coalesced

@@ -199,3 +199,44 @@ def test_quant_caches_are_bounded(tmp_path):
         say(f"{len(op._chunks) <= quant.CHUNK_PLANS} {len(op._calls) <= 8}")
     """, 2)
     assert lines == [f"rank {r}: True True" for r in range(2)]
+
+
+@SIZES
+def test_a_validated_call_that_comes_back_still_agrees(tmp_path, np_):
+    """A validated call repeated with the same arrays runs as its plan once every rank has sent the
+    header it sent last time: right results as the contents change; a rank that makes another call
+    there (another shape) makes every rank raise the mismatch, and the call works again after."""
+    lines = _job(tmp_path, """
+        import numpy as np, mpicoll
+        from mpicoll import functional as F
+        from mpi4py import MPI
+        r, n = MPI.COMM_WORLD.Get_rank(), MPI.COMM_WORLD.Get_size()
+        op = mpicoll.AllReduceOperation()
+        x, out = np.empty(3, np.float32), np.empty(3, np.float32)
+        got = []
+        for k in range(4):
+            x[:] = r + k
+            op.execute(x, out)
+            got.append(float(out[0]))
+        entry = next(iter(op._agreed_calls.values()))
+        say(f"sums {got} plan {entry[2] is not None}")
+        bad, bad_out = np.ones(4, np.float32), np.empty(4, np.float32)
+        try:
+            op.execute(*((bad, bad_out) if r == n - 1 else (x, out)))
+            say("no error")
+        except mpicoll.CollectiveMismatchError as e:
+            say(f"mismatch {e.param}")
+        x[:] = 1
+        op.execute(x, out)
+        say(f"again {float(out[0])}")
+        t = np.ones(2)
+        for _ in range(3):
+            t[:] = r
+            F.all_reduce(t)
+        say(f"functional {t.tolist()}")
+    """, np_)
+    total = np_ * (np_ - 1) / 2
+    assert lines == sorted([f"rank {r}: sums {[total + np_ * k for k in range(4)]} plan True" for r in range(np_)]
+                           + [f"rank {r}: mismatch x.shape" for r in range(np_)]
+                           + [f"rank {r}: again {float(np_)}" for r in range(np_)]
+                           + [f"rank {r}: functional {[total, total]}" for r in range(np_)]), lines

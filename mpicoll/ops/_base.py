@@ -120,6 +120,9 @@ class Operation:
         #: its last unvalidated calls: key -> [its arguments (kept alive, so the key's identities stay
         #: theirs), its call, its plan once it came back]
         self._calls: "OrderedDict[tuple, list]" = OrderedDict()
+        #: its last validated calls: key -> [its arguments, its call, its plan once it came back, its
+        #: agreed header table]
+        self._agreed_calls: "OrderedDict[tuple, list]" = OrderedDict()
 
     @property
     def validate(self) -> bool:
@@ -210,22 +213,25 @@ class Operation:
         remembered plan? -> count -> describe -> agree.
 
         Agreement runs when validation is on, for ``prepare`` (``always``) and for the first call of
-        every operation. Without it, a call that writes only into arrays it was given (``out``
-        given, or none in the signature) is remembered (the last ``REMEMBERED``): when the very
-        same call comes back (the same data arrays, unmoved; equal values, ``VALUES``), its steps
-        are recorded once and it runs as a plan, returned here (``call`` None).
+        every operation. A call that writes only into arrays it was given (``out`` given, or none
+        in the signature) is remembered (the last ``REMEMBERED``): when the very same call comes
+        back (the same data arrays, unmoved; equal values, ``VALUES``), its steps are recorded once
+        and it runs as a plan, returned here (``call`` None). Without agreement that is all; with
+        it (:meth:`_agree_again`), the call still agrees, sending the header it sent last time: if
+        every rank's is as last time, the plan runs.
 
         Returns:
-            ``(plan, None, None)`` for a remembered call, else ``(None, call, table)``: the described
-            call and the agreed header table (None without agreement).
+            ``(plan, None, table)`` for a remembered call (``table`` None without agreement), else
+            ``(None, call, table)``: the described call and the agreed header table (None without
+            agreement).
         """
         self._live()
         agree = always or self._validate or not self._agreed_once
         key = None
         at = self._OUT_AT
-        if not agree and (at is None or (len(args) > at and args[at] is not None)):   # (it fills arrays given)
+        if not always and (at is None or (len(args) > at and args[at] is not None)):   # (it fills arrays given)
             key = _key(args, self._VALUES_AT)
-            entry = self._calls.get(key) if key is not None else None
+            entry = self._calls.get(key) if key is not None and not agree else None
             if entry is not None:
                 plan = entry[2] or self._remembered(entry)
                 if plan._state == 0:                    # (idle: not started)
@@ -234,8 +240,17 @@ class Operation:
         if MPI.Is_finalized():
             raise finalized(self.NAME, "a call")
         if agree:
+            entry = self._agreed_calls.get(key) if key is not None else None
+            if entry is not None and self._lib.plain:
+                return self._agree_again(entry, args, number)
+            self._fresh = False
             call, err = self._described(args)
-            return None, call, agree_call(self._lib, self, call, err, self.timeout, number)
+            table = agree_call(self._lib, self, call, err, self.timeout, number)
+            if key is not None and not self._fresh and not always:
+                self._agreed_calls[key] = [args, call, None, table]
+                if len(self._agreed_calls) > REMEMBERED:
+                    self._agreed_calls.popitem(last=False)
+            return None, call, table
         failed = self._param_error or _found(args)       # (no agreement: a local error is this rank's alone)
         if failed is not None:
             raise failed
@@ -246,6 +261,31 @@ class Operation:
             if len(self._calls) > REMEMBERED:
                 self._calls.popitem(last=False)
         return None, call, None
+
+    def _agree_again(self, entry: list, args: tuple, number: int) -> tuple[Plan | None, Call | None, np.ndarray]:
+        """A validated call that came back (``entry``): agree it with the header row it sent last
+        time (the same Allgather as :func:`agree_call`, so that a peer making another call meets
+        it there). Every rank's row as last time: its plan (recorded once, with that table).
+        Else another rank's call changed: the table is checked (a mismatch raises on every rank)
+        and the call described afresh, as on the first call."""
+        lib, table = self._lib, entry[3]
+        if lib.pending:
+            lib.drain(None)
+        now = agree(lib, table[lib.rank], None, self.timeout, self.NAME, number)   # (sent, never written)
+        if now.tobytes() == table.tobytes():
+            plan = entry[2]
+            if plan is None:
+                rec = Recorder()
+                self._record(entry[1], table, rec, count=False)     # (this dispatch counted the call)
+                plan = entry[2] = Plan(rec, self.timeout, persistent=False)
+            if plan._state == 0:
+                return plan, None, table
+            return None, entry[1], table
+        V.check_agreed(lib, self.NAME, now, self.PAIR_NAMES)
+        self._agreed_once = True
+        call = self.describe(*args)
+        entry[1], entry[2], entry[3] = call, None, now
+        return None, call, now
 
     def _remembered(self, entry: list) -> Plan:
         """Record the plan of a remembered call (at its first repeat)."""
