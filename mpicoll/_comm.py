@@ -153,7 +153,7 @@ class LibComm:
         table = np.empty((mpi.Get_size(), len(mine)), dtype=np.int64)
         set_up = timeout if timeout is not None else _watchdog.timeout_default()
         timed_call(mpi, "Allgather", ([mine, MPI.INT64_T], [table, MPI.INT64_T]), set_up,
-                   lambda: f"setting up {label}: timed out agreeing its settings")
+                   lambda: f"setting up {label}: timed out agreeing its settings", timeout is not None)
         for col, name in ((0, "MPICOLL_VALIDATE"), (1, "MPICOLL_DEBUG"), (3, "MPICOLL_SHM"), (4, "MPICOLL_EXACT")):
             values = table[:, col].tolist()
             if len(set(values)) > 1:
@@ -178,7 +178,7 @@ class LibComm:
                 # max of (size, -size, -block): every node alike if max == -(-min); every node in blocks
                 span = np.array([here, -here, -int(block)], dtype=np.int64)
                 timed_call(mpi, "Allreduce", (MPI.IN_PLACE, [span, MPI.INT64_T], MPI.MAX),
-                           set_up, lambda: f"setting up {label}: timed out agreeing its layout")
+                           set_up, lambda: f"setting up {label}: timed out agreeing its layout", timeout is not None)
             if one_node or here == 1 or span[0] != -span[1]:
                 split.Free()
                 split = None
@@ -192,7 +192,7 @@ class LibComm:
         if self.pending:
             self.drain(None)
         timed_call(self.mpi, "Barrier", (), self.default_timeout(),
-                   lambda: f"{self.label}: timed out waiting for every member to {what}")
+                   lambda: f"{self.label}: timed out waiting for every member to {what}", self.timeout is not None)
 
     def add_buffer(self, buf) -> None:
         """Register a node buffer (:class:`mpicoll._shm.NodeBuffer`) just allocated on it."""
@@ -424,15 +424,17 @@ def nonblocking(name: str) -> str:
     return "I" + name[0].lower() + name[1:]
 
 
-def timed_call(mpi: MPI.Comm, name: str, args: tuple, timeout: float | None, expired: Callable[[], str]) -> None:
+def timed_call(mpi: MPI.Comm, name: str, args: tuple, timeout: float | None, expired: Callable[[], str],
+               raises: bool = False) -> None:
     """A collective on a communicator that is not (yet) a LibComm, under the watchdog when timed;
     always the non-blocking form, so that members with and without ``MPICOLL_TIMEOUT`` make the
-    same MPI call (MPI matches a blocking collective only with a blocking one)."""
+    same MPI call (MPI matches a blocking collective only with a blocking one). ``raises``: a
+    communicator's own timeout (only raises)."""
     req = getattr(mpi, nonblocking(name))(*args)
     if timeout is None:
         req.Wait()
     else:
-        _watchdog.wait([req], timeout, expired, expired)
+        _watchdog.wait([req], timeout, expired, expired, raises=raises)
 
 
 # ----------------------------------------------------------------------------- exit

@@ -77,12 +77,12 @@ def _dup(comm: MPI.Comm, what: str, timeout: float | None = None) -> MPI.Comm:
     world or on the user's communicator, before any LibComm exists (so not a LibComm call)."""
     alive(f"duplicating {what}")
     new, req = comm.Idup()
-    timeout = timeout if timeout is not None else timeout_default()
+    own, timeout = timeout is not None, timeout if timeout is not None else timeout_default()
     if timeout is None:
         req.Wait()
     else:
         text = f"duplicating {what}: timed out after {timeout:g} s"
-        _watchdog.wait([req], timeout, lambda: CollectiveTimeout(text, param="timeout"), lambda: text)
+        _watchdog.wait([req], timeout, lambda: CollectiveTimeout(text, param="timeout"), lambda: text, raises=own)
     return new
 
 

@@ -564,8 +564,10 @@ def _create(backend_opts, options) -> ProcessGroupMpicoll:
     which involves nobody else), whose mpicoll duplicate carries the group's ``timeout`` as its
     watchdog timeout (raising the named ``CollectiveTimeout``; torch's default, 30 min, leaves the
     watchdog as ``MPICOLL_TIMEOUT`` says, unset: none, so that calls keep their direct path to
-    MPI). So two groups never mix their messages, a group's timeout is its own, and nothing of it
-    outlives the group or reaches mpicoll calls made outside torch."""
+    MPI). So two groups never mix their messages, and a group's timeout is its own: it reaches
+    neither other groups nor mpicoll calls made outside torch. torch gives a backend no hook at
+    ``destroy_process_group`` (it shuts down NCCL's only), so a group's communicator stays until
+    the process ends."""
     world = MPI.COMM_WORLD
     default = not backend_opts.global_ranks_in_group
     if default:
@@ -590,6 +592,7 @@ def _create(backend_opts, options) -> ProcessGroupMpicoll:
     seconds = None if timeout == default_pg_timeout else timeout.total_seconds()
     seen = comm.allgather(seconds)          # (a set-up step on the fresh communicator)
     if len(set(seen)) > 1:
+        comm.Free()                         # (every member raises here: every member frees it)
         what = "init_process_group" if default else f"new_group(ranks={ranks}"
         raise ValueError(f"the mpicoll backend: {what}, timeout=...) differs across its ranks: "
                          f"{['default' if s is None else s for s in seen]} s on "

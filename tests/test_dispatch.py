@@ -240,3 +240,51 @@ def test_a_validated_call_that_comes_back_still_agrees(tmp_path, np_):
                            + [f"rank {r}: mismatch x.shape" for r in range(np_)]
                            + [f"rank {r}: again {float(np_)}" for r in range(np_)]
                            + [f"rank {r}: functional {[total, total]}" for r in range(np_)]), lines
+
+
+@SIZES
+def test_a_validated_repeat_keeps_every_check(tmp_path, np_):
+    """From the review of the validated repeat: (1) a rule on the contents of a remembered array
+    (QuantAllReduce's scales, NaN on one rank) still raises on every rank; (2) validation turned on
+    after unvalidated calls gives no spurious 'validate differs'; (3) a peer whose header changes in
+    a way the checks accept (AllToAllVV2 with gaps in its sdispls: another MPI call) makes the
+    others issue with the new table, and the results are right."""
+    lines = _job(tmp_path, """
+        import numpy as np, mpicoll
+        from mpi4py import MPI
+        r, n = MPI.COMM_WORLD.Get_rank(), MPI.COMM_WORLD.Get_size()
+        q = mpicoll.QuantAllReduceOperation()
+        x, s, out = np.ones(8, np.int8), np.array([1.0], np.float32), np.empty(8, np.float16)
+        for _ in range(3):
+            q.execute(x, s, out)
+        if r == n - 1:
+            s[0] = np.nan
+        try:
+            q.execute(x, s, out)
+            say("quant: no error")
+        except mpicoll.CollectiveArgumentError as e:
+            say(f"quant: {e.param}")
+        op = mpicoll.AllReduceOperation(validate=False)
+        a, o = np.ones(2), np.empty(2)
+        for _ in range(3):
+            op.execute(a, o)
+        op.validate = True
+        try:
+            op.execute(a, o if r == 0 else np.empty(2))
+            say(f"toggled: {o.tolist() if r == 0 else 'ok'}")
+        except mpicoll.CollectiveError as e:
+            say(f"toggled: {type(e).__name__} {e.param}")
+        v = mpicoll.AllToAllVV2Operation()
+        src = np.arange(2 * n, dtype=np.float32) + 100 * r
+        got = np.empty((1, n), np.float32)
+        ones, dense = [1] * n, list(range(n))
+        for k in range(3):
+            gapped = k == 2 and r == n - 1                      # (its sdispls skip every other element)
+            v.execute(src, ones, [2 * j for j in range(n)] if gapped else dense, ones, dense, None, got)
+        want = [100.0 * p + (2 * r if p == n - 1 else r) for p in range(n)]
+        say(f"v2: {got[0].tolist() == want}")
+    """, np_)
+    assert lines == sorted([f"rank {r}: quant: scale" for r in range(np_)] +
+                           [f"rank {r}: toggled: {'[%s, %s]' % (float(np_), float(np_)) if r == 0 else 'ok'}"
+                            for r in range(np_)] +
+                           [f"rank {r}: v2: True" for r in range(np_)]), lines

@@ -240,13 +240,13 @@ class Operation:
         if MPI.Is_finalized():
             raise finalized(self.NAME, "a call")
         if agree:
-            entry = self._agreed_calls.get(key) if key is not None else None
-            if entry is not None and self._lib.plain:
-                return self._agree_again(entry, args, number)
             self._fresh = False
             call, err = self._described(args)
+            entry = self._agreed_calls.get(key) if key is not None and err is None else None
+            if entry is not None and self._lib.plain:
+                return self._agree_again(entry, call, number)
             table = agree_call(self._lib, self, call, err, self.timeout, number)
-            if key is not None and not self._fresh and not always:
+            if key is not None and err is None and self._validate and not self._fresh and _small(args):
                 self._agreed_calls[key] = [args, call, None, table]
                 if len(self._agreed_calls) > REMEMBERED:
                     self._agreed_calls.popitem(last=False)
@@ -262,12 +262,14 @@ class Operation:
                 self._calls.popitem(last=False)
         return None, call, None
 
-    def _agree_again(self, entry: list, args: tuple, number: int) -> tuple[Plan | None, Call | None, np.ndarray]:
-        """A validated call that came back (``entry``): agree it with the header row it sent last
-        time (the same Allgather as :func:`agree_call`, so that a peer making another call meets
-        it there). Every rank's row as last time: its plan (recorded once, with that table).
-        Else another rank's call changed: the table is checked (a mismatch raises on every rank)
-        and the call described afresh, as on the first call."""
+    def _agree_again(self, entry: list, call: Call, number: int) -> tuple[Plan | None, Call | None, np.ndarray]:
+        """A validated call that came back (``entry``), described again (``call``: every local rule
+        checked, as on any call; the same arrays and values give the same header row): agree it
+        with the row it sent last time, skipping the row's making (the same Allgather as
+        :func:`agree_call`, so that a peer making another call meets it there). Every rank's row
+        as last time: its plan (recorded once, with that table). Else another rank's call
+        changed: the table is checked as always (a mismatch raises on every rank) and this call
+        issued with it."""
         lib, table = self._lib, entry[3]
         if lib.pending:
             lib.drain(None)
@@ -280,10 +282,8 @@ class Operation:
                 plan = entry[2] = Plan(rec, self.timeout, persistent=False)
             if plan._state == 0:
                 return plan, None, table
-            return None, entry[1], table
+            return None, call, table
         V.check_agreed(lib, self.NAME, now, self.PAIR_NAMES)
-        self._agreed_once = True
-        call = self.describe(*args)
         entry[1], entry[2], entry[3] = call, None, now
         return None, call, now
 
@@ -401,6 +401,23 @@ def _key(args: tuple, values: frozenset) -> tuple | None:
     except TypeError:
         return None
     return tuple(key)
+
+
+#: a validated call is remembered only when its arrays hold at most this many bytes together: the
+#: describe and checks it skips cost microseconds, which matter for small calls only, and a
+#: remembered call keeps its arrays alive (a fresh view of a large tensor each call must not)
+REMEMBERED_BYTES = 1 << 16
+
+
+def _small(args: tuple) -> bool:
+    """Whether the arrays among ``args`` (in lists too) hold at most ``REMEMBERED_BYTES``."""
+    total = 0
+    for a in args:
+        if type(a) is np.ndarray:
+            total += a.nbytes
+        elif isinstance(a, (list, tuple)):
+            total += sum(x.nbytes for x in a if isinstance(x, np.ndarray))
+    return total <= REMEMBERED_BYTES
 
 
 def _data(a: Any) -> Any:
