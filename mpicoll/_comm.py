@@ -98,7 +98,8 @@ class LibComm:
             plans on it raise (:func:`check_live`) instead of calling MPI on a freed handle.
     """
 
-    __slots__ = ("mpi", "label", "rank", "size", "world_ranks", "ident", "validate", "debug", "local", "exact", "timeout",
+    __slots__ = ("mpi", "label", "rank", "size", "world_ranks", "ident", "validate", "debug", "local", "exact",
+                 "timeout",
                  "calls", "seq", "pending", "plain", "freed", "per_node", "blocks", "buffers", "_win", "_mark", "_node",
                  "_split", "_tiers", "__weakref__")
 

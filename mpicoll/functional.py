@@ -16,8 +16,8 @@ call path: described with torch's rules and argument names, agreed across the ra
 ``CollectiveError``s raised on every rank), issued by the primitive operator it adapts. Operations
 are cached per (function, group, reduce op or root), at most ``MAX_CACHED``, least recently used
 out first; and an operation runs a call as a recorded plan when the very same call comes back
-(with validation on, once every rank has agreed the header it sent last time: docs/plans.md). Inside :func:`mpicoll.graph.capture` every function is
-captured instead of run.
+(with validation on, once every rank has agreed the header it sent last time: docs/plans.md).
+Inside :func:`mpicoll.graph.capture` every function is captured instead of run.
 """
 from __future__ import annotations
 
@@ -786,7 +786,8 @@ class _Message:
         if self.timeout is None:
             self._mpi(self.req.Wait)
         else:
-            _watch([self], self.timeout, self._expired, lambda: str(self._expired()), raises=self.lib.timeout is not None)
+            _watch([self], self.timeout, self._expired, lambda: str(self._expired()),
+                   raises=self.lib.timeout is not None)
         self._finish()
 
     def test(self) -> bool:

@@ -237,7 +237,8 @@ class ProcessGroupMpicoll(_BASE):
     supports_splitting = supports_coalescing = supports_time_estimate = supports_shrinking = False
     supports_reconfigure = supports_window = False
 
-    def __init__(self, rank: int, size: int, ranks: list[int], comm: MPI.Comm, timeout: timedelta | None = None) -> None:
+    def __init__(self, rank: int, size: int, ranks: list[int], comm: MPI.Comm,
+                 timeout: timedelta | None = None) -> None:
         super().__init__(rank, size)
         self._rank, self._size, self._ranks = rank, size, list(ranks)
         self._group = comm                  # the mpicoll group: the group's own communicator (_create)
