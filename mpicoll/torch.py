@@ -594,8 +594,8 @@ def _create(backend_opts, options) -> ProcessGroupMpicoll:
     seen = comm.allgather(seconds)          # (a set-up step on the fresh communicator)
     if len(set(seen)) > 1:
         comm.Free()                         # (every member raises here: every member frees it)
-        what = "init_process_group" if default else f"new_group(ranks={ranks}"
-        raise ValueError(f"the mpicoll backend: {what}, timeout=...) differs across its ranks: "
+        what = "init_process_group(" if default else f"new_group(ranks={ranks}, "
+        raise ValueError(f"the mpicoll backend: {what}timeout=...) differs across its ranks: "
                          f"{['default' if s is None else s for s in seen]} s on "
                          f"world ranks {ranks}: give it alike everywhere")
     user_comm(comm, seconds)                # mpicoll's duplicate, with the group's timeout
