@@ -152,7 +152,7 @@ class LibComm:
                          timeout is not None or _watchdog.timeout_default() is not None, flag("MPICOLL_SHM", "1"),
                          flag("MPICOLL_EXACT", "1")], dtype=np.int64)
         table = np.empty((mpi.Get_size(), len(mine)), dtype=np.int64)
-        set_up = timeout if timeout is not None else _watchdog.timeout_default()
+        set_up = _watchdog.timeout_seconds(timeout)
         timed_call(mpi, "Allgather", ([mine, MPI.INT64_T], [table, MPI.INT64_T]), set_up,
                    lambda: f"setting up {label}: timed out agreeing its settings", timeout is not None)
         for col, name in ((0, "MPICOLL_VALIDATE"), (1, "MPICOLL_DEBUG"), (3, "MPICOLL_SHM"), (4, "MPICOLL_EXACT")):
@@ -227,7 +227,7 @@ class LibComm:
 
     def default_timeout(self) -> float | None:
         """The watchdog timeout of a call on it that gives none: its own, else ``MPICOLL_TIMEOUT``'s."""
-        return self.timeout if self.timeout is not None else _watchdog.timeout_default()
+        return _watchdog.timeout_seconds(self.timeout)
 
     # -- calls -----------------------------------------------------------------------------------
     def direct(self, timeout: float | None) -> bool:

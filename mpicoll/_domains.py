@@ -25,7 +25,7 @@ from mpi4py import MPI
 from . import _rendezvous, _watchdog
 from ._comm import LOCK, LibComm, alive
 from ._errors import CollectiveArgumentError, CollectiveError, CollectiveTimeout, arg_error
-from ._watchdog import timeout_default
+from ._watchdog import timeout_seconds
 
 _WORLD: LibComm | None = None
 _DOMAINS: dict[str, LibComm] = {}
@@ -77,7 +77,7 @@ def _dup(comm: MPI.Comm, what: str, timeout: float | None = None) -> MPI.Comm:
     world or on the user's communicator, before any LibComm exists (so not a LibComm call)."""
     alive(f"duplicating {what}")
     new, req = comm.Idup()
-    own, timeout = timeout is not None, timeout if timeout is not None else timeout_default()
+    own, timeout = timeout is not None, timeout_seconds(timeout)
     if timeout is None:
         req.Wait()
     else:

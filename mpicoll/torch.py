@@ -150,10 +150,14 @@ class _Done(dist.Work):
         return self._result
 
     def get_future(self) -> torch.futures.Future:
-        fut = torch.futures.Future()
-        fut.set_result(self._result)
-        return fut
+        return _future(self._result)
 
+
+def _future(result: Any) -> torch.futures.Future:
+    """A completed future holding ``result``."""
+    fut = torch.futures.Future()
+    fut.set_result(result)
+    return fut
 
 
 def _average(t: torch.Tensor, op: Any, n: int) -> None:
@@ -196,9 +200,7 @@ class _MessageWork(dist.Work):
 
     def get_future(self) -> torch.futures.Future:
         self._work.wait()
-        fut = torch.futures.Future()
-        fut.set_result(self._tensors)
-        return fut
+        return _future(self._tensors)
 
 
 def _base() -> type:
@@ -278,7 +280,7 @@ class ProcessGroupMpicoll(_BASE):
         return 0
 
     def __repr__(self) -> str:
-        return (f"ProcessGroupMpicoll(rank={self._rank}, size={self._size}, group={self._group or 'world'}, "
+        return (f"ProcessGroupMpicoll(rank={self._rank}, size={self._size}, world ranks={self._ranks}, "
                 f"name={self._name!r})")
 
     # --------------------------------------------------------------- collectives
@@ -587,8 +589,9 @@ def _create(backend_opts, options) -> ProcessGroupMpicoll:
         raise ValueError(f"the mpicoll backend: new_group(ranks={ranks}, sort_ranks=False): a group's ranks follow "
                          "the world's order here (a comm domain); leave sort_ranks at True")
     # (Create_group over the members, as a comm domain's: its tag from the group's name)
-    comm = create(f"torch group {backend_opts.group_id}", tuple(ranks))
-    comm.Set_name(f"torch group {backend_opts.group_id}")
+    name = f"torch group {backend_opts.group_id}"
+    comm = create(name, tuple(ranks))
+    comm.Set_name(name)
     timeout = backend_opts.timeout
     seconds = None if timeout == default_pg_timeout else timeout.total_seconds()
     seen = comm.allgather(seconds)          # (a set-up step on the fresh communicator)

@@ -160,7 +160,7 @@ class Operation:
         if not self._validate_given:      # the default its members agreed when the communicator was made
             self._validate = lib.validate
         if not self._timeout_given and lib.timeout is not None:      # (the communicator's own)
-            self.timeout = lib.timeout
+            self.timeout = lib.default_timeout()
             self._runner = Runner(self.NAME, self.timeout)
         if lib.debug:
             self._validate = True
@@ -239,27 +239,22 @@ class Operation:
         number = count_call(self._comms, self.NAME)
         if MPI.Is_finalized():
             raise finalized(self.NAME, "a call")
+        self._fresh = False
         if agree:
-            self._fresh = False
             call, err = self._described(args)
             entry = self._agreed_calls.get(key) if key is not None and err is None else None
             if entry is not None and self._lib.plain:
                 return self._agree_again(entry, call, number)
             table = agree_call(self._lib, self, call, err, self.timeout, number)
             if key is not None and err is None and self._validate and not self._fresh and _small(args):
-                self._agreed_calls[key] = [args, call, None, table]
-                if len(self._agreed_calls) > REMEMBERED:
-                    self._agreed_calls.popitem(last=False)
+                _remember(self._agreed_calls, key, [args, call, None, table])
             return None, call, table
         failed = self._param_error or _found(args)       # (no agreement: a local error is this rank's alone)
         if failed is not None:
             raise failed
-        self._fresh = False
         call = self.describe(*args)
         if key is not None and not self._fresh:          # (an output made for it: a repeat needs another)
-            self._calls[key] = [args, call, None]
-            if len(self._calls) > REMEMBERED:
-                self._calls.popitem(last=False)
+            _remember(self._calls, key, [args, call, None])
         return None, call, None
 
     def _agree_again(self, entry: list, call: Call, number: int) -> tuple[Plan | None, Call | None, np.ndarray]:
@@ -401,6 +396,13 @@ def _key(args: tuple, values: frozenset) -> tuple | None:
     except TypeError:
         return None
     return tuple(key)
+
+
+def _remember(calls: OrderedDict, key: tuple, entry: list) -> None:
+    """Keep ``entry`` under ``key`` among an operation's last ``REMEMBERED`` calls (oldest out first)."""
+    calls[key] = entry
+    if len(calls) > REMEMBERED:
+        calls.popitem(last=False)
 
 
 #: a validated call is remembered only when its arrays hold at most this many bytes together: the
