@@ -110,23 +110,26 @@ def _one(tensors, call: str, rank: int) -> torch.Tensor:
     return tensors[0]
 
 
-#: (torch's reduce op, dtype) -> mpicoll's name, for the pairs :func:`_reduce` has mapped (its memo)
-_REDUCE_NAMES: dict[tuple, str] = {}
+#: (torch's reduce op, dtype) -> :func:`_reduce`'s answer, for the pairs it has mapped (its memo)
+_REDUCE_NAMES: dict[tuple, tuple[str, bool]] = {}
+#: :func:`_reduce`'s answer where the mapping failed (the call then raises that error on every rank)
+_NO_REDUCE = ("sum", False)
 
 
-def _reduce(op: Any, t: torch.Tensor, call: str, rank: int) -> str:
-    """mpicoll's name of torch's reduce op ``op`` (``opts.reduceOp.op``) for tensors like ``t``."""
-    name = _REDUCE_NAMES.get((op, t.dtype))
-    if name is not None:
-        return name
+def _reduce(op: Any, t: torch.Tensor, call: str, rank: int) -> tuple[str, bool]:
+    """mpicoll's name of torch's reduce op ``op`` (``opts.reduceOp.op``) for tensors like ``t``, and
+    whether it is AVG (that sum, then :func:`_average`)."""
+    found = _REDUCE_NAMES.get((op, t.dtype))
+    if found is not None:
+        return found
     name = _REDUCE.get(op)
     if name is None:
         raise arg_error(call, "op", str(op), rank, "not supported by the mpicoll backend: SUM, PRODUCT, MIN, MAX "
                         "and AVG (floating point)")
     if op == _R.AVG and not t.is_floating_point():
         raise arg_error(call, "op", f"AVG on {t.dtype}", rank, "only floating-point tensors are averaged")
-    name = _REDUCE_NAMES[op, t.dtype] = _BOOL_REDUCE[name] if t.dtype == torch.bool else name
-    return name
+    found = _REDUCE_NAMES[op, t.dtype] = (_BOOL_REDUCE[name] if t.dtype == torch.bool else name, op == _R.AVG)
+    return found
 
 
 class _Done(dist.Work):
@@ -160,9 +163,10 @@ def _future(result: Any) -> torch.futures.Future:
     return fut
 
 
-def _average(t: torch.Tensor, op: Any, n: int) -> None:
-    """AVG (``op``): the sum divided by the group size, in the tensor's dtype (outside autograd)."""
-    if op == _R.AVG:
+def _average(t: torch.Tensor, average: bool, n: int) -> None:
+    """AVG (``average``, from :func:`_reduce`): the sum divided by the group size, in the tensor's
+    dtype (outside autograd)."""
+    if average:
         t.detach().div_(n)
 
 
@@ -301,8 +305,9 @@ class ProcessGroupMpicoll(_BASE):
             return self._sparse_allreduce(tensors[0], red)
         x, op = self._args(call, 2, lambda: (_array(_one(tensors, call, r), call, r),
                                              _reduce(red, tensors[0], call, r)))
-        F.all_reduce(x, op or "sum", self._group)
-        _average(tensors[0], red, self._size)
+        op, average = op or _NO_REDUCE
+        F.all_reduce(x, op, self._group)
+        _average(tensors[0], average, self._size)
         return _Done(tensors)
 
     def _sparse_allreduce(self, t: torch.Tensor, op: Any) -> Any:
@@ -343,9 +348,10 @@ class ProcessGroupMpicoll(_BASE):
         call, r, red = "reduce", self._rank, opts.reduceOp.op
         x, op = self._args(call, 2, lambda: (_array(_one(tensors, call, r), call, r),
                                              _reduce(red, tensors[0], call, r)))
-        F.reduce(x, op=op or "sum", group=self._group, group_dst=opts.rootRank)
+        op, average = op or _NO_REDUCE
+        F.reduce(x, op=op, group=self._group, group_dst=opts.rootRank)
         if r == opts.rootRank:
-            _average(tensors[0], red, self._size)
+            _average(tensors[0], average, self._size)
         return _Done(tensors)
 
     def allgather(self, output_tensors, input_tensors, opts=None):
@@ -394,8 +400,9 @@ class ProcessGroupMpicoll(_BASE):
         out, ins, op = self._args(call, 3, lambda: (_array(_one(output_tensors, call, r), call, r),
                                                     _arrays(_one(input_tensors, call, r), call, r),
                                                     _reduce(red, output_tensors[0], call, r)))
-        F.reduce_scatter(out, ins, op or "sum", self._group)
-        _average(output_tensors[0], red, self._size)
+        op, average = op or _NO_REDUCE
+        F.reduce_scatter(out, ins, op, self._group)
+        _average(output_tensors[0], average, self._size)
         return _Done(output_tensors)
 
     def _reduce_scatter_base(self, output, input, opts=None):  # noqa: A002
@@ -403,8 +410,9 @@ class ProcessGroupMpicoll(_BASE):
         call, r, red = "reduce_scatter_tensor", self._rank, opts.reduceOp.op
         out, x, op = self._args(call, 3, lambda: (_array(output, call, r), _array(input, call, r),
                                                   _reduce(red, output, call, r)))
-        F.reduce_scatter_tensor(out, x, op or "sum", self._group)
-        _average(output, red, self._size)
+        op, average = op or _NO_REDUCE
+        F.reduce_scatter_tensor(out, x, op, self._group)
+        _average(output, average, self._size)
         return _Done([output])
 
     reduce_scatter_single = _reduce_scatter_base
