@@ -777,8 +777,11 @@ class _Message:
         except MPI.Exception as exc:
             if exc.Get_error_class() != MPI.ERR_TRUNCATE:
                 raise
-            raise V.arg_error(self.fn, "tensor.nbytes", self.nbytes, self.lib.rank, f"a larger message came "
-                              f"(tag {self.tag}): give a tensor of the sender's size and dtype") from None
+            got = self.status.Get_count(MPI.BYTE)    # (Open MPI: the message's size; MPICH: the bytes received)
+            size = f"has {got} bytes" if got > self.nbytes else "is larger"
+            raise V.arg_error(self.fn, "tensor.nbytes", self.nbytes, self.lib.rank, f"the message from rank "
+                              f"{self.status.Get_source()} (tag {self.tag}) {size}: give a tensor of the sender's "
+                              "size and dtype") from None
 
     def wait(self) -> None:
         if self.source is not None:

@@ -63,9 +63,32 @@ _MONITOR_TAG = MPI.COMM_WORLD.Get_attr(MPI.TAG_UB)
 #: numpy views of small tensors by (address, dtype, shape, strides): a call that comes back with the same tensor
 #: passes mpicoll the same array, which it can replay as a recorded plan (docs/plans.md) instead of
 #: describing a fresh view. An entry keeps its tensor, so its memory cannot be reused while cached,
-#: and is used only while that tensor still has that address (a set_() gives it other memory).
+#: and is used only while that tensor still has that address (a resize_ gives it other memory).
 _VIEWS: dict[tuple, tuple] = {}
 _VIEWS_MAX, _VIEW_BYTES = 64, 1 << 16
+#: torch dtype -> the numpy type string of its view (bfloat16 as int16, bool as uint8), as numpy() gives it
+_TYPESTRS: dict[torch.dtype, str] = {}
+
+
+class _Memory:
+    """A tensor's memory as numpy takes it (``__array_interface__``); it holds the tensor, so the
+    view keeps it alive. ``Tensor.numpy()`` would mark the storage not resizable for good, where
+    gloo's C++ access leaves it be: FSDP frees a gathered parameter by resizing its storage to 0."""
+    __slots__ = ("__array_interface__", "tensor")
+
+    def __init__(self, t: torch.Tensor, typestr: str) -> None:
+        self.tensor = t
+        self.__array_interface__ = {"data": (t.data_ptr(), False), "shape": tuple(t.shape), "typestr": typestr,
+                                    "strides": tuple(k * t.element_size() for k in t.stride()), "version": 3}
+
+
+def _typestr(dtype: torch.dtype) -> str:
+    """The numpy type string of a view of ``dtype`` tensors (TypeError/RuntimeError: none)."""
+    found = _TYPESTRS.get(dtype)
+    if found is None:
+        wire = {torch.bfloat16: torch.int16, torch.bool: torch.uint8}.get(dtype, dtype)
+        found = _TYPESTRS[dtype] = torch.empty(0, dtype=wire).numpy().dtype.str
+    return found
 
 
 def _array(t: torch.Tensor, call: str, rank: int, strided: bool = False) -> np.ndarray:
@@ -80,17 +103,15 @@ def _array(t: torch.Tensor, call: str, rank: int, strided: bool = False) -> np.n
     seen = _VIEWS.get(key)
     if seen is not None and seen[0].data_ptr() == key[0]:   # (its tensor still owns that memory)
         return seen[1]
-    if t.requires_grad:
-        t = t.detach()
     try:
-        if t.dtype == torch.bfloat16:
-            view = t.view(torch.int16).numpy().view(ml_dtypes.bfloat16)
-        elif t.dtype == torch.bool:
-            view = t.view(torch.uint8).numpy()
-        else:
-            view = t.numpy()
+        if t.layout != torch.strided or t.is_neg() or t.is_conj():
+            raise TypeError(f"a {t.layout} tensor" if t.layout != torch.strided else "a negative or conjugate view")
+        typestr = _typestr(t.dtype)
+        view = np.asarray(_Memory(t, typestr)) if t.numel() else np.empty(tuple(t.shape), typestr)
     except (TypeError, RuntimeError) as exc:          # (a dtype numpy lacks, a sparse tensor, ...)
         raise arg_error(call, "tensor", str(t.dtype), rank, f"has no numpy view ({exc})") from None
+    if t.dtype == torch.bfloat16:
+        view = view.view(ml_dtypes.bfloat16)
     if t.untyped_storage().nbytes() <= _VIEW_BYTES and view.flags.c_contiguous:   # (its whole memory small:
         _VIEWS[key] = (t, view)                                                    # an entry keeps it alive)
         if len(_VIEWS) > _VIEWS_MAX:
@@ -450,14 +471,24 @@ class ProcessGroupMpicoll(_BASE):
         deadline = time.monotonic() + seconds
         self._barriers += 1
         serial, call = self._barriers, "monitored_barrier"
+        other: dict[int, int] = {}              # group rank -> the call number of the last token it dropped
 
         def receive(p: int, why: Callable[[], str]) -> None:
             """A token of this barrier from group rank ``p`` (one of an earlier, failed barrier that
             came late is dropped)."""
             token = torch.zeros(1, dtype=torch.int64)
             while int(token) != serial:
+                if int(token):
+                    other[p] = int(token)
                 _wait_until(F.irecv(_array(token, call, self._rank), group=self._group, tag=_MONITOR_TAG,
                                     group_src=p), deadline, why)
+
+        def step(ps: list[int]) -> str:
+            """Why ranks ``ps`` seem absent when they came to another call: the ranks are out of step."""
+            seen = [p for p in ps if p in other]
+            return "" if not seen else (
+                f" (rank {seen[0]} sent the token of its monitored_barrier call {other[seen[0]]}; this is call "
+                f"{serial} on rank 0: a barrier that failed before left the ranks out of step, use a new group)")
 
         token = torch.full((1,), serial, dtype=torch.int64)
         if self._rank != 0:
@@ -469,14 +500,15 @@ class ProcessGroupMpicoll(_BASE):
         for p in range(1, self._size):
             try:
                 receive(p, lambda p=p: f"monitored_barrier: rank {p} (world rank {self._ranks[p]}) did not reach it "
-                                       f"within {seconds:g} s")
+                                       f"within {seconds:g} s{step([p])}")
             except RuntimeError as exc:
                 if not wait_all_ranks:
                     raise
                 missing.append((p, exc))
         if missing:
             raise RuntimeError(f"monitored_barrier: ranks {[p for p, _ in missing]} (world ranks "
-                               f"{[self._ranks[p] for p, _ in missing]}) did not reach it within {seconds:g} s")
+                               f"{[self._ranks[p] for p, _ in missing]}) did not reach it within {seconds:g} s"
+                               f"{step([p for p, _ in missing])}")
         for p in range(1, self._size):
             F.send(_array(token, call, 0), group=self._group, tag=_MONITOR_TAG, group_dst=p)
 

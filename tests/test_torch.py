@@ -195,6 +195,8 @@ def test_views_not_copies():
     for dtype in (torch.float32, torch.bfloat16, torch.bool, torch.int8):
         t = torch.zeros(4, dtype=dtype)
         assert mpicoll.torch._array(t, "test", RANK).__array_interface__["data"][0] == t.data_ptr()
+        assert mpicoll.torch._array(t[1:], "test", RANK).__array_interface__["data"][0] == t[1:].data_ptr()
+    assert mpicoll.torch._array(torch.zeros(0, 3), "test", RANK).shape == (0, 3)
 
 
 # ----------------------------------------------------------------------------- groups
@@ -407,6 +409,62 @@ def test_ddp_trains_like_one_process_on_the_whole_batch():
         opt.step()
     for a, b in zip(ddp.module.parameters(), single.parameters()):
         torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-6)
+
+
+@pytest.mark.parametrize("fsdp", ["FullyShardedDataParallel", "fully_shard"])
+def test_fsdp_trains_like_one_process_on_the_whole_batch(fsdp):
+    """FSDP (its wrapper, FSDP1, and ``fully_shard``, FSDP2) on the mpicoll backend, 3 SGD steps: the
+    parameters equal those of one process on the whole batches. FSDP1 frees each gathered
+    parameter by resizing its storage to 0, which a view made by ``Tensor.numpy()`` forbade."""
+    from torch.distributed import fsdp as F
+    per_rank, steps = 4, 3
+    g = torch.Generator().manual_seed(1)
+    batches = [(torch.randn(per_rank * SIZE, 8, generator=g), torch.randn(per_rank * SIZE, 4, generator=g))
+               for _ in range(steps)]
+    model = _model(seed=0)
+    if fsdp == "fully_shard":
+        from torch.distributed.device_mesh import init_device_mesh
+        mesh = init_device_mesh("cpu", (SIZE,))
+        for m in model:
+            if isinstance(m, torch.nn.Linear):
+                F.fully_shard(m, mesh=mesh)
+        sharded = F.fully_shard(model, mesh=mesh)
+    else:
+        sharded = F.FullyShardedDataParallel(model, device_id=torch.device("cpu"), use_orig_params=True)
+    opt = torch.optim.SGD(sharded.parameters(), lr=0.1)
+    for x, y in batches:
+        mine = slice(RANK * per_rank, (RANK + 1) * per_rank)
+        opt.zero_grad()
+        torch.nn.functional.mse_loss(sharded(x[mine]), y[mine]).backward()
+        opt.step()
+    single = _model(seed=0)
+    opt = torch.optim.SGD(single.parameters(), lr=0.1)
+    for x, y in batches:
+        opt.zero_grad()
+        torch.nn.functional.mse_loss(single(x), y).backward()
+        opt.step()
+    if fsdp == "fully_shard":
+        got = [p.full_tensor() for p in sharded.parameters()]
+    else:
+        with F.FullyShardedDataParallel.summon_full_params(sharded):
+            got = [p.detach().clone() for p in sharded.parameters()]
+    for a, b in zip(got, single.parameters()):
+        torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-6)
+
+
+def test_storage_stays_resizable():
+    """After a call, a tensor's storage can still be resized (as gloo leaves it), and a call on the
+    re-grown tensor uses its new memory: small tensors (whose views are kept) and large ones."""
+    for numel, dtype in ((4, torch.float32), (4, torch.bfloat16), (4, torch.bool), (1 << 17, torch.float32)):
+        t = torch.ones(numel, dtype=dtype)
+        dist.all_reduce(t, op=dist.ReduceOp.MAX)
+        storage = t.untyped_storage()
+        nbytes = storage.nbytes()
+        storage.resize_(0)
+        storage.resize_(nbytes)
+        t.fill_(RANK + 1 if dtype != torch.bool else RANK == SIZE - 1)
+        dist.all_reduce(t, op=dist.ReduceOp.MAX)
+        assert t.tolist() == [SIZE if dtype != torch.bool else True] * numel, (numel, dtype)
 
 
 def test_a_gloo_group_under_mpi_init():

@@ -126,14 +126,18 @@ MONITORED = """
     import mpicoll.torch
     dist.init_process_group("mpicoll", init_method="mpi://")
     rank = dist.get_rank()
-    if rank == 1:
-        time.sleep(8)
-        sys.exit(0)
-    try:
-        dist.group.WORLD.monitored_barrier(timedelta(seconds=2), wait_all_ranks=True)
+    pg = dist.group.WORLD
+    if rank != 1:                           # rank 1 skips the first barrier
+        try:
+            pg.monitored_barrier(timedelta(seconds=2), wait_all_ranks=True)
+        except RuntimeError as exc:
+            print(f"rank {rank}: {exc}", flush=True)
+    time.sleep(3 if rank == 1 else 1)
+    try:                                    # every rank comes to the next: out of step
+        pg.monitored_barrier(timedelta(seconds=2))
     except RuntimeError as exc:
-        print(f"rank {rank}: {exc}", flush=True)
-    time.sleep(4)
+        print(f"again, rank {rank}: {exc}", flush=True)
+    time.sleep(3)
     sys.exit(0)
 """
 
@@ -144,6 +148,9 @@ def test_torch_monitored_barrier_names_the_rank_that_did_not_come(tmp_path):
     assert "rank 0: monitored_barrier: ranks [1] (world ranks [1]) did not reach it within 2 s" in res.stdout, \
         res.stdout + res.stderr[-2000:]
     assert "rank 2: monitored_barrier: rank 2 waited 2 s for rank 0" in res.stdout
+    assert ("again, rank 0: monitored_barrier: rank 1 (world rank 1) did not reach it within 2 s (rank 1 sent the "
+            "token of its monitored_barrier call 1; this is call 2 on rank 0: a barrier that failed before left the "
+            "ranks out of step, use a new group)") in res.stdout, res.stdout
 
 
 AGAIN = """
