@@ -19,8 +19,10 @@ completed by ``wait()``. A tensor or a reduce op the backend cannot take raises
 The backend is a subclass of torch's c10d ``Backend`` (torch wraps it in a ``ProcessGroup``,
 names it, routes every CPU call of it to the backend, and wraps it for
 ``TORCH_DISTRIBUTED_DEBUG=DETAIL``). torch before 2.14 binds no constructor for a Python
-``Backend``: there the same class derives from ``ProcessGroup`` and names itself (``group_name``,
-how torch's C++ callers find a group), which is all the difference (:data:`_BASE`).
+``Backend``: there the same class derives from ``ProcessGroup`` (:data:`_BASE`) and also answers
+what torch's own ProcessGroup would: its name (``group_name``, how torch's C++ callers find a
+group) and its device (``_device_types``); and it unwraps a functional collective's result, which
+torch's dispatcher unwraps from 2.14 (:func:`_unwrapped`).
 """
 from __future__ import annotations
 
@@ -36,8 +38,10 @@ import torch
 import torch.distributed as dist
 from mpi4py import MPI
 from torch._C._distributed_c10d import Backend as _C10dBackend
+from torch.distributed._functional_collectives import AsyncCollectiveTensor
 from torch.distributed.constants import default_pg_timeout
 from torch.distributed.rendezvous import register_rendezvous_handler
+from torch.utils._python_dispatch import is_traceable_wrapper_subclass
 
 from . import functional as F
 from ._domains import user_comm
@@ -94,6 +98,8 @@ def _typestr(dtype: torch.dtype) -> str:
 def _array(t: torch.Tensor, call: str, rank: int, strided: bool = False) -> np.ndarray:
     """A numpy view of the CPU tensor ``t`` (shares its memory; bfloat16 via int16, bool via uint8).
     ``strided``: a strided tensor is fine (an element of a list, which mpicoll copies to or from)."""
+    if type(t) is not torch.Tensor and is_traceable_wrapper_subclass(t):
+        t = _unwrapped(t, call, rank)
     if not t.is_cpu:
         raise arg_error(call, "tensor", str(t.device), rank, "the mpicoll backend takes CPU tensors")
     if not strided and not t.is_contiguous():
@@ -108,7 +114,7 @@ def _array(t: torch.Tensor, call: str, rank: int, strided: bool = False) -> np.n
             raise TypeError(f"a {t.layout} tensor" if t.layout != torch.strided else "a negative or conjugate view")
         typestr = _typestr(t.dtype)
         view = np.asarray(_Memory(t, typestr)) if t.numel() else np.empty(tuple(t.shape), typestr)
-    except (TypeError, RuntimeError) as exc:          # (a dtype numpy lacks, a sparse tensor, ...)
+    except (TypeError, RuntimeError, ValueError) as exc:     # (a dtype numpy lacks, a sparse tensor, ...)
         raise arg_error(call, "tensor", str(t.dtype), rank, f"has no numpy view ({exc})") from None
     if t.dtype == torch.bfloat16:
         view = view.view(ml_dtypes.bfloat16)
@@ -117,6 +123,17 @@ def _array(t: torch.Tensor, call: str, rank: int, strided: bool = False) -> np.n
         if len(_VIEWS) > _VIEWS_MAX:
             _VIEWS.pop(next(iter(_VIEWS)))
     return view
+
+
+def _unwrapped(t: torch.Tensor, call: str, rank: int) -> torch.Tensor:
+    """The plain tensor behind a wrapper subclass, which torch 2.13 hands a ProcessGroup subclass as
+    it is (gloo's C++ route, and this backend's from torch 2.14, get it unwrapped by torch's
+    dispatcher): an ``AsyncCollectiveTensor`` (what functional collectives and a redistributed
+    DTensor's ``to_local()`` give) waits and is its result; another (a DTensor) has no memory of its own."""
+    if isinstance(t, AsyncCollectiveTensor):
+        return t.trigger_wait()
+    raise arg_error(call, "tensor", type(t).__name__, rank, "is a tensor subclass without memory of its own: "
+                    "pass a plain tensor (a DTensor's to_local())")
 
 
 def _arrays(ts, call: str, rank: int) -> list[np.ndarray]:
@@ -294,6 +311,19 @@ class ProcessGroupMpicoll(_BASE):
 
     def getGroupDesc(self) -> str:  # noqa: N802
         return self._desc
+
+    # torch 2.13's ProcessGroup answers these two from the backends registered with it, and a Python
+    # ProcessGroup has none: FSDP's state dicts, DCP's async_save and broadcast_from_rank0 ask a group
+    # for its device. (From torch 2.14 the ProcessGroup wrapping this Backend answers them.)
+    @property
+    def _device_types(self) -> list[torch.device]:
+        return [torch.device("cpu")]
+
+    def _get_backend(self, device: Any) -> Any:
+        kind = torch.device(device).type
+        if kind != "cpu":
+            raise RuntimeError(f"No backend type associated with device type {kind}")
+        return self
 
     def _set_sequence_number_for_group(self) -> None:
         """(torch's start of a group's count of collectives: mpicoll keeps its own)"""

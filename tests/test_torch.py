@@ -16,7 +16,7 @@ import mpicoll.torch  # noqa: E402, F401 - registers the backend and mpi://
 from mpicoll._dtypes import DTYPES, REDUCE_OPS  # noqa: E402
 from mpicoll._golden import SEED, golden_reduce, rank_data  # noqa: E402
 
-from _mpi import RANK, SIZE, WORLD  # noqa: E402
+from _mpi import RANK, SIZE, WORLD, raises_everywhere  # noqa: E402
 from _torch import world_group  # noqa: E402, F401 - the module's process group (autouse)
 
 pytestmark = pytest.mark.mpi(min_size=1)
@@ -431,12 +431,12 @@ def test_fsdp_trains_like_one_process_on_the_whole_batch(fsdp):
         sharded = F.fully_shard(model, mesh=mesh)
     else:
         sharded = F.FullyShardedDataParallel(model, device_id=torch.device("cpu"), use_orig_params=True)
-    opt = torch.optim.SGD(sharded.parameters(), lr=0.1)
+    sharded_opt = torch.optim.SGD(sharded.parameters(), lr=0.1)
     for x, y in batches:
         mine = slice(RANK * per_rank, (RANK + 1) * per_rank)
-        opt.zero_grad()
+        sharded_opt.zero_grad()
         torch.nn.functional.mse_loss(sharded(x[mine]), y[mine]).backward()
-        opt.step()
+        sharded_opt.step()
     single = _model(seed=0)
     opt = torch.optim.SGD(single.parameters(), lr=0.1)
     for x, y in batches:
@@ -446,10 +446,48 @@ def test_fsdp_trains_like_one_process_on_the_whole_batch(fsdp):
     if fsdp == "fully_shard":
         got = [p.full_tensor() for p in sharded.parameters()]
     else:
+        assert "state" in F.FullyShardedDataParallel.optim_state_dict(sharded, sharded_opt)  # (asks for the device)
         with F.FullyShardedDataParallel.summon_full_params(sharded):
             got = [p.detach().clone() for p in sharded.parameters()]
     for a, b in zip(got, single.parameters()):
         torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-6)
+
+
+def test_the_group_says_its_device_is_the_cpu(tmp_path):
+    """torch asks a group for its devices (FSDP's state dicts, DCP's async_save, broadcast_from_rank0):
+    the CPU, for the world and a subgroup; DCP's async_save and load then round-trip a state dict."""
+    import torch.distributed.checkpoint as dcp
+    from torch.distributed.distributed_c10d import _get_pg_default_device
+    sub = dist.new_group([SIZE - 1])
+    for g in (dist.group.WORLD,) + ((sub,) if RANK == SIZE - 1 else ()):
+        assert g._device_types == [torch.device("cpu")] and _get_pg_default_device(g) == torch.device("cpu")
+    where = WORLD.bcast(str(tmp_path / "checkpoint"))
+    state = {"w": torch.arange(6.0), "step": torch.tensor([7])}        # (replicated: alike on every rank)
+    dcp.async_save(state, checkpoint_id=where).result()
+    dist.barrier()
+    back = {"w": torch.zeros(6), "step": torch.tensor([-1])}
+    dcp.load(back, checkpoint_id=where)
+    assert back["w"].tolist() == list(range(6)) and back["step"].item() == 7
+
+
+def test_a_functional_collectives_result_as_a_tensor():
+    """What torch's functional collectives return (an ``AsyncCollectiveTensor``, also a redistributed
+    DTensor's ``to_local()``) passed to ``dist.*``: it waits and is used as its result (torch 2.13 hands
+    the group the wrapper itself). A DTensor has no memory of its own: an agreed error on 2.13 (from
+    2.14 torch's dispatcher refuses it before the group sees it)."""
+    import torch.distributed._functional_collectives as fc
+    a = fc.all_reduce(torch.ones(4), "sum", dist.group.WORLD)
+    dist.all_reduce(a)
+    assert a.tolist() == [SIZE * SIZE] * 4
+    outs = [torch.empty(4) for _ in range(SIZE)]
+    dist.all_gather(outs, fc.all_reduce(torch.full((4,), float(RANK)), "max", dist.group.WORLD))
+    assert all(o.tolist() == [SIZE - 1.0] * 4 for o in outs)
+    if isinstance(dist.group.WORLD, mpicoll.torch.ProcessGroupMpicoll):        # (torch 2.13)
+        from torch.distributed.device_mesh import init_device_mesh
+        from torch.distributed.tensor import Shard, distribute_tensor
+        d = distribute_tensor(torch.ones(2 * SIZE, 2), init_device_mesh("cpu", (SIZE,)), [Shard(0)])
+        raises_everywhere(lambda: dist.all_reduce(d), mpicoll.CollectiveArgumentError,
+                          "all_reduce: tensor='DTensor' on rank", "pass a plain tensor (a DTensor's to_local())")
 
 
 def test_storage_stays_resizable():
