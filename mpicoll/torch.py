@@ -653,8 +653,9 @@ def _create(backend_opts, options) -> ProcessGroupMpicoll:
         seen = world.allgather(mine)
         wrong = [(w, t) for w, t in enumerate(seen) if w != t]
         if wrong:
-            raise ValueError(f"the mpicoll backend: torch's ranks must be MPI's, but world ranks {[w for w, _ in wrong]} "
-                             f"have torch ranks {[t for _, t in wrong]} (init_method='mpi://' takes them from MPI)")
+            raise ValueError(f"the mpicoll backend: torch's ranks must be MPI's, but world ranks "
+                             f"{[w for w, _ in wrong]} have torch ranks {[t for _, t in wrong]} (init_method='mpi://' "
+                             "takes them from MPI)")
     if ranks != sorted(ranks):
         raise ValueError(f"the mpicoll backend: new_group(ranks={ranks}, sort_ranks=False): a group's ranks follow "
                          "the world's order here (a comm domain); leave sort_ranks at True")
