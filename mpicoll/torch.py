@@ -97,11 +97,15 @@ def _typestr(dtype: torch.dtype) -> str:
 
 def _array(t: torch.Tensor, call: str, rank: int, strided: bool = False) -> np.ndarray:
     """A numpy view of the CPU tensor ``t`` (shares its memory; bfloat16 via int16, bool via uint8).
-    ``strided``: a strided tensor is fine (an element of a list, which mpicoll copies to or from)."""
+    ``strided``: a strided tensor is fine (an element of a list, which mpicoll copies to or from).
+    Every tensor it cannot view is a ``CollectiveArgumentError`` (agreed by the call, as any)."""
     if type(t) is not torch.Tensor and is_traceable_wrapper_subclass(t):
         t = _unwrapped(t, call, rank)
     if not t.is_cpu:
         raise arg_error(call, "tensor", str(t.device), rank, "the mpicoll backend takes CPU tensors")
+    if t.layout != torch.strided:
+        raise arg_error(call, "tensor", str(t.layout), rank, "must be dense (torch.strided): the mpicoll backend "
+                        "takes sparse tensors in all_reduce only")
     if not strided and not t.is_contiguous():
         raise arg_error(call, "tensor", f"strided {tuple(t.shape)} (strides {t.stride()})", rank,
                         "must be contiguous: pass t.contiguous() (and copy the result back if the call writes it)")
@@ -109,17 +113,24 @@ def _array(t: torch.Tensor, call: str, rank: int, strided: bool = False) -> np.n
     seen = _VIEWS.get(key)
     if seen is not None and seen[0].data_ptr() == key[0]:   # (its tensor still owns that memory)
         return seen[1]
+    if t.is_conj() or t.is_neg():
+        what = "conj" if t.is_conj() else "neg"
+        raise arg_error(call, "tensor", f"a {what}-bit view", rank, f"pass t.resolve_{what}()")
+    held, span = t.untyped_storage().nbytes(), 0
+    if t.numel():                                     # (the bytes the view reaches, from the storage's start)
+        span = (t.storage_offset() + 1 + sum((n - 1) * k for n, k in zip(t.shape, t.stride()))) * t.element_size()
+    if held < span:
+        raise arg_error(call, "tensor", f"a storage of {held} bytes", rank, f"must hold the tensor's {span} bytes "
+                        "(was it freed or resized to less?)")
     try:
-        if t.layout != torch.strided or t.is_neg() or t.is_conj():
-            raise TypeError(f"a {t.layout} tensor" if t.layout != torch.strided else "a negative or conjugate view")
-        typestr = _typestr(t.dtype)
+        typestr = _typestr(t.dtype)                   # (bfloat16 viewed as int16 there, retyped below)
         view = np.asarray(_Memory(t, typestr)) if t.numel() else np.empty(tuple(t.shape), typestr)
-    except (TypeError, RuntimeError, ValueError) as exc:     # (a dtype numpy lacks, a sparse tensor, ...)
+    except (TypeError, RuntimeError, ValueError) as exc:     # (a dtype numpy lacks, ...)
         raise arg_error(call, "tensor", str(t.dtype), rank, f"has no numpy view ({exc})") from None
     if t.dtype == torch.bfloat16:
         view = view.view(ml_dtypes.bfloat16)
-    if t.untyped_storage().nbytes() <= _VIEW_BYTES and view.flags.c_contiguous:   # (its whole memory small:
-        _VIEWS[key] = (t, view)                                                    # an entry keeps it alive)
+    if held <= _VIEW_BYTES and view.flags.c_contiguous:     # (its whole memory small: an entry keeps it alive)
+        _VIEWS[key] = (t, view)
         if len(_VIEWS) > _VIEWS_MAX:
             _VIEWS.pop(next(iter(_VIEWS)))
     return view
@@ -280,6 +291,9 @@ class ProcessGroupMpicoll(_BASE):
     # Backend as attributes: left to the base class, reading one recurses without end)
     supports_splitting = supports_coalescing = supports_time_estimate = supports_shrinking = False
     supports_reconfigure = supports_window = False
+
+    def supports_tensor_alloc(self, device: Any) -> bool:    # (FSDP2 asks the group's backend for a buffer)
+        return False
 
     def __init__(self, rank: int, size: int, ranks: list[int], comm: MPI.Comm,
                  timeout: timedelta | None = None) -> None:
@@ -517,8 +531,9 @@ class ProcessGroupMpicoll(_BASE):
             """Why ranks ``ps`` seem absent when they came to another call: the ranks are out of step."""
             seen = [p for p in ps if p in other]
             return "" if not seen else (
-                f" (rank {seen[0]} sent the token of its monitored_barrier call {other[seen[0]]}; this is call "
-                f"{serial} on rank 0: a barrier that failed before left the ranks out of step, use a new group)")
+                f" (rank {seen[0]} is behind: it sent the token of its monitored_barrier call {other[seen[0]]}, "
+                f"this is call {serial} on rank 0; if a rank skipped a call, the ranks are out of step: use a new "
+                "group)")
 
         token = torch.full((1,), serial, dtype=torch.int64)
         if self._rank != 0:

@@ -490,6 +490,21 @@ def test_a_functional_collectives_result_as_a_tensor():
                           "all_reduce: tensor='DTensor' on rank", "pass a plain tensor (a DTensor's to_local())")
 
 
+def test_tensors_it_cannot_view_are_argument_errors():
+    """Each one a ``CollectiveArgumentError`` (which the call agrees), never torch's or numpy's own error
+    on one rank: a sparse list element, a negative-bit view, a view whose storage was freed."""
+    def refused(t, *fragments, strided=False):
+        with pytest.raises(mpicoll.CollectiveArgumentError) as info:
+            mpicoll.torch._array(t, "test", RANK, strided=strided)
+        assert all(f in str(info.value) for f in fragments), str(info.value)
+    refused(torch.ones(4).to_sparse(), "torch.sparse_coo", "must be dense", strided=True)
+    refused(torch._neg_view(torch.ones(4)), "neg-bit view", "pass t.resolve_neg()")
+    t = torch.ones(8)
+    tail = t[2:]
+    t.untyped_storage().resize_(0)
+    refused(tail, "a storage of 0 bytes", "must hold the tensor's 32 bytes")
+
+
 def test_storage_stays_resizable():
     """After a call, a tensor's storage can still be resized (as gloo leaves it), and a call on the
     re-grown tensor uses its new memory: small tensors (whose views are kept) and large ones."""
@@ -499,7 +514,13 @@ def test_storage_stays_resizable():
         storage = t.untyped_storage()
         nbytes = storage.nbytes()
         storage.resize_(0)
+        with pytest.raises(mpicoll.CollectiveArgumentError, match="must hold the tensor's"):   # (freed: refused)
+            dist.all_reduce(t)
         storage.resize_(nbytes)
+        before = t.data_ptr()
+        storage.resize_(2 * nbytes)                    # (new memory, taken while the old is still held: it moves)
+        assert t.data_ptr() != before
+        assert mpicoll.torch._array(t, "test", RANK).__array_interface__["data"][0] == t.data_ptr()
         t.fill_(RANK + 1 if dtype != torch.bool else RANK == SIZE - 1)
         dist.all_reduce(t, op=dist.ReduceOp.MAX)
         assert t.tolist() == [SIZE if dtype != torch.bool else True] * numel, (numel, dtype)
