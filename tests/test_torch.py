@@ -387,26 +387,36 @@ def _model(seed: int = 0) -> torch.nn.Module:
                                torch.nn.Linear(16, 4))
 
 
+#: rows of each batch a rank trains on in the data-parallel tests
+PER_RANK = 4
+
+
+def _batches(steps: int) -> list[tuple[torch.Tensor, torch.Tensor]]:
+    """``steps`` batches of ``PER_RANK`` rows per rank, alike on every rank."""
+    g = torch.Generator().manual_seed(1)
+    return [(torch.randn(PER_RANK * SIZE, 8, generator=g), torch.randn(PER_RANK * SIZE, 4, generator=g))
+            for _ in range(steps)]
+
+
+def _train(model: torch.nn.Module, batches: list, shard: bool) -> torch.optim.Optimizer:
+    """SGD steps of ``model`` on each batch: on this rank's rows (``shard``) or the whole batch."""
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    mine = slice(RANK * PER_RANK, (RANK + 1) * PER_RANK) if shard else slice(None)
+    for x, y in batches:
+        opt.zero_grad()
+        torch.nn.functional.mse_loss(model(x[mine]), y[mine]).backward()
+        opt.step()
+    return opt
+
+
 def test_ddp_trains_like_one_process_on_the_whole_batch():
     """DDP on the mpicoll backend, each rank its shard of every batch, 5 SGD steps: the parameters
     equal those of one process trained on the whole batches (float32 tolerance)."""
-    per_rank, steps = 4, 5
-    g = torch.Generator().manual_seed(1)
-    batches = [(torch.randn(per_rank * SIZE, 8, generator=g), torch.randn(per_rank * SIZE, 4, generator=g))
-               for _ in range(steps)]
+    batches = _batches(5)
     ddp = torch.nn.parallel.DistributedDataParallel(_model(seed=RANK))   # DDP broadcasts rank 0's parameters
-    opt = torch.optim.SGD(ddp.parameters(), lr=0.1)
-    for x, y in batches:
-        mine = slice(RANK * per_rank, (RANK + 1) * per_rank)
-        opt.zero_grad()
-        torch.nn.functional.mse_loss(ddp(x[mine]), y[mine]).backward()
-        opt.step()
+    _train(ddp, batches, shard=True)
     single = _model(seed=0)
-    opt = torch.optim.SGD(single.parameters(), lr=0.1)
-    for x, y in batches:
-        opt.zero_grad()
-        torch.nn.functional.mse_loss(single(x), y).backward()
-        opt.step()
+    _train(single, batches, shard=False)
     for a, b in zip(ddp.module.parameters(), single.parameters()):
         torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-6)
 
@@ -417,10 +427,7 @@ def test_fsdp_trains_like_one_process_on_the_whole_batch(fsdp):
     parameters equal those of one process on the whole batches. FSDP1 frees each gathered
     parameter by resizing its storage to 0, which a view made by ``Tensor.numpy()`` forbade."""
     from torch.distributed import fsdp as F
-    per_rank, steps = 4, 3
-    g = torch.Generator().manual_seed(1)
-    batches = [(torch.randn(per_rank * SIZE, 8, generator=g), torch.randn(per_rank * SIZE, 4, generator=g))
-               for _ in range(steps)]
+    batches = _batches(3)
     model = _model(seed=0)
     if fsdp == "fully_shard":
         from torch.distributed.device_mesh import init_device_mesh
@@ -431,18 +438,9 @@ def test_fsdp_trains_like_one_process_on_the_whole_batch(fsdp):
         sharded = F.fully_shard(model, mesh=mesh)
     else:
         sharded = F.FullyShardedDataParallel(model, device_id=torch.device("cpu"), use_orig_params=True)
-    sharded_opt = torch.optim.SGD(sharded.parameters(), lr=0.1)
-    for x, y in batches:
-        mine = slice(RANK * per_rank, (RANK + 1) * per_rank)
-        sharded_opt.zero_grad()
-        torch.nn.functional.mse_loss(sharded(x[mine]), y[mine]).backward()
-        sharded_opt.step()
+    sharded_opt = _train(sharded, batches, shard=True)
     single = _model(seed=0)
-    opt = torch.optim.SGD(single.parameters(), lr=0.1)
-    for x, y in batches:
-        opt.zero_grad()
-        torch.nn.functional.mse_loss(single(x), y).backward()
-        opt.step()
+    _train(single, batches, shard=False)
     if fsdp == "fully_shard":
         got = [p.full_tensor() for p in sharded.parameters()]
     else:
