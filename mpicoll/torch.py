@@ -159,7 +159,8 @@ def _one(tensors, call: str, rank: int) -> torch.Tensor:
     return tensors[0]
 
 
-#: (torch's reduce op, dtype) -> :func:`_reduce`'s answer, for the pairs it has mapped (its memo)
+#: (torch's reduce op as an int, dtype) -> :func:`_reduce`'s answer, for the pairs it has mapped (its memo;
+#: an int: each ``opts.reduceOp.op`` is a new pybind enum, which a tuple key would compare by its slow ``==``)
 _REDUCE_NAMES: dict[tuple, tuple[str, bool]] = {}
 #: :func:`_reduce`'s answer where the mapping failed (the call then raises that error on every rank)
 _NO_REDUCE = ("sum", False)
@@ -168,7 +169,7 @@ _NO_REDUCE = ("sum", False)
 def _reduce(op: Any, t: torch.Tensor, call: str, rank: int) -> tuple[str, bool]:
     """mpicoll's name of torch's reduce op ``op`` (``opts.reduceOp.op``) for tensors like ``t``, and
     whether it is AVG (that sum, then :func:`_average`)."""
-    found = _REDUCE_NAMES.get((op, t.dtype))
+    found = _REDUCE_NAMES.get((int(op), t.dtype))
     if found is not None:
         return found
     name = _REDUCE.get(op)
@@ -177,7 +178,7 @@ def _reduce(op: Any, t: torch.Tensor, call: str, rank: int) -> tuple[str, bool]:
                         "and AVG (floating point)")
     if op == _R.AVG and not t.is_floating_point():
         raise arg_error(call, "op", f"AVG on {t.dtype}", rank, "only floating-point tensors are averaged")
-    found = _REDUCE_NAMES[op, t.dtype] = (_BOOL_REDUCE[name] if t.dtype == torch.bool else name, op == _R.AVG)
+    found = _REDUCE_NAMES[int(op), t.dtype] = (_BOOL_REDUCE[name] if t.dtype == torch.bool else name, op == _R.AVG)
     return found
 
 

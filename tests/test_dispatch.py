@@ -288,3 +288,32 @@ def test_a_validated_repeat_keeps_every_check(tmp_path, np_):
                            [f"rank {r}: toggled: {'[%s, %s]' % (float(np_), float(np_)) if r == 0 else 'ok'}"
                             for r in range(np_)] +
                            [f"rank {r}: v2: True" for r in range(np_)]), lines
+
+
+@SIZES
+def test_a_remembered_call_sees_its_arrays_flags(tmp_path, np_):
+    """A remembered call is not described again (validated or not), so its key holds its arrays'
+    flags: an ``out`` made read-only in place is another call, which ``describe`` checks. Validated, the last rank's read-only ``out`` is an error on every rank; unvalidated,
+    every rank's own is its own error."""
+    lines = _job(tmp_path, """
+        import numpy as np, mpicoll
+        from mpi4py import MPI
+        r, n = MPI.COMM_WORLD.Get_rank(), MPI.COMM_WORLD.Get_size()
+        for validate in (True, False):
+            op = mpicoll.AllReduceOperation(validate=validate)
+            x, out = np.ones(4), np.empty(4)
+            for _ in range(3):
+                op.execute(x, out)
+            if r == n - 1 or not validate:
+                out.flags.writeable = False
+            try:
+                op.execute(x, out)
+                say(f"{validate}: no error")
+            except mpicoll.CollectiveArgumentError as e:
+                say(f"{validate}: {e.param} rank {e.rank}")
+            out.flags.writeable = True
+            say(f"{validate}: again {op.execute(x, out).tolist() == [float(n)] * 4}")
+    """, np_)
+    assert lines == sorted([f"rank {r}: True: out rank {np_ - 1}" for r in range(np_)]
+                           + [f"rank {r}: False: out rank {r}" for r in range(np_)]
+                           + [f"rank {r}: {v}: again True" for r in range(np_) for v in (True, False)]), lines

@@ -76,6 +76,9 @@ class Operation:
     #: argument is data, read or written on every run (keyed by identity). The operator's own
     #: declaration, checked against its ``execute`` signature at import.
     VALUES: ClassVar[tuple[str, ...]] = ()
+    #: ``describe`` has a rule on the contents of a data argument (finite scales): a validated call
+    #: is then described on every call, never remembered (a remembered call is not described again)
+    RULES_ON_DATA: ClassVar[bool] = False
     #: (from the signature) the position of ``out``, and the value arguments' positions
     _OUT_AT: ClassVar[int | None] = None
     _VALUES_AT: ClassVar[frozenset] = frozenset()
@@ -241,12 +244,13 @@ class Operation:
             raise finalized(self.NAME, "a call")
         self._fresh = False
         if agree:
+            entry = self._agreed_calls.get(key) if key is not None and self._lib.plain else None
+            if entry is not None:
+                return self._agree_again(entry, number)
             call, err = self._described(args)
-            entry = self._agreed_calls.get(key) if key is not None and err is None else None
-            if entry is not None and self._lib.plain:
-                return self._agree_again(entry, call, number)
             table = agree_call(self._lib, self, call, err, self.timeout, number)
-            if key is not None and err is None and self._validate and not self._fresh and _small(args):
+            if key is not None and err is None and self._validate and not self._fresh and _small(args) \
+                    and not self.RULES_ON_DATA:
                 _remember(self._agreed_calls, key, [args, call, None, table])
             return None, call, table
         failed = self._param_error or _found(args)       # (no agreement: a local error is this rank's alone)
@@ -257,15 +261,14 @@ class Operation:
             _remember(self._calls, key, [args, call, None])
         return None, call, None
 
-    def _agree_again(self, entry: list, call: Call, number: int) -> tuple[Plan | None, Call | None, np.ndarray]:
-        """A validated call that came back (``entry``), described again (``call``: every local rule
-        checked, as on any call; the same arrays and values give the same header row): agree it
-        with the row it sent last time, skipping the row's making (the same Allgather as
-        :func:`agree_call`, so that a peer making another call meets it there). Every rank's row
-        as last time: its plan (recorded once, with that table). Else another rank's call
-        changed: the table is checked as always (a mismatch raises on every rank) and this call
-        issued with it."""
-        lib, table = self._lib, entry[3]
+    def _agree_again(self, entry: list, number: int) -> tuple[Plan | None, Call | None, np.ndarray]:
+        """A validated call that came back (``entry``: the same key, so the same arrays, flags and
+        values, which ``describe`` would describe alike): agree it with the row it sent last time
+        (the same Allgather as :func:`agree_call`, so that a peer making another call meets it
+        there). Every rank's row as last time: its plan (recorded once, with that table). Else
+        another rank's call changed: the table is checked as always (a mismatch raises on every
+        rank) and this call issued with it."""
+        lib, call, table = self._lib, entry[1], entry[3]
         if lib.pending:
             lib.drain(None)
         now = agree(lib, table[lib.rank], None, self.timeout, self.NAME, number)   # (sent, never written)
@@ -273,13 +276,13 @@ class Operation:
             plan = entry[2]
             if plan is None:
                 rec = Recorder()
-                self._record(entry[1], table, rec, count=False)     # (this dispatch counted the call)
+                self._record(call, table, rec, count=False)     # (this dispatch counted the call)
                 plan = entry[2] = Plan(rec, self.timeout, persistent=False)
             if plan._state == 0:
                 return plan, None, table
             return None, call, table
         V.check_agreed(lib, self.NAME, now, self.PAIR_NAMES)
-        entry[1], entry[2], entry[3] = call, None, now
+        entry[2], entry[3] = None, now
         return None, call, now
 
     def _remembered(self, entry: list) -> Plan:
@@ -377,8 +380,9 @@ _SCALARS = (int, float, bool, str, type(None))
 
 
 def _key(args: tuple, values: frozenset) -> tuple | None:
-    """What identifies a call: its data arrays by identity, shape and dtype (their contents are
-    read on every run; the remembered call keeps them referenced, so an identity stays theirs),
+    """What identifies a call: its data arrays by identity, shape, dtype and flags (writeable,
+    contiguous: what ``describe`` checks; their contents are read on every run; the remembered
+    call keeps them referenced, so an identity stays theirs),
     its values (``Operation.VALUES``) by their contents. None when an argument is neither (an
     object the key cannot tell apart): such a call is not remembered."""
     key = []
@@ -388,7 +392,7 @@ def _key(args: tuple, values: frozenset) -> tuple | None:
             if i in values:
                 key.append((a.dtype, a.shape, a.tobytes()) if t is np.ndarray else _value(a))
             elif t is np.ndarray:
-                key.append((id(a), a.shape, a.dtype))
+                key.append((id(a), a.shape, a.dtype, a.flags.num))
             elif t in _SCALARS:
                 key.append((t, a))            # (2, 2.0 and True are equal, but not the same argument)
             else:
@@ -425,7 +429,7 @@ def _small(args: tuple) -> bool:
 def _data(a: Any) -> Any:
     t = type(a)
     if t is np.ndarray:
-        return (id(a), a.shape, a.dtype)
+        return (id(a), a.shape, a.dtype, a.flags.num)
     if t in _SCALARS:
         return (t, a)
     if t is list or t is tuple:

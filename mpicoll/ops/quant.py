@@ -193,6 +193,7 @@ class QuantAllReduceOperation(Operation):
 
     NAME = "QuantAllReduce"
     PARAM = QuantAllReduceParam
+    RULES_ON_DATA = True                    # (scales must be finite and >= 0)
 
     def execute(self, x: np.ndarray, scale, out: np.ndarray | None = None) -> np.ndarray:
         """Sum the dequantized ``x`` of every rank.
