@@ -293,8 +293,9 @@ def test_a_validated_repeat_keeps_every_check(tmp_path, np_):
 @SIZES
 def test_a_remembered_call_sees_its_arrays_flags(tmp_path, np_):
     """A remembered call is not described again (validated or not), so its key holds its arrays'
-    flags: an ``out`` made read-only in place is another call, which ``describe`` checks. Validated, the last rank's read-only ``out`` is an error on every rank; unvalidated,
-    every rank's own is its own error."""
+    flags: an ``out`` made read-only in place is another call, which ``describe`` checks.
+    Validated, the last rank's read-only ``out`` is an error on every rank; unvalidated, every
+    rank's own is its own error."""
     lines = _job(tmp_path, """
         import numpy as np, mpicoll
         from mpi4py import MPI
