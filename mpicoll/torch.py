@@ -109,13 +109,13 @@ def _array(t: torch.Tensor, call: str, rank: int, strided: bool = False) -> np.n
     if not strided and not t.is_contiguous():
         raise arg_error(call, "tensor", f"strided {tuple(t.shape)} (strides {t.stride()})", rank,
                         "must be contiguous: pass t.contiguous() (and copy the result back if the call writes it)")
+    if t.is_conj() or t.is_neg():                    # (before the cache: such a view shares its key)
+        what = "conj" if t.is_conj() else "neg"
+        raise arg_error(call, "tensor", f"a {what}-bit view", rank, f"pass t.resolve_{what}()")
     key = (t.data_ptr(), t.dtype, t.shape, t.stride())
     seen = _VIEWS.get(key)
     if seen is not None and seen[0].data_ptr() == key[0]:   # (its tensor still owns that memory)
         return seen[1]
-    if t.is_conj() or t.is_neg():
-        what = "conj" if t.is_conj() else "neg"
-        raise arg_error(call, "tensor", f"a {what}-bit view", rank, f"pass t.resolve_{what}()")
     held, span = t.untyped_storage().nbytes(), 0
     if t.numel():                                     # (the bytes the view reaches, from the storage's start)
         span = (t.storage_offset() + 1 + sum((n - 1) * k for n, k in zip(t.shape, t.stride()))) * t.element_size()

@@ -490,13 +490,17 @@ def test_a_functional_collectives_result_as_a_tensor():
 
 def test_tensors_it_cannot_view_are_argument_errors():
     """Each one a ``CollectiveArgumentError`` (which the call agrees), never torch's or numpy's own error
-    on one rank: a sparse list element, a negative-bit view, a view whose storage was freed."""
+    on one rank: a sparse list element, a negative-bit view (also of a tensor whose view is kept), a
+    view whose storage was freed."""
     def refused(t, *fragments, strided=False):
         with pytest.raises(mpicoll.CollectiveArgumentError) as info:
             mpicoll.torch._array(t, "test", RANK, strided=strided)
         assert all(f in str(info.value) for f in fragments), str(info.value)
     refused(torch.ones(4).to_sparse(), "torch.sparse_coo", "must be dense", strided=True)
     refused(torch._neg_view(torch.ones(4)), "neg-bit view", "pass t.resolve_neg()")
+    kept = torch.ones(4)
+    mpicoll.torch._array(kept, "test", RANK)             # (its view kept, under the neg view's key too)
+    refused(torch._neg_view(kept), "neg-bit view", "pass t.resolve_neg()")
     t = torch.ones(8)
     tail = t[2:]
     t.untyped_storage().resize_(0)
