@@ -293,7 +293,8 @@ def test_a_validated_repeat_keeps_every_check(tmp_path, np_):
 @SIZES
 def test_a_remembered_call_sees_its_arrays_flags(tmp_path, np_):
     """A remembered call is not described again (validated or not), so its key holds its arrays'
-    flags: an ``out`` made read-only in place is another call, which ``describe`` checks.
+    strides and flags: an ``out`` made read-only in place, or an x whose strides change on a size-1
+    dim (so that it no longer is ``out[r]``), is another call, which ``describe`` checks.
     Validated, the last rank's read-only ``out`` is an error on every rank; unvalidated, every
     rank's own is its own error."""
     lines = _job(tmp_path, """
@@ -314,7 +315,41 @@ def test_a_remembered_call_sees_its_arrays_flags(tmp_path, np_):
                 say(f"{validate}: {e.param} rank {e.rank}")
             out.flags.writeable = True
             say(f"{validate}: again {op.execute(x, out).tolist() == [float(n)] * 4}")
+        g = mpicoll.AllGatherOperation()          # (strides changed on a size-1 dim: x is no longer out[r])
+        out = np.zeros((n, 1))
+        x = out[r]
+        for _ in range(3):
+            g.execute(x, out)
+        if r == n - 1:
+            x.strides = (16,)
+        try:
+            g.execute(x, out)
+            say("strides: no error")
+        except mpicoll.CollectiveArgumentError as e:
+            say(f"strides: {e.param} rank {e.rank}")
     """, np_)
     assert lines == sorted([f"rank {r}: True: out rank {np_ - 1}" for r in range(np_)]
                            + [f"rank {r}: False: out rank {r}" for r in range(np_)]
-                           + [f"rank {r}: {v}: again True" for r in range(np_) for v in (True, False)]), lines
+                           + [f"rank {r}: {v}: again True" for r in range(np_) for v in (True, False)]
+                           + [f"rank {r}: strides: out rank {np_ - 1}" for r in range(np_)]), lines
+
+
+@SIZES
+def test_a_list_given_as_data_is_read_on_every_call(tmp_path, np_):
+    """From the review of the validated repeat: x given as a list of arrays is copied into an array
+    when the call is described, so such a call is not remembered (a repeat must copy the list's
+    current contents again; it ran on the first copy: validated [0, 0, 0, 0], else [0, 2, 2, 2])."""
+    lines = _job(tmp_path, """
+        import numpy as np, mpicoll
+        from mpi4py import MPI
+        r, n = MPI.COMM_WORLD.Get_rank(), MPI.COMM_WORLD.Get_size()
+        for validate in (True, False):
+            op = mpicoll.AllReduceOperation(validate=validate)
+            a, b, out = np.zeros(2), np.zeros(2), np.empty((2, 2))
+            got = []
+            for k in range(4):
+                a[:], b[:] = k, k
+                got.append(float(op.execute([a, b], out)[1, 1]))
+            say(f"{validate}: {got == [float(k * n) for k in range(4)]}")
+    """, np_)
+    assert lines == sorted(f"rank {r}: {v}: True" for r in range(np_) for v in (True, False)), lines

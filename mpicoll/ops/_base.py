@@ -118,7 +118,7 @@ class Operation:
         self._comms: tuple[LibComm, ...] = ()
         self._param_error: BaseException | None = None
         self._agreed_once = False
-        self._fresh = False               # (describe allocated an output: _out)
+        self._fresh = False               # (describe allocated an output or copied a list: _out, _data)
         self._runner = Runner(self.NAME, self.timeout)
         #: its last unvalidated calls: key -> [its arguments (kept alive, so the key's identities stay
         #: theirs), its call, its plan once it came back]
@@ -257,7 +257,7 @@ class Operation:
         if failed is not None:
             raise failed
         call = self.describe(*args)
-        if key is not None and not self._fresh:          # (an output made for it: a repeat needs another)
+        if key is not None and not self._fresh:          # (an output made or a list copied: a repeat needs another)
             _remember(self._calls, key, [args, call, None])
         return None, call, None
 
@@ -347,7 +347,10 @@ class Operation:
         shape that the call refreshes from ``src`` (x) before it runs."""
         if type(x) is np.ndarray and x.flags.c_contiguous and (dt := BY_NP.get(x.dtype)) is not None:
             return x, dt, None                 # (the common case, in one test)
+        given = x
         x, dt = V.array(self.NAME, name, x, self.rank)
+        if x is not given:                  # (a list's contents copied now: a repeat must read them again)
+            self._fresh = True
         if x.flags.c_contiguous:
             return x, dt, None
         return np.empty(x.shape, dtype=x.dtype), dt, x
@@ -380,9 +383,9 @@ _SCALARS = (int, float, bool, str, type(None))
 
 
 def _key(args: tuple, values: frozenset) -> tuple | None:
-    """What identifies a call: its data arrays by identity, shape, dtype and flags (writeable,
-    contiguous: what ``describe`` checks; their contents are read on every run; the remembered
-    call keeps them referenced, so an identity stays theirs),
+    """What identifies a call: its data arrays by identity, shape, strides, dtype and flags
+    (writeable, contiguous: what ``describe`` checks; their contents are read on every run; the
+    remembered call keeps them referenced, so an identity stays theirs),
     its values (``Operation.VALUES``) by their contents. None when an argument is neither (an
     object the key cannot tell apart): such a call is not remembered."""
     key = []
@@ -392,7 +395,7 @@ def _key(args: tuple, values: frozenset) -> tuple | None:
             if i in values:
                 key.append((a.dtype, a.shape, a.tobytes()) if t is np.ndarray else _value(a))
             elif t is np.ndarray:
-                key.append((id(a), a.shape, a.dtype, a.flags.num))
+                key.append((id(a), a.shape, a.strides, a.dtype, a.flags.num))
             elif t in _SCALARS:
                 key.append((t, a))            # (2, 2.0 and True are equal, but not the same argument)
             else:
@@ -429,7 +432,7 @@ def _small(args: tuple) -> bool:
 def _data(a: Any) -> Any:
     t = type(a)
     if t is np.ndarray:
-        return (id(a), a.shape, a.dtype, a.flags.num)
+        return (id(a), a.shape, a.strides, a.dtype, a.flags.num)
     if t in _SCALARS:
         return (t, a)
     if t is list or t is tuple:
