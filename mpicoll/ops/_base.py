@@ -262,8 +262,8 @@ class Operation:
         return None, call, None
 
     def _agree_again(self, entry: list, number: int) -> tuple[Plan | None, Call | None, np.ndarray]:
-        """A validated call that came back (``entry``: the same key, so the same arrays, flags and
-        values, which ``describe`` would describe alike): agree it with the row it sent last time
+        """A validated call that came back (``entry``: the same key, so the same arrays, strides,
+        flags and values, which ``describe`` would describe alike): agree it with the row it sent last time
         (the same Allgather as :func:`agree_call`, so that a peer making another call meets it
         there). Every rank's row as last time: its plan (recorded once, with that table). Else
         another rank's call changed: the table is checked as always (a mismatch raises on every
