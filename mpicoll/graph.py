@@ -54,7 +54,8 @@ def capture(group: Any = None, timeout: float | None = None, exact: bool = True)
         group: the ranks that capture together (their agreement runs over it): None (the world),
             a comm-domain name, or an mpi4py communicator. Every call captured must run on it or
             on a communicator inside it.
-        timeout: the replay's watchdog, seconds (default ``MPICOLL_TIMEOUT``).
+        timeout: the agreement's and the replay's watchdog, seconds (default: the group's own,
+            e.g. a torch group's ``timeout=``, else ``MPICOLL_TIMEOUT``; 0: none).
         exact: merge calls only where every output stays bit-identical to eager execution (the
             default; with ``MPICOLL_EXACT`` on, every call). False also merges, under
             ``MPICOLL_EXACT=0``, float reductions over more than 2 ranks, whose last bits may then
@@ -110,6 +111,7 @@ class Graph:
 
     def __init__(self, group: Any = None, timeout: float | None = None, exact: bool = True) -> None:
         self.group, self.exact = group, exact
+        self._timeout_given = timeout is not None     # (else the group's own, once it is resolved: _build)
         self.timeout = timeout_seconds(timeout)
         self._entries: list[tuple[Operation, Any, BaseException | None]] = []
         self._plan: Plan | None = None
@@ -141,6 +143,8 @@ class Graph:
     def _build(self, failure: BaseException | None) -> None:
         """Agree every captured call at once, then record them (with the passes) into one plan."""
         lib = resolve_group("graph", self.group)
+        if not self._timeout_given:         # (as an operation takes it: Operation._bind)
+            self.timeout = lib.default_timeout()
         entries = self._entries
         if failure is not None:           # the block failed on this rank: agree that, every rank raises
             entries = entries + [(_Failed(lib), None, failure)]

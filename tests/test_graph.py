@@ -237,3 +237,30 @@ def test_inexact_capture_merges_float_reductions_too():
     for k, x in enumerate(xs):
         assert np.allclose(x, sum(r + 0.1 * k for r in range(SIZE)), rtol=1e-6)
     g.free()
+
+
+@mpi1
+def test_a_graph_takes_its_groups_own_timeout():
+    """No ``timeout=``: the graph takes its group's own timeout (a torch group's ``timeout=``), as
+    an operation does, else ``MPICOLL_TIMEOUT``'s; a ``timeout=`` given wins. The replay is right."""
+    from mpi4py import MPI
+    from mpicoll._domains import user_comm
+    from mpicoll._watchdog import timeout_default
+    comm = MPI.COMM_WORLD.Dup()
+    comm.Set_name("graph timeout")
+    try:
+        user_comm(comm, 30.0)                             # (as mpicoll.torch makes a group's)
+        x = np.ones(3)
+        for given, want in ((None, 30.0), (5, 5.0), (0, None)):
+            with graph.capture(group=comm, timeout=given) as g:
+                F.all_reduce(x, group=comm)
+            x[:] = 1
+            g.replay()
+            assert g.timeout == want and x.tolist() == [float(SIZE)] * 3, (given, g.timeout)
+            g.free()
+        with graph.capture() as g:
+            F.all_reduce(x)
+        assert g.timeout == timeout_default()
+        g.free()
+    finally:
+        comm.Free()
