@@ -70,8 +70,11 @@ _MONITOR_TAG = MPI.COMM_WORLD.Get_attr(MPI.TAG_UB)
 #: and is used only while that tensor still has that address (a resize_ gives it other memory).
 _VIEWS: dict[tuple, tuple] = {}
 _VIEWS_MAX, _VIEW_BYTES = 64, 1 << 16
-#: torch dtype -> the numpy type string of its view (bfloat16 as int16, bool as uint8), as numpy() gives it
-_TYPESTRS: dict[torch.dtype, str] = {}
+#: the dtypes a view takes as another: torch dtype -> (the torch dtype numpy takes its memory as, the
+#: numpy dtype the view is then retyped to, or None)
+_RETYPED = {torch.bfloat16: (torch.int16, ml_dtypes.bfloat16), torch.bool: (torch.uint8, None)}
+#: torch dtype -> (the numpy type string of its memory, as numpy() gives it; _RETYPED's retype or None)
+_TYPESTRS: dict[torch.dtype, tuple[str, Any]] = {}
 
 
 class _Memory:
@@ -86,12 +89,13 @@ class _Memory:
                                     "strides": tuple(k * t.element_size() for k in t.stride()), "version": 3}
 
 
-def _typestr(dtype: torch.dtype) -> str:
-    """The numpy type string of a view of ``dtype`` tensors (TypeError/RuntimeError: none)."""
+def _typestr(dtype: torch.dtype) -> tuple[str, Any]:
+    """The numpy type string of a view of ``dtype`` tensors, and the dtype it is retyped to (None:
+    none); TypeError/RuntimeError: no view."""
     found = _TYPESTRS.get(dtype)
     if found is None:
-        wire = {torch.bfloat16: torch.int16, torch.bool: torch.uint8}.get(dtype, dtype)
-        found = _TYPESTRS[dtype] = torch.empty(0, dtype=wire).numpy().dtype.str
+        wire, retype = _RETYPED.get(dtype, (dtype, None))
+        found = _TYPESTRS[dtype] = (torch.empty(0, dtype=wire).numpy().dtype.str, retype)
     return found
 
 
@@ -123,12 +127,12 @@ def _array(t: torch.Tensor, call: str, rank: int, strided: bool = False) -> np.n
         raise arg_error(call, "tensor", f"a storage of {held} bytes", rank, f"must hold the tensor's {span} bytes "
                         "(was it freed or resized to less?)")
     try:
-        typestr = _typestr(t.dtype)                   # (bfloat16 viewed as int16 there, retyped below)
+        typestr, retype = _typestr(t.dtype)
         view = np.asarray(_Memory(t, typestr)) if t.numel() else np.empty(tuple(t.shape), typestr)
     except (TypeError, RuntimeError, ValueError) as exc:     # (a dtype numpy lacks, ...)
         raise arg_error(call, "tensor", str(t.dtype), rank, f"has no numpy view ({exc})") from None
-    if t.dtype == torch.bfloat16:
-        view = view.view(ml_dtypes.bfloat16)
+    if retype is not None:
+        view = view.view(retype)
     if held <= _VIEW_BYTES and view.flags.c_contiguous:     # (its whole memory small: an entry keeps it alive)
         _VIEWS[key] = (t, view)
         if len(_VIEWS) > _VIEWS_MAX:

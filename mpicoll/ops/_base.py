@@ -390,14 +390,9 @@ def _key(args: tuple, values: frozenset) -> tuple | None:
     object the key cannot tell apart): such a call is not remembered."""
     key = []
     try:
-        for i, a in enumerate(args):     # (flat: this runs on every unvalidated call)
-            t = type(a)
+        for i, a in enumerate(args):
             if i in values:
-                key.append((a.dtype, a.shape, a.tobytes()) if t is np.ndarray else _value(a))
-            elif t is np.ndarray:
-                key.append((id(a), a.shape, a.strides, a.dtype, a.flags.num))
-            elif t in _SCALARS:
-                key.append((t, a))            # (2, 2.0 and True are equal, but not the same argument)
+                key.append((a.dtype, a.shape, a.tobytes()) if type(a) is np.ndarray else _value(a))
             else:
                 key.append(_data(a))
     except TypeError:
@@ -430,11 +425,12 @@ def _small(args: tuple) -> bool:
 
 
 def _data(a: Any) -> Any:
+    """A data argument's part of :func:`_key` (TypeError: none)."""
     t = type(a)
     if t is np.ndarray:
         return (id(a), a.shape, a.strides, a.dtype, a.flags.num)
     if t in _SCALARS:
-        return (t, a)
+        return (t, a)                 # (2, 2.0 and True are equal, but not the same argument)
     if t is list or t is tuple:
         return tuple([_data(v) for v in a])
     raise TypeError(t)
