@@ -9,7 +9,9 @@ Three tables (rank 0 prints; medians over ``--reps`` interleaved blocks, slowest
 1. ``dist.all_reduce`` on the mpicoll group / on the gloo group, per size and dtype (< 1: mpicoll faster).
 2. Python overhead per backend call: ``dist.all_reduce(t, group=mpicoll)``, the backend's own method
    without torch's wrapper (``group.allreduce([t], opts)``), the mpicoll call it makes
-   (``mpicoll.functional.all_reduce`` on the same memory) and the raw mpi4py ``Allreduce``, 8 B float32.
+   (``mpicoll.functional.all_reduce`` on the same memory), torch's floor (``dist.all_reduce`` on a
+   backend that only makes the MPI calls, :class:`_Floor`; with and without the header agreement's
+   ``Allgather``) and the raw mpi4py ``Allreduce``, 8 B float32; each over raw.
 3. A DDP training step (forward, backward with the gradient all-reduces, SGD step) of 5-layer MLPs
    (``--widths``: 1.6 M, 5.2 M and 12.6 M parameters), mpicoll / gloo, with the time of the same step
    without DDP; ``--compile BACKEND`` adds the same models under ``torch.compile``.
@@ -30,8 +32,9 @@ import torch.distributed as dist
 from mpi4py import MPI
 from threadpoolctl import threadpool_limits
 
-import mpicoll.torch  # noqa: F401 - registers the backend
+import mpicoll.torch  # registers the backend
 from mpicoll import functional as F
+from mpicoll._validate import H_LEN
 
 W = MPI.COMM_WORLD
 RANK, SIZE = W.Get_rank(), W.Get_size()
@@ -89,21 +92,51 @@ def allreduce_table(groups, sizes, dtypes, reps) -> None:
         print(f"# worst ratio mpicoll/gloo: {worst:.2f}\n", flush=True)
 
 
-def overhead_table(mp, reps) -> None:
+class _Floor(mpicoll.torch.ProcessGroupMpicoll):
+    """torch's floor for a Python backend: ``dist.all_reduce`` on a backend whose method makes only
+    the MPI calls of a validated small all-reduce (the header agreement's ``Allgather`` of one row,
+    then the ``Allreduce``; ``agree`` False: the ``Allreduce`` alone) on buffers made beforehand, and
+    returns a Work made beforehand: what torch's route and MPI cost, with no Python of mpicoll's."""
+
+    agree = True
+
+    def allreduce(self, tensors, opts=None):
+        if _Floor.agree:
+            self._comm.Allgather([self._row, MPI.INT64_T], [self._table, MPI.INT64_T])
+        self._comm.Allreduce(MPI.IN_PLACE, self._buf)
+        return self._done
+
+
+def _floor(backend_opts, options) -> _Floor:
+    pg = _Floor(backend_opts.group_rank, SIZE, list(range(SIZE)), W)
+    t = torch.ones(2, dtype=torch.float32)
+    pg._comm, pg._buf, pg._done = W.Dup(), t.numpy(), mpicoll.torch._Done([t])
+    pg._row, pg._table = np.zeros(H_LEN, np.int64), np.zeros((SIZE, H_LEN), np.int64)
+    mpicoll.torch._GROUPS.append(pg)              # (torch keeps a Python backend's C++ half only)
+    return pg
+
+
+def overhead_table(mp, floor, reps) -> None:
     t = torch.ones(2, dtype=torch.float32)
     a = t.numpy()
     out = np.empty_like(a)
     opts = dist.AllreduceOptions()
+
+    def floor_call(agree):
+        _Floor.agree = agree
+        dist.all_reduce(t, group=floor)
     fns = {"dist.all_reduce (mpicoll)": lambda: dist.all_reduce(t, group=mp),
            "the group's allreduce([t])": lambda: mp.allreduce([t], opts),
            "mpicoll.functional.all_reduce": lambda: F.all_reduce(a),
+           "torch's floor, agreement": lambda: floor_call(True),
+           "torch's floor, no agreement": lambda: floor_call(False),
            "raw mpi4py Allreduce": lambda: W.Allreduce(a, out)}
     got = interleaved(fns, 2000, reps)
     if RANK == 0:
         print(f"# Python overhead per call, 8 B float32, {SIZE} ranks (us per call, median of {reps})")
-        base = got["mpicoll.functional.all_reduce"]
+        raw = got["raw mpi4py Allreduce"]
         for k, v in got.items():
-            print(f"{k:<32}{v * 1e6:>9.2f}{(v - base) * 1e6:>+10.2f} vs mpicoll's call")
+            print(f"{k:<32}{v * 1e6:>9.2f}{(v - raw) * 1e6:>+10.2f} over raw")
         print(flush=True)
 
 
@@ -163,12 +196,14 @@ def main() -> None:
             port = s.getsockname()[1]
     port = W.bcast(port, root=0)
     dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=RANK, world_size=SIZE)
+    dist.Backend.register_backend("floor", _floor, extended_api=True, devices=["cpu"])
     groups = {"mpicoll": dist.new_group(backend="mpicoll"), "gloo": dist.group.WORLD}
+    floor = dist.new_group(backend="floor")
     with threadpool_limits(limits=1, user_api="blas"):
         torch.set_num_threads(1)
         if not args.no_allreduce:
             allreduce_table(groups, [size(s) for s in args.sizes.split(",")], args.dtypes.split(","), args.reps)
-            overhead_table(groups["mpicoll"], args.reps)
+            overhead_table(groups["mpicoll"], floor, args.reps)
         if not args.no_ddp:
             for width in map(int, args.widths.split(",")):
                 ddp_table(groups, width, args.ddp_steps, args.reps, args.compile)

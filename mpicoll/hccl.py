@@ -219,7 +219,8 @@ class Hccl:
         max_prepares: prepares allowed between ``init`` and ``finalize`` (default 32, the documented
             limit); the next one raises :class:`~mpicoll.CollectiveError` on every rank.
         timeout: seconds before a collective that some rank never joins raises
-            :class:`~mpicoll.CollectiveTimeout` (default ``MPICOLL_TIMEOUT``; unset = wait forever).
+            :class:`~mpicoll.CollectiveTimeout` (default: the domain's own, a torch group's
+            ``timeout=``, else ``MPICOLL_TIMEOUT``; unset = wait forever), as an operation's.
 
     Example (every rank; 300 float16 per rank gathered as 2 tiles of 128 and a tail of 44)::
 
@@ -232,7 +233,8 @@ class Hccl:
 
     def __init__(self, *, max_prepares: int = MAX_PREPARES, timeout: float | None = None) -> None:
         self.max_prepares = int(max_prepares)
-        self.timeout = timeout_seconds(timeout)
+        self._timeout = timeout                   # (as given: each task operation reads it at binding)
+        self.timeout = timeout_seconds(timeout)   # seconds (None: no watchdog); after init, its tasks'
         self._lib: LibComm | None = None
         self._tasks: dict[int, _Task] = {}
         self._prepares = 0
@@ -260,10 +262,10 @@ class Hccl:
         param = CommParam(rank_size=rank_size, **group_fields(domain, "Hccl.init", "domain"))
         # one operation per task kind, bound as every operation is (a Param error, such as a
         # rank_size that is not the domain's, is raised on every rank by the first prepare)
-        self._ops = {cls: cls(self, param, self.timeout) for cls in _KINDS}
+        self._ops = {cls: cls(self, param, self._timeout) for cls in _KINDS}
         for op in self._ops.values():
             op._bind()
-        self._lib = self._ops[_AllReduce]._lib
+        self._lib, self.timeout = self._ops[_AllReduce]._lib, self._ops[_AllReduce].timeout
         self._tasks, self._prepares, self._active = {}, 0, True
         return self
 

@@ -171,6 +171,29 @@ def test_in_place_all_reduce_and_user_comm_and_repeat_of_reduce_scatter():
 
 
 @mpi1
+def test_a_client_takes_its_domains_own_timeout(monkeypatch):
+    """No ``timeout=``: the client's tasks take the domain's own timeout (a torch group's
+    ``timeout=``), as an operation does, even with ``MPICOLL_TIMEOUT`` set (they took that one
+    then); a ``timeout=`` given wins. The tasks run right."""
+    from mpicoll._domains import user_comm
+    monkeypatch.setenv("MPICOLL_TIMEOUT", "600")
+    comm = WORLD.Dup()
+    comm.Set_name("hccl timeout")
+    try:
+        user_comm(comm, 30.0)                             # (as mpicoll.torch makes a group's)
+        for given, want in ((None, 30.0), (5, 5.0), (0, None)):
+            x = np.ones(3, np.float32)
+            with Hccl(timeout=given).init(comm) as hccl:
+                hccl.wait(hccl.all_reduce(x, x, 3, "float32", "sum", commit=True))
+                assert hccl.timeout == want and {op.timeout for op in hccl._ops.values()} == {want}, given
+            assert x.tolist() == [float(SIZE)] * 3
+        with Hccl().init(WORLD) as hccl:                 # (a communicator without one: MPICOLL_TIMEOUT's)
+            assert hccl.timeout == 600.0
+    finally:
+        comm.Free()
+
+
+@mpi1
 def test_finalize_waits_for_committed_rounds_and_ends_the_handles():
     x = np.full(4, RANK + 1, np.int32)
     y = np.zeros(4 * SIZE, np.int32)
@@ -181,8 +204,9 @@ def test_finalize_waits_for_committed_rounds_and_ends_the_handles():
     assert y.tolist() == [r + 1 for r in range(SIZE) for _ in range(4)]
     raises_everywhere(lambda: hccl.all_gather(x, y, 4, HcclDataType.INT32), CollectiveError,
                       "prepare after finalize(): call init() again")
-    with pytest.raises(CollectiveError, match="not initialised"):
-        hccl.wait(untouched)
+    for handle in (h, untouched):                # (a committed one waited for by finalize, too)
+        with pytest.raises(CollectiveError, match="not initialised"):
+            hccl.wait(handle)
     hccl.finalize()                              # a second finalize does nothing
     hccl.init()                                  # a new cycle
     hccl.wait(hccl.all_gather(x, y, 4, HcclDataType.INT32, commit=True))
@@ -310,7 +334,6 @@ def test_exception_inside_the_with_block_leaves_no_collective_behind():
 @pytest.mark.mpi(min_size=1)
 @pytest.mark.skipif(SIZE != 1, reason="runs its own mpirun job once")
 def test_overlap_script_runs():
-    import os
     import subprocess
     import sys
     from pathlib import Path
