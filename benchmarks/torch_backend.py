@@ -7,8 +7,9 @@
 Three tables (rank 0 prints; medians over ``--reps`` interleaved blocks, slowest rank per block):
 
 1. ``dist.all_reduce`` on the mpicoll group / on the gloo group, per size and dtype (< 1: mpicoll faster).
-2. Python overhead per backend call: ``dist.all_reduce(t, group=mpicoll)``, the backend's own method
-   without torch's wrapper (``group.allreduce([t], opts)``), the mpicoll call it makes
+2. Python overhead per backend call: ``dist.all_reduce(t, group=mpicoll)``, the group's method without
+   ``dist``'s wrapper (``group.allreduce([t], opts)``; from torch 2.14 the group is torch's
+   ProcessGroup, which routes it through its dispatcher to the backend), the mpicoll call it makes
    (``mpicoll.functional.all_reduce`` on the same memory), torch's floor (``dist.all_reduce`` on a
    backend that only makes the MPI calls, :class:`_Floor`; with and without the header agreement's
    ``Allgather``) and the raw mpi4py ``Allreduce``, 8 B float32; each over raw.
@@ -92,11 +93,14 @@ def allreduce_table(groups, sizes, dtypes, reps) -> None:
         print(f"# worst ratio mpicoll/gloo: {worst:.2f}\n", flush=True)
 
 
+@mpicoll.torch._eager_under_compile            # (as the real group's methods: ~0.2 us a call)
 class _Floor(mpicoll.torch.ProcessGroupMpicoll):
-    """torch's floor for a Python backend: ``dist.all_reduce`` on a backend whose method makes only
-    the MPI calls of a validated small all-reduce (the header agreement's ``Allgather`` of one row,
-    then the ``Allreduce``; ``agree`` False: the ``Allreduce`` alone) on buffers made beforehand, and
-    returns a Work made beforehand: what torch's route and MPI cost, with no Python of mpicoll's."""
+    """torch's floor for a Python backend making mpicoll's MPI calls: ``dist.all_reduce`` on a
+    backend whose method makes only the MPI calls of a validated small all-reduce at 2 ranks (the
+    header agreement's ``Allgather`` of one row, then the ``Allreduce``; ``agree`` False: the
+    ``Allreduce`` alone) on buffers made beforehand, and returns a Work made beforehand: what
+    torch's route and MPI cost, with no Python of mpicoll's. (From 3 ranks mpicoll sums floats in
+    rank order, an ``Allgather`` and a local reduction: the floor then is not its call.)"""
 
     agree = True
 

@@ -219,8 +219,8 @@ class Hccl:
         max_prepares: prepares allowed between ``init`` and ``finalize`` (default 32, the documented
             limit); the next one raises :class:`~mpicoll.CollectiveError` on every rank.
         timeout: seconds before a collective that some rank never joins raises
-            :class:`~mpicoll.CollectiveTimeout` (default: the domain's own, a torch group's
-            ``timeout=``, else ``MPICOLL_TIMEOUT``; unset = wait forever), as an operation's.
+            :class:`~mpicoll.CollectiveTimeout` (default ``MPICOLL_TIMEOUT``; unset = wait forever;
+            0: none), taken by its tasks as an operation's ``timeout=`` (:attr:`timeout`).
 
     Example (every rank; 300 float16 per rank gathered as 2 tiles of 128 and a tail of 44)::
 
@@ -234,11 +234,17 @@ class Hccl:
     def __init__(self, *, max_prepares: int = MAX_PREPARES, timeout: float | None = None) -> None:
         self.max_prepares = int(max_prepares)
         self._timeout = timeout                   # (as given: each task operation reads it at binding)
-        self.timeout = timeout_seconds(timeout)   # seconds (None: no watchdog); after init, its tasks'
         self._lib: LibComm | None = None
         self._tasks: dict[int, _Task] = {}
         self._prepares = 0
         self._active = False
+
+    @property
+    def timeout(self) -> float | None:
+        """The watchdog timeout of the client's tasks in seconds (None: none): after ``init``, the
+        one they run with (an operation's rule: ``timeout=``, else the communicator's own, else
+        ``MPICOLL_TIMEOUT``'s)."""
+        return self._ops[_AllReduce].timeout if self._active else timeout_seconds(self._timeout)
 
     # -- lifecycle -------------------------------------------------------------------------------
     def init(self, domain: str | MPI.Comm | None = None, rank_size: int | None = None) -> "Hccl":
@@ -265,7 +271,7 @@ class Hccl:
         self._ops = {cls: cls(self, param, self._timeout) for cls in _KINDS}
         for op in self._ops.values():
             op._bind()
-        self._lib, self.timeout = self._ops[_AllReduce]._lib, self._ops[_AllReduce].timeout
+        self._lib = self._ops[_AllReduce]._lib
         self._tasks, self._prepares, self._active = {}, 0, True
         return self
 

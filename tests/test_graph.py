@@ -3,6 +3,8 @@ bit-identical to eager ones; order kept where arrays are shared; a capture that 
 raises on every rank, never hangs."""
 from __future__ import annotations
 
+import re
+
 import numpy as np
 import pytest
 
@@ -202,18 +204,19 @@ STOPPED = """
 
 @pytest.mark.skipif(SIZE != 1, reason="runs its own mpirun jobs once")
 @pytest.mark.parametrize("stop,word,rc", [("raise KeyboardInterrupt", "\nKeyboardInterrupt", 130),
-                                          ("sys.exit(3)", "Errorcode: 3" if OPEN_MPI else "Abort(3)", 3)])
+                                          ("sys.exit(3)", r"[Ee]rrorcode:? 3" if OPEN_MPI else r"Abort\(3\)", 3)])
 def test_ctrl_c_inside_a_capture_stays_ctrl_c(tmp_path, stop, word, rc):
     """A KeyboardInterrupt (or SystemExit) on one rank leaves the block unchanged, starting no
     agreement: python -m mpi4py aborts the job with its status (130 for Ctrl-C; the peer waits in
-    its agreement until then; MPICH reports the abort as ``Abort(3)``, Open MPI as ``Errorcode: 3``).
+    its agreement until then; MPICH reports the abort as ``Abort(3)``, Open MPI as ``Errorcode: 3``,
+    4.x ``errorcode 3``).
     (The launcher may cut the aborting rank's last lines under load: its status says what it raised
     then.)"""
     res, seconds, left = run_job(tmp_path, STOPPED.replace("STOP", stop), np_=2, env={"MPICOLL_TIMEOUT": "30"})
     remove(left)
     assert res.returncode == rc and seconds < 20, (seconds, res.returncode, res.stderr[-2000:])
     assert "CollectiveArgumentError" not in res.stderr, res.stderr[-2000:]
-    assert word in res.stderr or "Traceback" in res.stderr, res.stderr[-2000:]
+    assert re.search(word, res.stderr) or "Traceback" in res.stderr, res.stderr[-2000:]
 
 
 @mpi1

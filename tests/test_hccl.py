@@ -176,6 +176,7 @@ def test_a_client_takes_its_domains_own_timeout(monkeypatch):
     ``timeout=``), as an operation does, even with ``MPICOLL_TIMEOUT`` set (they took that one
     then); a ``timeout=`` given wins. The tasks run right."""
     from mpicoll._domains import user_comm
+    mpicoll.init()                                        # (made unwatched, as the other tests have it)
     monkeypatch.setenv("MPICOLL_TIMEOUT", "600")
     comm = WORLD.Dup()
     comm.Set_name("hccl timeout")
@@ -183,6 +184,7 @@ def test_a_client_takes_its_domains_own_timeout(monkeypatch):
         user_comm(comm, 30.0)                             # (as mpicoll.torch makes a group's)
         for given, want in ((None, 30.0), (5, 5.0), (0, None)):
             x = np.ones(3, np.float32)
+            assert Hccl(timeout=given).timeout == (600.0 if given is None else want)    # (before init)
             with Hccl(timeout=given).init(comm) as hccl:
                 hccl.wait(hccl.all_reduce(x, x, 3, "float32", "sum", commit=True))
                 assert hccl.timeout == want and {op.timeout for op in hccl._ops.values()} == {want}, given
