@@ -78,7 +78,7 @@ class LibComm:
         validate, debug: the agreed defaults of ``MPICOLL_VALIDATE`` and ``MPICOLL_DEBUG``.
         timeout: its own watchdog timeout in seconds (a torch group's ``timeout=``: given alike by
             every member when it was made), or None: ``MPICOLL_TIMEOUT``'s. A call on it that gives
-            none takes it (:meth:`default_timeout`); its own timeout only raises, never aborts.
+            none takes it (:meth:`call_timeout`); its own timeout only raises, never aborts.
         local: every member runs on one node and ``MPICOLL_SHM`` is on (agreed): large reductions
             may use the node window (:func:`mpicoll._shm.node_window`).
         exact: ``MPICOLL_EXACT`` (agreed, on by default): float reductions reduce in rank order on
@@ -192,7 +192,7 @@ class LibComm:
         gives ``CollectiveTimeout`` saying ``what`` it was waiting for."""
         if self.pending:
             self.drain(None)
-        timed_call(self.mpi, "Barrier", (), self.default_timeout(),
+        timed_call(self.mpi, "Barrier", (), self.call_timeout(),
                    lambda: f"{self.label}: timed out waiting for every member to {what}", self.timeout is not None)
 
     def add_buffer(self, buf) -> None:
@@ -225,9 +225,10 @@ class LibComm:
         """Whether the members keep arrival marks (a watchdog runs on some member)."""
         return self._win is not None
 
-    def default_timeout(self) -> float | None:
-        """The watchdog timeout of a call on it that gives none: its own, else ``MPICOLL_TIMEOUT``'s."""
-        return _watchdog.timeout_seconds(self.timeout)
+    def call_timeout(self, given: float | None = None) -> float | None:
+        """The watchdog timeout of a call on it (the one place this is decided): ``given`` (the
+        call's ``timeout=``; 0 or less: none) wins, else its own, else ``MPICOLL_TIMEOUT``'s."""
+        return _watchdog.timeout_seconds(self.timeout if given is None else given)
 
     # -- calls -----------------------------------------------------------------------------------
     def direct(self, timeout: float | None) -> bool:

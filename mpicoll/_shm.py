@@ -194,7 +194,7 @@ def _agree(comm: LibComm, err: int, nbytes: int, what: str) -> str:
     why it cannot be had (the same message on every member, and for every communicator), or ""."""
     errs = np.empty(comm.size, dtype=np.int64)
     comm.call("Allgather", ([np.array([err], dtype=np.int64), MPI.INT64_T], [errs, MPI.INT64_T]),
-              comm.default_timeout(), ("shared memory", None, f"agreeing where its {what} fits"))
+              comm.call_timeout(), ("shared memory", None, f"agreeing where its {what} fits"))
     if not errs.any():
         return ""
     first = int(errs[np.flatnonzero(errs)[0]])                  # (the lowest failing member's)
@@ -378,7 +378,7 @@ def node_buffer(shape: int | tuple, dtype: Any = np.float32, comm: MPI.Comm | No
         error = as_collective_error(exc, "node_buffer", lib.rank)
     if lib.pending:
         lib.drain(None)
-    agree(lib, np.zeros(1, dtype=np.int64), error, lib.default_timeout(), "node_buffer", 0)
+    agree(lib, np.zeros(1, dtype=np.int64), error, lib.call_timeout(), "node_buffer", 0)
     if not lib.local:                                   # (agreed when the communicator was made)
         return np.empty(shape, dtype=dt.np)
     if len(lib.buffers) >= 0xFFFF:                      # (the same count on every member)

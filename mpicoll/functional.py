@@ -743,7 +743,7 @@ class _Message:
 
     def __init__(self, fn: str, req: MPI.Request, lib: Any, peer: int, tag: int, nbytes: int) -> None:
         self.fn, self.req, self.lib, self.peer, self.tag, self.nbytes = fn, req, lib, peer, tag, nbytes
-        self.status, self.timeout, self.source = MPI.Status(), lib.default_timeout(), None
+        self.status, self.timeout, self.source = MPI.Status(), lib.call_timeout(), None
 
     def _peer(self) -> str:
         if self.peer == MPI.ANY_SOURCE:

@@ -111,7 +111,7 @@ class Graph:
 
     def __init__(self, group: Any = None, timeout: float | None = None, exact: bool = True) -> None:
         self.group, self.exact = group, exact
-        self._timeout_given = timeout is not None     # (else the group's own, once it is resolved: _build)
+        self._timeout = timeout                 # (as given: the group's call_timeout takes it: _build)
         self.timeout = timeout_seconds(timeout)
         self._entries: list[tuple[Operation, Any, BaseException | None]] = []
         self._plan: Plan | None = None
@@ -143,8 +143,7 @@ class Graph:
     def _build(self, failure: BaseException | None) -> None:
         """Agree every captured call at once, then record them (with the passes) into one plan."""
         lib = resolve_group("graph", self.group)
-        if not self._timeout_given:         # (as an operation takes it: Operation._bind)
-            self.timeout = lib.default_timeout()
+        self.timeout = lib.call_timeout(self._timeout)
         entries = self._entries
         if failure is not None:           # the block failed on this rank: agree that, every rank raises
             entries = entries + [(_Failed(lib), None, failure)]

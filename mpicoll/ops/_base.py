@@ -108,8 +108,8 @@ class Operation:
                 f"{self.NAME}: param is {type(param).__name__}: must be {self.PARAM.__name__}", op=self.NAME,
                 param="param")
         self.param = param
+        self._timeout = timeout           # (as given: the communicator's call_timeout takes it at binding)
         self.timeout = timeout_seconds(timeout)
-        self._timeout_given = timeout is not None
         self._validate = V.validate_default() if validate is None else bool(validate)
         self._validate_given = validate is not None
         self.comm: MPI.Comm | None = None
@@ -162,9 +162,9 @@ class Operation:
         p.freeze(self.NAME)
         if not self._validate_given:      # the default its members agreed when the communicator was made
             self._validate = lib.validate
-        if not self._timeout_given and lib.timeout is not None:      # (the communicator's own)
-            self.timeout = lib.default_timeout()
-            self._runner = Runner(self.NAME, self.timeout)
+        timeout = lib.call_timeout(self._timeout)
+        if timeout != self.timeout:
+            self.timeout, self._runner = timeout, Runner(self.NAME, timeout)
         if lib.debug:
             self._validate = True
         return lib
