@@ -16,6 +16,7 @@ import statistics
 from mpi4py import MPI
 
 import mpicoll
+from mpicoll import _env
 from mpicoll._domains import user_comm
 from overhead import block_time, cases, loop   # same directory
 
@@ -37,11 +38,14 @@ def main() -> None:
         for c in cases(raw_comm, nbytes):
             if c.name not in wanted:
                 continue
-            # MPICOLL_DEBUG is read (and agreed) when mpicoll makes a communicator: a fresh one for it
+            # MPICOLL_DEBUG is agreed when mpicoll makes a communicator: a fresh one for it, made
+            # after reading the setting again (mpicoll keeps what it read)
             os.environ["MPICOLL_DEBUG"] = "1"
+            _env.reread()
             dbg_comm = raw_comm.Dup()
             user_comm(dbg_comm)
             os.environ["MPICOLL_DEBUG"] = "0"
+            _env.reread()
             debug = c.cls(dataclasses.replace(c.param or c.cls.PARAM(), comm=dbg_comm))
             ops = {"off": c.cls(c.param, validate=False), "on": c.cls(c.param, validate=True), "debug": debug,
                    "timeout": c.cls(c.param, validate=True, timeout=600)}

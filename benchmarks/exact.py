@@ -25,6 +25,7 @@ import numpy as np
 from mpi4py import MPI
 
 import mpicoll
+from mpicoll import _env
 from mpicoll._dtypes import DTYPES
 from mpicoll._golden import raw_reduce_type
 
@@ -39,6 +40,7 @@ def plan(name: str, exact: int, x: np.ndarray, out: np.ndarray):
     """A plan of ``name`` on the duplicate made with ``MPICOLL_EXACT=exact`` (read when it is bound)."""
     cls, param = OPS[name]
     os.environ["MPICOLL_EXACT"] = str(exact)
+    _env.reread()                                     # (mpicoll keeps what it read: read it again)
     op = cls(param(comm=COMMS[exact]), validate=False)
     p = op.prepare(x, out)
     p.run()                                           # (binds here, with the setting above)

@@ -38,6 +38,7 @@ from mpi4py import MPI
 
 import mpicoll
 import mpicoll._shm
+from mpicoll import _env
 from mpicoll._dtypes import DTYPES
 from mpicoll._golden import raw_reduce_type
 
@@ -54,6 +55,7 @@ def make_plan(cls, param_cls, slot: int | None, *args, one_shot: int | None = No
         COMMS[slot] = W.Dup()
     old = os.environ.get("MPICOLL_SHM")
     os.environ["MPICOLL_SHM"] = "0" if slot is None else "1"
+    _env.reread()                 # (mpicoll keeps what it read: read it again, here and below)
     if slot:
         mpicoll._shm.SLOT_BYTES = slot
     if one_shot is not None:
@@ -66,6 +68,7 @@ def make_plan(cls, param_cls, slot: int | None, *args, one_shot: int | None = No
             del os.environ["MPICOLL_SHM"]
         else:
             os.environ["MPICOLL_SHM"] = old
+        _env.reread()
 
 
 def without_barriers(plan):

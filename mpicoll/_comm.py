@@ -39,9 +39,8 @@ from typing import Any, Callable
 import numpy as np
 from mpi4py import MPI
 
-from . import _watchdog
-from ._env import flag
-from ._errors import CollectiveError, CollectiveMismatchError, CollectiveTimeout
+from . import _env, _watchdog
+from ._errors import CollectiveError, CollectiveMismatchError, CollectiveTimeout, settle
 
 #: operator code -> name (filled by the operator registry), to name a peer's call in a timeout
 OP_NAMES: dict[int, str] = {}
@@ -108,11 +107,8 @@ class LibComm:
                  blocks: bool = False, timeout: float | None = None) -> None:
         self.mpi, self.label = mpi, label
         self.rank, self.size = mpi.Get_rank(), mpi.Get_size()
-        group, world = mpi.Get_group(), MPI.COMM_WORLD.Get_group()
-        self.world_ranks = tuple(MPI.Group.Translate_ranks(group, list(range(self.size)), world))
+        self.world_ranks = world_ranks(mpi)
         self.ident = zlib.crc32(f"{label}:{self.world_ranks}".encode()) | len(self.world_ranks) << 32   # (the same on every member)
-        group.Free()
-        world.Free()
         self.validate, self.debug, self.local, self.exact, self.timeout = validate, debug, local, exact, timeout
         self._node = self._tiers = None
         self.buffers: list = []            # its node buffers (mpicoll._shm.node_buffer), in allocation order
@@ -125,8 +121,6 @@ class LibComm:
         self._win = self._mark = None
         self.plain = not debug and not watched
         self.freed = False
-        with LOCK:
-            _register_exit()
         if watched:
             self._win = MPI.Win.Allocate(4 * 8, 8, comm=mpi)
             self._mark = np.frombuffer(self._win.tomemory(), dtype=np.int64)
@@ -140,22 +134,36 @@ class LibComm:
 
     @classmethod
     def make(cls, mpi: MPI.Comm, label: str, timeout: float | None = None) -> "LibComm":
-        """Wrap a communicator mpicoll has just created (collective over its members): agree the
-        settings and whether all members share one node, and make the arrival window if any member
-        runs a watchdog (``MPICOLL_TIMEOUT``, or ``timeout``: its own, see the class docstring).
+        """Wrap a communicator mpicoll has just created (collective over its members): check and
+        agree the settings (``mpicoll._env``), and whether all members share one node, and make the
+        arrival window if any member runs a watchdog (``MPICOLL_TIMEOUT``, or ``timeout``: its own,
+        see the class docstring).
 
         Raises:
-            CollectiveMismatchError: ``MPICOLL_VALIDATE``, ``MPICOLL_DEBUG``, ``MPICOLL_SHM`` or ``MPICOLL_EXACT`` set
-                differently on the members (each would make different MPI calls), on every member.
+            CollectiveArgumentError: a setting some member cannot read (``mpicoll._env.error``), the
+                lowest such member's error, on every member.
+            CollectiveMismatchError: a setting that decides which MPI calls a rank makes
+                (``MPICOLL_VALIDATE``, ``MPICOLL_DEBUG``, ``MPICOLL_SHM``, ``MPICOLL_EXACT``) set
+                differently on the members, on every member.
         """
-        mine = np.array([flag("MPICOLL_VALIDATE", "1"), flag("MPICOLL_DEBUG", "0"),
-                         timeout is not None or _watchdog.timeout_default() is not None, flag("MPICOLL_SHM", "1"),
-                         flag("MPICOLL_EXACT", "1")], dtype=np.int64)
+        with LOCK:
+            _register_exit()               # (its excepthook prints an error every member raises once)
+        error = _env.error(MPI.COMM_WORLD.Get_rank())
+        # columns: this member's error flag, whether it runs a watchdog, then the settings alike everywhere
+        mine = np.array([error is not None, timeout is not None or _watchdog.timeout_default() is not None,
+                         *(_env.value(name) for name in ALIKE)], dtype=np.int64)
         table = np.empty((mpi.Get_size(), len(mine)), dtype=np.int64)
         set_up = _watchdog.timeout_seconds(timeout)
         timed_call(mpi, "Allgather", ([mine, MPI.INT64_T], [table, MPI.INT64_T]), set_up,
                    lambda: f"setting up {label}: timed out agreeing its settings", timeout is not None)
-        for col, name in ((0, "MPICOLL_VALIDATE"), (1, "MPICOLL_DEBUG"), (3, "MPICOLL_SHM"), (4, "MPICOLL_EXACT")):
+        if table[:, 0].any():
+            try:                          # (every member raises here: every member frees it)
+                settle(_Making(mpi, label, timeout is not None), error, set_up,
+                       ("", None, "the exchange of a setting's error (internal MPI Allgather/Allgatherv)"))
+            finally:
+                mpi.Free()
+        agreed = dict(zip(ALIKE, table[0, 2:].tolist()))
+        for col, name in enumerate(ALIKE, 2):
             values = table[:, col].tolist()
             if len(set(values)) > 1:
                 on = [r for r, v in enumerate(values) if v]
@@ -165,7 +173,7 @@ class LibComm:
                     f"{label}: {name} differs across ranks: on for ranks {on}, off for ranks {off}: set it alike "
                     "on every rank (it decides which MPI calls a rank makes)", param=name, rank=off[0])
         one_node, split = False, None
-        if table[0, 3]:            # (every member splits, or none: the setting is agreed)
+        if agreed["MPICOLL_SHM"]:  # (every member splits, or none: the setting is agreed)
             split = mpi.Split_type(MPI.COMM_TYPE_SHARED)
             here = split.Get_size()
             one_node = here == mpi.Get_size()   # (all on one node: the whole comm everywhere, else smaller
@@ -183,8 +191,8 @@ class LibComm:
             if one_node or here == 1 or span[0] != -span[1]:
                 split.Free()
                 split = None
-        return cls(mpi, label, bool(table[0, 0]), bool(table[0, 1]), bool(table[:, 2].any()), one_node, split,
-                   bool(table[0, 4]), split is not None and span[2] == -1, timeout)
+        return cls(mpi, label, bool(agreed["MPICOLL_VALIDATE"]), bool(agreed["MPICOLL_DEBUG"]), bool(table[:, 1].any()),
+                   one_node, split, bool(agreed["MPICOLL_EXACT"]), split is not None and span[2] == -1, timeout)
 
     def meet(self, what: str) -> None:
         """A Barrier under the watchdog before a collective set-up step that is not timed itself
@@ -383,6 +391,33 @@ class LibComm:
             self.plain = not self.debug
             win.Unlock_all()
             win.Free()
+
+
+#: the settings every member of a library communicator must have alike (flags: they decide which MPI
+#: calls a rank makes), in the order of the columns of :meth:`LibComm.make`'s table
+ALIKE = tuple(name for name, s in _env.SETTINGS.items() if s.agreed == _env.ALIKE)
+
+
+class _Making:
+    """A communicator :meth:`LibComm.make` is making, as :func:`~mpicoll._errors.settle` talks to one:
+    its calls are set-up calls (:func:`timed_call`), the non-blocking form on every member."""
+
+    def __init__(self, mpi: MPI.Comm, label: str, raises: bool) -> None:
+        self.mpi, self.label, self.raises = mpi, label, raises
+        self.size, self.world_ranks = mpi.Get_size(), world_ranks(mpi)
+
+    def call(self, name: str, args: tuple, timeout: float | None, where: tuple) -> None:
+        timed_call(self.mpi, name, args, timeout, lambda: f"setting up {self.label}: timed out in {where[2]}",
+                   self.raises)
+
+
+def world_ranks(mpi: MPI.Comm) -> tuple[int, ...]:
+    """The world ranks of the members of ``mpi``, in its rank order."""
+    group, world = mpi.Get_group(), MPI.COMM_WORLD.Get_group()
+    ranks = tuple(MPI.Group.Translate_ranks(group, list(range(mpi.Get_size())), world))
+    group.Free()
+    world.Free()
+    return ranks
 
 
 def node_affinities(mpi: MPI.Comm) -> tuple[list[set[int]], set[int]]:

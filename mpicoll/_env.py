@@ -1,31 +1,190 @@
-"""How the library reads its environment: its settings (``MPICOLL_*``, listed in docs/index.md: one
-rule for on/off flags, one for seconds) and what MPI launchers put there."""
+"""THE settings table (every ``MPICOLL_*`` setting: one row each, listed in docs/index.md), how
+a setting is read, and what MPI launchers put in the environment.
+
+Each setting is read once, the first time mpicoll needs it, and kept: the library reads the kept
+value, never the environment again (``MPICOLL_KERNELS`` at import; the others at the latest when
+mpicoll makes its first library communicator, which needs every one). A value that cannot be read
+(a flag neither on nor off, seconds that are negative, infinite, NaN or not a number, an unknown
+choice) is not raised where it is read: the setting takes its default and the value is kept as
+this rank's problem (:func:`error`), which every library communicator's members exchange when
+they make it (``mpicoll._comm.LibComm.make``), so that every member raises the same error, even
+when only one of them has the bad value, and none leaves before the others learn why.
+"""
 from __future__ import annotations
 
+import math
 import os
+from dataclasses import dataclass
+from typing import Any
 
 from ._errors import CollectiveArgumentError
 
+FLAG, SECONDS, CHOICE, TEXT = "flag", "seconds", "choice", "text"
+ON, OFF = ("1", "true", "on", "yes"), ("0", "false", "off", "no")
+#: how the members of a library communicator agree a setting: ALIKE, every member must have the same
+#: value (it decides which MPI calls a rank makes); ANY, set on any member it holds for all of them
+#: (``MPICOLL_TIMEOUT``: then every member keeps arrival marks); LOCAL, each rank's own
+ALIKE, ANY, LOCAL = "alike", "any", "local"
 
-def flag(name: str, default: str) -> bool:
-    """An on/off setting: 0/false/off/no (any case, or empty) is off, anything else on."""
-    return os.environ.get(name, default).strip().lower() not in ("0", "false", "off", "no", "")
 
+@dataclass(frozen=True)
+class Setting:
+    """One row of the table.
 
-def seconds(name: str, default: str = "") -> float | None:
-    """A number of seconds; unset, empty or <= 0: None (no limit).
-
-    Raises:
-        CollectiveArgumentError: not a number, naming the variable.
+    Attributes:
+        name: the environment variable.
+        kind: FLAG (on/off), SECONDS (a finite number >= 0; 0: no limit), CHOICE (one of
+            ``choices``), TEXT (any value).
+        default: its value when unset or empty, as the environment spells it ("": none).
+        agreed: ALIKE, ANY or LOCAL (above).
+        summary: what it does, one line (``--help``, ``--info``).
+        doc: where the docs say more.
+        choices: a CHOICE's values.
     """
-    raw = os.environ.get(name, default).strip()
-    if not raw:
+
+    name: str
+    kind: str
+    default: str
+    agreed: str
+    summary: str
+    doc: str
+    choices: tuple[str, ...] = ()
+
+    @property
+    def shown_default(self) -> str:
+        """Its default, as messages and docs say it: ``on``, ``300 s``, ``none``, ``abort``."""
+        if self.kind == FLAG:
+            return "on" if self.default in ON else "off"
+        if self.kind == SECONDS:
+            return f"{self.default} s" if self.default else "none"
+        return self.default or "none"
+
+    @property
+    def accepted(self) -> str:
+        """The values it accepts, as messages and docs say them."""
+        rule = {FLAG: f"on: {', '.join(ON)}; off: {', '.join(OFF)} (any case)",
+                SECONDS: "a finite number of seconds >= 0 (0: no limit)",
+                CHOICE: f"{' or '.join(self.choices)} (any case)",
+                TEXT: "any value"}[self.kind]
+        return f"{rule}; unset or empty: the default, {self.shown_default}"
+
+    def parse(self, raw: str) -> Any:
+        """The value of ``raw`` (blanks around it ignored; empty: the default).
+
+        Raises:
+            ValueError: a value it cannot read, saying why.
+        """
+        text = raw.strip()
+        if not text:
+            text = self.default
+        if self.kind == FLAG:
+            if text.lower() in ON + OFF:
+                return text.lower() in ON
+            raise ValueError("neither on nor off")
+        if self.kind == SECONDS:
+            if not text:
+                return None
+            try:
+                value = float(text)
+            except ValueError:
+                raise ValueError("not a number of seconds") from None
+            if not math.isfinite(value):
+                raise ValueError("not a finite number of seconds")
+            if value < 0:
+                raise ValueError("a negative number of seconds")
+            return value if value > 0 else None
+        if self.kind == CHOICE:
+            if text.lower() in self.choices:
+                return text.lower()
+            raise ValueError("an unknown value")
+        return text or None
+
+
+#: THE table: every ``MPICOLL_*`` setting
+SETTINGS: dict[str, Setting] = {s.name: s for s in (
+    Setting("MPICOLL_VALIDATE", FLAG, "1", ALIKE, "cross-rank argument checks (0: off)",
+            "docs/errors.md#turning-validation-off"),
+    Setting("MPICOLL_DEBUG", FLAG, "0", ALIKE, "every call checked, with sequence numbers (1: on)",
+            "docs/errors.md#debug-mode-mpicoll_debug1"),
+    Setting("MPICOLL_TIMEOUT", SECONDS, "", ANY, "seconds before a collective some rank never joins ends the job, "
+            "naming the missing ranks", "docs/reliability.md"),
+    Setting("MPICOLL_TIMEOUT_ACTION", CHOICE, "abort", LOCAL, "what a timeout does: abort (the job ends, status 1) "
+            "or raise (CollectiveTimeout to catch; that communicator must not be used again)", "docs/reliability.md",
+            choices=("abort", "raise")),
+    Setting("MPICOLL_DOMAIN_TIMEOUT", SECONDS, "300", LOCAL, "seconds the members of a new comm domain wait for "
+            "each other (0: for ever)", "docs/domains.md"),
+    Setting("MPICOLL_KERNELS", FLAG, "1", LOCAL, "the C kernels of float16/bfloat16 and int8 quantization (0: numpy, "
+            "the same results)", "docs/index.md"),
+    Setting("MPICOLL_SHM", FLAG, "1", ALIKE, "reductions through a shared window on one node, AllReduce in tiers "
+            "across nodes (0: off)", "docs/shm.md"),
+    Setting("MPICOLL_EXACT", FLAG, "1", ALIKE, "float reductions in rank order, the same bits on every path (0: "
+            "MPI's order, which changes with the message size and the MPI)", "docs/reproducibility.md"),
+    Setting("MPICOLL_STORE_HOST", TEXT, "", LOCAL, "the torch backend's mpi://: the address of world rank 0 at which "
+            "the other ranks reach its store (unset: its IPv4 addresses, tried in turn)", "docs/torch.md"),
+)}
+
+
+@dataclass(frozen=True)
+class Reading:
+    """A setting as read: ``raw`` (None: unset), the ``value`` in effect (the default's if the raw
+    value was refused), and ``problem``: why it was refused, or None."""
+
+    setting: Setting
+    raw: str | None
+    value: Any
+    problem: str | None
+
+    @property
+    def source(self) -> str:
+        """Where the value in effect came from: "environment" or "default"."""
+        return "environment" if self.raw is not None and self.raw.strip() and self.problem is None else "default"
+
+
+_READ: dict[str, Reading] = {}
+
+
+def read(name: str) -> Reading:
+    """Setting ``name`` as read (the first time: from the environment; then the kept reading)."""
+    got = _READ.get(name)
+    if got is None:
+        setting = SETTINGS[name]
+        raw = os.environ.get(name)
+        try:
+            got = Reading(setting, raw, setting.parse(raw or ""), None)
+        except ValueError as exc:
+            got = Reading(setting, raw, setting.parse(""), str(exc))
+        _READ[name] = got
+    return got
+
+
+def value(name: str) -> Any:
+    """The value in effect of setting ``name``: a flag's bool, seconds (None: no limit), a
+    choice's value, a text (None: unset)."""
+    return read(name).value
+
+
+def readings() -> list[Reading]:
+    """Every setting as read, in the table's order (reading those not read yet)."""
+    return [read(name) for name in SETTINGS]
+
+
+def error(world_rank: int) -> CollectiveArgumentError | None:
+    """The error of this rank's refused values (reading every setting not read yet), or None:
+    ``MPICOLL_TIMEOUT='abc' on world rank 1: not a number of seconds; accepted: ...``, naming the
+    first refused setting (``param``), then any other refused here."""
+    bad = [r for r in readings() if r.problem is not None]
+    if not bad:
         return None
-    try:
-        value = float(raw)
-    except ValueError:
-        raise CollectiveArgumentError(f"environment {name}={raw!r}: must be a number of seconds", param=name) from None
-    return value if value > 0 else None
+    texts = [f"{r.setting.name}={r.raw!r}{f' on world rank {world_rank}' if i == 0 else ' there'}: {r.problem}; "
+             f"accepted: {r.setting.accepted}" for i, r in enumerate(bad)]
+    return CollectiveArgumentError(f"environment {texts[0]}" + "".join(f" (and {t})" for t in texts[1:]),
+                                   param=bad[0].setting.name, rank=world_rank)
+
+
+def reread() -> None:
+    """Forget what was read: the next need reads the environment again (for tests and benchmarks
+    that switch a setting between communicators; every rank alike)."""
+    _READ.clear()
 
 
 #: variables an MPI launcher (MPICH's hydra, Open MPI/PRRTE, PMIx, Slurm) puts in a rank's

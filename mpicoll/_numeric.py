@@ -10,8 +10,8 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
+from . import _env
 from ._dtypes import DTYPES
-from ._env import flag
 
 if TYPE_CHECKING:
     from ._dtypes import DType, ReduceOp
@@ -19,7 +19,7 @@ if TYPE_CHECKING:
 
 def load_kernels():
     """The ``_kernels`` extension, or None when it is not built or ``MPICOLL_KERNELS=0``."""
-    if not flag("MPICOLL_KERNELS", "1"):
+    if not _env.value("MPICOLL_KERNELS"):
         return None
     try:
         from . import _kernels
@@ -36,7 +36,7 @@ def kernels_in_use() -> str:
     """Which kernels run, for the CLI's headers: "C", or "numpy (...)" with the reason."""
     if KERNELS is not None:
         return "C (mpicoll._kernels)"
-    if not flag("MPICOLL_KERNELS", "1"):
+    if not _env.value("MPICOLL_KERNELS"):
         return "numpy (MPICOLL_KERNELS=0)"
     return ("numpy (mpicoll._kernels is not built: `pip install .` builds it where a C compiler is found, and "
             "puts it beside the sources too)")

@@ -24,7 +24,8 @@ import time
 
 from mpi4py import MPI
 
-from ._env import JOB_VARS, seconds
+from . import _env
+from ._env import JOB_VARS
 from ._errors import CollectiveArgumentError, CollectiveError, CollectiveTimeout
 
 _CHUNK = 900      # characters per published value (MPICH's name service keeps at most 1023)
@@ -82,7 +83,7 @@ def _lookup(service: str) -> str | None:
 
 def _timeout() -> float:
     """``MPICOLL_DOMAIN_TIMEOUT`` (default 300 s; 0: wait for ever)."""
-    return seconds("MPICOLL_DOMAIN_TIMEOUT", "300") or float("inf")
+    return _env.value("MPICOLL_DOMAIN_TIMEOUT") or float("inf")
 
 
 def rendezvous(name: str, size: int | None, declared: tuple[int, ...] | None) -> tuple[int, ...]:

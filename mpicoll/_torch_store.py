@@ -5,7 +5,6 @@ an mpicoll job; else, when some rank cannot reach it, a store of this process's 
 from __future__ import annotations
 
 import fcntl
-import os
 import socket
 import struct
 from datetime import timedelta
@@ -13,6 +12,8 @@ from typing import Any
 
 import torch.distributed as dist
 from mpi4py import MPI
+
+from . import _env
 
 __all__ = ["LocalStore", "shared_store"]
 
@@ -92,7 +93,7 @@ def shared_store(world: MPI.Comm, timeout: timedelta) -> tuple[Any, str]:
         try:
             server = dist.TCPStore("127.0.0.1", 0, world.Get_size(), is_master=True, timeout=timeout,
                                    wait_for_workers=False)
-            given = os.environ.get("MPICOLL_STORE_HOST")
+            given = _env.value("MPICOLL_STORE_HOST")
             offer = ([given] if given else _ipv4_addresses(), server.port, MPI.Get_processor_name())
         except (RuntimeError, OSError) as exc:
             offer = str(exc)

@@ -18,8 +18,8 @@ from typing import Any
 import numpy as np
 from mpi4py import MPI
 
+from . import _env
 from ._comm import OP_NAMES, op_code, ordinal
-from ._env import flag
 from ._dtypes import ALL_DTYPES, DType, by_code, of_array, reduce_by_code
 from ._errors import CollectiveError, CollectiveMismatchError, agreed, arg_error, mismatch_error, settle
 
@@ -36,7 +36,7 @@ _BACKENDS = ("mpi", "hccl", "lccl", "nccl")
 def validate_default() -> bool:
     """``MPICOLL_VALIDATE`` (default on): 0/false/off/no turn the cross-rank checks off. The members
     of a communicator agree it when mpicoll makes the communicator (:mod:`mpicoll._comm`)."""
-    return flag("MPICOLL_VALIDATE", "1")
+    return _env.value("MPICOLL_VALIDATE")
 
 
 # ----------------------------------------------------------------------------- the header

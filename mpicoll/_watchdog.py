@@ -26,6 +26,7 @@ status 1, after giving ``MPI_Abort`` a moment to end the job.
 from __future__ import annotations
 
 import glob
+import math
 import os
 import sys
 import threading
@@ -34,35 +35,25 @@ from typing import Any, Callable
 
 from mpi4py import MPI
 
-from ._env import seconds
-from ._errors import CollectiveArgumentError, CollectiveTimeout
+from . import _env
+from ._errors import CollectiveTimeout
 
 SPIN_SECONDS = 1.0  # poll continuously this long (capped at timeout / 10): full progress, full speed
 MAX_PAUSE = 5e-3    # longest sleep between polls afterwards, seconds
 BACKSTOP = 3.0      # seconds past a wait's deadline before the backstop thread ends the process
-_ACTIONS = ("abort", "raise")
 
 
 def timeout_default() -> float | None:
     """``MPICOLL_TIMEOUT`` in seconds (unset, empty or 0 = no watchdog)."""
-    return seconds("MPICOLL_TIMEOUT")
+    return _env.value("MPICOLL_TIMEOUT")
 
 
 def timeout_seconds(timeout: float | None) -> float | None:
     """A ``timeout=`` argument as the watchdog takes it (the one place it is normalised): None =
-    ``MPICOLL_TIMEOUT``; 0 or less = no watchdog; else seconds."""
+    ``MPICOLL_TIMEOUT``; 0 or less, or not finite = no watchdog; else seconds."""
     if timeout is None:
         return timeout_default()
-    return float(timeout) if timeout > 0 else None
-
-
-def action_default() -> str:
-    """``MPICOLL_TIMEOUT_ACTION``: ``abort`` (default) or ``raise``."""
-    action = os.environ.get("MPICOLL_TIMEOUT_ACTION", "abort").strip().lower()
-    if action not in _ACTIONS:
-        raise CollectiveArgumentError(f"environment MPICOLL_TIMEOUT_ACTION={action!r}: must be one of {_ACTIONS}",
-                                      param="MPICOLL_TIMEOUT_ACTION")
-    return action
+    return float(timeout) if 0 < timeout < math.inf else None
 
 
 def wait(requests: list[MPI.Request], timeout: float, expired: Callable[[], Any],
@@ -86,7 +77,7 @@ def wait(requests: list[MPI.Request], timeout: float, expired: Callable[[], Any]
                 error = expired()
                 if not isinstance(error, BaseException):
                     error = CollectiveTimeout(str(error), param="timeout")
-                if not raises and action_default() == "abort":
+                if not raises and _env.value("MPICOLL_TIMEOUT_ACTION") == "abort":
                     abort(f"mpicoll watchdog: {error}; aborting the job (MPICOLL_TIMEOUT_ACTION=raise only raises)")
                 raise error
             time.sleep(pause)

@@ -692,7 +692,11 @@ def _create(backend_opts, options) -> ProcessGroupMpicoll:
         raise ValueError(f"the mpicoll backend: {what}timeout=...) differs across its ranks: "
                          f"{['default' if s is None else s for s in seen]} s on "
                          f"world ranks {ranks}: give it alike everywhere")
-    user_comm(comm, seconds)                # mpicoll's duplicate, with the group's timeout
+    try:
+        user_comm(comm, seconds)            # mpicoll's duplicate, with the group's timeout (and the
+    except CollectiveError:                 # settings checked: a refused one is every member's error)
+        comm.Free()                         # (every member raises here: every member frees it)
+        raise
     pg = ProcessGroupMpicoll(backend_opts.group_rank, backend_opts.group_size, ranks, comm, timeout)
     _GROUPS.append(pg)
     return pg

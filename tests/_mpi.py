@@ -12,6 +12,7 @@ from pathlib import Path
 import pytest
 from mpi4py import MPI
 
+from mpicoll import _env
 # what the outer job's launcher put in the environment (a nested launcher would take it for its own job)
 from mpicoll._env import LAUNCHER_PREFIXES
 
@@ -45,6 +46,17 @@ def await_word(stream, word: str, times: int) -> None:
         seen += line.count(word)
 
 
+
+
+def setting(monkeypatch, name: str, value: str | None) -> None:
+    """Set (None: unset) the ``MPICOLL_*`` setting ``name`` for this test, as if the job had started
+    with it: mpicoll reads each setting once and keeps it (mpicoll._env), so its kept readings are
+    forgotten too; both come back after the test. The next communicator mpicoll makes checks it."""
+    if value is None:
+        monkeypatch.delenv(name, raising=False)
+    else:
+        monkeypatch.setenv(name, value)
+    monkeypatch.setattr(_env, "_READ", {})
 
 
 def launch_env(**extra: str) -> dict[str, str]:

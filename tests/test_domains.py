@@ -13,7 +13,7 @@ from mpi4py import MPI
 import mpicoll
 from mpicoll import CollectiveArgumentError, CollectiveTimeout
 
-from _mpi import RANK, SIZE, WORLD, launch_env, mpirun
+from _mpi import RANK, SIZE, WORLD, launch_env, mpirun, setting
 
 mpi1 = pytest.mark.mpi(min_size=1)
 mpi2 = pytest.mark.mpi(min_size=2)
@@ -86,7 +86,7 @@ def test_members_disagree_on_rank_size():
 
 @mpi2
 def test_missing_members_time_out(monkeypatch):
-    monkeypatch.setenv("MPICOLL_DOMAIN_TIMEOUT", "1")
+    setting(monkeypatch, "MPICOLL_DOMAIN_TIMEOUT", "1")
     if RANK < 2:
         with pytest.raises(CollectiveTimeout, match="timed out"):
             mpicoll.domain("t6.three", 3 if SIZE < 3 else SIZE + 1)
@@ -120,7 +120,7 @@ def test_a_nul_in_one_ranks_domain_name(monkeypatch):
     """Only rank 0's name has a NUL: it raises at once; rank 1, which named another domain (a name
     that differs between members), waits for it only until MPICOLL_DOMAIN_TIMEOUT, then raises."""
     import time
-    monkeypatch.setenv("MPICOLL_DOMAIN_TIMEOUT", "2")
+    setting(monkeypatch, "MPICOLL_DOMAIN_TIMEOUT", "2")
     if RANK < 2:
         op = mpicoll.AllReduceOperation(mpicoll.AllReduceParam(comm_domain="tE\x00x" if RANK == 0 else "tE.x",
                                                                rank_size=2))
@@ -352,7 +352,7 @@ def test_leader_reads_every_member_before_deciding(monkeypatch):
     """Three ranks name a domain, one with another rank_size: whoever leads sees the disagreement
     and every one of them raises at once (the timeout is 20 s; nobody waits it out)."""
     import time
-    monkeypatch.setenv("MPICOLL_DOMAIN_TIMEOUT", "20")
+    setting(monkeypatch, "MPICOLL_DOMAIN_TIMEOUT", "20")
     if RANK < 3:
         t0 = time.monotonic()
         with pytest.raises(CollectiveArgumentError, match="rank_size disagrees between members"):

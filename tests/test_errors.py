@@ -13,7 +13,7 @@ from mpicoll import CollectiveArgumentError, CollectiveError, CollectiveMismatch
 from mpicoll._dtypes import DTYPES
 from mpicoll._golden import CHECKS, SEED
 
-from _mpi import RANK, SIZE, WORLD, raises_everywhere
+from _mpi import RANK, SIZE, WORLD, raises_everywhere, setting
 
 mpi1 = pytest.mark.mpi(min_size=1)
 mpi2 = pytest.mark.mpi(min_size=2)
@@ -265,9 +265,9 @@ def test_broadcast_non_contiguous_is_refused():
 
 @mpi1
 def test_validation_switch(monkeypatch):
-    monkeypatch.setenv("MPICOLL_VALIDATE", "0")
+    setting(monkeypatch, "MPICOLL_VALIDATE", "0")
     assert mpicoll.AllReduceOperation().validate is False
-    monkeypatch.setenv("MPICOLL_VALIDATE", "1")
+    setting(monkeypatch, "MPICOLL_VALIDATE", "1")
     assert mpicoll.AllReduceOperation().validate is True
     assert mpicoll.AllReduceOperation(validate=False).validate is False
     # with validation off the result is the same
@@ -327,9 +327,9 @@ def _debug_comm(monkeypatch, on=True):
     """A fresh user comm, so that mpicoll makes its library communicator (and reads MPICOLL_DEBUG,
     which its members agree once) after the variable is set."""
     if on:
-        monkeypatch.setenv("MPICOLL_DEBUG", "1")
+        setting(monkeypatch, "MPICOLL_DEBUG", "1")
     else:
-        monkeypatch.delenv("MPICOLL_DEBUG", raising=False)
+        setting(monkeypatch, "MPICOLL_DEBUG", None)
     return WORLD.Dup()
 
 
@@ -571,22 +571,22 @@ def test_debug_mode_set_on_some_ranks_only_raises_everywhere(monkeypatch):
     raises_everywhere(lambda: op.execute(np.ones(2)), CollectiveMismatchError,
                       "MPICOLL_DEBUG differs across ranks: on for ranks [0], off for ranks",
                       "set it alike on every rank")
-    monkeypatch.delenv("MPICOLL_DEBUG", raising=False)
+    setting(monkeypatch, "MPICOLL_DEBUG", None)
     assert mpicoll.AllReduceOperation().execute(np.ones(2)).tolist() == [SIZE] * 2    # still in step
     comm.Free()
 
 
 @mpi2
-@pytest.mark.parametrize("setting", ["MPICOLL_VALIDATE", "MPICOLL_SHM", "MPICOLL_EXACT"])
-def test_a_setting_on_some_ranks_only_raises_everywhere(monkeypatch, setting):
+@pytest.mark.parametrize("name", ["MPICOLL_VALIDATE", "MPICOLL_SHM", "MPICOLL_EXACT"])
+def test_a_setting_on_some_ranks_only_raises_everywhere(monkeypatch, name):
     """Agreed likewise when mpicoll makes the communicator: MPICOLL_VALIDATE decides whether a rank
     makes the header Allgather, MPICOLL_SHM whether it takes the shared window's Barriers or MPI's
     collective, MPICOLL_EXACT whether a float sum runs in MPI's reduction or in rank order."""
     if RANK == 0:
-        monkeypatch.setenv(setting, "0")
+        setting(monkeypatch, name, "0")
     comm = WORLD.Dup()
     raises_everywhere(lambda: mpicoll.AllReduceOperation(mpicoll.AllReduceParam(comm=comm)).execute(np.ones(2)),
-                      CollectiveMismatchError, f"{setting} differs across ranks: on for ranks",
+                      CollectiveMismatchError, f"{name} differs across ranks: on for ranks",
                       "off for ranks [0]")
     comm.Free()
 

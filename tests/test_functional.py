@@ -15,7 +15,7 @@ from mpicoll import graph
 from mpicoll._dtypes import DTYPES
 from mpicoll._golden import SEED, golden_reduce, rank_data
 
-from _mpi import RANK, SIZE, WORLD, on, raises_everywhere, raises_on
+from _mpi import RANK, SIZE, WORLD, on, raises_everywhere, raises_on, setting
 
 mpi1 = pytest.mark.mpi(min_size=1)
 mpi2 = pytest.mark.mpi(min_size=2)
@@ -252,7 +252,7 @@ def test_a_bad_argument_on_the_last_rank_is_raised_on_every_rank(case, fragment,
     """Only the last rank passes the bad value: every rank raises the same error, naming it and that
     rank, including the rules checked before there is an operation (op, group, an unhashable src).
     Under a timeout, so that peers left waiting abort the job instead of hanging it."""
-    monkeypatch.setenv("MPICOLL_TIMEOUT", "20")
+    setting(monkeypatch, "MPICOLL_TIMEOUT", "20")
     monkeypatch.setattr(F, "_OPS", OrderedDict())               # (fresh operations, under that timeout)
     n, last = SIZE, SIZE - 1
     bad = RANK == last
@@ -290,7 +290,7 @@ def test_a_bad_argument_on_the_last_rank_is_raised_on_every_rank(case, fragment,
 def test_a_list_group_that_is_not_of_world_ranks_is_agreed_over_the_world(monkeypatch):
     """Refused on every rank alike (over the world, as no group can be formed from it), not by
     declare_domains on its members alone while the others take themselves for outsiders."""
-    monkeypatch.setenv("MPICOLL_TIMEOUT", "20")
+    setting(monkeypatch, "MPICOLL_TIMEOUT", "20")
     monkeypatch.setattr(F, "_OPS", OrderedDict())
     raises_everywhere(lambda: F.all_reduce(np.ones(2), group=[0, SIZE]), CollectiveArgumentError,
                       f"all_reduce: group=[0, {SIZE}] {on(range(SIZE))}: must be a list of world ranks, in [0, {SIZE})")

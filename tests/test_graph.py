@@ -13,7 +13,7 @@ from mpicoll import CollectiveError, CollectiveMismatchError
 from mpicoll import functional as F
 from mpicoll import graph
 from mpicoll._dtypes import DTYPES, REDUCE_OPS
-from mpicoll._env import flag
+from mpicoll import _env
 from mpicoll._golden import SEED, count_wrong, golden_reduce, rank_data
 
 from _mpi import OPEN_MPI, RANK, SIZE, raises_everywhere, remove, run_job
@@ -82,7 +82,7 @@ def test_replay_equals_eager_bit_for_bit_with_new_contents(dtype):
     with graph.capture() as g:
         _program(xs, outs)
     eager_x, eager_o = [x.copy() for x in xs], _buffers(xs)
-    exact = flag("MPICOLL_EXACT", "1") or dtype.startswith("int") or SIZE <= 2   # (also where AllReduces merge)
+    exact = _env.value("MPICOLL_EXACT") or dtype.startswith("int") or SIZE <= 2   # (also where AllReduces merge)
     for seed in (1, 2):                                    # twice, the contents changed in between
         _fill(xs, outs, dtype, seed)
         _fill(eager_x, eager_o, dtype, seed)

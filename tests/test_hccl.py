@@ -17,7 +17,7 @@ from mpicoll._dtypes import ALL_DTYPES, DTYPES, reduce_op
 from mpicoll._golden import SEED, golden_reduce, rank_data
 from mpicoll.hccl import run_tiled, tiled_golden, tiled_layout
 
-from _mpi import RANK, SIZE, WORLD, launch_env, mpirun, raises_everywhere
+from _mpi import RANK, SIZE, WORLD, launch_env, mpirun, raises_everywhere, setting
 
 mpi1 = pytest.mark.mpi(min_size=1)
 mpi2 = pytest.mark.mpi(min_size=2)
@@ -177,7 +177,7 @@ def test_a_client_takes_its_domains_own_timeout(monkeypatch):
     then); a ``timeout=`` given wins. The tasks run right."""
     from mpicoll._domains import user_comm
     mpicoll.init()                                        # (made unwatched, as the other tests have it)
-    monkeypatch.setenv("MPICOLL_TIMEOUT", "600")
+    setting(monkeypatch, "MPICOLL_TIMEOUT", "600")
     comm = WORLD.Dup()
     comm.Set_name("hccl timeout")
     try:

@@ -2,7 +2,6 @@
 only the dtype table's dtypes are taken."""
 from __future__ import annotations
 
-import os
 import shutil
 
 import numpy as np
@@ -11,7 +10,7 @@ import pytest
 from mpicoll._golden import CHECKS, SEED, count_wrong
 from mpicoll import CollectiveArgumentError
 from mpicoll._numeric import KERNELS
-from mpicoll import _numeric
+from mpicoll import _env, _numeric
 
 from _mpi import RANK, SIZE
 
@@ -156,8 +155,7 @@ def test_only_the_dtype_table_is_supported():
 
 
 @pytest.mark.skipif(shutil.which("cc") is None and shutil.which("gcc") is None, reason="no C compiler here")
-@pytest.mark.skipif(os.environ.get("MPICOLL_KERNELS", "1").lower() in ("0", "false", "off", "no", ""),
-                    reason="MPICOLL_KERNELS=0")
+@pytest.mark.skipif(not _env.value("MPICOLL_KERNELS"), reason="MPICOLL_KERNELS=0")
 def test_the_kernels_run_where_the_readme_runs():
     """The README's commands run from the repository root, where ``import mpicoll`` is the source
     tree: the install puts the built kernels there too (setup.py), so they are in use, and the

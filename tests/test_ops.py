@@ -7,7 +7,7 @@ import pytest
 
 import mpicoll
 from mpicoll._comm import LibComm
-from mpicoll._env import flag
+from mpicoll import _env
 from mpicoll._golden import CHECKS, SEED, count_wrong
 from mpicoll.check import layouts
 
@@ -175,7 +175,7 @@ def test_half_reductions_equal_the_float32_golden(dtype, rname):
     for size in (1, 5, 1000, 40_003, 2 * 65_536):
         xs = [rank_data(SEED, f"ulp/{dtype}/{rname}/{size}", r, size, dt, "random") for r in range(SIZE)]
         got = mpicoll.AllReduceOperation(mpicoll.AllReduceParam(reduce_type=rname)).execute(xs[RANK])
-        assert count_wrong(got, golden_reduce(xs, dt, rop), exact=flag("MPICOLL_EXACT", "1")) == 0, size
+        assert count_wrong(got, golden_reduce(xs, dt, rop), exact=_env.value("MPICOLL_EXACT")) == 0, size
 
 
 @pytest.mark.mpi(min_size=1)

@@ -7,7 +7,7 @@ import pytest
 
 import mpicoll
 from mpicoll._dtypes import DTYPES, reduce_op
-from mpicoll._env import flag
+from mpicoll import _env
 from mpicoll._golden import SEED, count_wrong, golden_reduce, rank_data
 
 from _mpi import RANK, SIZE
@@ -45,7 +45,7 @@ def test_half_reductions_equal_the_float32_golden(dtype, rname):
         xs = [rank_data(SEED, f"reduce-ulp/{dtype}/{rname}/{size}", r, size, dt, "random") for r in range(SIZE)]
         got = mpicoll.ReduceOperation(mpicoll.ReduceParam(reduce_type=rname)).execute(xs[RANK])
         if RANK == 0:
-            assert count_wrong(got, golden_reduce(xs, dt, rop), exact=flag("MPICOLL_EXACT", "1")) == 0, size
+            assert count_wrong(got, golden_reduce(xs, dt, rop), exact=_env.value("MPICOLL_EXACT")) == 0, size
         else:
             assert got is None
 

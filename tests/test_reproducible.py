@@ -21,9 +21,8 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 import mpicoll
-from mpicoll import _shm, functional as F, graph
+from mpicoll import _env, _shm, functional as F, graph
 from mpicoll._dtypes import DTYPES, reduce_op
-from mpicoll._env import flag
 from mpicoll._golden import golden_reduce
 from mpicoll.ops import allreduce as A
 
@@ -33,7 +32,7 @@ EXAMPLES = int(os.environ.get("MPICOLL_FUZZ_EXAMPLES", "60"))
 PROPERTY = settings(max_examples=EXAMPLES, derandomize=True, database=None, deadline=None,
                     suppress_health_check=list(HealthCheck), print_blob=False)
 mpi1 = pytest.mark.mpi(min_size=1)
-pytestmark = pytest.mark.skipif(not flag("MPICOLL_EXACT", "1"), reason="MPICOLL_EXACT=0: float sums in MPI's order")
+pytestmark = pytest.mark.skipif(not _env.value("MPICOLL_EXACT"), reason="MPICOLL_EXACT=0: float sums in MPI's order")
 
 FLOATS = ["float16", "bfloat16", "float32", "float64"]
 BIG = 1 << 40
@@ -74,10 +73,12 @@ def comm_param(kind: str) -> dict:
     if kind not in COMMS:
         COMMS[kind] = WORLD.Dup()
         os.environ["MPICOLL_SHM"] = "0"
+        _env.reread()                     # (mpicoll keeps what it read: read it again, here and below)
         try:
             mpicoll.AllReduceOperation(mpicoll.AllReduceParam(comm=COMMS[kind])).execute(np.zeros(1))   # (binds it)
         finally:
             del os.environ["MPICOLL_SHM"]
+            _env.reread()
     return {"comm": COMMS[kind]}
 
 

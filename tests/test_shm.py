@@ -18,12 +18,12 @@ import numpy as np
 import pytest
 
 import mpicoll
-from mpicoll import _shm
+from mpicoll import _env, _shm
 from mpicoll._domains import user_comm
 from mpicoll._dtypes import DTYPES, REDUCE_OPS
 from mpicoll._golden import SEED, count_wrong, golden_reduce, rank_data
 
-from _mpi import OPEN_MPI, RANK, SIZE, WORLD, launch_env, mpirun, raises_everywhere
+from _mpi import OPEN_MPI, RANK, SIZE, WORLD, launch_env, mpirun, raises_everywhere, setting
 
 mpi1 = pytest.mark.mpi(min_size=1)
 mpi2 = pytest.mark.mpi(min_size=2)
@@ -186,7 +186,7 @@ def test_two_communicators_with_windows_at_once(comm, monkeypatch):
 
 @mpi1
 def test_mpicoll_shm_off_keeps_mpi_paths(monkeypatch):
-    monkeypatch.setenv("MPICOLL_SHM", "0")
+    setting(monkeypatch, "MPICOLL_SHM", "0")
     monkeypatch.setattr(_shm, "ALLREDUCE_BYTES", THRESHOLD)
     monkeypatch.setattr(_shm, "ALLREDUCE_16BIT_BYTES", THRESHOLD)
     c = WORLD.Dup()
@@ -201,7 +201,7 @@ def test_mpicoll_shm_off_keeps_mpi_paths(monkeypatch):
 
 @mpi1
 def test_the_world_is_one_node_here():
-    assert mpicoll._domains.world().local == (os.environ.get("MPICOLL_SHM", "1") != "0")
+    assert mpicoll._domains.world().local == _env.value("MPICOLL_SHM")
 
 
 # ----------------------------------------------------------------------------- jobs of their own
@@ -529,7 +529,7 @@ def test_node_buffer_read_in_place_only_where_every_rank_agrees(comm, monkeypatc
 
 @mpi1
 def test_node_buffer_where_there_is_no_window(monkeypatch):
-    monkeypatch.setenv("MPICOLL_SHM", "0")
+    setting(monkeypatch, "MPICOLL_SHM", "0")
     c = WORLD.Dup()
     try:
         buf = mpicoll.node_buffer((3, 4), "int32", comm=c)

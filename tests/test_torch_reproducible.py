@@ -11,13 +11,13 @@ torch = pytest.importorskip("torch", reason="torch is not installed: pip install
 import torch.distributed as dist  # noqa: E402
 
 import mpicoll.torch  # noqa: E402, F401 - registers the backend and mpi://
-from mpicoll._env import flag  # noqa: E402
+from mpicoll import _env  # noqa: E402
 
 from _mpi import RANK, SIZE  # noqa: E402
 from _torch import world_group  # noqa: E402, F401 - the module's process group (autouse)
 
 pytestmark = [pytest.mark.mpi(min_size=1),
-              pytest.mark.skipif(not flag("MPICOLL_EXACT", "1"), reason="MPICOLL_EXACT=0: float sums in MPI's order")]
+              pytest.mark.skipif(not _env.value("MPICOLL_EXACT"), reason="MPICOLL_EXACT=0: float sums in MPI's order")]
 
 
 

@@ -6,12 +6,11 @@ from dataclasses import dataclass
 import numpy as np
 from mpi4py import MPI
 
+from .. import _env, _shm
 from .._dtypes import DTYPES, reduce_op
-from .._env import flag
 from .._golden import (TORCH_OPS, BenchRun, BenchSpec, Case, CheckSpec, bench_data, golden_reduce, rank_data,
                        raw_reduce_type, reduce_case_names, register_bench, register_check, torch_view)
 from .._params import ReduceTypeParam
-from .. import _shm
 from .._plan import Call, Plan
 from .._numeric import copy_pairs, from_f32, pack, prefix, reduce_chunks, reduce_rows, scatter_pairs, split_even, to_f32
 from ._base import ReduceTypeOperation, alltoall_reduce, invariant, ordered, reduce_scatter
@@ -306,7 +305,7 @@ def _case(case, dtype, comm_domain, rank, n, seed, validate=True) -> Case:
     x = inputs[rank].copy()
     # (bit for bit: integers are exact; floats reduce in the golden's rank order with MPICOLL_EXACT on)
     return Case(op, (x,), {"out": x} if family == "inplace" else {}, golden_reduce(inputs, dt, rop),
-                kind == "int" or flag("MPICOLL_EXACT", "1"))
+                kind == "int" or _env.value("MPICOLL_EXACT"))
 
 
 register_check(CheckSpec("AllReduce", _cases, _case))
