@@ -23,8 +23,8 @@ FLAG, SECONDS, CHOICE, TEXT = "flag", "seconds", "choice", "text"
 ON, OFF = ("1", "true", "on", "yes"), ("0", "false", "off", "no")
 #: how the members of a library communicator agree a setting: ALIKE, every member must have the same
 #: value (it decides which MPI calls a rank makes); ANY, set on any member it holds for all of them
-#: (``MPICOLL_TIMEOUT``: then every member keeps arrival marks); LOCAL, each rank's own
-ALIKE, ANY, LOCAL = "alike", "any", "local"
+#: (``MPICOLL_TIMEOUT``: then every member keeps arrival marks); OWN, each rank's own
+ALIKE, ANY, OWN = "alike", "any", "own"
 
 
 @dataclass(frozen=True)
@@ -36,7 +36,7 @@ class Setting:
         kind: FLAG (on/off), SECONDS (a finite number >= 0; 0: no limit), CHOICE (one of
             ``choices``), TEXT (any value).
         default: its value when unset or empty, as the environment spells it ("": none).
-        agreed: ALIKE, ANY or LOCAL (above).
+        agreed: ALIKE, ANY or OWN (above).
         summary: what it does, one line (``--help``, ``--info``).
         doc: where the docs say more.
         choices: a CHOICE's values.
@@ -52,12 +52,12 @@ class Setting:
 
     @property
     def shown_default(self) -> str:
-        """Its default, as messages and docs say it: ``on``, ``300 s``, ``none``, ``abort``."""
+        """Its default, as messages and docs say it: ``on``, ``300 s``, ``no limit``, ``abort``, ``unset``."""
         if self.kind == FLAG:
             return "on" if self.default in ON else "off"
         if self.kind == SECONDS:
-            return f"{self.default} s" if self.default else "none"
-        return self.default or "none"
+            return f"{self.default} s" if self.default else "no limit"
+        return self.default or "unset"
 
     @property
     def accepted(self) -> str:
@@ -66,7 +66,7 @@ class Setting:
                 SECONDS: "a finite number of seconds >= 0 (0: no limit)",
                 CHOICE: f"{' or '.join(self.choices)} (any case)",
                 TEXT: "any value"}[self.kind]
-        return f"{rule}; unset or empty: the default, {self.shown_default}"
+        return f"{rule}; unset or empty: {self.shown_default}"
 
     def parse(self, raw: str) -> Any:
         """The value of ``raw`` (blanks around it ignored; empty: the default).
@@ -108,18 +108,18 @@ SETTINGS: dict[str, Setting] = {s.name: s for s in (
             "docs/errors.md#debug-mode-mpicoll_debug1"),
     Setting("MPICOLL_TIMEOUT", SECONDS, "", ANY, "seconds before a collective some rank never joins ends the job, "
             "naming the missing ranks", "docs/reliability.md"),
-    Setting("MPICOLL_TIMEOUT_ACTION", CHOICE, "abort", LOCAL, "what a timeout does: abort (the job ends, status 1) "
+    Setting("MPICOLL_TIMEOUT_ACTION", CHOICE, "abort", OWN, "what a timeout does: abort (the job ends, status 1) "
             "or raise (CollectiveTimeout to catch; that communicator must not be used again)", "docs/reliability.md",
             choices=("abort", "raise")),
-    Setting("MPICOLL_DOMAIN_TIMEOUT", SECONDS, "300", LOCAL, "seconds the members of a new comm domain wait for "
+    Setting("MPICOLL_DOMAIN_TIMEOUT", SECONDS, "300", OWN, "seconds the members of a new comm domain wait for "
             "each other (0: for ever)", "docs/domains.md"),
-    Setting("MPICOLL_KERNELS", FLAG, "1", LOCAL, "the C kernels of float16/bfloat16 and int8 quantization (0: numpy, "
+    Setting("MPICOLL_KERNELS", FLAG, "1", OWN, "the C kernels of float16/bfloat16 and int8 quantization (0: numpy, "
             "the same results)", "docs/index.md"),
     Setting("MPICOLL_SHM", FLAG, "1", ALIKE, "reductions through a shared window on one node, AllReduce in tiers "
             "across nodes (0: off)", "docs/shm.md"),
     Setting("MPICOLL_EXACT", FLAG, "1", ALIKE, "float reductions in rank order, the same bits on every path (0: "
             "MPI's order, which changes with the message size and the MPI)", "docs/reproducibility.md"),
-    Setting("MPICOLL_STORE_HOST", TEXT, "", LOCAL, "the torch backend's mpi://: the address of world rank 0 at which "
+    Setting("MPICOLL_STORE_HOST", TEXT, "", OWN, "the torch backend's mpi://: the address of world rank 0 at which "
             "the other ranks reach its store (unset: its IPv4 addresses, tried in turn)", "docs/torch.md"),
 )}
 
