@@ -1,7 +1,7 @@
 """The mpicoll torch backend as torch's C++ and Python callers see a backend: group names,
 opts-less calls, subgroup destroy, the coalesced forms, monitored_barrier, sparse all_reduce,
-init_process_group(timeout=...) through the watchdog, launchers that are not mpirun. Skipped,
-with the reason, where torch is not installed."""
+init_process_group(timeout=...) through the watchdog, launchers that are not mpirun, a setting
+refused on one process. Skipped, with the reason, where torch is not installed."""
 from __future__ import annotations
 
 from datetime import timedelta
@@ -198,6 +198,30 @@ def test_torch_a_wrong_rank_on_one_process_raises_on_every_one(tmp_path):
     res, seconds, _ = run_job(tmp_path, RANK_ARG, np_=2, timeout=60)
     assert res.stdout.count("raised: init_process_group(init_method='mpi://', rank=0): MPI says 1 on world "
                             "rank 1") == 2, res.stdout + res.stderr[-2000:]
+
+
+REFUSED = """
+    import os
+    from mpi4py import MPI
+    if MPI.COMM_WORLD.Get_rank() == 1:
+        os.environ["MPICOLL_TIMEOUT"] = "bogus"
+    import torch.distributed as dist
+    import mpicoll, mpicoll.torch
+    try:
+        dist.init_process_group("mpicoll", init_method="mpi://")
+    except mpicoll.CollectiveArgumentError as exc:
+        print(f"raised: {exc}", flush=True)
+"""
+
+
+@ONE_JOB
+def test_torch_a_refused_setting_on_one_process_raises_on_every_one(tmp_path):
+    """``MPICOLL_TIMEOUT=bogus`` on rank 1 only: ``init_process_group`` raises its error on every
+    process (the others waited in the group's set-up), and nothing is left in /dev/shm."""
+    res, seconds, left = run_job(tmp_path, REFUSED, np_=3, env={"MPICOLL_TIMEOUT": "5"}, timeout=60)
+    assert res.stdout.count("raised: environment MPICOLL_TIMEOUT='bogus' on world rank 1: not a number of "
+                            "seconds") == 3, res.stdout + res.stderr[-2000:]
+    assert res.returncode == 0 and seconds < 30 and left == [], (seconds, left)
 
 
 TIMEOUT = """
