@@ -1,5 +1,6 @@
 """What the command-line tools share (``python -m mpicoll.run`` and its ``bench``): the rank-0-only
-argument parser, the version and kernels lines, and how Ctrl-C ends the job."""
+argument parser, the version and kernels lines, the settings in ``--help``, and how Ctrl-C ends the
+job."""
 from __future__ import annotations
 
 import argparse
@@ -7,6 +8,7 @@ import contextlib
 import os
 import signal
 import sys
+import textwrap
 import threading
 import time
 from typing import Callable, Iterator
@@ -14,20 +16,35 @@ from typing import Callable, Iterator
 from mpi4py import MPI
 
 from . import __version__
-from ._env import launched
+from ._env import ALIKE, SETTINGS, launched
 from ._numeric import kernels_in_use
 
 
-def kernels_summary(comm: MPI.Comm) -> str:
-    """The numeric kernels the ranks of ``comm`` use (collective): one text when every rank uses the
-    same, else each text with its ranks."""
-    seen = comm.allgather(kernels_in_use())
+def by_rank(seen: list[str]) -> str:
+    """Every rank's text (``seen[r]``: rank r's): the one text when all are alike, else each text
+    with its ranks, ``numpy on ranks [0]; C on ranks [1]``."""
     if len(set(seen)) == 1:
         return seen[0]
     ranks: dict[str, list[int]] = {}
     for r, text in enumerate(seen):
         ranks.setdefault(text, []).append(r)
     return "; ".join(f"{text} on ranks {rs}" for text, rs in ranks.items())
+
+
+def kernels_summary(comm: MPI.Comm) -> str:
+    """The numeric kernels the ranks of ``comm`` use (collective): :func:`by_rank`."""
+    return by_rank(comm.allgather(kernels_in_use()))
+
+
+def settings_help() -> str:
+    """The ``--help`` lines of the settings, from the table (``mpicoll._env.SETTINGS``)."""
+    lines = ["environment (each read once by the library on every rank; `--info` shows them in effect):"]
+    for s in SETTINGS.values():
+        alike = "; set it alike on every rank" if s.agreed == ALIKE else ""
+        text = f"{s.summary}; default: {s.shown_default}{alike}; {s.doc}"
+        lines += textwrap.wrap(text, 104, initial_indent=f"  {s.name:<24} ", subsequent_indent=" " * 27,
+                               break_on_hyphens=False)
+    return "\n".join(lines) + "\n"
 
 
 def version_text() -> str:

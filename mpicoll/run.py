@@ -14,7 +14,8 @@ import traceback
 
 from mpi4py import MPI
 
-from ._cli import Parser, ctrl_c_ends_the_job, epilog, kernels_summary, launcher_note, version_text
+from .info import run_info
+from ._cli import Parser, ctrl_c_ends_the_job, epilog, kernels_summary, launcher_note, settings_help, version_text
 
 USAGE_EPILOG = """\
 examples:
@@ -24,23 +25,8 @@ examples:
   mpirun -np 2 python -m mpicoll.run --log-dir logs       one log per rank: logs/rank.N
   mpirun -np 4 python -m mpicoll.run --rank-table rt.json each rank on its table's host? then check
   python -m mpicoll.run list                              operators and dtypes
+  python -m mpicoll.run --info                            what this installation is: versions, MPI, settings
   mpirun -np 2 python -m mpicoll.run bench -b 8 -e 64M -f 4 --compare mpi4py
-environment (read by the library on every rank; set them alike everywhere):
-  MPICOLL_VALIDATE=0         cross-rank argument checks off (default on; docs/errors.md)
-  MPICOLL_DEBUG=1            every call checked, with sequence numbers (docs/reliability.md)
-  MPICOLL_TIMEOUT=S          a collective some rank never joins ends the whole job after S seconds,
-                             naming the missing ranks (docs/reliability.md)
-  MPICOLL_TIMEOUT_ACTION=A   what a timeout does: abort (default: the job ends, status 1) or raise
-                             (CollectiveTimeout to catch; that communicator must not be used again)
-  MPICOLL_DOMAIN_TIMEOUT=S   seconds members wait for each other forming a domain (default 300; 0: for ever)
-  MPICOLL_KERNELS=0          numpy instead of the C kernels (float16/bfloat16, int8 quantization)
-  MPICOLL_SHM=0              no shared-window reductions on one node, no AllReduce in tiers across nodes
-                             (default on; docs/shm.md)
-  MPICOLL_STORE_HOST=ADDR    the torch backend's mpi://: the address of world rank 0 that the other ranks
-                             reach its store at (default: its IPv4 addresses, tried in turn; docs/torch.md)
-  MPICOLL_EXACT=0            float reductions in MPI's order, which changes with the message size and
-                             the MPI (default on: rank order, the same bits on every path;
-                             docs/reproducibility.md)
 """
 
 
@@ -48,9 +34,12 @@ def build_parser() -> argparse.ArgumentParser:
     p = Parser(prog="python -m mpicoll.run", formatter_class=argparse.RawDescriptionHelpFormatter,
                description="Check mpicoll's collective operators against numpy goldens, or run the "
                            "documented examples. Run under mpirun; works at any rank count >= 1.",
-               epilog=epilog(USAGE_EPILOG))
+               epilog=epilog(USAGE_EPILOG + settings_help()))
     p.add_argument("--version", action="version", version=version_text(),
                    help="print mpicoll's version and the numeric kernels in use, and exit")
+    p.add_argument("--info", action="store_true",
+                   help="print what this installation is (versions, MPI, kernels, torch, ranks per node, "
+                        "settings in effect), and exit; status 2 if a setting is refused")
     p.add_argument("command", nargs="?", default="check", choices=["check", "demo", "list", "bench"],
                    help="check (default): golden check; demo: documented examples; list: operators and dtypes; "
                         "bench: the nccl-tests-style benchmark (see: bench --help)")
@@ -83,6 +72,8 @@ def main(argv: list[str] | None = None) -> int:
                 sys.stderr.write(f"python -m mpicoll.run bench: error: {exc}\n")
             return 2
     args = build_parser().parse_args(argv)
+    if args.info:
+        return run_info()
     if args.command != "list":
         launcher_note("python -m mpicoll.run" + (" --demo" if args.demo or args.command == "demo" else ""))
     from ._dtypes import ALL_DTYPES

@@ -200,3 +200,48 @@ def test_kernels_in_use_in_the_headers_help_and_version():
     res = subprocess.run(cmd, capture_output=True, text=True, timeout=120, env=launch_env())
     assert res.returncode == 0, res.stderr
     assert res.stdout.splitlines()[1] == f"# numeric kernels: {says}", res.stdout
+
+
+def test_info_names_each_item_without_mpirun_and_once_per_job():
+    """``--info``: plain ``python`` (no launcher: an MPI singleton) and under mpirun (rank 0 prints,
+    once), each item named: versions, the MPI library and its thread level, the kernels, torch, ranks
+    per node, the shared window, the packages, every setting with its default."""
+    from mpicoll import _env
+    plain = subprocess.run([sys.executable, "-m", "mpicoll.run", "--info"], capture_output=True, text=True,
+                           timeout=120, env=launch_env(MPICOLL_TIMEOUT="30", MPICOLL_NOT_A_SETTING="1"))
+    assert plain.returncode == 0 and plain.stderr == "", plain.stderr
+    for item in ("mpicoll ", "python ", "numpy ", "ml_dtypes ", "mpi4py ", "MPI library ", "thread level MPI_THREAD_",
+                 "C kernels ", "torch ", "ranks          1 on 1 node(s), 1 per node", "shared window ", "packages ",
+                 "mpi4py 4.", "not settings (ignored): MPICOLL_NOT_A_SETTING"):
+        assert item in plain.stdout, (item, plain.stdout)
+    import importlib.util
+    torch_says = "; the backend 'mpicoll' is a " if importlib.util.find_spec("torch") else "not installed"
+    assert "\ntorch          " in plain.stdout and torch_says in plain.stdout, plain.stdout
+    rows = {ln.split()[0]: ln for ln in plain.stdout.splitlines() if ln.startswith("  MPICOLL_")}
+    assert list(rows) == list(_env.SETTINGS), plain.stdout
+    for name, s in _env.SETTINGS.items():
+        assert rows[name].split(None, 1)[1].startswith(s.shown_default), rows[name]
+    assert rows["MPICOLL_TIMEOUT"].endswith("30 s, environment") and rows["MPICOLL_SHM"].endswith("on, default")
+    res = run(3, "-m", "mpicoll.run", "--info")
+    assert res.returncode == 0 and res.stdout.count("mpicoll ") == 1, res.stdout + res.stderr
+    assert "ranks          3 on 1 node(s), 3 per node" in res.stdout and "shared window  used" in res.stdout
+
+
+def test_info_says_which_setting_is_refused_and_exits_2():
+    """A refused setting, on every rank or on one (MPICH's MPMD form, ``-env`` for one of them):
+    ``--info`` marks it, prints the library's error once, and every rank exits 2 (no traceback)."""
+    res = subprocess.run(mpirun(2, sys.executable, "-m", "mpicoll.run", "--info"), capture_output=True, text=True,
+                         timeout=120, env=launch_env(MPICOLL_TIMEOUT="inf"))
+    says = ("python -m mpicoll.run --info: error: environment MPICOLL_TIMEOUT='inf' on world ranks [0, 1]: not a "
+            "finite number of seconds; accepted: a finite number of seconds >= 0")
+    assert res.returncode == 2 and res.stderr.count(says) == 1 and "Traceback" not in res.stderr, res.stderr
+    assert "'inf' REFUSED (not a finite number of seconds)" in res.stdout, res.stdout
+    if OPEN_MPI:
+        return
+    info = [sys.executable, "-m", "mpicoll.run", "--info"]
+    res = subprocess.run(mpirun(1, *info) + [":", "-np", "1", "-env", "MPICOLL_TIMEOUT_ACTION", "explode", *info],
+                         capture_output=True, text=True, timeout=120, env=launch_env())
+    assert res.returncode == 2 and "Traceback" not in res.stderr, res.stderr
+    assert res.stderr.count("error: environment MPICOLL_TIMEOUT_ACTION='explode' on world rank 1: an unknown "
+                            "value; accepted: abort or raise") == 1, res.stderr
+    assert "abort, default on ranks [0]; 'explode' REFUSED (an unknown value) on ranks [1]" in res.stdout, res.stdout
