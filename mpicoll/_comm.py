@@ -17,8 +17,9 @@ waits in the communicator's ``pending`` queue; any later collective on it first 
 ahead of it until that work has started all its collectives there (:meth:`LibComm.drain`). The
 order is then the program order, the same on every rank, without a copy of the communicator.
 
-Making one is collective over its members, who then agree the settings that change which MPI calls
-a rank makes (``MPICOLL_VALIDATE``, ``MPICOLL_DEBUG``, ``MPICOLL_SHM``, ``MPICOLL_EXACT``), whether every member runs on
+Making one is collective over its members, who then check their settings (a value one of them cannot
+read, :mod:`mpicoll._env`, is every member's error) and agree those that change which MPI calls a
+rank makes (``MPICOLL_VALIDATE``, ``MPICOLL_DEBUG``, ``MPICOLL_SHM``, ``MPICOLL_EXACT``), whether every member runs on
 one node (``local``: then large reductions may go through a shared window, :mod:`mpicoll._shm`), or
 else how many members each node holds (``per_node``: then a large AllReduce may go in tiers, node by
 node and across nodes, :meth:`LibComm.tiers`), and whether any of them runs a watchdog

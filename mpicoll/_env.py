@@ -181,6 +181,11 @@ def error(world_rank: int) -> CollectiveArgumentError | None:
                                    param=bad[0].setting.name, rank=world_rank)
 
 
+def strangers() -> list[str]:
+    """The ``MPICOLL_*`` variables in the environment that are no setting (a misspelt name: ignored)."""
+    return sorted(k for k in os.environ if k.startswith("MPICOLL_") and k not in SETTINGS)
+
+
 def reread() -> None:
     """Forget what was read: the next need reads the environment again (for tests and benchmarks
     that switch a setting between communicators; every rank alike)."""

@@ -126,7 +126,7 @@ def run_info(world: MPI.Comm = MPI.COMM_WORLD) -> int:
         lines.append(f"settings       {'(default)':<12}(in effect, from where)")
         for i, r in enumerate(readings):
             lines.append(f"  {r.setting.name:<24}{r.setting.shown_default:<12}{by_rank([mine[i] for mine in seen])}")
-        others = sorted(k for k in os.environ if k.startswith("MPICOLL_") and k not in _env.SETTINGS)
+        others = _env.strangers()
         if others:
             lines.append(f"  not settings (ignored): {', '.join(others)}")
         print("\n".join(lines), flush=True)

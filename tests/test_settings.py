@@ -3,6 +3,7 @@ and a value mpicoll cannot read raised as the same named error on every rank, in
 only one rank has it, from the first communicator on (fresh jobs), leaving nothing in /dev/shm."""
 from __future__ import annotations
 
+import math
 import re
 from pathlib import Path
 
@@ -59,6 +60,15 @@ def test_the_accepted_spellings():
     for name, bad in REFUSED:
         with pytest.raises(ValueError):
             _env.SETTINGS[name].parse(bad)
+
+
+@ONCE
+def test_a_timeout_argument_that_is_not_finite_is_no_watchdog():
+    """``timeout=inf`` (or nan) on an operation: no watchdog, as 0 (inf killed the watchdog's thread
+    with an OverflowError, the rank running on unwatched)."""
+    from mpicoll._watchdog import timeout_seconds
+    assert [timeout_seconds(t) for t in (math.inf, math.nan, 0, -1, 2)] == [None, None, None, None, 2.0]
+    assert mpicoll.AllReduceOperation(timeout=math.inf).execute(np.ones(2)).tolist() == [1, 1]
 
 
 @mpi1
