@@ -152,7 +152,7 @@ class LibComm:
         error = _env.error(MPI.COMM_WORLD.Get_rank())
         # columns: this member's error flag, whether it runs a watchdog, then the settings alike everywhere
         mine = np.array([error is not None, timeout is not None or _watchdog.timeout_default() is not None,
-                         *(_env.value(name) for name in ALIKE)], dtype=np.int64)
+                         *(_env.value(name) for name in ALIKE_SETTINGS)], dtype=np.int64)
         table = np.empty((mpi.Get_size(), len(mine)), dtype=np.int64)
         set_up = _watchdog.timeout_seconds(timeout)
         timed_call(mpi, "Allgather", ([mine, MPI.INT64_T], [table, MPI.INT64_T]), set_up,
@@ -163,8 +163,8 @@ class LibComm:
                        ("", None, "the exchange of a setting's error (internal MPI Allgather/Allgatherv)"))
             finally:
                 mpi.Free()
-        agreed = dict(zip(ALIKE, table[0, 2:].tolist()))
-        for col, name in enumerate(ALIKE, 2):
+        agreed = dict(zip(ALIKE_SETTINGS, table[0, 2:].tolist()))
+        for col, name in enumerate(ALIKE_SETTINGS, 2):
             values = table[:, col].tolist()
             if len(set(values)) > 1:
                 on = [r for r, v in enumerate(values) if v]
@@ -396,7 +396,7 @@ class LibComm:
 
 #: the settings every member of a library communicator must have alike (flags: they decide which MPI
 #: calls a rank makes), in the order of the columns of :meth:`LibComm.make`'s table
-ALIKE = tuple(name for name, s in _env.SETTINGS.items() if s.agreed == _env.ALIKE)
+ALIKE_SETTINGS = tuple(name for name, s in _env.SETTINGS.items() if s.agreed == _env.ALIKE)
 
 
 class _Making:

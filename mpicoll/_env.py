@@ -106,8 +106,8 @@ SETTINGS: dict[str, Setting] = {s.name: s for s in (
             "docs/errors.md#turning-validation-off"),
     Setting("MPICOLL_DEBUG", FLAG, "0", ALIKE, "every call checked, with sequence numbers (1: on)",
             "docs/errors.md#debug-mode-mpicoll_debug1"),
-    Setting("MPICOLL_TIMEOUT", SECONDS, "", ANY, "seconds before a collective some rank never joins ends the job, "
-            "naming the missing ranks", "docs/reliability.md"),
+    Setting("MPICOLL_TIMEOUT", SECONDS, "", ANY, "seconds before a collective some rank never joins times out, "
+            "naming the missing ranks (then MPICOLL_TIMEOUT_ACTION)", "docs/reliability.md"),
     Setting("MPICOLL_TIMEOUT_ACTION", CHOICE, "abort", OWN, "what a timeout does: abort (the job ends, status 1) "
             "or raise (CollectiveTimeout to catch; that communicator must not be used again)", "docs/reliability.md",
             choices=("abort", "raise")),
