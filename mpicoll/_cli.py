@@ -1,6 +1,6 @@
 """What the command-line tools share (``python -m mpicoll.run`` and its ``bench``): the rank-0-only
-argument parser, the version and kernels lines, the settings in ``--help``, and how Ctrl-C ends the
-job."""
+argument parser, the version and kernels lines, the settings in ``--help`` and a refused one as a
+usage error, and how Ctrl-C ends the job."""
 from __future__ import annotations
 
 import argparse
@@ -16,7 +16,9 @@ from typing import Callable, Iterator
 from mpi4py import MPI
 
 from . import __version__
+from ._domains import world as lib_world
 from ._env import ALIKE, SETTINGS, launched
+from ._errors import CollectiveArgumentError
 from ._numeric import kernels_in_use
 
 
@@ -45,6 +47,20 @@ def settings_help() -> str:
         lines += textwrap.wrap(text, 104, initial_indent=f"  {s.name:<24} ", subsequent_indent=" " * 27,
                                break_on_hyphens=False)
     return "\n".join(lines) + "\n"
+
+
+def refused_settings(prog: str) -> bool:
+    """Make mpicoll's world (collective), whose members check and agree their settings first: True,
+    on every rank, when one is refused or differs (its error printed once, by rank 0: the command
+    then exits 2, as for a usage error, instead of aborting with a traceback)."""
+    try:
+        lib_world()
+    except CollectiveArgumentError as exc:
+        if MPI.COMM_WORLD.Get_rank() == 0:
+            sys.stderr.write(f"{prog}: error: {exc}\n")
+            sys.stderr.flush()
+        return True
+    return False
 
 
 def version_text() -> str:

@@ -15,7 +15,8 @@ import traceback
 from mpi4py import MPI
 
 from .info import run_info
-from ._cli import Parser, ctrl_c_ends_the_job, epilog, kernels_summary, launcher_note, settings_help, version_text
+from ._cli import (Parser, ctrl_c_ends_the_job, epilog, kernels_summary, launcher_note, refused_settings,
+                   settings_help, version_text)
 
 USAGE_EPILOG = """\
 examples:
@@ -65,6 +66,8 @@ def main(argv: list[str] | None = None) -> int:
         from .bench import run_bench
         if not {"-h", "--help"} & set(argv):
             launcher_note("python -m mpicoll.run bench")
+            if refused_settings("python -m mpicoll.run bench"):
+                return 2
         try:
             return run_bench(argv[1:])
         except check.UsageError as exc:   # the same on every rank
@@ -76,6 +79,8 @@ def main(argv: list[str] | None = None) -> int:
         return run_info()
     if args.command != "list":
         launcher_note("python -m mpicoll.run" + (" --demo" if args.demo or args.command == "demo" else ""))
+        if refused_settings("python -m mpicoll.run"):
+            return 2
     from ._dtypes import ALL_DTYPES
     from ._golden import CHECKS, SEED
 

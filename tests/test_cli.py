@@ -245,3 +245,20 @@ def test_info_says_which_setting_is_refused_and_exits_2():
     assert res.stderr.count("error: environment MPICOLL_TIMEOUT_ACTION='explode' on world rank 1: an unknown "
                             "value; accepted: abort or raise") == 1, res.stderr
     assert "abort, default on ranks [0]; 'explode' REFUSED (an unknown value) on ranks [1]" in res.stdout, res.stdout
+
+
+def test_a_refused_setting_is_a_usage_error_of_every_command():
+    """``check``, ``demo`` and ``bench`` with a setting mpicoll refuses (on every rank) or that differs
+    across ranks: the library's error once, status 2 on every rank, no traceback."""
+    for args, env, says in (
+            (["--op", "Broadcast", "--dtype", "int32"], {"MPICOLL_VALIDATE": "maybe"},
+             "python -m mpicoll.run: error: environment MPICOLL_VALIDATE='maybe' on world ranks [0, 1]: neither on "
+             "nor off; accepted: on: 1, true, on, yes; off: 0, false, off, no (any case); unset or empty: on"),
+            (["--demo"], {"MPICOLL_DOMAIN_TIMEOUT": "-1"}, "python -m mpicoll.run: error: environment "
+             "MPICOLL_DOMAIN_TIMEOUT='-1' on world ranks [0, 1]: a negative number of seconds"),
+            (["bench", "--op", "AllReduce", "-b", "8", "-e", "8", "-n", "1", "-w", "0"], {"MPICOLL_DEBUG": "2"},
+             "python -m mpicoll.run bench: error: environment MPICOLL_DEBUG='2' on world ranks [0, 1]")):
+        res = subprocess.run(mpirun(2, sys.executable, "-m", "mpicoll.run", *args), capture_output=True, text=True,
+                             timeout=120, env=launch_env(**env))
+        assert res.returncode == 2 and res.stderr.count(says) == 1 and "Traceback" not in res.stderr, \
+            (args, res.stderr)
