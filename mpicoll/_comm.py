@@ -99,7 +99,7 @@ class LibComm:
     """
 
     __slots__ = ("mpi", "label", "rank", "size", "world_ranks", "ident", "validate", "debug", "local", "exact",
-                 "timeout",
+                 "timeout", "busy",
                  "calls", "seq", "pending", "plain", "freed", "per_node", "blocks", "buffers", "_win", "_mark", "_node",
                  "_split", "_tiers", "__weakref__")
 
@@ -125,6 +125,7 @@ class LibComm:
         self._win = self._mark = None
         self.plain = not debug and not watched
         self.freed = False
+        self.busy = threading.RLock()      # held by the thread inside a call on it (:meth:`enter`)
         with LOCK:
             _register_exit()
         if watched:
@@ -139,10 +140,12 @@ class LibComm:
                 _OPEN.append(self)
 
     @classmethod
-    def make(cls, mpi: MPI.Comm, label: str, timeout: float | None = None) -> "LibComm":
+    def make(cls, mpi: MPI.Comm, label: str, timeout: float | None = None,
+             set_up: float | None = None) -> "LibComm":
         """Wrap a communicator mpicoll has just created (collective over its members): agree the
         settings and whether all members share one node, and make the arrival window if any member
         runs a watchdog (``MPICOLL_TIMEOUT``, or ``timeout``: its own, see the class docstring).
+        ``set_up``: how long these steps may wait for a member (default: its timeout).
 
         Raises:
             CollectiveMismatchError: ``MPICOLL_VALIDATE``, ``MPICOLL_DEBUG``, ``MPICOLL_SHM`` or ``MPICOLL_EXACT`` set
@@ -152,9 +155,10 @@ class LibComm:
                          timeout is not None or _watchdog.timeout_default() is not None, flag("MPICOLL_SHM", "1"),
                          flag("MPICOLL_EXACT", "1")], dtype=np.int64)
         table = np.empty((mpi.Get_size(), len(mine)), dtype=np.int64)
-        set_up = _watchdog.timeout_seconds(timeout)
+        given = timeout if set_up is None else set_up
+        set_up = _watchdog.timeout_seconds(given)
         timed_call(mpi, "Allgather", ([mine, MPI.INT64_T], [table, MPI.INT64_T]), set_up,
-                   lambda: f"setting up {label}: timed out agreeing its settings", timeout is not None)
+                   lambda: f"setting up {label}: timed out agreeing its settings", given is not None)
         for col, name in ((0, "MPICOLL_VALIDATE"), (1, "MPICOLL_DEBUG"), (3, "MPICOLL_SHM"), (4, "MPICOLL_EXACT")):
             values = table[:, col].tolist()
             if len(set(values)) > 1:
@@ -179,7 +183,7 @@ class LibComm:
                 # max of (size, -size, -block): every node alike if max == -(-min); every node in blocks
                 span = np.array([here, -here, -int(block)], dtype=np.int64)
                 timed_call(mpi, "Allreduce", (MPI.IN_PLACE, [span, MPI.INT64_T], MPI.MAX),
-                           set_up, lambda: f"setting up {label}: timed out agreeing its layout", timeout is not None)
+                           set_up, lambda: f"setting up {label}: timed out agreeing its layout", given is not None)
             if one_node or here == 1 or span[0] != -span[1]:
                 split.Free()
                 split = None
@@ -225,10 +229,32 @@ class LibComm:
         """Whether the members keep arrival marks (a watchdog runs on some member)."""
         return self._win is not None
 
-    def call_timeout(self, given: float | None = None) -> float | None:
+    def enter(self, op: str) -> None:
+        """A call of ``op`` begins on it (:meth:`leave` when it ends). The rule: one thread at a time
+        per communicator (MPI orders the collectives of a communicator by the order its calls
+        start, which threads would make differ by rank).
+
+        Raises:
+            CollectiveError: another thread of this rank is inside a call on it.
+        """
+        if not self.busy.acquire(False):
+            raise CollectiveError(f"{op}: another thread of rank {self.rank} is inside a call on {self.label}: "
+                                  "mpicoll's calls on one communicator come from one thread at a time (a communicator "
+                                  "per thread: comm_mode=MULTI_THREAD with a user comm each)", op=op, param="thread",
+                                  rank=self.rank)
+
+    def leave(self) -> None:
+        """The call begun by :meth:`enter` ended."""
+        self.busy.release()
+
+    def call_timeout(self, given: Any = None, op: str = "mpicoll") -> float | None:
         """The watchdog timeout of a call on it (the one place this is decided): ``given`` (the
-        call's ``timeout=``; 0 or less: none) wins, else its own, else ``MPICOLL_TIMEOUT``'s."""
-        return _watchdog.timeout_seconds(self.timeout if given is None else given)
+        call's ``timeout=``; 0 or less: none) wins, else its own, else ``MPICOLL_TIMEOUT``'s.
+
+        Raises:
+            CollectiveArgumentError: ``given`` is not a number of seconds (naming ``op`` and this rank).
+        """
+        return _watchdog.timeout_seconds(self.timeout if given is None else given, op, self.rank)
 
     # -- calls -----------------------------------------------------------------------------------
     def direct(self, timeout: float | None) -> bool:
@@ -249,13 +275,11 @@ class LibComm:
             getattr(self.mpi, name)(*args)
             return
         self.seq += 1
-        if self._mark is None:                   # (debug mode alone: every member blocking, unless timed)
-            if timeout is None:
-                getattr(self.mpi, name)(*args)
-                return
-        else:                                    # (a watchdog somewhere: every member takes the non-blocking
-            self._arrive(where)                  # form, timed or not; MPI matches a blocking collective only
-        self.wait([getattr(self.mpi, nonblocking(name))(*args)], timeout, name, where)   # with a blocking one)
+        if self._mark is not None:
+            self._arrive(where)
+        # (debug mode or a watchdog somewhere: every member takes the non-blocking form, timed or not,
+        # as a started plan's steps do: MPI matches a blocking collective only with a blocking one)
+        self.wait([getattr(self.mpi, nonblocking(name))(*args)], timeout, name, where)
 
     def bind(self, name: str, args: tuple, timeout: float | None, where: tuple) -> Callable[[], None]:
         """:meth:`call` bound once, for a plan's blocking run (the caller drains ``pending`` first)."""

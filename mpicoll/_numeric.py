@@ -90,6 +90,12 @@ def stream_copy(dst: np.ndarray, src: np.ndarray) -> None:
         np.copyto(dst, src)
 
 
+def average(out: np.ndarray, n: int) -> None:
+    """AVG (``ReduceOp.average``): the sum in ``out`` divided by ``n``, in ``out``'s dtype, as torch
+    divides a tensor."""
+    np.divide(out, n, out=out)
+
+
 def reduce_chunks(parts: np.ndarray, dt: DType, rop: ReduceOp, out: np.ndarray) -> np.ndarray:
     """Reduce ``parts[i]`` (one row per source rank) in rank order into ``out``: :func:`reduce_rows`
     of the rows of a 2-D array."""
@@ -110,7 +116,7 @@ def reduce_rows(rows: list[np.ndarray], dt: DType, rop: ReduceOp, out: np.ndarra
     n, c = len(rows), out.size
     if not n or not c:
         return out
-    if dt.reduce == "native":
+    if dt.reduce != "float32":
         with np.errstate(over="ignore", invalid="ignore"):   # overflow to inf / NaN are the IEEE answers, as MPI's
             if n == 1:
                 np.copyto(out, rows[0])
@@ -128,7 +134,7 @@ def reduce_rows(rows: list[np.ndarray], dt: DType, rop: ReduceOp, out: np.ndarra
         return out
     if KERNELS is not None:
         kernel = KERNELS.reduce_f16 if dt.name == "float16" else KERNELS.reduce_bf16
-        kernel([r.view(np.uint16) for r in rows], out.view(np.uint16), rop.code - 1)
+        kernel([r.view(np.uint16) for r in rows], out.view(np.uint16), rop.kernel)
         return out
     acc = np.empty(min(c, TILE), dtype=np.float32)
     tmp = np.empty_like(acc)

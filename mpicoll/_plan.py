@@ -254,7 +254,7 @@ class Plan:
     __slots__ = ("op", "result", "parts", "_timeout", "_steps", "_used", "_tokens", "_persistent", "_reuse",
                  "_handle", "_state", "_go", "_tally", "_where", "__weakref__")
 
-    def __init__(self, rec: Recorder, timeout: float | None, persistent: bool = True) -> None:
+    def __init__(self, rec: Recorder, timeout: float | None, persistent: bool = True, rounds: bool = False) -> None:
         self.parts = rec.parts
         self.op = self.parts[0].op if len(self.parts) == 1 else f"graph of {len(self.parts)} calls"
         self.result = self.parts[0].result if len(self.parts) == 1 else tuple(p.result for p in self.parts)
@@ -263,7 +263,7 @@ class Plan:
         self._used = tuple(dict.fromkeys(s.comm for s in rec.steps if s.comm is not None))
         self._steps = rec.steps
         if persistent:                 # (one-shot and remembered calls' plans are the calls themselves)
-            self._sequence(timeout)
+            self._sequence(timeout, rounds)
         self._where = [(p.op, None, "") for p in self.parts]
         self._reuse = persistent       # persistent requests at the first start (else I-calls every time)
         self._persistent: list[MPI.Prequest | None] | None = None
@@ -274,7 +274,7 @@ class Plan:
         if persistent:
             _LIVE.add(self)
 
-    def _sequence(self, timeout: float | None) -> None:
+    def _sequence(self, timeout: float | None, rounds: bool) -> None:
         """A prepared plan or a graph skips the per-call agreement. On each of its communicators that
         keeps a sequence (a watchdog or ``MPICOLL_DEBUG``: ``not plain``), its every run and start
         first agrees one header row (:func:`mpicoll._validate.plan_row`: a plan's run and the plan's
@@ -284,19 +284,32 @@ class Plan:
         finishing with another call's bytes. (A rank that skipped a run and runs the same plan
         again pairs with its peers' run: the same call.) The agreement is the plan's first steps
         after its count, so that a started plan starts it non-blocking like its other collectives;
-        it costs one small ``Allgather`` per such communicator per run."""
-        checks = []
-        for c in self._used:
-            if not c.plain:
-                row = V.plan_row(c.size, _next_serial(c))
+        it costs one small ``Allgather`` per such communicator per run. ``rounds``: the parts are
+        the rounds of one call, each released on its own (the Hccl client's commits): each round
+        agrees its own row (the round's number in it), so that a rank that skipped a commit meets
+        its peers' next round with another call, or another round, and all of them raise."""
+        serials = {c: _next_serial(c) for c in self._used if not c.plain}
+        if not serials:
+            return
+        steps, begin = [], 0
+        checked = self.parts if rounds else self.parts[:1]
+        for k, p in enumerate(checked):
+            part = self._steps[begin:p.end]
+            at = 1 if part and part[0].kind == COUNT else 0
+            checks = []
+            for c, serial in serials.items():
+                row = V.plan_row(c.size, serial, k)
                 table = np.empty((c.size, row.size), dtype=np.int64)
-                checks += [Step(MPI_CALL, c, "Allgather", None, ([row, MPI.INT64_T], [table, MPI.INT64_T]), -1, 0),
-                           Step(LOCAL, None, "", _check_sequence, (c, table, timeout), -1, 0)]
-        if checks:
-            at = 1 if self._steps and self._steps[0].kind == COUNT else 0
-            self._steps = self._steps[:at] + checks + self._steps[at:]
-            for p in self.parts:
-                p.end += len(checks)
+                checks += [Step(MPI_CALL, c, "Allgather", _check_sequence, ([row, MPI.INT64_T], [table, MPI.INT64_T]),
+                                -1, k),
+                           Step(LOCAL, None, "", _check_sequence, (c, table, timeout), -1, k)]
+            steps += part[:at] + checks + part[at:]
+            begin = p.end
+            p.end = len(steps)
+        shift = len(steps) - begin                  # (the parts after the checked ones move by this)
+        for p in self.parts[len(checked):]:
+            p.end += shift
+        self._steps = steps + self._steps[begin:]
 
     def run(self) -> Any:
         """Run the calls once, blocking; returns the output (the same arrays on every run).
@@ -365,8 +378,10 @@ class Plan:
             self._refuse("start")
         _comm.check_live(self._used, self.op)
         if self._reuse and self._persistent is None:   # made at the first start, on every rank at the same point
+            # (not the sequence rows: a persistent collective matches only its own starts, never
+            # the call a rank that skipped this run makes instead, which the row is there to meet)
             self._persistent = [s.comm.persistent(s.name, s.args) if s.kind in (MPI_CALL, START)
-                                else None for s in self._steps]
+                                and s.fn is not _check_sequence else None for s in self._steps]
         self._state = _STARTED
         handle = self._handle = Handle(self, len(self._steps) if end is None else end)
         handle._advance(block=False)      # (the plan stays started until the caller sees it complete)
@@ -606,8 +621,8 @@ class Handle:
             elif kind == TEST:
                 self._open[s.token].Test()
             elif self._cur is None or kind == START:
-                req = s.comm.start(s.name if persistent is None else persistent[self._i], s.args,
-                                   plan._where[s.part], self)
+                made = None if persistent is None else persistent[self._i]
+                req = s.comm.start(s.name if made is None else made, s.args, plan._where[s.part], self)
                 if kind == MPI_CALL:
                     self._cur, self._started = req, time.monotonic()   # (the timeout counts per collective)
                     if self._queued and self._i >= self._last:

@@ -83,12 +83,13 @@ def header(n: int, code: int, call: Any, validate: bool, seq: int) -> np.ndarray
         raise HeaderOverflow(what, row[i]) from None
 
 
-def plan_row(n: int, serial: int) -> np.ndarray:
-    """The header row of a prepared plan's run: ``PLAN_RUN`` and the plan's serial number on its
-    communicator of ``n`` members, laid out as a call's header (no sequence number: which plan runs
-    is what a skipped run changes, and a started run's collectives start when its ranks drive it)."""
+def plan_row(n: int, serial: int, round_: int = 0) -> np.ndarray:
+    """The header row of a prepared plan's run (or of one round of it): ``PLAN_RUN``, the plan's
+    serial number on its communicator of ``n`` members and the round, laid out as a call's header
+    (no sequence number: which plan runs is what a skipped run changes, and a started run's
+    collectives start when its ranks drive it)."""
     row = np.zeros(H_LEN + 2 * n, dtype=np.int64)
-    row[H_OP], row[H_PARAMS], row[H_MODE] = op_code(PLAN_RUN), serial, 1
+    row[H_OP], row[H_PARAMS], row[H_MODE] = op_code(PLAN_RUN), serial << 16 | round_, 1
     return row
 
 
@@ -176,7 +177,8 @@ def _shape(row: np.ndarray) -> str:
 
 
 #: operator name -> how to show its H_PARAMS value in a mismatch message
-PARAM_DESCRIBERS: dict = {PLAN_RUN: lambda k: f"the {ordinal(k)} plan made there"}
+PARAM_DESCRIBERS: dict = {PLAN_RUN: lambda k: f"the {ordinal(k >> 16)} plan made there"
+                          + (f", its round {k & 0xFFFF}" if k & 0xFFFF else "")}
 #: operator name -> what its header's shape is, where it is not x's ("the block's shape")
 SHAPE_NAMES: dict = {}
 

@@ -26,12 +26,15 @@ status 1, after giving ``MPI_Abort`` a moment to end the job.
 from __future__ import annotations
 
 import glob
+import math
 import os
 import sys
 import threading
 import time
+from datetime import timedelta
 from typing import Any, Callable
 
+import numpy as np
 from mpi4py import MPI
 
 from ._env import seconds
@@ -48,12 +51,22 @@ def timeout_default() -> float | None:
     return seconds("MPICOLL_TIMEOUT")
 
 
-def timeout_seconds(timeout: float | None) -> float | None:
+def timeout_seconds(timeout: Any, op: str = "mpicoll", rank: int = -1) -> float | None:
     """A ``timeout=`` argument as the watchdog takes it (the one place it is normalised): None =
-    ``MPICOLL_TIMEOUT``; 0 or less = no watchdog; else seconds."""
+    ``MPICOLL_TIMEOUT``; 0 or less = no watchdog; else seconds (a number, or a ``timedelta``).
+
+    Raises:
+        CollectiveArgumentError: anything else (a string, NaN, infinity), naming ``op`` and ``rank``.
+    """
     if timeout is None:
         return timeout_default()
-    return float(timeout) if timeout > 0 else None
+    value = timeout.total_seconds() if isinstance(timeout, timedelta) else timeout
+    if isinstance(value, bool) or not isinstance(value, (int, float, np.integer, np.floating)) or \
+            not math.isfinite(value):
+        raise CollectiveArgumentError(f"{op}: timeout={timeout!r} on rank {rank}: must be a finite number of seconds "
+                                      "(0 or less: none), or None (MPICOLL_TIMEOUT's)", op=op, param="timeout",
+                                      rank=rank)
+    return float(value) if value > 0 else None
 
 
 def action_default() -> str:

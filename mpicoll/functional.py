@@ -33,7 +33,7 @@ from ._domains import declare_domains, group_fields, resolve
 from ._dtypes import REDUCE_RULE, reduce_op
 from ._errors import CollectiveArgumentError, CollectiveTimeout
 from ._numeric import prefix
-from ._plan import Call
+from ._plan import CAPTURING, Call
 from ._watchdog import wait as _watch
 from .ops._base import Operation
 from .ops.allgather import AllGatherOperation, AllGatherVOperation
@@ -86,42 +86,12 @@ class Work:
 # ----------------------------------------------------------------------------- groups and the cache
 
 _OPS: "OrderedDict[tuple, Operation]" = OrderedDict()
-_GROUPS: dict[tuple, str] = {}
-
-
-class _Refused(Exception):
-    """An argument this rank cannot use before it has an operation: ``(param, value, rule)``."""
-
-
 def _group(group: Any, fn: str) -> tuple[Any, dict] | None:
-    """``(cache key, Param fields)`` of a group, or None when this rank is not in its list.
-
-    Raises:
-        _Refused: a group that is none of the four forms, or a list that is not of world ranks.
-    """
-    if isinstance(group, (list, tuple, range)):
-        alive(fn)
-        size = MPI.COMM_WORLD.Get_size()
-        try:
-            ranks = tuple(sorted({int(r) for r in group}))
-            ok = not ranks or 0 <= ranks[0] and ranks[-1] < size
-        except (TypeError, ValueError):
-            ok = False
-        if not ok:
-            raise _Refused("group", group, f"must be a list of world ranks, in [0, {size})")
-        name = _GROUPS.get(ranks)
-        if name is None:
-            name = _GROUPS[ranks] = "mpicoll.group:" + ",".join(map(str, ranks))
-            if MPI.COMM_WORLD.Get_rank() in ranks:
-                declare_domains({name: list(ranks)})
-        if MPI.COMM_WORLD.Get_rank() not in ranks:
-            return None
-        return name, {"comm_domain": name}
-    try:
-        fields = group_fields(group, fn)
-    except CollectiveArgumentError:
-        raise _Refused("group", group, "must be None, a domain name, a list of world ranks or an mpi4py "
-                       "communicator") from None
+    """``(cache key, Param fields)`` of a group (:func:`~mpicoll._domains.group_fields`), or None
+    when this rank is not in its list."""
+    fields = group_fields(group, fn)
+    if fields is None:
+        return None
     # (a communicator: the cached operation keeps it alive, so its id stays its own)
     return ("comm", id(group)) if "comm" in fields else fields.get("comm_domain", ""), fields
 
@@ -223,15 +193,16 @@ def _run(cls: type, group: Any, args: tuple, async_op: bool, outputs: Any, root:
             root = (name, None, None)
     try:
         op = _op(cls, group, fn, root, reduce)
-    except _Refused as exc:
-        refused = refused or exc.args
+    except CollectiveArgumentError as exc:
+        refused = refused or exc
         op = _op(cls, None, fn, root, reduce)
     if op is None:
         return None
     if refused is not None:
         op._live()                          # (bound: the error names this rank in the call's communicator)
-        param, value, rule = refused
-        args = (V.arg_error(fn, param, value, op.rank, rule), *args[1:])
+        if isinstance(refused, tuple):
+            refused = V.arg_error(fn, refused[0], refused[1], op.rank, refused[2])
+        args = (refused, *args[1:])
     if async_op:
         return Work(op._start(*args), outputs if isinstance(outputs, list) else [outputs])
     op._execute(*args)
@@ -803,10 +774,13 @@ def _p2p(fn: str, tensor: Any, peer: Any, group_peer: Any, group: Any, tag: Any,
          any_source: bool = False) -> tuple | None:
     """``(library communicator, group rank of the peer, tag, bytes of tensor)``; None: this rank is
     not in a list ``group``. Raises the argument errors of a message, on this rank."""
-    lib_fields = _group(group, fn) if isinstance(group, (list, tuple, range)) else (None, group_fields(group, fn))
-    if lib_fields is None:
+    if CAPTURING:
+        raise V.arg_error(fn, "graph.capture", "active", MPI.COMM_WORLD.Get_rank(),
+                          "point-to-point messages are not captured (a graph records collectives, agreed by the "
+                          "group at the end of the block): send or receive outside the capture block")
+    fields = group_fields(group, fn)
+    if fields is None:
         return None
-    fields = lib_fields[1]
     lib = resolve(fn, fields.get("comm"), fields.get("comm_domain", ""), None, "group")
     r, n = lib.rank, lib.size
     array = _tensor(fn, "tensor", tensor, r, writes=not fn.endswith("send"))

@@ -39,7 +39,6 @@ import numpy as np
 
 from ._errors import CollectiveError, as_collective_error
 from ._plan import CAPTURING, Plan, Recorder
-from ._watchdog import timeout_seconds
 from ._domains import resolve_group
 from .functional import Work
 from .ops._base import Operation, agree_calls, buffers
@@ -112,7 +111,7 @@ class Graph:
     def __init__(self, group: Any = None, timeout: float | None = None, exact: bool = True) -> None:
         self.group, self.exact = group, exact
         self._timeout = timeout                 # (as given: the group's call_timeout takes it: _build)
-        self.timeout = timeout_seconds(timeout)
+        self.timeout: float | None = None
         self._entries: list[tuple[Operation, Any, BaseException | None]] = []
         self._plan: Plan | None = None
         self._results: tuple = ()
@@ -143,7 +142,10 @@ class Graph:
     def _build(self, failure: BaseException | None) -> None:
         """Agree every captured call at once, then record them (with the passes) into one plan."""
         lib = resolve_group("graph", self.group)
-        self.timeout = lib.call_timeout(self._timeout)
+        try:
+            self.timeout = lib.call_timeout(self._timeout, "graph")
+        except CollectiveError as exc:          # (a bad timeout= on this rank: agreed, as a failed block)
+            failure = failure or exc
         entries = self._entries
         if failure is not None:           # the block failed on this rank: agree that, every rank raises
             entries = entries + [(_Failed(lib), None, failure)]

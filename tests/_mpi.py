@@ -76,6 +76,19 @@ def run_job(tmp_path, body: str, np_: int = 3, env: dict | None = None, timeout:
     return res, seconds, left
 
 
+def said(tmp_path, body: str, np_: int, env: dict | None = None, timeout: float = 60) -> list[str]:
+    """Run ``body`` as a fresh job (:func:`run_job`); what each rank said with ``say(text)``, as
+    "rank R: text" lines, sorted (rank 0 prints them all: ranks' output would interleave mid-line).
+    The job must succeed."""
+    prologue = "from mpi4py import MPI as _MPI\n_said = []\nsay = _said.append\n"
+    epilogue = ("\nfor _r, _texts in enumerate(_MPI.COMM_WORLD.gather(_said) or []):\n"
+                "    for _t in _texts:\n        print(f'rank {_r}: {_t}')\n")
+    res, _, left = run_job(tmp_path, prologue + textwrap.dedent(body) + epilogue, np_=np_, env=env, timeout=timeout)
+    remove(left)
+    assert res.returncode == 0, res.stdout[-3000:] + res.stderr[-3000:]
+    return sorted(line for line in res.stdout.splitlines() if line.startswith("rank "))
+
+
 def remove(paths) -> None:
     for p in paths:
         try:

@@ -5,29 +5,15 @@ set-up bug, and prints what every rank saw; the test reads it.
 """
 from __future__ import annotations
 
-import textwrap
-
 import pytest
 from mpi4py import MPI
 
-from _mpi import remove, run_job
+from _mpi import said as _job
 
 pytestmark = [pytest.mark.mpi(min_size=1),
               pytest.mark.skipif(MPI.COMM_WORLD.Get_size() != 1, reason="runs its own mpirun jobs once")]
 
 SIZES = pytest.mark.parametrize("np_", [2, 4])
-
-
-def _job(tmp_path, body: str, np_: int, env: dict | None = None) -> list[str]:
-    """Run ``body``; what each rank said with ``say(text)``, as "rank R: text" lines, sorted (rank 0
-    prints them all: ranks' output would interleave mid-line)."""
-    said = "from mpi4py import MPI as _MPI\n_said = []\nsay = _said.append\n"
-    gather = ("\nfor _r, _texts in enumerate(_MPI.COMM_WORLD.gather(_said) or []):\n"
-              "    for _t in _texts:\n        print(f'rank {_r}: {_t}')\n")
-    res, _, left = run_job(tmp_path, said + textwrap.dedent(body) + gather, np_=np_, env=env)
-    remove(left)
-    assert res.returncode == 0, res.stdout + res.stderr
-    return sorted(line for line in res.stdout.splitlines() if line.startswith("rank "))
 
 
 @SIZES
@@ -353,3 +339,36 @@ def test_a_list_given_as_data_is_read_on_every_call(tmp_path, np_):
             say(f"{validate}: {got == [float(k * n) for k in range(4)]}")
     """, np_)
     assert lines == sorted(f"rank {r}: {v}: True" for r in range(np_) for v in (True, False)), lines
+
+
+def test_a_second_thread_on_a_communicator_is_told_the_rule(tmp_path):
+    """A thread that makes a call on a communicator while another thread of its rank is inside one
+    raises a CollectiveError naming the rule (one thread at a time per communicator), on that rank;
+    the call in progress completes (it used to fail with an IndexError)."""
+    lines = _job(tmp_path, """
+        import threading, time
+        import numpy as np, mpicoll
+        from mpi4py import MPI
+        r = MPI.COMM_WORLD.Get_rank()
+        op = mpicoll.AllReduceOperation()
+        op.execute(np.ones(2))
+        x = np.ones(1000, np.float32)
+        def first():
+            if r == 1:
+                time.sleep(1.0)             # rank 0's call waits for rank 1 meanwhile
+            say(f"first {op.execute(x)[0]}")
+        t = threading.Thread(target=first)
+        t.start()
+        if r == 0:
+            time.sleep(0.3)
+            try:
+                mpicoll.AllGatherOperation().execute(np.ones(2))
+            except mpicoll.CollectiveError as e:
+                say(f"{e.param}: {e}")
+        t.join()
+    """, 2)
+    assert lines == ["rank 0: first 2.0",
+                     "rank 0: thread: AllGather: another thread of rank 0 is inside a call on the world "
+                     "(mpicoll.world): mpicoll's calls on one communicator come from one thread at a time (a "
+                     "communicator per thread: comm_mode=MULTI_THREAD with a user comm each)",
+                     "rank 1: first 2.0"]

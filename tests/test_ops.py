@@ -23,7 +23,7 @@ def _check_all_cases(name, dtype, label, validate=True):
     members = [r for r in range(SIZE) if name_of(r) == dom]
     n, rank = len(members), members.index(RANK)
     failures = []
-    for case in spec.cases(n):
+    for case in spec.cases_for(n, dtype):
         c = spec.make(case, dtype, dom, rank, n, SEED, validate=validate)
         got = c.execute()
         wrong = count_wrong(got, c.expected, exact=c.exact, n=n)

@@ -43,7 +43,7 @@ def test_plan_equals_execute(name, dtype):
     if not spec.cases(SIZE):
         pytest.skip(f"{name} has no case at {SIZE} rank(s)")
     failures, reread = [], 0
-    for case_name in spec.cases(SIZE):
+    for case_name in spec.cases_for(SIZE, dtype):
         c = spec.make(case_name, dtype, "", RANK, SIZE, SEED)
         pristine = [a.copy() for a in _arrays(c)]
 
@@ -348,3 +348,34 @@ def test_a_repeated_call_runs_its_recorded_plan_and_sees_every_change():
         got = vv2.execute(data, sc, np.arange(n) * c, sc, np.arange(n) * c, None, out[:, :c * n])
         want = np.concatenate([np.arange(RANK * c, RANK * c + c) + 100 * r for r in range(n)])
         assert np.array_equal(got.reshape(-1), want), (k, got)
+
+
+SKIPPED = """
+    import numpy as np, mpicoll
+    from mpi4py import MPI
+    r = MPI.COMM_WORLD.Get_rank()
+    op = mpicoll.AllReduceOperation()
+    x, out = np.ones(4, np.float32), np.empty(4, np.float32)
+    plan = op.prepare(x, out)
+    plan.start().wait()                     # (its persistent requests are made at the first start)
+    try:
+        if r != 0:
+            plan.start().wait()             # rank 0 skips this start
+        op.execute(x, out=out)
+        say("no error")
+    except mpicoll.CollectiveError as e:
+        say(f"{type(e).__name__}: {e}")
+"""
+
+
+@pytest.mark.skipif(SIZE != 1, reason="runs its own mpirun jobs once")
+@pytest.mark.parametrize("env", [{"MPICOLL_DEBUG": "1"}, {"MPICOLL_TIMEOUT": "30"}], ids=["debug", "watchdog"])
+def test_a_rank_that_skips_a_start_gets_the_named_error_everywhere(tmp_path, env):
+    """A rank that skips one start() of a (persistent) plan and makes another call meets its peers'
+    sequence row with that call: the same named mismatch on every rank, as for a skipped run(), under
+    MPICOLL_DEBUG (it hung: a blocking call never matches a started one) and the watchdog (the row
+    was a persistent request, which only its own starts match)."""
+    from _mpi import said
+    lines = said(tmp_path, SKIPPED, 3, env=env)
+    assert len(lines) == 3 and len({line.split(": ", 1)[1] for line in lines}) == 1, lines
+    assert "CollectiveMismatchError: AllReduce vs plan run: operation differs across ranks" in lines[0], lines

@@ -347,3 +347,48 @@ def test_torch_debug_detail(tmp_path):
     for rank in (0, 1):
         assert f"rank {rank} ({'ProcessGroupMpicoll' if 'Collective' in expected else '_ProcessGroupWrapper'}, " \
                f"sum 8): {expected}" in res.stdout, res.stdout + res.stderr[-3000:]
+
+
+LATE = """
+    import sys, time
+    from datetime import timedelta
+    import torch, torch.distributed as dist
+    import mpicoll, mpicoll.torch
+    from mpi4py import MPI
+    rank = MPI.COMM_WORLD.Get_rank()
+    t0 = time.monotonic()
+    try:
+        if "STEP" == "init":
+            if rank == 2:
+                time.sleep(6)                           # comes after the others' timeout
+            dist.init_process_group("mpicoll", init_method="mpi://", timeout=timedelta(seconds=2))
+        else:
+            dist.init_process_group("mpicoll", init_method="mpi://")
+            t0 = time.monotonic()
+            if rank == 2:
+                time.sleep(6)                           # never makes the group
+            else:
+                dist.new_group([0, 1, 2], timeout=timedelta(seconds=2))
+        print(f"rank {rank}: done", flush=True)
+    except mpicoll.CollectiveTimeout as exc:
+        print(f"rank {rank} after {time.monotonic() - t0:.0f} s: {exc}", flush=True)
+"""
+
+
+@ONE_JOB
+@pytest.mark.parametrize("step", ["init", "new_group"])
+def test_torch_set_up_is_bounded_by_the_groups_timeout(tmp_path, step):
+    """``init_process_group(timeout=2)`` with a rank that comes late, ``new_group(timeout=2)`` with a
+    member that never calls it: the ranks that came raise the named CollectiveTimeout after the
+    timeout (they used to wait for ever, or for the late rank)."""
+    res, _, _ = run_job(tmp_path, LATE.replace("STEP", step), np_=3, timeout=90)
+    out = res.stdout
+    if step == "init":
+        for r in (0, 1):
+            assert f"rank {r} after 2 s: init_process_group(timeout=2 s): duplicating the world: timed out after 2 s: " \
+                   "some rank has not reached it" in out, out + res.stderr[-3000:]
+    else:
+        for r in (0, 1):
+            assert f"rank {r} after 2 s: comm domain 'torch group 1': timed out after 2 s (new_group(ranks=[0, 1, 2], " \
+                   "timeout=2 s)) waiting for" in out, out + res.stderr[-3000:]
+        assert "rank 2: done" in out, out

@@ -36,7 +36,6 @@ from .._errors import (CollectiveArgumentError, CollectiveError, CollectiveMisma
 from .._numeric import prefix, reduce_chunks
 from .._params import CommParam
 from .._plan import CAPTURING, Call, Handle, Plan, Recorder, Runner, count_call
-from .._watchdog import timeout_seconds
 
 #: name -> Operation class, for every public operator (check, bench, the CLI and the tests iterate it).
 OPERATIONS: dict[str, type["Operation"]] = {}
@@ -109,7 +108,7 @@ class Operation:
                 param="param")
         self.param = param
         self._timeout = timeout           # (as given: the communicator's call_timeout takes it at binding)
-        self.timeout = timeout_seconds(timeout)
+        self.timeout: float | None = None
         self._validate = V.validate_default() if validate is None else bool(validate)
         self._validate_given = validate is not None
         self.comm: MPI.Comm | None = None
@@ -149,6 +148,10 @@ class Operation:
         self.comm, self.rank, self.size = lib.mpi, lib.rank, lib.size
         self._lib, self._comms = lib, (lib,)
         p = self.param
+        try:       # (decided first, whatever else fails: a timed call's MPI form differs from an untimed one's)
+            timeout = lib.call_timeout(self._timeout, self.NAME)
+        except CollectiveError as exc:
+            timeout, self._param_error = lib.call_timeout(), exc
         try:
             if p.comm is not None and p.comm_domain:
                 raise arg_error(self.NAME, "comm_domain", p.comm_domain, self.rank,
@@ -158,11 +161,10 @@ class Operation:
             V.check_param(self.NAME, p, self.size, self.rank)
             self._bind_param()
         except Exception as exc:  # noqa: BLE001 - agreed across ranks at the first call
-            self._param_error = as_collective_error(exc, self.NAME, self.rank)
+            self._param_error = self._param_error or as_collective_error(exc, self.NAME, self.rank)
         p.freeze(self.NAME)
         if not self._validate_given:      # the default its members agreed when the communicator was made
             self._validate = lib.validate
-        timeout = lib.call_timeout(self._timeout)
         if timeout != self.timeout:
             self.timeout, self._runner = timeout, Runner(self.NAME, timeout)
         if lib.debug:
@@ -183,13 +185,19 @@ class Operation:
         """``execute``: :meth:`_dispatch`, then the call's steps at once (or its remembered plan)."""
         if CAPTURING:
             return CAPTURING[-1].add(self, args)
-        plan, call, table = self._dispatch(args)
-        if plan is not None:
-            return plan.run()
-        if call.src is not None:
-            np.copyto(call.x, call.src)
-        self.issue(call, table, self._runner)
-        return call.result
+        self._live()
+        lib = self._lib
+        lib.enter(self.NAME)
+        try:
+            plan, call, table = self._dispatch(args)
+            if plan is not None:
+                return plan.run()
+            if call.src is not None:
+                np.copyto(call.x, call.src)
+            self.issue(call, table, self._runner)
+            return call.result
+        finally:
+            lib.leave()
 
     def _start(self, *args: Any) -> Handle:
         """A one-shot non-blocking call (the functional API's ``async_op=True``): :meth:`_dispatch`,
@@ -197,19 +205,31 @@ class Operation:
         completed in ``wait()``."""
         if CAPTURING:
             return CAPTURING[-1].add(self, args, started=True)
-        plan, call, table = self._dispatch(args)
-        if plan is None:
-            rec = Recorder()
-            self._record(call, table, rec, count=False)
-            plan = Plan(rec, self.timeout, persistent=False)
-        return plan.start()
+        self._live()
+        lib = self._lib
+        lib.enter(self.NAME)
+        try:
+            plan, call, table = self._dispatch(args)
+            if plan is None:
+                rec = Recorder()
+                self._record(call, table, rec, count=False)
+                plan = Plan(rec, self.timeout, persistent=False)
+            return plan.start()
+        finally:
+            lib.leave()
 
     def _prepare(self, *args: Any) -> Plan:
         """``prepare``: :meth:`_dispatch` (always agreeing), then the steps recorded into a Plan."""
-        _, call, table = self._dispatch(args, always=True)
-        rec = Recorder()
-        self._record(call, table, rec, count=True)
-        return Plan(rec, self.timeout)
+        self._live()
+        lib = self._lib
+        lib.enter(self.NAME)
+        try:
+            _, call, table = self._dispatch(args, always=True)
+            rec = Recorder()
+            self._record(call, table, rec, count=True)
+            return Plan(rec, self.timeout, rounds=call.rounds > 1)
+        finally:
+            lib.leave()
 
     def _dispatch(self, args: tuple, always: bool = False) -> tuple[Plan | None, Call | None, np.ndarray | None]:
         """THE dispatcher of a call, whatever runs it next: live-check (and bind, the first call) ->
@@ -574,6 +594,19 @@ class ReduceTypeOperation(Operation):
     def _bind_param(self) -> None:
         self._rop: ReduceOp = reduce_op(self.param.reduce_type, op=self.NAME, rank=self.rank)
 
+    def _reduction(self, dt: DType) -> ReduceOp:
+        """The reduce op's row for ``dt`` (:func:`reduction`)."""
+        return reduction(self._rop, dt, self.NAME, "reduce_type", self.rank)
+
+
+def reduction(rop: ReduceOp, dt: DType, op: str, param: str, rank: int) -> ReduceOp:
+    """``rop``'s row that reduces ``dt`` (:meth:`ReduceOp.on`: a bool's SUM is a logical or), what
+    a call's ``reduce`` holds; an op that cannot reduce ``dt`` (AVG of integers) is an argument error."""
+    why = rop.refuses(dt)
+    if why is not None:
+        raise arg_error(op, param, rop.name, rank, why)
+    return rop.on(dt)
+
 
 # ----------------------------------------------------------------------------- float32 reduction path
 
@@ -642,7 +675,7 @@ def reduce_scatter(go: Any, comm: LibComm, blocks: np.ndarray, counts: list[int]
                                                                 _shm.REDUCE_SCATTER_BYTES, inputs is None):
         _shm.reduce_scatter(go, comm, blocks, counts, dt, rop, out, inputs)     # one node: the shared window
         return
-    if dt.reduce == "native" and packed_everywhere and not ordered(comm, dt, rop):
+    if dt.reduce != "float32" and packed_everywhere and not ordered(comm, dt, rop):
         if equal:
             go.mpi(comm, "Reduce_scatter_block", [blocks, dt.mpi], [out, dt.mpi], rop.mpi)
         else:

@@ -9,6 +9,7 @@ from .. import _shm
 from .._dtypes import DTYPES, reduce_op
 from .._golden import (TORCH_OPS, BenchRun, BenchSpec, Case, CheckSpec, bench_data, golden_reduce, rank_data,
                        raw_reduce_type, reduce_case_names, register_bench, register_check, torch_view)
+from .._numeric import average
 from .._params import ReduceTypeParam
 from .._plan import Call, Plan
 from ._base import ReduceTypeOperation
@@ -64,14 +65,16 @@ class ReduceOperation(ReduceTypeOperation):
         if root:
             out = self._out(out, x.shape, x.dtype, x if src is None else src, in_place_ok=src is None)
         call = Call(dt, x, out if root else None, x.shape)
-        call.src, call.root, call.reduce = src, self._root, self._rop
+        call.src, call.root, call.reduce = src, self._root, self._reduction(dt)
         if src is None:
             call.info = _shm.ref(self._lib, x)
         return call
 
     def issue(self, call, table, go) -> None:
-        reduce_pieces(go, self._lib, call.x, call.out, call.dt, self._rop, self._root,
+        reduce_pieces(go, self._lib, call.x, call.out, call.dt, call.reduce, self._root,
                       _shm.resident(self._lib, table, call.x))
+        if call.reduce.average and call.out is not None:
+            go.local(average, call.out, self.size)
 
 
 # ----------------------------------------------------------------------------- golden check

@@ -11,6 +11,7 @@ from .._dtypes import DTYPES, reduce_op
 from .._golden import (TORCH_OPS, BenchRun, BenchSpec, Case, CheckSpec, bench_data, counts_matrix, displs,
                        golden_reduce, rank_data, raw_reduce_type, reduce_case_names, register_bench, register_check,
                        torch_view)
+from .._numeric import average
 from .._params import ReduceTypeParam
 from .._plan import Call, Plan
 from ._base import ReduceTypeOperation, reduce_scatter
@@ -69,15 +70,17 @@ class ReduceScatterOperation(ReduceTypeOperation):
         else:
             out = self._out(out, (k, *x.shape[1:]), x.dtype, x if src is None else src)
         call = Call(dt, x, out, x.shape)
-        call.src, call.reduce = src, self._rop
+        call.src, call.reduce = src, self._reduction(dt)
         if src is None:
             call.info = _shm.ref(self._lib, x)
         return call
 
     def issue(self, call, table, go) -> None:
         x = call.x.reshape(-1)
-        reduce_scatter(go, self._lib, x, [x.size // self.size] * self.size, call.dt, self._rop, call.out,
+        reduce_scatter(go, self._lib, x, [x.size // self.size] * self.size, call.dt, call.reduce, call.out,
                        inputs=_shm.resident(self._lib, table, x))
+        if call.reduce.average:
+            go.local(average, call.out, self.size)
 
 
 class ReduceScatterVOperation(ReduceTypeOperation):
@@ -130,7 +133,7 @@ class ReduceScatterVOperation(ReduceTypeOperation):
         rc = V.scalar_count(op, "recv_count", recv_count, r)
         out = self._out(out, (rc,), x.dtype, x if src is None else src)
         call = Call(dt, x, out)
-        call.src, call.reduce, call.send, call.recv, call.args = src, self._rop, sc, [rc] * n, (sc, sd)
+        call.src, call.reduce, call.send, call.recv, call.args = src, self._reduction(dt), sc, [rc] * n, (sc, sd)
         if packed and src is None:            # (where its packed blocks lie: in a node buffer?)
             call.info = V.BIT_PACKED | _shm.ref(self._lib, x.reshape(-1)[:sum(sc)])
         else:
@@ -149,7 +152,9 @@ class ReduceScatterVOperation(ReduceTypeOperation):
         else:                   # (packed into rank order first: every rank then has packed blocks)
             blocks = np.empty(sum(sc), dtype=x.dtype)
             go.local(_pack, flat, sc, sd, blocks)
-        reduce_scatter(go, comm, blocks, sc, dt, self._rop, out, inputs=inputs)
+        reduce_scatter(go, comm, blocks, sc, dt, call.reduce, out, inputs=inputs)
+        if call.reduce.average:
+            go.local(average, out, self.size)
 
 
 def _pack(flat: np.ndarray, counts: list[int], displs: list[int], blocks: np.ndarray) -> None:
