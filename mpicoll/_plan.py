@@ -19,6 +19,11 @@ one-shot non-blocking call, and a captured graph) hands it a :class:`Recorder`, 
 steps, in *parts*: one per call, each labelled with its operator. A :class:`Plan` binds the steps
 once and runs them many times, blocking (:meth:`Plan.run`) or not (:meth:`Plan.start` ->
 :class:`Handle`). So ``issue``, the only place that picks an MPI call, serves all of them.
+
+A call's local work before and after its MPI calls (refreshing a copy of a strided input, packing a
+list, dividing an average) is part of its :class:`Call` (``src``, ``before``, ``after``): every
+mode runs it around the call, whether ``issue`` made the MPI calls or the agreement carried the
+data (:func:`prologue`, :func:`epilogue`).
 """
 from __future__ import annotations
 
@@ -62,6 +67,9 @@ class Call:
         args: the operator's own normalised arguments (counts, displacements, ...).
         rounds, round: a plan records ``rounds`` parts of the call (the Hccl client's ``repeat``),
             ``issue`` reading which one from ``round``.
+        before, after: local steps ``(fn, *args)`` around the call's data movement (after ``src``'s
+            copy, before the result is returned).
+        unit: the elements of one entry of ``send`` (an adapter counting rows: their elements).
 
     The constructor takes the fields every call has; ``describe`` sets the others it needs, the
     class defaults standing otherwise (a plain class and positional arguments: the cheapest record
@@ -70,8 +78,10 @@ class Call:
 
     src = reduce = send = recv = None
     root = params = info = round = 0
-    rounds = 1
+    rounds = unit = 1
     args: tuple = ()
+    before: tuple = ()
+    after: tuple = ()
 
     def __init__(self, dt, x, out, shape: tuple | None = None) -> None:
         self.dt, self.x, self.out, self.result, self.shape = dt, x, out, out, shape
@@ -79,13 +89,28 @@ class Call:
 
 # ----------------------------------------------------------------------------- execute: at once
 
+def prologue(call: Call) -> None:
+    """The call's local work before its data moves: ``src``'s copy, then its ``before`` steps."""
+    if call.src is not None:
+        np.copyto(call.x, call.src)
+    for step in call.before:
+        step[0](*step[1:])
+
+
+def epilogue(call: Call) -> None:
+    """The call's local work once its data has moved: its ``after`` steps."""
+    for step in call.after:
+        step[0](*step[1:])
+
+
 class Runner:
-    """``go`` for ``execute``: each step at once, on the spot (one per operation, reused)."""
+    """``go`` for ``execute``: each step at once, on the spot (one per operation, reused, under the
+    operation's timeout)."""
 
-    __slots__ = ("where", "timeout", "_flight", "_next", "_scratch")
+    __slots__ = ("where", "op", "_flight", "_next", "_scratch")
 
-    def __init__(self, op: str, timeout: float | None) -> None:
-        self.where, self.timeout = (op, None, ""), timeout
+    def __init__(self, op: Any) -> None:
+        self.where, self.op = (op.NAME, None, ""), op
         self._flight: dict[int, tuple] = {}         # token -> (comm, name, request), oldest first
         self._next = 0
         self._scratch: tuple = (None, None)
@@ -98,7 +123,7 @@ class Runner:
         return self._scratch[1]
 
     def mpi(self, comm: LibComm, name: str, *args: Any) -> None:
-        comm.call(name, args, self.timeout, self.where)
+        comm.call(name, args, self.op.timeout, self.where)
 
     def local(self, fn: Callable, *args: Any) -> None:
         fn(*args)
@@ -119,7 +144,7 @@ class Runner:
         entry = self._flight.pop(token, None)
         if entry is not None:                 # (already waited for: nothing to do)
             comm, name, req = entry
-            comm.wait([req], self.timeout, name, self.where)
+            comm.wait([req], self.op.timeout, name, self.where)
 
     def test(self, token: int) -> None:
         entry = self._flight.get(token)
@@ -157,9 +182,12 @@ class Part:
 
 class Recorder:
     """``go`` that keeps the steps, call by call: ``begin(op, comms)``, the call's ``issue``,
-    ``end(result)`` (which waits for whatever the call left in flight): one *part* per call."""
+    ``end(result)`` (which waits for whatever the call left in flight): one *part* per call.
+    ``counts``: each part counts its call when it runs (a plan run many times; a call run once as a
+    plan was counted by its pipeline already)."""
 
-    def __init__(self) -> None:
+    def __init__(self, counts: bool = True) -> None:
+        self.counts = counts
         self.steps: list[Step] = []
         self.parts: list[Part] = []
         self.tokens = 0
@@ -167,10 +195,10 @@ class Recorder:
         self._part = -1
         self._op: tuple | None = None
 
-    def begin(self, op: str, comms: tuple[LibComm, ...], count: bool = True) -> None:
-        """A call of ``op`` begins (``count``: it counts itself on ``comms`` each time it runs)."""
+    def begin(self, op: str, comms: tuple[LibComm, ...]) -> None:
+        """A call of ``op`` begins (counted on ``comms`` each time it runs, if the plan ``counts``)."""
         self._part, self._op = len(self.parts), (op, comms)
-        if count:
+        if self.counts:
             self.steps.append(Step(COUNT, None, op, None, (comms, op), -1, self._part))
 
     def end(self, result: Any) -> None:
@@ -216,9 +244,8 @@ class Recorder:
 
 
 def count_call(comms: tuple[LibComm, ...], op: str) -> int:
-    """Count one call of ``op`` on each of its communicators (the one way calls are counted: a
-    plan of one call binds the same increments at its first run, :meth:`Plan._bind`); returns its
-    number on the first."""
+    """Count one call of ``op`` on each of its communicators (the one way calls are counted: by the
+    call pipeline, and by each COUNT step of a plan); returns its number on the first."""
     calls = comms[0].calls
     number = calls[op] = calls.get(op, 0) + 1
     for c in comms[1:]:
@@ -251,30 +278,33 @@ class Plan:
         parts: the calls, in order (:class:`Part`).
     """
 
-    __slots__ = ("op", "result", "parts", "_timeout", "_steps", "_used", "_tokens", "_persistent", "_reuse",
-                 "_handle", "_state", "_go", "_tally", "_where", "__weakref__")
+    __slots__ = ("op", "result", "parts", "_owner", "_steps", "_used", "_tokens", "_persistent", "_reuse",
+                 "_handle", "_state", "_go", "_where", "__weakref__")
 
-    def __init__(self, rec: Recorder, timeout: float | None, persistent: bool = True, rounds: bool = False) -> None:
+    def __init__(self, rec: Recorder, owner: Any, persistent: bool = True, rounds: bool = False) -> None:
         self.parts = rec.parts
         self.op = self.parts[0].op if len(self.parts) == 1 else f"graph of {len(self.parts)} calls"
         self.result = self.parts[0].result if len(self.parts) == 1 else tuple(p.result for p in self.parts)
-        self._timeout = timeout
+        self._owner = owner            # (the operation or graph that made it: its timeout is the plan's)
         self._tokens = rec.tokens
         self._used = tuple(dict.fromkeys(s.comm for s in rec.steps if s.comm is not None))
         self._steps = rec.steps
         if persistent:                 # (one-shot and remembered calls' plans are the calls themselves)
-            self._sequence(timeout, rounds)
+            self._sequence(rounds)
         self._where = [(p.op, None, "") for p in self.parts]
         self._reuse = persistent       # persistent requests at the first start (else I-calls every time)
         self._persistent: list[MPI.Prequest | None] | None = None
         self._handle: Handle | None = None
         self._state = _IDLE
         self._go: Callable[[], None] | None = None
-        self._tally: tuple = ("", {"": 0}, ())     # (a plan of several calls: each part counts itself)
         if persistent:
             _LIVE.add(self)
 
-    def _sequence(self, timeout: float | None, rounds: bool) -> None:
+    @property
+    def _timeout(self) -> float | None:
+        return self._owner.timeout
+
+    def _sequence(self, rounds: bool) -> None:
         """A prepared plan or a graph skips the per-call agreement. On each of its communicators that
         keeps a sequence (a watchdog or ``MPICOLL_DEBUG``: ``not plain``), its every run and start
         first agrees one header row (:func:`mpicoll._validate.plan_row`: a plan's run and the plan's
@@ -302,7 +332,7 @@ class Plan:
                 table = np.empty((c.size, row.size), dtype=np.int64)
                 checks += [Step(MPI_CALL, c, "Allgather", _check_sequence, ([row, MPI.INT64_T], [table, MPI.INT64_T]),
                                 -1, k),
-                           Step(LOCAL, None, "", _check_sequence, (c, table, timeout), -1, k)]
+                           Step(LOCAL, None, "", _check_sequence, (c, table, self._owner), -1, k)]
             steps += part[:at] + checks + part[at:]
             begin = p.end
             p.end = len(steps)
@@ -323,11 +353,6 @@ class Plan:
             _comm.check_live(self._used, self.op)
         if self._go is None:
             self._go = self._bind()
-        op, calls, more = self._tally
-        calls[op] += 1
-        if more:
-            for c in more:
-                c[op] += 1
         if _comm.QUEUED:
             for c in self._used:
                 if c.pending:
@@ -336,15 +361,9 @@ class Plan:
         return self.result
 
     def _bind(self) -> Callable[[], None]:
-        """The steps as one callable (made at the first run). A plan of one call counts it in
-        :meth:`run` itself (the cheapest form: a dict increment)."""
+        """The steps as one callable (made at the first run)."""
         timeout, slots, where = self._timeout, [None] * self._tokens, self._where
         steps = self._steps
-        if len(self.parts) == 1 and steps and steps[0].kind == COUNT:
-            comms, op = steps[0].args
-            for c in comms:
-                c.calls.setdefault(op, 0)
-            self._tally, steps = (op, comms[0].calls, tuple(c.calls for c in comms[1:])), steps[1:]
         bound = []
         for s in steps:
             if s.kind == COUNT:
@@ -460,12 +479,12 @@ def _next_serial(c: LibComm) -> int:
     return k
 
 
-def _check_sequence(c: LibComm, table: np.ndarray, timeout: float | None) -> None:
+def _check_sequence(c: LibComm, table: np.ndarray, owner: Any) -> None:
     """The gathered sequence rows (:meth:`Plan._sequence`): a peer's local error (its call failed to
     describe) is exchanged and raised, as a validated call's; any other difference is a named
     mismatch, the same on every rank."""
     if any(table[:, 0].tolist()):          # (as _errors.agree does after its Allgather)
-        settle(c, None, timeout, (V.PLAN_RUN, None, "the exchange of an error (internal MPI Allgather/Allgatherv)"))
+        settle(c, None, owner.timeout, (V.PLAN_RUN, None, "the exchange of an error (internal MPI Allgather/Allgatherv)"))
     V.check_agreed(c, V.PLAN_RUN, table)
 
 
@@ -489,6 +508,22 @@ def _test_in(slots: list, token: int) -> None:
 def _wait_from(slots: list, token: int, comm: LibComm, timeout: float | None, name: str, where: tuple) -> None:
     req, slots[token] = slots[token], None
     comm.wait([req], timeout, name, where)
+
+
+class Done:
+    """A run that completed as it started (a call whose data travelled in its agreement): the
+    :class:`Handle` interface, nothing left to do."""
+
+    __slots__ = ("result",)
+
+    def __init__(self, result: Any) -> None:
+        self.result = result
+
+    def wait(self) -> Any:
+        return self.result
+
+    def test(self) -> bool:
+        return True
 
 
 class Handle:

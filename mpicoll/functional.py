@@ -339,6 +339,7 @@ class _AllToAllSingle(AllToAllVV2Operation):
         sc, rc = [s * row for s in si], [s * row for s in so]
         call = super().describe(input, sc, prefix(sc), rc, prefix(rc), None, output.reshape(1, -1))
         call.send, call.recv, call.shape, call.result = si, so, input.shape[1:], output     # splits, in rows
+        call.unit = row
         return call
 
 
@@ -392,6 +393,15 @@ class _Barrier(Operation):
     def issue(self, call, table, go) -> None:
         go.mpi(self._lib, "Barrier")
 
+    def ride(self, call):
+        return _NOTHING                 # (the agreement is the barrier: every rank's row reaches every rank)
+
+    def land(self, call, rows, table) -> None:
+        pass
+
+
+_NOTHING = np.empty(0, dtype=np.uint8)
+
 
 def _lists_check(fn: str, name: str, lst: Any, n: int, like: np.ndarray, rank: int) -> list[np.ndarray]:
     if not isinstance(lst, (list, tuple)) or len(lst) != n:
@@ -426,12 +436,8 @@ class _AllGatherList(AllGatherOperation):
         tensor = _tensor(fn, "tensor", tensor, r, writes=False)
         targets = _lists_check(fn, "tensor_list", tensor_list, n, tensor, r)
         call = super().describe(tensor, np.empty((n, *tensor.shape), tensor.dtype))
-        call.result = call.extra = targets
+        call.result, call.after = targets, ((_unstack, call.out, targets),)
         return call
-
-    def issue(self, call, table, go) -> None:
-        super().issue(call, table, go)
-        go.local(_unstack, call.out, call.extra)
 
 
 class _Gather(_Rooted, GatherOperation):
@@ -445,13 +451,10 @@ class _Gather(_Rooted, GatherOperation):
         tensor = _tensor(fn, "tensor", tensor, r, writes=False)
         targets = _lists_check(fn, "gather_list", gather_list, n, tensor, r) if r == self._root else None
         call = super().describe(tensor, None if targets is None else np.empty((n, *tensor.shape), tensor.dtype))
-        call.result = call.extra = targets
+        call.result = targets
+        if targets is not None:
+            call.after = ((_unstack, call.out, targets),)
         return call
-
-    def issue(self, call, table, go) -> None:
-        super().issue(call, table, go)
-        if call.extra is not None:
-            go.local(_unstack, call.out, call.extra)
 
 
 class _Scatter(_Rooted, ScatterOperation):
@@ -466,18 +469,13 @@ class _Scatter(_Rooted, ScatterOperation):
         block = tensor.reshape((1, *tensor.shape))
         if r != self._root:
             call = super().describe(None, block)
-            call.result, call.extra = tensor, None
+            call.result = tensor
             return call
         sources = _lists_check(fn, "scatter_list", scatter_list, n, tensor, r)
         staging = np.empty((n, *tensor.shape), tensor.dtype)
         call = super().describe(staging, block)
-        call.result, call.extra = tensor, (sources, staging)
+        call.result, call.before = tensor, ((_stack, sources, staging),)
         return call
-
-    def issue(self, call, table, go) -> None:
-        if call.extra is not None:
-            go.local(_stack, *call.extra)
-        super().issue(call, table, go)
 
 
 class _AllToAllList(AllToAllVV2Operation):
@@ -509,14 +507,8 @@ class _AllToAllList(AllToAllVV2Operation):
         recv = np.empty((1, sum(rc)), dtype)
         call = super().describe(send, sc, prefix(sc), rc, prefix(rc), None, recv)
         call.result = list(outs)
-        call.extra = (list(ins), list(outs), send, recv)
+        call.before, call.after = ((_pack, list(ins), send),), ((_unpack, recv.reshape(-1), list(outs)),)
         return call
-
-    def issue(self, call, table, go) -> None:
-        ins, outs, send, recv = call.extra
-        go.local(_pack, ins, send)
-        super().issue(call, table, go)
-        go.local(_unpack, recv.reshape(-1), outs)
 
 
 def _pack(sources: list[np.ndarray], flat: np.ndarray) -> None:
@@ -552,12 +544,8 @@ class _ReduceScatterList(ReduceScatterOperation):
                                   f"{list(output.shape)} array (output's)")
         staging = np.empty((n, *output.shape), output.dtype)
         call = super().describe(staging, output.reshape((1, *output.shape)))
-        call.result, call.extra = output, (list(input_list), staging)
+        call.result, call.before = output, ((_stack, list(input_list), staging),)
         return call
-
-    def issue(self, call, table, go) -> None:
-        go.local(_stack, *call.extra)
-        super().issue(call, table, go)
 
 
 for _fn, _shape in (("all_reduce", "tensor.shape"), ("broadcast", "tensor.shape"), ("reduce", "tensor.shape"),

@@ -33,15 +33,16 @@ alive and do not move them (no resize or reallocation; change their contents onl
 """
 from __future__ import annotations
 
-from typing import Any
-
 import numpy as np
 
-from ._errors import CollectiveError, as_collective_error
-from ._plan import CAPTURING, Plan, Recorder
+from typing import Any
+
+from ._errors import CollectiveError, arg_error, as_collective_error
+from ._plan import CAPTURING, Call, Plan, Recorder
 from ._domains import resolve_group
 from .functional import Work
-from .ops._base import Operation, agree_calls, buffers
+from .ops._agree import agree_calls
+from .ops._base import PREPARE, START, Operation
 
 __all__ = ["Graph", "capture"]
 
@@ -119,13 +120,19 @@ class Graph:
         self._groups: list[list[int]] = []
 
     # -- capture ---------------------------------------------------------------------------------
-    def add(self, op: Operation, args: tuple, started: bool = False) -> Any:
-        """Describe one call of ``op`` into the graph (its execute, or one-shot start, while
+    def sink(self, mode: Any) -> "_Sink":
+        """How a call made while capturing ends its pipeline (``Operation._call``): described, taken
+        into the graph, agreed with the others at the capture's end."""
+        if mode is PREPARE:
+            raise arg_error("graph", "prepare", "inside graph.capture()", self._rank(), "a plan is prepared outside "
+                            "a capture (the graph is itself the plan of its calls)")
+        return _Sink(self, mode is START)
+
+    def add(self, op: Operation, call: Call | None, err: BaseException | None, started: bool = False) -> Any:
+        """Take one described call of ``op`` into the graph (its execute, or one-shot start, while
         capturing); returns its outputs, filled at each replay."""
         if self._plan is not None or self._entries is None:
             raise CollectiveError("graph: a call added after the capture ended", op="graph", param="capture")
-        op._live()
-        call, err = op._described(args)
         if err is not None:
             err = type(err)(f"graph call {len(self._entries)} ({op.NAME}): {err}", op=getattr(err, "op", None),
                             param=getattr(err, "param", None), rank=getattr(err, "rank", None))
@@ -149,7 +156,8 @@ class Graph:
         entries = self._entries
         if failure is not None:           # the block failed on this rank: agree that, every rank raises
             entries = entries + [(_Failed(lib), None, failure)]
-        keys = [None if call is None else op.coalesce_key(call, self.exact) for op, call, _ in entries]
+        keys = [None if call is None or call.before or call.after else op.coalesce_key(call, self.exact)
+                for op, call, _ in entries]
         joins = self._joins(entries, keys)
         agreed = agree_calls(lib, entries, self.timeout, joins)
         rec, groups, last = Recorder(), [], {}
@@ -163,12 +171,12 @@ class Graph:
         for g in groups:
             op, call, _ = entries[g[0]]
             if len(g) == 1:
-                op._record(call, agreed[g[0]][0], rec, count=True)
+                op._record(call, agreed[g[0]][0], rec)
                 continue
             rec.begin(op.NAME, op._comms)
             op.issue_many([entries[i][1] for i in g], rec)
             rec.end(tuple(entries[i][1].result for i in g))
-        self._plan = Plan(rec, self.timeout)
+        self._plan = Plan(rec, self)
         self._results = tuple(call.result for _, call, _ in entries)
         self._groups = groups
         self._mpi_calls = sum(s.comm is not None for s in rec.steps)
@@ -235,6 +243,35 @@ class Graph:
             self._plan._abandon()
             return
         self.free()
+
+
+class _Sink:
+    """The last stage of a call's pipeline while capturing: the described call goes into the graph
+    (not counted, not agreed now: the graph agrees all its calls at its end)."""
+
+    remembers = counts = agrees = rides = False
+    defers = True
+
+    def __init__(self, graph: Graph, started: bool) -> None:
+        self.graph, self.started = graph, started
+
+    def take(self, op: Operation, call: Call | None, err: BaseException | None) -> Any:
+        return self.graph.add(op, call, err, self.started)
+
+
+def buffers(call: Call) -> list[np.ndarray]:
+    """Every array a call reads or writes (its x, out, src, result, and its local steps'): what a
+    graph compares to keep calls that touch the same memory in order."""
+    found: list[np.ndarray] = []
+
+    def walk(v: Any) -> None:
+        if isinstance(v, np.ndarray):
+            found.append(v)
+        elif isinstance(v, (list, tuple)):
+            for w in v:
+                walk(w)
+    walk((call.x, call.out, call.src, call.result, call.before, call.after))
+    return found
 
 
 class _Failed(Operation):

@@ -32,7 +32,8 @@ from ._numeric import average, prefix
 from ._params import CommParam
 from ._plan import Call, Plan
 from ._watchdog import timeout_seconds
-from .ops._base import Operation, reduce_scatter, reduction
+from .ops._base import Operation
+from .ops._reduce import reduce_scatter, reduction
 from .ops.allreduce import reduce_pieces
 
 __all__ = ["Hccl", "HcclDataType", "HcclReduceOp", "MAX_PREPARES"]

@@ -189,9 +189,10 @@ def test_quant_caches_are_bounded(tmp_path):
 
 @SIZES
 def test_a_validated_call_that_comes_back_still_agrees(tmp_path, np_):
-    """A validated call repeated with the same arrays runs as its plan once every rank has sent the
-    header it sent last time: right results as the contents change; a rank that makes another call
-    there (another shape) makes every rank raise the mismatch, and the call works again after."""
+    """A validated call repeated with the same arrays reuses its record once every rank has sent the
+    header it sent last time (a small one: its data rides in that agreement, landed from its kept
+    rows): right results as the contents change; a rank that makes another call there (another
+    shape) makes every rank raise the mismatch, and the call works again after."""
     lines = _job(tmp_path, """
         import numpy as np, mpicoll
         from mpicoll import functional as F
@@ -204,8 +205,8 @@ def test_a_validated_call_that_comes_back_still_agrees(tmp_path, np_):
             x[:] = r + k
             op.execute(x, out)
             got.append(float(out[0]))
-        entry = next(iter(op._agreed_calls.values()))
-        say(f"sums {got} plan {entry[2] is not None}")
+        entry = next(iter(op._calls.values()))
+        say(f"sums {got} rode {entry.rows is not None}")
         bad, bad_out = np.ones(4, np.float32), np.empty(4, np.float32)
         try:
             op.execute(*((bad, bad_out) if r == n - 1 else (x, out)))
@@ -222,7 +223,7 @@ def test_a_validated_call_that_comes_back_still_agrees(tmp_path, np_):
         say(f"functional {t.tolist()}")
     """, np_)
     total = np_ * (np_ - 1) / 2
-    assert lines == sorted([f"rank {r}: sums {[total + np_ * k for k in range(4)]} plan True" for r in range(np_)]
+    assert lines == sorted([f"rank {r}: sums {[total + np_ * k for k in range(4)]} rode True" for r in range(np_)]
                            + [f"rank {r}: mismatch x.shape" for r in range(np_)]
                            + [f"rank {r}: again {float(np_)}" for r in range(np_)]
                            + [f"rank {r}: functional {[total, total]}" for r in range(np_)]), lines

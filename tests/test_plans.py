@@ -272,8 +272,8 @@ def test_at_most_max_in_flight():
     x = np.full(3, RANK + 1.0)
     assert (op.execute(x) == SIZE * (SIZE + 1) / 2).all()
     rec = Recorder()
-    _, call, table = op._dispatch((x,), always=True)
-    op._record(call, table, rec, count=True)
+    call = op.describe(x)
+    op._record(call, None, rec)
     open_, most = 0, 0
     for s in rec.steps:
         open_ += (s.kind == START) - (s.kind == WAIT)
@@ -321,7 +321,7 @@ def test_a_repeated_call_runs_its_recorded_plan_and_sees_every_change():
     for k in range(4):
         x[:] = k + RANK
         assert ar.execute(x, out=y) is y and y.tolist() == [k * n + sum(range(n))] * 4
-    assert any(e[2] is not None for e in ar._calls.values())   # (the repeats ran the recorded plan)
+    assert any(e._plan is not None for e in ar._calls.values())   # (the repeats ran the recorded plan)
     x.shape = (2, 2)                                      # reshaped in place: another call
     y2 = np.empty((2, 2), np.int64)
     assert ar.execute(x, out=y2).shape == (2, 2)

@@ -41,6 +41,7 @@ class AllGatherOperation(Operation):
 
     NAME = "AllGather"
     PARAM = AllGatherParam
+    RESIDES = True
 
     def execute(self, x: np.ndarray, out: np.ndarray | None = None) -> np.ndarray:
         """Gather ``x`` from every rank.
@@ -81,6 +82,12 @@ class AllGatherOperation(Operation):
         m = call.dt.mpi
         go.mpi(self._lib, "Allgather", [call.x, m], [call.out, m])
 
+    def ride(self, call):
+        return call.x
+
+    def land(self, call, rows, table) -> None:
+        copy_pairs(list(zip(call.out.reshape(self.size, -1), rows)))
+
     def coalesce_key(self, call, exact=True) -> tuple | None:
         if not self._one_issue(AllGatherOperation):
             return None
@@ -117,6 +124,7 @@ class AllGatherVOperation(Operation):
 
     NAME = "AllGatherV"
     PARAM = AllGatherVParam
+    RESIDES = True
     VALUES = ("send_count", "recv_counts", "rdispls")
     PAIR_NAMES = ("send_count", "recv_counts[{i}]")
 
@@ -186,6 +194,13 @@ class AllGatherVOperation(Operation):
         packed = np.empty(len(rc) * c, dtype=x.dtype)
         go.mpi(comm, "Allgather", send, [packed, m])
         go.local(_place, packed, out.reshape(-1), c, rd)
+
+    def ride(self, call):
+        return call.x.reshape(-1)[:call.args[0]]
+
+    def land(self, call, rows, table) -> None:
+        flat, (_, rc, rd, _) = call.out.reshape(-1), call.args          # (rows[i]: rank i's recv_counts[i])
+        copy_pairs([(flat[d:d + c], row) for c, d, row in zip(rc, rd, rows)])
 
 
 def _place(packed: np.ndarray, flat: np.ndarray, c: int, rd: list[int]) -> None:

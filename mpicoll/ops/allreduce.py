@@ -14,7 +14,8 @@ from .._params import ReduceTypeParam
 from .. import _shm
 from .._plan import Call, Plan
 from .._numeric import average, copy_pairs, from_f32, pack, prefix, reduce_chunks, reduce_rows, scatter_pairs, split_even, to_f32
-from ._base import ReduceTypeOperation, alltoall_reduce, invariant, ordered, reduce_scatter
+from ._base import ReduceTypeOperation
+from ._reduce import alltoall_reduce, invariant, ordered, reduce_scatter
 
 #: float16/bfloat16 AllReduce of at most this many bytes: cast to float32, one native float32
 #: Allreduce, cast back (one collective beats two at small sizes); above: the AllToAll path.
@@ -81,6 +82,7 @@ class AllReduceOperation(ReduceTypeOperation):
 
     NAME = "AllReduce"
     PARAM = AllReduceParam
+    RESIDES = True
 
     def execute(self, x: np.ndarray, out: np.ndarray | None = None) -> np.ndarray:
         """Reduce ``x`` over all ranks.
@@ -103,6 +105,8 @@ class AllReduceOperation(ReduceTypeOperation):
         out = self._out(out, x.shape, x.dtype, x if src is None else src, in_place_ok=src is None)
         call = Call(dt, x, out, x.shape)
         call.src, call.reduce = src, self._reduction(dt)
+        if call.reduce.average:
+            call.after = ((average, out, self.size),)
         if src is None:
             call.info = _shm.ref(self._lib, x)
         return call
@@ -110,8 +114,12 @@ class AllReduceOperation(ReduceTypeOperation):
     def issue(self, call, table, go) -> None:
         inputs = _shm.resident(self._lib, table, call.x)
         reduce_pieces(go, self._lib, call.x, call.out, call.dt, call.reduce, inputs=inputs)
-        if call.reduce.average:
-            go.local(average, call.out, self.size)
+
+    def ride(self, call):
+        return call.x
+
+    def land(self, call, rows, table) -> None:
+        reduce_rows(rows, call.dt, call.reduce, call.out)            # (rank order: the rule of every path)
 
     def coalesce_key(self, call, exact=True) -> tuple | None:
         """``exact``: only where the result cannot depend on the size of the message
@@ -128,8 +136,6 @@ class AllReduceOperation(ReduceTypeOperation):
                 go.local(np.copyto, c.x, c.src)
         go.local(pack, [c.x.reshape(-1) for c in calls], staging)
         reduce_pieces(go, self._lib, staging, staging, dt, rop)
-        if rop.average:
-            go.local(average, staging, self.size)
         go.local(copy_pairs, scatter_pairs(staging, [c.out for c in calls]))
 
 

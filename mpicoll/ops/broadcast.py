@@ -35,6 +35,7 @@ class BroadcastOperation(Operation):
     NAME = "Broadcast"
     PARAM = BroadcastParam
     WRITES_X = True
+    RESIDES = True
 
     def execute(self, x: np.ndarray) -> np.ndarray:
         """Fill ``x`` with the root's ``x``.
@@ -71,6 +72,14 @@ class BroadcastOperation(Operation):
             _shm.gather(go, self._lib, inputs, dests)
             return
         go.mpi(self._lib, "Bcast", [call.x, call.dt.mpi], self._root)
+
+    def ride(self, call):
+        flat = call.x.reshape(-1)
+        return flat if self.rank == self._root else flat[:0]
+
+    def land(self, call, rows, table) -> None:
+        if self.rank != self._root:
+            np.copyto(call.x.reshape(-1), rows[self._root])
 
     def coalesce_key(self, call, exact=True) -> tuple | None:
         if not self._one_issue(BroadcastOperation):

@@ -34,7 +34,8 @@ from .._params import CommParam
 from .._plan import Call, Plan
 from .._comm import node_affinities
 from .._domains import resolve
-from ._base import Operation, reduce_scatter
+from ._base import Operation
+from ._reduce import reduce_scatter
 
 __all__ = ["AlltoAllAllGatherBatchMatMulOperation", "AlltoAllAllGatherBatchMatMulParam",
            "BatchMatMulReduceScatterAlltoAllOperation", "BatchMatMulReduceScatterAlltoAllParam", "ACT_TYPES"]

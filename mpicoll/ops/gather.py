@@ -7,6 +7,7 @@ import numpy as np
 
 from .._dtypes import DTYPES
 from .._golden import BenchRun, BenchSpec, Case, CheckSpec, bench_data, rank_data, register_bench, register_check
+from .._numeric import copy_pairs
 from .._params import CommParam
 from .._plan import Call, Plan
 from ._base import Operation
@@ -65,6 +66,13 @@ class GatherOperation(Operation):
     def issue(self, call, table, go) -> None:
         m = call.dt.mpi
         go.mpi(self._lib, "Gather", [call.x, m], None if call.out is None else [call.out, m], self._root)
+
+    def ride(self, call):
+        return call.x
+
+    def land(self, call, rows, table) -> None:
+        if call.out is not None:
+            copy_pairs(list(zip(call.out.reshape(self.size, -1), rows)))
 
 
 # ----------------------------------------------------------------------------- golden check
