@@ -51,7 +51,8 @@ for _cls in _CLASSES.values():
 
 def agreed(exc: CollectiveError, world_ranks) -> CollectiveError:
     """Mark ``exc`` as raised alike on every member of a communicator (``exc.members``: their
-    world ranks), so that an uncaught one prints its traceback once per job (:mod:`mpicoll._exit`)."""
+    world ranks), so that an uncaught one prints its traceback once per job (``mpicoll._comm``'s
+    exception hook)."""
     exc.members = tuple(world_ranks)
     return exc
 

@@ -1,8 +1,12 @@
 """The collective watchdog: ``MPICOLL_TIMEOUT=SECONDS`` (or ``Operation(..., timeout=SECONDS)``).
 
-With a timeout, every MPI call mpicoll makes is started non-blocking and polled (:func:`wait`):
-the data calls of an operation, blocking or started by a plan, its header agreement, the
-error exchange and the set-up of a library communicator. MPICH progresses a non-blocking
+With a timeout, every collective mpicoll makes on its communicators is started non-blocking and
+polled (:func:`wait`): the data calls of an operation, blocking or started by a plan, its
+agreement, the error exchange, the exchanges that set a library communicator up, and the
+messages of the functional API. The set-up steps MPI offers only blocking (``Comm.Split_type``,
+``Win.Allocate_shared``, ``Comm.Create_group``) are not; a watched ``Barrier``
+(``LibComm.meet``) or a timed rendezvous (a comm domain's) before each makes sure every member is
+there first. MPICH progresses a non-blocking
 collective only inside MPI calls, so for the first ``SPIN_SECONDS`` (at most a tenth of the
 timeout) the rank polls continuously, yielding the CPU between polls (``sched_yield``:
 oversubscribed ranks still run); after that it sleeps between polls, doubling up to

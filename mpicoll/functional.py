@@ -35,7 +35,7 @@ from ._errors import CollectiveArgumentError, CollectiveTimeout
 from ._numeric import prefix
 from ._plan import CAPTURING, Call
 from ._watchdog import wait as _watch
-from .ops._base import Operation
+from .ops._base import RUN, START, Operation
 from .ops.allgather import AllGatherOperation, AllGatherVOperation
 from .ops.allreduce import AllReduceOperation
 from .ops.alltoall import AllToAllVV2Operation
@@ -204,8 +204,8 @@ def _run(cls: type, group: Any, args: tuple, async_op: bool, outputs: Any, root:
             refused = V.arg_error(fn, refused[0], refused[1], op.rank, refused[2])
         args = (refused, *args[1:])
     if async_op:
-        return Work(op._start(*args), outputs if isinstance(outputs, list) else [outputs])
-    op._execute(*args)
+        return Work(op._call(args, START), outputs if isinstance(outputs, list) else [outputs])
+    op._call(args, RUN)
     return None
 
 
@@ -256,7 +256,7 @@ class _AllReduce(AllReduceOperation):
     NAME, PUBLIC = "all_reduce", False
 
     def execute(self, tensor):
-        return self._execute(tensor)
+        return self._call((tensor,), RUN)
 
     def describe(self, tensor) -> Call:
         return super().describe(_tensor(self.NAME, "tensor", tensor, self.rank), tensor)
@@ -266,7 +266,7 @@ class _Broadcast(_Rooted, BroadcastOperation):
     NAME, PUBLIC = "broadcast", False
 
     def execute(self, tensor):
-        return self._execute(tensor)
+        return self._call((tensor,), RUN)
 
     def describe(self, tensor) -> Call:
         return super().describe(_tensor(self.NAME, "tensor", tensor, self.rank))
@@ -276,7 +276,7 @@ class _Reduce(_Rooted, ReduceOperation):
     NAME, PUBLIC = "reduce", False
 
     def execute(self, tensor):
-        return self._execute(tensor)
+        return self._call((tensor,), RUN)
 
     def describe(self, tensor) -> Call:
         return super().describe(_tensor(self.NAME, "tensor", tensor, self.rank), tensor)
@@ -286,7 +286,7 @@ class _AllGatherIntoTensor(AllGatherOperation):
     NAME, PUBLIC = "all_gather_into_tensor", False
 
     def execute(self, output, input):  # noqa: A002 - torch's names
-        return self._execute(output, input)
+        return self._call((output, input), RUN)
 
     def describe(self, output, input) -> Call:  # noqa: A002
         fn, r, n = self.NAME, self.rank, self.size
@@ -306,7 +306,7 @@ class _ReduceScatterTensor(ReduceScatterOperation):
     NAME, PUBLIC = "reduce_scatter_tensor", False
 
     def execute(self, output, input):  # noqa: A002
-        return self._execute(output, input)
+        return self._call((output, input), RUN)
 
     def describe(self, output, input) -> Call:  # noqa: A002
         fn, r, n = self.NAME, self.rank, self.size
@@ -328,7 +328,7 @@ class _AllToAllSingle(AllToAllVV2Operation):
     PAIR_NAMES = ("input_split_sizes[{j}]", "output_split_sizes[{i}]")
 
     def execute(self, output, input, output_split_sizes=None, input_split_sizes=None):  # noqa: A002
-        return self._execute(output, input, output_split_sizes, input_split_sizes)
+        return self._call((output, input, output_split_sizes, input_split_sizes), RUN)
 
     def describe(self, output, input, output_split_sizes=None, input_split_sizes=None) -> Call:  # noqa: A002
         fn, r, n = self.NAME, self.rank, self.size
@@ -349,7 +349,7 @@ class _AllGatherIntoTensorUneven(AllGatherVOperation):
     PAIR_NAMES = ("input.shape[0]", "output_split_sizes[{i}]")
 
     def execute(self, output, input, output_split_sizes=None):  # noqa: A002
-        return self._execute(output, input, output_split_sizes)
+        return self._call((output, input, output_split_sizes), RUN)
 
     def describe(self, output, input, output_split_sizes=None) -> Call:  # noqa: A002
         fn, r, n = self.NAME, self.rank, self.size
@@ -368,7 +368,7 @@ class _ReduceScatterTensorUneven(ReduceScatterVOperation):
     PAIR_NAMES = ("input_split_sizes[{j}]", "output.shape[0]")
 
     def execute(self, output, input, input_split_sizes=None):  # noqa: A002
-        return self._execute(output, input, input_split_sizes)
+        return self._call((output, input, input_split_sizes), RUN)
 
     def describe(self, output, input, input_split_sizes=None) -> Call:  # noqa: A002
         fn, r, n = self.NAME, self.rank, self.size
@@ -385,7 +385,7 @@ class _Barrier(Operation):
     NAME, PUBLIC = "barrier", False
 
     def execute(self):
-        return self._execute()
+        return self._call((), RUN)
 
     def describe(self) -> Call:
         return Call(None, None, None)
@@ -429,7 +429,7 @@ class _AllGatherList(AllGatherOperation):
     NAME, PUBLIC = "all_gather", False
 
     def execute(self, tensor_list, tensor):
-        return self._execute(tensor_list, tensor)
+        return self._call((tensor_list, tensor), RUN)
 
     def describe(self, tensor_list, tensor) -> Call:
         fn, r, n = self.NAME, self.rank, self.size
@@ -444,7 +444,7 @@ class _Gather(_Rooted, GatherOperation):
     NAME, PUBLIC = "gather", False
 
     def execute(self, tensor, gather_list=None):
-        return self._execute(tensor, gather_list)
+        return self._call((tensor, gather_list), RUN)
 
     def describe(self, tensor, gather_list=None) -> Call:
         fn, r, n = self.NAME, self.rank, self.size
@@ -461,7 +461,7 @@ class _Scatter(_Rooted, ScatterOperation):
     NAME, PUBLIC = "scatter", False
 
     def execute(self, tensor, scatter_list=None):
-        return self._execute(tensor, scatter_list)
+        return self._call((tensor, scatter_list), RUN)
 
     def describe(self, tensor, scatter_list=None) -> Call:
         fn, r, n = self.NAME, self.rank, self.size
@@ -483,7 +483,7 @@ class _AllToAllList(AllToAllVV2Operation):
     PAIR_NAMES = ("input_tensor_list[{j}].size", "output_tensor_list[{i}].size")
 
     def execute(self, output_tensor_list, input_tensor_list):
-        return self._execute(output_tensor_list, input_tensor_list)
+        return self._call((output_tensor_list, input_tensor_list), RUN)
 
     def describe(self, output_tensor_list, input_tensor_list) -> Call:
         fn, r, n = self.NAME, self.rank, self.size
@@ -529,7 +529,7 @@ class _ReduceScatterList(ReduceScatterOperation):
     NAME, PUBLIC = "reduce_scatter", False
 
     def execute(self, output, input_list):
-        return self._execute(output, input_list)
+        return self._call((output, input_list), RUN)
 
     def describe(self, output, input_list) -> Call:
         fn, r, n = self.NAME, self.rank, self.size

@@ -156,8 +156,7 @@ class Graph:
         entries = self._entries
         if failure is not None:           # the block failed on this rank: agree that, every rank raises
             entries = entries + [(_Failed(lib), None, failure)]
-        keys = [None if call is None or call.before or call.after else op.coalesce_key(call, self.exact)
-                for op, call, _ in entries]
+        keys = [None if call is None else op.coalesce_key(call, self.exact) for op, call, _ in entries]
         joins = self._joins(entries, keys)
         agreed = agree_calls(lib, entries, self.timeout, joins)
         rec, groups, last = Recorder(), [], {}
@@ -173,9 +172,14 @@ class Graph:
             if len(g) == 1:
                 op._record(call, agreed[g[0]][0], rec)
                 continue
+            calls = [entries[i][1] for i in g]
             rec.begin(op.NAME, op._comms)
-            op.issue_many([entries[i][1] for i in g], rec)
-            rec.end(tuple(entries[i][1].result for i in g))
+            for step in (s for c in calls for s in c.before):     # (each call's local work around the merged one)
+                rec.local(*step)
+            op.issue_many(calls, rec)
+            for step in (s for c in calls for s in c.after):
+                rec.local(*step)
+            rec.end(tuple(c.result for c in calls))
         self._plan = Plan(rec, self)
         self._results = tuple(call.result for _, call, _ in entries)
         self._groups = groups

@@ -32,7 +32,7 @@ from ._numeric import average, prefix
 from ._params import CommParam
 from ._plan import Call, Plan
 from ._watchdog import timeout_seconds
-from .ops._base import Operation
+from .ops._base import PREPARE, Operation
 from .ops._reduce import reduce_scatter, reduction
 from .ops.allreduce import reduce_pieces
 
@@ -449,7 +449,7 @@ class Hccl:
             raise CollectiveError(f"{kind.NAME}: prepare before init(): call Hccl().init(domain) first",
                                   op=kind.NAME, param="init")
         op = self._ops[kind]
-        plan = op._prepare(*args)
+        plan = op._call(args, PREPARE)
         handle = next(_HANDLES)
         self._tasks[handle] = task = _Entry(op, plan)
         _OWNERS[handle] = self

@@ -525,13 +525,16 @@ def test_allreduce_out_is_x_is_in_place():
 
 
 @mpi1
-@pytest.mark.parametrize("opname", ["AllGatherV", "ReduceScatterV", "AllToAllVV2", "AllToAll"])
+@pytest.mark.parametrize("opname", [o for o in ALL_OPS if mpicoll.OPERATIONS[o].PAIR_NAMES] + ["AllToAll"])
 def test_all_counts_zero_is_fine(opname):
+    """Every operator with per-peer counts (the registry's), and AllToAll of no rows."""
     n = SIZE
     z = [0] * n
     calls = {
         "AllGatherV": lambda: mpicoll.AllGatherVOperation().execute(np.ones(3), 0, z, z),
         "ReduceScatterV": lambda: mpicoll.ReduceScatterVOperation().execute(np.ones(3, np.int8), z, z, 0),
+        "AllToAllV": lambda: mpicoll.AllToAllVOperation(mpicoll.AllToAllVParam(
+            send_counts=z, sdispls=z, recv_counts=z, rdispls=z)).execute(np.ones(3)),
         "AllToAllVV2": lambda: mpicoll.AllToAllVV2Operation().execute(np.ones(3), z, z, z, z),
         "AllToAll": lambda: mpicoll.AllToAllOperation().execute(np.ones((0, 3))),
     }

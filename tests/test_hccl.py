@@ -17,7 +17,7 @@ from mpicoll._dtypes import DTYPES, HCCL_DTYPES, reduce_op
 from mpicoll._golden import SEED, golden_reduce, rank_data
 from mpicoll.hccl import run_tiled, tiled_golden, tiled_layout
 
-from _mpi import RANK, SIZE, WORLD, launch_env, mpirun, raises_everywhere
+from _mpi import RANK, SIZE, WORLD, launch_env, mpirun, raises_everywhere, reduce_ops
 
 mpi1 = pytest.mark.mpi(min_size=1)
 mpi2 = pytest.mark.mpi(min_size=2)
@@ -87,7 +87,8 @@ def test_random_tile_plans_and_strides_equal_untiled(dtype):
     rng = np.random.default_rng([SEED, HCCL_DTYPES.index(dtype)])     # the same plans on every rank
     for trial in range(max(6, len(KINDS))):
         kind = KINDS[trial % len(KINDS)]
-        rname = ("sum", "prod", "max", "min")[int(rng.integers(4))] if kind in REDUCES else None
+        rops = reduce_ops(dtype)
+        rname = rops[int(rng.integers(len(rops)))] if kind in REDUCES else None
         total, gap = int(rng.integers(1, 200)), int(rng.integers(0, 9))
         if kind not in STRIDED:
             gap = 0

@@ -11,7 +11,7 @@ from mpicoll._env import flag
 from mpicoll._golden import CHECKS, SEED, count_wrong
 from mpicoll.check import layouts
 
-from _mpi import OPEN_MPI, RANK, SIZE, WORLD
+from _mpi import BYTES, HALF_FLOATS, INTEGERS, OPEN_MPI, RANK, SAMPLE, SIZE, WORLD, reduce_ops
 
 PAIRS = [(name, dtype) for name, spec in CHECKS.items() for dtype in spec.dtypes]
 
@@ -22,8 +22,11 @@ def _check_all_cases(name, dtype, label, validate=True):
     dom = name_of(RANK)
     members = [r for r in range(SIZE) if name_of(r) == dom]
     n, rank = len(members), members.index(RANK)
+    cases = spec.cases_for(n, dtype)
+    if not cases:         # (the same on every rank of the layout: n is)
+        pytest.skip(f"{name} has no case at {n} rank(s) in {dtype}")
     failures = []
-    for case in spec.cases_for(n, dtype):
+    for case in cases:
         c = spec.make(case, dtype, dom, rank, n, SEED, validate=validate)
         got = c.execute()
         wrong = count_wrong(got, c.expected, exact=c.exact, n=n)
@@ -164,8 +167,7 @@ def test_user_comm_is_duplicated_and_works():
 
 
 @pytest.mark.mpi(min_size=1)
-@pytest.mark.parametrize("dtype", ["float16", "bfloat16"])
-@pytest.mark.parametrize("rname", ["sum", "prod", "max", "min"])
+@pytest.mark.parametrize("dtype,rname", [(d, r) for d in HALF_FLOATS for r in reduce_ops(d)])
 def test_half_reductions_equal_the_float32_golden(dtype, rname):
     """Random data: the float32-accumulated (rank order), once-rounded result bit for bit, whatever
     the path and size."""
@@ -193,8 +195,7 @@ def test_allreduce_64mib(dtype):
 
 
 @pytest.mark.mpi(min_size=1)
-@pytest.mark.parametrize("dtype", ["int8", "uint8"])
-@pytest.mark.parametrize("rname", ["sum", "prod", "max", "min"])
+@pytest.mark.parametrize("dtype,rname", [(d, r) for d in BYTES for r in reduce_ops(d)])
 def test_large_byte_allreduce_through_alltoall_matches_mpi(dtype, rname):
     """8-bit AllReduce >= 4 MiB (validation off) takes AllToAll + numpy: the same wrapping results."""
     from mpicoll._dtypes import DTYPES, reduce_op
@@ -235,7 +236,7 @@ def test_large_allreduce_in_pieces(monkeypatch, dtype):
 
 
 @pytest.mark.mpi(min_size=1)
-@pytest.mark.parametrize("dtype", ["int8", "uint8", "int16", "int32"])
+@pytest.mark.parametrize("dtype", [d for d in INTEGERS if np.dtype(d).itemsize <= 4])
 @pytest.mark.parametrize("n", [3, (2 << 20) + 5])
 def test_integer_sum_wraps_as_mpi_does_with_validation_on_and_off(dtype, n):
     """Results never depend on MPICOLL_VALIDATE: an overflowing integer SUM wraps, bit-identical to
@@ -436,7 +437,7 @@ def test_validation_never_changes_the_calls_that_carry_the_data(name, monkeypatc
         pytest.skip(f"every case of {name} at {SIZE} rank(s) rides its agreement")
 @pytest.mark.mpi(min_size=1)
 @pytest.mark.parametrize("validate", [True, False])
-@pytest.mark.parametrize("dtype", ["float32", "float16", "int8"])
+@pytest.mark.parametrize("dtype", SAMPLE)
 def test_nccl_tests_in_place_forms(validate, dtype):
     """In place as nccl-tests defines it: AllGather with x = out[rank], ReduceScatter with out = x's
     block rank, AllToAll with out = x; execute and plans, against the golden."""

@@ -8,11 +8,12 @@ import pytest
 import mpicoll
 from mpicoll import CollectiveError, CollectiveMismatchError
 from mpicoll._golden import CHECKS, SEED, count_wrong
+from mpicoll.ops._base import PREPARE, RUN, START
 
-from _mpi import RANK, SIZE, WORLD, raises_everywhere
+from _mpi import RANK, SAMPLE, SIZE, WORLD, raises_everywhere
 
 mpi1 = pytest.mark.mpi(min_size=1)
-PAIRS = [(name, dtype) for name, spec in CHECKS.items() for dtype in ("float32", "float16", "int8")
+PAIRS = [(name, dtype) for name, spec in CHECKS.items() for dtype in SAMPLE
          if dtype in spec.dtypes and name in mpicoll.OPERATIONS]      # (operators: not the Hccl task kinds)
 
 
@@ -209,10 +210,10 @@ class _Overlap(mpicoll.Operation):
     PUBLIC = False
 
     def execute(self, x, out=None):
-        return self._execute(x, out)
+        return self._call((x, out), RUN)
 
     def prepare(self, x, out=None):
-        return self._prepare(x, out)
+        return self._call((x, out), PREPARE)
 
     def describe(self, x, out=None):
         from mpicoll._plan import Call
@@ -249,7 +250,7 @@ def test_steps_in_flight_in_execute_plans_and_one_shot_starts():
         while not h.test():
             pass
         assert np.array_equal(h.wait(), want)
-    assert np.array_equal(op._start(x).wait(), want)
+    assert np.array_equal(op._call((x,), START).wait(), want)
 
 
 @mpi1
@@ -300,7 +301,7 @@ def test_started_work_keeps_the_program_order_on_its_communicator(progress):
             for h in handles:
                 h.test()
     assert mpicoll.AllGatherOperation().execute(np.array([RANK])).reshape(-1).tolist() == list(range(SIZE))
-    tail = _Overlap()._start(np.ones(4))
+    tail = _Overlap()._call((np.ones(4),), START)
     for k in (2, 0, 1):
         assert np.array_equal(handles[k].wait(), np.full(n, k * SIZE + sum(range(SIZE)), np.float16)), k
     assert tail.wait().tolist() == [4 * SIZE] * 4            # 2 * SIZE + SIZE * 2

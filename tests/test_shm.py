@@ -24,7 +24,7 @@ from mpicoll import _validate as V
 from mpicoll._dtypes import DTYPES, REDUCE_OPS, reduce_ops_for
 from mpicoll._golden import SEED, count_wrong, golden_reduce, rank_data
 
-from _mpi import OPEN_MPI, RANK, SIZE, WORLD, launch_env, mpirun, raises_everywhere
+from _mpi import OPEN_MPI, RANK, SAMPLE, SIZE, WORLD, launch_env, mpirun, raises_everywhere
 
 mpi1 = pytest.mark.mpi(min_size=1)
 mpi2 = pytest.mark.mpi(min_size=2)
@@ -107,7 +107,7 @@ def count_patterns(total: int) -> dict[str, list[int]]:
 
 
 @mpi1
-@pytest.mark.parametrize("dtype", ["int8", "int32", "uint16", "float16", "bfloat16", "float32", "float64"])
+@pytest.mark.parametrize("dtype", SAMPLE)
 def test_reduce_scatter_v_uneven_and_zero_counts(comm, dtype):
     dt, rop = DTYPES[dtype], REDUCE_OPS["sum"]
     op = mpicoll.ReduceScatterVOperation(mpicoll.ReduceScatterVParam(comm=comm, reduce_type="sum"))
@@ -380,7 +380,7 @@ def test_no_room_on_one_rank_only_gives_mpis_path_everywhere(comm, monkeypatch):
 
 
 @mpi1
-@pytest.mark.parametrize("dtype", ["int8", "int64", "uint32", "float16", "bfloat16", "float32", "float64"])
+@pytest.mark.parametrize("dtype", SAMPLE)
 def test_reduce_to_each_root_bit_for_bit(comm, dtype):
     dt, rop = DTYPES[dtype], REDUCE_OPS["max" if dtype == "int8" else "sum"]
     for root in range(SIZE):
@@ -651,7 +651,7 @@ def test_allgather_and_broadcast_copy_from_node_buffers(comm, dtype, monkeypatch
 
 
 @mpi1
-@pytest.mark.parametrize("dtype", ["int8", "bfloat16", "float32", "float64"])
+@pytest.mark.parametrize("dtype", SAMPLE)
 def test_allgatherv_copies_from_node_buffers(comm, dtype, monkeypatch):
     """AllGatherV of node buffers (each rank's first send_count elements, at the same place on
     every rank): uneven, zero and one-rank-only counts, permuted rdispls, in plans."""

@@ -40,13 +40,24 @@ class Slots:
     """The buffers of one call's agreement: this rank's row and every rank's (a remembered call keeps
     its own, filled in place on every repeat)."""
 
-    __slots__ = ("send", "table", "payload")
+    __slots__ = ("send", "table", "payload", "header", "copy", "rides")
 
     def __init__(self, lib: LibComm) -> None:
-        width = V.row_width(lib.size)
+        width, self.header = V.row_width(lib.size), V.H_LEN + 2 * lib.size
         self.send = np.zeros(width, dtype=np.int64)
         self.table = np.empty((lib.size, width), dtype=np.int64)
-        self.payload = self.send.view(np.uint8)[(V.H_LEN + 2 * lib.size) * 8:]     # this rank's slot
+        self.payload = self.send.view(np.uint8)[self.header * 8:]     # this rank's slot
+        self.rides = self.table[:, V.H_RIDE]                           # (every rank's payload bytes, -1: none)
+        self.copy: tuple | None = None          # (its slot's bytes, a payload's bytes: a repeat copies one into the other)
+
+    def offer(self, payload: np.ndarray) -> None:
+        """Put ``payload`` (C-contiguous, at most ``RIDE_BYTES``) in this rank's slot (the views made
+        once, for the same payload array every time: a remembered call's)."""
+        if self.copy is None or self.copy[2] is not payload:
+            size = payload.nbytes
+            self.copy = (self.payload[:size], payload.reshape(-1).view(np.uint8), payload)
+            self.send[V.H_RIDE] = size
+        self.copy[0][...] = self.copy[1]
 
     @staticmethod
     def rows_of(lib: LibComm, table: np.ndarray, call: Call) -> list[np.ndarray]:
@@ -72,13 +83,15 @@ def header_row(lib: LibComm, op: "Operation", call: Call | None, err: BaseExcept
 
 
 def agree_call(lib: LibComm, op: "Operation", call: Call | None, err: BaseException | None, number: int,
-               payload: np.ndarray | None, slots: Slots | None = None, row: np.ndarray | None = None,
+               payload: np.ndarray | None, slots: Slots | None = None,
                last: bytes | None = None) -> tuple[np.ndarray, bool, bytes | None]:
-    """Agree one call over ``lib``: one ``Allgather`` of every rank's row (``row``: the header a
-    remembered call sent last time, else built now), ``payload`` in its slot (at most
-    ``RIDE_BYTES``, or None). Every rank raises the same error (a local one flagged by any rank,
-    then a mismatch of the gathered headers, unless they are ``last``, the headers a remembered
-    call agreed last time), or every rank gets the same table.
+    """Agree one call over ``lib``: one ``Allgather`` of every rank's row, ``payload`` (a C-contiguous
+    array of at most ``RIDE_BYTES``, or None) in its slot. Every rank raises the same error (a
+    local one flagged by any rank, then a mismatch of the gathered headers, unless they are
+    ``last``), or every rank gets the same table.
+
+    A remembered call passes its own ``slots`` and ``last``, the headers every rank sent last time:
+    its row is then the one still in ``slots`` (the header it sent last time); else it is built now.
 
     Returns:
         ``(table, rode, headers)``: the gathered rows (``slots.table``); whether every rank's
@@ -86,21 +99,25 @@ def agree_call(lib: LibComm, op: "Operation", call: Call | None, err: BaseExcept
         the gathered headers' bytes when they are not ``last`` (else None).
     """
     slots = slots or Slots(lib)
-    send, h = slots.send, V.H_LEN + 2 * lib.size
-    if row is None:
+    send = slots.send
+    if last is None:
         row, err = header_row(lib, op, call, err)
+        send[:slots.header] = row
+        slots.copy = None
     elif lib.pending:
         lib.drain(None)
-    send[:h] = row
-    send[V.H_RIDE] = -1 if payload is None else payload.nbytes
-    if payload is not None and payload.nbytes:
-        np.copyto(slots.payload[:payload.nbytes].view(payload.dtype).reshape(payload.shape), payload)
+    if payload is None:
+        send[V.H_RIDE] = -1
+    else:
+        slots.offer(payload)
     table = agree(lib, send, err, op.timeout, op.NAME, number, out=slots.table)
-    headers = table[:, :h].tobytes()
-    if headers != last:
-        V.check_agreed(lib, op.NAME, table, op.PAIR_NAMES)
+    headers = table[:, :slots.header].tobytes()
+    rode = payload is not None and min(slots.rides.tolist()) >= 0
+    if headers == last:
+        return table, rode, None
+    V.check_agreed(lib, op.NAME, table, op.PAIR_NAMES)
     op._agreed_once = True
-    return table, payload is not None and int(table[:, V.H_RIDE].min()) >= 0, None if headers == last else headers
+    return table, rode, headers
 
 
 def agree_calls(lib: LibComm, entries: list[tuple["Operation", Call | None, BaseException | None]],

@@ -134,7 +134,7 @@ class Operation:
         self._agreed_once = False
         self._fresh = False               # (describe allocated an output or copied a list: _out, _data)
         self._runner = Runner(self)
-        self._calls = Remembered(self._VALUES_AT)
+        self._calls = Remembered()
 
     @property
     def validate(self) -> bool:
@@ -147,7 +147,7 @@ class Operation:
     @validate.setter
     def validate(self, on: bool) -> None:
         self._validate, self._validate_given = bool(on), True
-        self._calls = Remembered(self._VALUES_AT)      # (their headers carry the old flag)
+        self._calls = Remembered()                     # (their headers carry the old flag)
 
     # -- binding -------------------------------------------------------------------------------------
     def _bind(self) -> LibComm:
@@ -193,21 +193,7 @@ class Operation:
         check_live(self._comms, self.NAME)
         return lib
 
-    # -- the entry points: one pipeline, a sink per mode ---------------------------------------------
-    def _execute(self, *args: Any) -> Any:
-        """``execute``: the pipeline, run at once."""
-        return self._call(args, RUN)
-
-    def _start(self, *args: Any) -> Any:
-        """A one-shot non-blocking call (the functional API's ``async_op=True``): the pipeline, then
-        the call's steps started at once (``I`` calls, no persistent requests); a handle whose
-        ``wait()`` completes it."""
-        return self._call(args, START)
-
-    def _prepare(self, *args: Any) -> Plan:
-        """``prepare``: the pipeline (always agreeing), then the steps recorded into a Plan."""
-        return self._call(args, PREPARE)
-
+    # -- THE entry point of every call: one pipeline, a sink per mode ---------------------------------
     def _call(self, args: tuple, mode: "Mode") -> Any:
         """THE pipeline of a call (see the module docstring): bind -> remembered? -> count ->
         describe -> agree -> ``mode.take``. One thread at a time per communicator
@@ -223,7 +209,8 @@ class Operation:
             key = entry = None
             at = self._OUT_AT
             if mode.remembers and (at is None or (len(args) > at and args[at] is not None)):
-                key, entry = self._calls.find(args)     # (it fills arrays it was given: it may come back)
+                key = _key(args, self._VALUES_AT)       # (it fills arrays it was given: it may come back)
+                entry = self._calls.get(key)
             number = count_call(self._comms, self.NAME) if mode.counts else 0
             if entry is not None:
                 call, err = entry.call, None
@@ -239,24 +226,29 @@ class Operation:
                 return mode.take(self, call, None, False, entry)
             payload = None
             if mode.rides and err is None:
-                payload = self.ride(call)
-                if payload is not None and payload.nbytes <= V.RIDE_BYTES:
+                payload = entry.payload if entry is not None and entry.slots is not None else self._payload(call)
+                if payload is not None and (call.src is not None or call.before):
                     prologue(call)                      # (its payload is read now, into the agreement)
-                else:
-                    payload = None
             if entry is not None and entry.slots is not None:
-                plain = lib.plain                       # (else its headers carry a sequence number: built anew)
+                # (its row as last time, unless its headers carry a sequence number: built anew)
                 table, rode, headers = agree_call(lib, self, call, None, number, payload, entry.slots,
-                                                  entry.row if plain else None, entry.last if plain else None)
+                                                  entry.last if lib.plain else None)
             else:
                 slots = Slots(lib) if key is not None and err is None else None
                 table, rode, headers = agree_call(lib, self, call, err, number, payload, slots)
                 entry = self._calls.keep(key, args, call, slots, self) if slots is not None else None
+                if entry is not None:
+                    entry.payload = payload if mode.rides else self._payload(call)
             if entry is not None and headers is not None:
                 entry.agreed(lib, table, headers)
             return mode.take(self, call, table, rode, entry)
         finally:
             lib.busy.release()
+
+    def _payload(self, call: Call) -> np.ndarray | None:
+        """What this rank offers its agreement to carry: its :meth:`ride`, where it fits the slot."""
+        payload = self.ride(call)
+        return payload if payload is not None and payload.nbytes <= V.RIDE_BYTES else None
 
     def _described(self, args: tuple) -> tuple[Call | None, BaseException | None]:
         """``describe(*args)``, or the error it (or the Param, at binding) raised on this rank."""
@@ -374,14 +366,17 @@ class _Run(Mode):
     def take(self, op, call, table, rode, entry):
         if rode:
             op.land(call, entry.rows if entry is not None else Slots.rows_of(op._lib, table, call), table)
-            epilogue(call)
+            if call.after:
+                epilogue(call)
             return call.result
         plan = entry.plan(op, table) if entry is not None else None
         if plan is not None:
             return plan.run()
-        prologue(call)
+        if call.src is not None or call.before:
+            prologue(call)
         op.issue(call, table, op._runner)
-        epilogue(call)
+        if call.after:
+            epilogue(call)
         return call.result
 
 
@@ -428,24 +423,24 @@ REMEMBERED_BYTES = 1 << 16
 
 class Entry:
     """One remembered call: its arguments (kept alive: the key's identities stay theirs), its
-    record, its agreement's buffers (``slots``), the header row it sent and the headers every rank
-    sent last time (``row``, ``last``), its landing rows, its plan (recorded at its first repeat,
-    for the table it was agreed with)."""
+    record, its agreement's buffers (``slots``: its row stays there from one call to the next), the
+    headers every rank sent last time (``last``), its landing rows, its plan (recorded at its
+    first repeat, for the table it was agreed with)."""
 
-    __slots__ = ("args", "call", "slots", "row", "last", "rows", "_plan", "_seen")
+    __slots__ = ("args", "call", "slots", "payload", "last", "rows", "_plan", "_seen")
 
     def __init__(self, args: tuple, call: Call, slots: Slots | None) -> None:
         self.args, self.call, self.slots = args, call, slots
-        self.row = self.last = self.rows = self._plan = None
+        self.payload = self.last = self.rows = self._plan = None      # (payload: its ride, where it fits)
         self._seen = False
 
     def agreed(self, lib: LibComm, table: np.ndarray, headers: bytes) -> None:
         """The call was agreed with ``table`` (in :attr:`slots`), whose ``headers`` are new (a
         peer's call changed, or this is its first agreement): keep what a repeat compares, and drop
         the plan and the landing rows made for the old ones."""
-        self.row, self.last = table[lib.rank, :V.H_LEN + 2 * lib.size].copy(), headers
+        self.last = headers
         self._plan = None
-        self.rows = Slots.rows_of(lib, table, self.call) if int(table[:, V.H_RIDE].min()) >= 0 else None
+        self.rows = Slots.rows_of(lib, table, self.call) if min(table[:, V.H_RIDE].tolist()) >= 0 else None
 
     def plan(self, op: Operation, table: np.ndarray | None) -> Plan | None:
         """Its plan, recorded at its first repeat; None at its first use, or while a start of the
@@ -460,35 +455,19 @@ class Entry:
         return self._plan if self._plan.idle else None
 
 
-class Remembered:
-    """An operation's last ``REMEMBERED`` calls: one cache, one key rule (:func:`_key`)."""
+class Remembered(OrderedDict):
+    """An operation's last ``REMEMBERED`` calls, by key (:func:`_key`: the one key rule), oldest first."""
 
-    __slots__ = ("_values", "_entries")
-
-    def __init__(self, values_at: frozenset) -> None:
-        self._values = values_at
-        self._entries: "OrderedDict[tuple, Entry]" = OrderedDict()
-
-    def find(self, args: tuple) -> tuple[tuple | None, Entry | None]:
-        """``(key, its entry or None)``; key None: a call that cannot be told apart, not remembered."""
-        key = _key(args, self._values)
-        return key, (None if key is None else self._entries.get(key))
-
-    def keep(self, key: tuple, args: tuple, call: Call, slots: Slots | None, op: Operation) -> Entry | None:
-        """Remember a call just described (None when it must be described again next time: it
-        allocated its output or copied a list, its arrays are large, or its rules read data)."""
-        if op._fresh or op.RULES_ON_DATA or not _small(args):
+    def keep(self, key: tuple | None, args: tuple, call: Call, slots: Slots | None, op: Operation) -> Entry | None:
+        """Remember a call just described (None when it must be described again next time: its key
+        cannot tell it apart, it allocated its output or copied a list, its arrays are large, or its
+        rules read data)."""
+        if key is None or op._fresh or op.RULES_ON_DATA or not _small(args):
             return None
-        entry = self._entries[key] = Entry(args, call, slots)
-        if len(self._entries) > REMEMBERED:
-            self._entries.popitem(last=False)
+        entry = self[key] = Entry(args, call, slots)
+        if len(self) > REMEMBERED:
+            self.popitem(last=False)
         return entry
-
-    def __len__(self) -> int:
-        return len(self._entries)
-
-    def values(self):
-        return self._entries.values()
 
 
 _SCALARS = (int, float, bool, str, type(None))
@@ -503,11 +482,12 @@ def _key(args: tuple, values: frozenset) -> tuple | None:
     key = []
     try:
         for i, a in enumerate(args):
-            if type(a) is np.ndarray:
-                key.append((a.dtype, a.shape, a.tobytes()) if i in values else
-                           (id(a), a.shape, a.strides, a.dtype, a.flags.num))
+            if i in values:
+                key.append(_value(a))
+            elif type(a) is np.ndarray:     # (the common case, inline)
+                key.append((id(a), a.shape, a.strides, a.dtype, a.flags.num))
             else:
-                key.append(_value(a) if i in values else _data(a))
+                key.append(_data(a))
     except TypeError:
         return None
     return tuple(key)
@@ -528,6 +508,8 @@ def _data(a: Any) -> Any:
 def _value(a: Any) -> Any:
     """A value's contents, hashable and copied (a memoryview or an array may change later)."""
     t = type(a)
+    if t is np.ndarray:
+        return (a.dtype, a.shape, a.tobytes())
     if t in _SCALARS:
         return (t, a)
     if (t is list or t is tuple) and all(type(v) is int for v in a):

@@ -15,7 +15,7 @@ from .._numeric import copy_pairs
 from .._params import CommParam
 from .._plan import Call, Plan
 from .._numeric import pack
-from ._base import Operation
+from ._base import PREPARE, RUN, Operation
 
 
 __all__ = ["AllGatherOperation", "AllGatherParam", "AllGatherVOperation", "AllGatherVParam"]
@@ -54,11 +54,11 @@ class AllGatherOperation(Operation):
         Returns:
             ``out``, or a new array of that shape; row i is rank i's x.
         """
-        return self._execute(x, out)
+        return self._call((x, out), RUN)
 
     def prepare(self, x: np.ndarray, out: np.ndarray | None = None) -> Plan:
         """A :class:`~mpicoll.Plan` of ``execute(x, out)``."""
-        return self._prepare(x, out)
+        return self._call((x, out), PREPARE)
 
     def describe(self, x, out=None) -> Call:
         x, dt, src = self._data(x)
@@ -144,12 +144,12 @@ class AllGatherVOperation(Operation):
         Returns:
             ``out``, or a new array of ``sum(recv_counts)`` elements.
         """
-        return self._execute(x, send_count, recv_counts, rdispls, shape, out)
+        return self._call((x, send_count, recv_counts, rdispls, shape, out), RUN)
 
     def prepare(self, x: np.ndarray, send_count: int, recv_counts, rdispls, shape=None,
                 out: np.ndarray | None = None) -> Plan:
         """A :class:`~mpicoll.Plan` of ``execute(x, send_count, recv_counts, rdispls, shape, out)``."""
-        return self._prepare(x, send_count, recv_counts, rdispls, shape, out)
+        return self._call((x, send_count, recv_counts, rdispls, shape, out), PREPARE)
 
     def describe(self, x, send_count, recv_counts, rdispls, shape=None, out=None) -> Call:
         x, dt, src = self._data(x)

@@ -14,7 +14,7 @@ from .._params import ReduceTypeParam
 from .. import _shm
 from .._plan import Call, Plan
 from .._numeric import average, copy_pairs, from_f32, pack, prefix, reduce_chunks, reduce_rows, scatter_pairs, split_even, to_f32
-from ._base import ReduceTypeOperation
+from ._base import PREPARE, RUN, ReduceTypeOperation
 from ._reduce import alltoall_reduce, invariant, ordered, reduce_scatter
 
 #: float16/bfloat16 AllReduce of at most this many bytes: cast to float32, one native float32
@@ -94,11 +94,11 @@ class AllReduceOperation(ReduceTypeOperation):
         Returns:
             ``out``, or a new array of x's shape and dtype.
         """
-        return self._execute(x, out)
+        return self._call((x, out), RUN)
 
     def prepare(self, x: np.ndarray, out: np.ndarray | None = None) -> Plan:
         """A :class:`~mpicoll.Plan` of ``execute(x, out)``."""
-        return self._prepare(x, out)
+        return self._call((x, out), PREPARE)
 
     def describe(self, x, out=None) -> Call:
         x, dt, src = self._data(x)

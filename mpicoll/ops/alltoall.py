@@ -14,7 +14,7 @@ from .._params import CommParam
 from .._plan import Call, Plan
 from .._numeric import copy_pairs
 from ._agree import uniform
-from ._base import Operation
+from ._base import PREPARE, RUN, Operation
 
 
 __all__ = ["AllToAllOperation", "AllToAllParam", "AllToAllVOperation", "AllToAllVParam", "AllToAllVV2Operation",
@@ -64,11 +64,11 @@ class AllToAllOperation(Operation):
         Returns:
             ``out``, or a new array of x's shape: block j is rank j's block ``rank``.
         """
-        return self._execute(x, out)
+        return self._call((x, out), RUN)
 
     def prepare(self, x: np.ndarray, out: np.ndarray | None = None) -> Plan:
         """A :class:`~mpicoll.Plan` of ``execute(x, out)``."""
-        return self._prepare(x, out)
+        return self._call((x, out), PREPARE)
 
     def describe(self, x, out=None) -> Call:
         x, dt, src = self._data(x)
@@ -174,11 +174,11 @@ class AllToAllVOperation(_AllToAllVBase):
         Returns:
             ``out``, or a new array of shape ``[1, sum(recv_counts)]``.
         """
-        return self._execute(x, out)
+        return self._call((x, out), RUN)
 
     def prepare(self, x: np.ndarray, out: np.ndarray | None = None) -> Plan:
         """A :class:`~mpicoll.Plan` of ``execute(x, out)``."""
-        return self._prepare(x, out)
+        return self._call((x, out), PREPARE)
 
     def _bind_param(self) -> None:
         p = self.param
@@ -201,6 +201,10 @@ class AllToAllVOperation(_AllToAllVBase):
         if self._uniform_plan is None:
             self._uniform_plan = uniform(table)
         return self._uniform_plan
+
+    def land(self, call, rows, table) -> None:
+        self._uniform(table)                        # (the fact of an agreed table, kept: see needs_facts)
+        super().land(call, rows, table)
 
 
 _PLAN = ("send_counts", "sdispls", "recv_counts", "rdispls")
@@ -241,12 +245,12 @@ class AllToAllVV2Operation(_AllToAllVBase):
         Returns:
             ``out``, or a new array of shape ``[1, sum(recv_counts)]``.
         """
-        return self._execute(x, send_counts, sdispls, recv_counts, rdispls, infer_shape, out)
+        return self._call((x, send_counts, sdispls, recv_counts, rdispls, infer_shape, out), RUN)
 
     def prepare(self, x: np.ndarray, send_counts, sdispls, recv_counts, rdispls, infer_shape=None,
                 out: np.ndarray | None = None) -> Plan:
         """A :class:`~mpicoll.Plan` of ``execute(x, send_counts, sdispls, recv_counts, rdispls, infer_shape, out)``."""
-        return self._prepare(x, send_counts, sdispls, recv_counts, rdispls, infer_shape, out)
+        return self._call((x, send_counts, sdispls, recv_counts, rdispls, infer_shape, out), PREPARE)
 
     def describe(self, x, send_counts, sdispls, recv_counts, rdispls, infer_shape=None, out=None) -> Call:
         return self._v_call(x, self._counts(send_counts, sdispls, recv_counts, rdispls), infer_shape, out)

@@ -13,7 +13,7 @@ from .._numeric import copy_pairs
 from .._params import CommParam
 from .._plan import Call, Plan
 from .._numeric import pack, scatter_pairs
-from ._base import Operation
+from ._base import PREPARE, RUN, Operation
 
 
 __all__ = ["BroadcastOperation", "BroadcastParam"]
@@ -46,11 +46,11 @@ class BroadcastOperation(Operation):
         Returns:
             ``x``, filled with the root's data.
         """
-        return self._execute(x)
+        return self._call((x,), RUN)
 
     def prepare(self, x: np.ndarray) -> Plan:
         """A :class:`~mpicoll.Plan` of ``execute(x)``."""
-        return self._prepare(x)
+        return self._call((x,), PREPARE)
 
     def _bind_param(self) -> None:
         self._root = int(self.param.rank_root)

@@ -10,7 +10,7 @@ from .._golden import BenchRun, BenchSpec, Case, CheckSpec, bench_data, rank_dat
 from .._numeric import copy_pairs
 from .._params import CommParam
 from .._plan import Call, Plan
-from ._base import Operation
+from ._base import PREPARE, RUN, Operation
 
 __all__ = ["GatherOperation", "GatherParam"]
 
@@ -44,11 +44,11 @@ class GatherOperation(Operation):
         Returns:
             On the root, ``out`` or a new array (row i is rank i's x); on the other ranks, None.
         """
-        return self._execute(x, out)
+        return self._call((x, out), RUN)
 
     def prepare(self, x: np.ndarray, out: np.ndarray | None = None) -> Plan:
         """A :class:`~mpicoll.Plan` of ``execute(x, out)``."""
-        return self._prepare(x, out)
+        return self._call((x, out), PREPARE)
 
     def _bind_param(self) -> None:
         self._root = int(self.param.rank_root)

@@ -12,7 +12,7 @@ from .._golden import (TORCH_OPS, BenchRun, BenchSpec, Case, CheckSpec, bench_da
 from .._numeric import average, reduce_rows
 from .._params import ReduceTypeParam
 from .._plan import Call, Plan
-from ._base import ReduceTypeOperation
+from ._base import PREPARE, RUN, ReduceTypeOperation
 from .allreduce import reduce_pieces
 
 __all__ = ["ReduceOperation", "ReduceParam"]
@@ -50,11 +50,11 @@ class ReduceOperation(ReduceTypeOperation):
         Returns:
             On the root, ``out`` or a new array; on the other ranks, None.
         """
-        return self._execute(x, out)
+        return self._call((x, out), RUN)
 
     def prepare(self, x: np.ndarray, out: np.ndarray | None = None) -> Plan:
         """A :class:`~mpicoll.Plan` of ``execute(x, out)``."""
-        return self._prepare(x, out)
+        return self._call((x, out), PREPARE)
 
     def _bind_param(self) -> None:
         super()._bind_param()

@@ -14,7 +14,7 @@ from .._golden import (TORCH_OPS, BenchRun, BenchSpec, Case, CheckSpec, bench_da
 from .._numeric import average, reduce_rows
 from .._params import ReduceTypeParam
 from .._plan import Call, Plan
-from ._base import ReduceTypeOperation
+from ._base import PREPARE, RUN, ReduceTypeOperation
 from ._reduce import reduce_scatter
 
 
@@ -56,11 +56,11 @@ class ReduceScatterOperation(ReduceTypeOperation):
         Returns:
             ``out``, or a new array of that shape: the reduction of block ``rank`` of dim 0.
         """
-        return self._execute(x, out)
+        return self._call((x, out), RUN)
 
     def prepare(self, x: np.ndarray, out: np.ndarray | None = None) -> Plan:
         """A :class:`~mpicoll.Plan` of ``execute(x, out)``."""
-        return self._prepare(x, out)
+        return self._call((x, out), PREPARE)
 
     def describe(self, x, out=None) -> Call:
         x, dt, src = self._data(x)
@@ -127,12 +127,12 @@ class ReduceScatterVOperation(ReduceTypeOperation):
         Returns:
             ``out``, or a new 1-D array of ``recv_count`` elements.
         """
-        return self._execute(x, send_counts, sdispls, recv_count, out)
+        return self._call((x, send_counts, sdispls, recv_count, out), RUN)
 
     def prepare(self, x: np.ndarray, send_counts, sdispls, recv_count: int,
                 out: np.ndarray | None = None) -> Plan:
         """A :class:`~mpicoll.Plan` of ``execute(x, send_counts, sdispls, recv_count, out)``."""
-        return self._prepare(x, send_counts, sdispls, recv_count, out)
+        return self._call((x, send_counts, sdispls, recv_count, out), PREPARE)
 
     def describe(self, x, send_counts, sdispls, recv_count, out=None) -> Call:
         x, dt, src = self._data(x)
