@@ -138,6 +138,9 @@ def reduce_rows(rows: list[np.ndarray], dt: DType, rop: ReduceOp, out: np.ndarra
     if not n or not c:
         return out
     if dt.reduce != "float32":
+        if KERNELS is not None and dt.floating and rop.kernel < 2:    # (float32/float64 SUM, PROD: in C)
+            (KERNELS.reduce_f32 if dt.itemsize == 4 else KERNELS.reduce_f64)(rows, out, rop.kernel)
+            return out
         # (floats: overflow to inf / NaN are the IEEE answers, as MPI's, whatever numpy's error state;
         # integers and bool raise no floating-point error: no state to set)
         (_fold_quiet if dt.floating else _fold)(rows, rop.ufunc, out, n, c)

@@ -396,7 +396,7 @@ class _Barrier(Operation):
     def ride(self, call):
         return _NOTHING                 # (the agreement is the barrier: every rank's row reaches every rank)
 
-    def land(self, call, rows, table) -> None:
+    def land(self, call, rows, table, go) -> None:
         pass
 
 

@@ -206,7 +206,7 @@ def test_a_validated_call_that_comes_back_still_agrees(tmp_path, np_):
             op.execute(x, out)
             got.append(float(out[0]))
         entry = next(iter(op._calls.values()))
-        say(f"sums {got} rode {entry.rows is not None}")
+        say(f"sums {got} plan {entry._plan is not None}")
         bad, bad_out = np.ones(4, np.float32), np.empty(4, np.float32)
         try:
             op.execute(*((bad, bad_out) if r == n - 1 else (x, out)))
@@ -223,7 +223,7 @@ def test_a_validated_call_that_comes_back_still_agrees(tmp_path, np_):
         say(f"functional {t.tolist()}")
     """, np_)
     total = np_ * (np_ - 1) / 2
-    assert lines == sorted([f"rank {r}: sums {[total + np_ * k for k in range(4)]} rode True" for r in range(np_)]
+    assert lines == sorted([f"rank {r}: sums {[total + np_ * k for k in range(4)]} plan True" for r in range(np_)]
                            + [f"rank {r}: mismatch x.shape" for r in range(np_)]
                            + [f"rank {r}: again {float(np_)}" for r in range(np_)]
                            + [f"rank {r}: functional {[total, total]}" for r in range(np_)]), lines

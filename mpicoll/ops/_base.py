@@ -221,8 +221,8 @@ class Operation:
             if not (mode.agrees or self._validate or not self._agreed_once or (err is None and self.needs_facts(call))):
                 if err is not None:
                     raise err
-                if entry is None and key is not None:
-                    entry = self._calls.keep(key, args, call, None, self)
+                if entry is None and self._calls.keeps(key, args, self):
+                    entry = self._calls.keep(key, args, call, None)
                 return mode.take(self, call, None, False, entry)
             payload = None
             if mode.rides and err is None:
@@ -234,13 +234,14 @@ class Operation:
                 table, rode, headers = agree_call(lib, self, call, None, number, payload, entry.slots,
                                                   entry.last if lib.plain else None)
             else:
-                slots = Slots(lib) if key is not None and err is None else None
+                kept = err is None and self._calls.keeps(key, args, self)
+                slots = Slots(lib) if kept else None
                 table, rode, headers = agree_call(lib, self, call, err, number, payload, slots)
-                entry = self._calls.keep(key, args, call, slots, self) if slots is not None else None
-                if entry is not None:
+                if kept:
+                    entry = self._calls.keep(key, args, call, slots)
                     entry.payload = payload if mode.rides else self._payload(call)
             if entry is not None and headers is not None:
-                entry.agreed(lib, table, headers)
+                entry.agreed(headers)
             return mode.take(self, call, table, rode, entry)
         finally:
             lib.busy.release()
@@ -261,17 +262,21 @@ class Operation:
         except Exception as exc:  # noqa: BLE001 - every local failure is agreed, never raised alone
             return None, as_collective_error(exc, self.NAME, self.rank)
 
-    def _record(self, call: Call, table: np.ndarray | None, rec: Recorder) -> None:
+    def _record(self, call: Call, table: np.ndarray | None, rec: Recorder, rows: list | None = None) -> None:
         """Record the call into a plan: one part per round (``call.rounds``: the Hccl client's
-        ``repeat``, else 1; ``issue`` reads ``call.round``), its local work around it."""
+        ``repeat``, else 1; ``issue`` reads ``call.round``), its local work around it. ``rows``:
+        its data rode its agreement (those rows): only its landing, and its local work after it."""
         for k in range(call.rounds):
             call.round = k
             rec.begin(self.NAME, self._comms)
-            if call.src is not None:
-                rec.local(np.copyto, call.x, call.src)
-            for step in call.before:
-                rec.local(*step)
-            self.issue(call, table, rec)
+            if rows is not None:
+                self.land(call, rows, table, rec)
+            else:
+                if call.src is not None:
+                    rec.local(np.copyto, call.x, call.src)
+                for step in call.before:
+                    rec.local(*step)
+                self.issue(call, table, rec)
             for step in call.after:
                 rec.local(*step)
             rec.end(call.result)
@@ -301,9 +306,10 @@ class Operation:
         needs. None: the operator does not ride (its data always moves by ``issue``)."""
         return None
 
-    def land(self, call: Call, rows: list[np.ndarray], table: np.ndarray) -> None:
+    def land(self, call: Call, rows: list[np.ndarray], table: np.ndarray, go: Any) -> None:
         """Finish a call whose data travelled in its agreement: ``rows[r]``, rank r's payload (1-D
-        of the call's dtype), the gathered ``table``. Local work only."""
+        of the call's dtype, a view into the gathered ``table``). Local work only (``go.local``,
+        as ``issue`` records it: a remembered call's landing is recorded once)."""
         raise NotImplementedError
 
     # -- what a captured graph asks (mpicoll.graph) ------------------------------------------------
@@ -361,20 +367,18 @@ class Mode:
 
 
 class _Run(Mode):
-    """``execute``: finish a call that rode, run a remembered call's plan, or issue at once."""
+    """``execute``: run a remembered call's plan (its landing, if it rode), else land or issue at once."""
 
     def take(self, op, call, table, rode, entry):
-        if rode:
-            op.land(call, entry.rows if entry is not None else Slots.rows_of(op._lib, table, call), table)
-            if call.after:
-                epilogue(call)
-            return call.result
-        plan = entry.plan(op, table) if entry is not None else None
+        plan = entry.plan(op, table, rode) if entry is not None else None
         if plan is not None:
             return plan.run()
-        if call.src is not None or call.before:
-            prologue(call)
-        op.issue(call, table, op._runner)
+        if rode:
+            op.land(call, Slots.rows_of(op._lib, table, call), table, op._runner)
+        else:
+            if call.src is not None or call.before:
+                prologue(call)
+            op.issue(call, table, op._runner)
         if call.after:
             epilogue(call)
         return call.result
@@ -385,10 +389,8 @@ class _Start(Mode):
 
     def take(self, op, call, table, rode, entry):
         if rode:
-            op.land(call, entry.rows if entry is not None else Slots.rows_of(op._lib, table, call), table)
-            epilogue(call)
-            return Done(call.result)
-        plan = entry.plan(op, table) if entry is not None else None
+            return Done(RUN.take(op, call, table, rode, entry))
+        plan = entry.plan(op, table, rode) if entry is not None else None
         if plan is None:
             rec = Recorder(counts=False)              # (the pipeline counted it)
             op._record(call, table, rec)
@@ -427,30 +429,29 @@ class Entry:
     headers every rank sent last time (``last``), its landing rows, its plan (recorded at its
     first repeat, for the table it was agreed with)."""
 
-    __slots__ = ("args", "call", "slots", "payload", "last", "rows", "_plan", "_seen")
+    __slots__ = ("args", "call", "slots", "payload", "last", "_plan", "_seen")
 
     def __init__(self, args: tuple, call: Call, slots: Slots | None) -> None:
         self.args, self.call, self.slots = args, call, slots
-        self.payload = self.last = self.rows = self._plan = None      # (payload: its ride, where it fits)
+        self.payload = self.last = self._plan = None      # (payload: its ride, where it fits)
         self._seen = False
 
-    def agreed(self, lib: LibComm, table: np.ndarray, headers: bytes) -> None:
-        """The call was agreed with ``table`` (in :attr:`slots`), whose ``headers`` are new (a
-        peer's call changed, or this is its first agreement): keep what a repeat compares, and drop
-        the plan and the landing rows made for the old ones."""
-        self.last = headers
-        self._plan = None
-        self.rows = Slots.rows_of(lib, table, self.call) if min(table[:, V.H_RIDE].tolist()) >= 0 else None
+    def agreed(self, headers: bytes) -> None:
+        """The call was agreed with headers that are new (a peer's call changed, or this is its
+        first agreement): keep what a repeat compares, and drop the plan made for the old ones (it
+        may land other rows, or pick other MPI calls)."""
+        self.last, self._plan, self._seen = headers, None, False
 
-    def plan(self, op: Operation, table: np.ndarray | None) -> Plan | None:
-        """Its plan, recorded at its first repeat; None at its first use, or while a start of the
-        plan is in flight (the call then runs afresh)."""
+    def plan(self, op: Operation, table: np.ndarray | None, rode: bool) -> Plan | None:
+        """Its plan (its landing, if it ``rode``: the same on every repeat while the headers are),
+        recorded at its first repeat; None at its first use, or while a start of the plan is in
+        flight (the call then runs afresh)."""
         if not self._seen:
             self._seen = True
             return None
         if self._plan is None:
             rec = Recorder(counts=False)              # (the pipeline counts each repeat)
-            op._record(self.call, table, rec)
+            op._record(self.call, table, rec, Slots.rows_of(op._lib, table, self.call) if rode else None)
             self._plan = Plan(rec, op, persistent=False)
         return self._plan if self._plan.idle else None
 
@@ -458,12 +459,15 @@ class Entry:
 class Remembered(OrderedDict):
     """An operation's last ``REMEMBERED`` calls, by key (:func:`_key`: the one key rule), oldest first."""
 
-    def keep(self, key: tuple | None, args: tuple, call: Call, slots: Slots | None, op: Operation) -> Entry | None:
-        """Remember a call just described (None when it must be described again next time: its key
-        cannot tell it apart, it allocated its output or copied a list, its arrays are large, or its
-        rules read data)."""
-        if key is None or op._fresh or op.RULES_ON_DATA or not _small(args):
-            return None
+    @staticmethod
+    def keeps(key: tuple | None, args: tuple, op: Operation) -> bool:
+        """Whether a call just described is remembered (not when it must be described again next
+        time: its key cannot tell it apart, it allocated its output or copied a list, its arrays are
+        large, or its rules read data)."""
+        return key is not None and not op._fresh and not op.RULES_ON_DATA and _small(args)
+
+    def keep(self, key: tuple, args: tuple, call: Call, slots: Slots | None) -> Entry:
+        """Remember a call (:meth:`keeps`)."""
         entry = self[key] = Entry(args, call, slots)
         if len(self) > REMEMBERED:
             self.popitem(last=False)

@@ -85,8 +85,8 @@ class AllGatherOperation(Operation):
     def ride(self, call):
         return call.x
 
-    def land(self, call, rows, table) -> None:
-        copy_pairs(list(zip(call.out.reshape(self.size, -1), rows)))
+    def land(self, call, rows, table, go) -> None:
+        go.local(copy_pairs, list(zip(call.out.reshape(self.size, -1), rows)))
 
     def coalesce_key(self, call, exact=True) -> tuple | None:
         if not self._one_issue(AllGatherOperation):
@@ -198,9 +198,9 @@ class AllGatherVOperation(Operation):
     def ride(self, call):
         return call.x.reshape(-1)[:call.args[0]]
 
-    def land(self, call, rows, table) -> None:
+    def land(self, call, rows, table, go) -> None:
         flat, (_, rc, rd, _) = call.out.reshape(-1), call.args          # (rows[i]: rank i's recv_counts[i])
-        copy_pairs([(flat[d:d + c], row) for c, d, row in zip(rc, rd, rows)])
+        go.local(copy_pairs, [(flat[d:d + c], row) for c, d, row in zip(rc, rd, rows)])
 
 
 def _place(packed: np.ndarray, flat: np.ndarray, c: int, rd: list[int]) -> None:

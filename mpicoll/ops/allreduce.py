@@ -15,7 +15,7 @@ from .. import _shm
 from .._plan import Call, Plan
 from .._numeric import average, copy_pairs, from_f32, pack, prefix, reduce_chunks, reduce_rows, scatter_pairs, split_even, to_f32
 from ._base import PREPARE, RUN, ReduceTypeOperation
-from ._reduce import alltoall_reduce, invariant, ordered, reduce_scatter
+from ._reduce import GATHERED_BYTES, alltoall_reduce, invariant, ordered, reduce_scatter
 
 #: float16/bfloat16 AllReduce of at most this many bytes: cast to float32, one native float32
 #: Allreduce, cast back (one collective beats two at small sizes); above: the AllToAll path.
@@ -47,15 +47,6 @@ TIERED_BYTES = 256 * 1024
 #: 1.01-1.14 at 256 KiB-16 MiB (the flat AllToAll path: 1.75-2.0 from 64 KiB).
 CHAINED_BYTES = 1024
 CHAIN_PIECE_BYTES = 256 * 1024
-#: A rank-order reduction (:func:`~._base.ordered`) that the node window does not take, of at most
-#: this many bytes over all ranks' inputs (n x its size): an Allgather (a Reduce: Gather) of every
-#: input, then a rank-order reduction on every rank (the root); above it, AllToAll + rank-order
-#: reduction + AllGather (bandwidth-optimal: the Allgather moves (n - 1) / 2 times its bytes).
-#: Measured without the window (MPICOLL_SHM=0, one node, float32 and bfloat16, 3 and 4 ranks), per
-#: rank's input: the Allgather took 0.55-0.77x the AllToAll path's time up to 4 KiB, 0.95-1.2x at
-#: 8-16 KiB, 0.6-0.8x at 32-64 KiB (MPICH's AllToAll crosses its eager limit); 16 KiB a rank at 4
-#: ranks, less at more ranks and on networks, where the bytes weigh more.
-GATHERED_BYTES = 64 * 1024
 
 
 __all__ = ["AllReduceOperation", "AllReduceParam"]
@@ -118,8 +109,8 @@ class AllReduceOperation(ReduceTypeOperation):
     def ride(self, call):
         return call.x
 
-    def land(self, call, rows, table) -> None:
-        reduce_rows(rows, call.dt, call.reduce, call.out)            # (rank order: the rule of every path)
+    def land(self, call, rows, table, go) -> None:
+        go.local(reduce_rows, rows, call.dt, call.reduce, call.out)    # (rank order: the rule of every path)
 
     def coalesce_key(self, call, exact=True) -> tuple | None:
         """``exact``: only where the result cannot depend on the size of the message

@@ -89,9 +89,9 @@ class AllToAllOperation(Operation):
     def ride(self, call):
         return call.x
 
-    def land(self, call, rows, table) -> None:
+    def land(self, call, rows, table, go) -> None:
         k, me = call.x.size // self.size, self.rank
-        copy_pairs([(dst, row[me * k:(me + 1) * k]) for dst, row in zip(call.out.reshape(self.size, -1), rows)])
+        go.local(copy_pairs, [(dst, row[me * k:(me + 1) * k]) for dst, row in zip(call.out.reshape(self.size, -1), rows)])
 
 
 class _AllToAllVBase(Operation):
@@ -142,11 +142,11 @@ class _AllToAllVBase(Operation):
         sc, sd = call.args[0], call.args[1]
         return call.x.reshape(-1)[:sum(sc)] if V.packed(sc, sd) else None     # (a gapped send: Alltoallv)
 
-    def land(self, call, rows, table) -> None:
+    def land(self, call, rows, table, go) -> None:
         flat, (_, _, rc, rd, _), me, unit = call.out.reshape(-1), call.args, self.rank, call.unit
         sent = V.sent(table).tolist()               # (what each rank sends each rank: its block for me within)
-        copy_pairs([(flat[d:d + c], row[sum(s[:me]) * unit:sum(s[:me]) * unit + c])
-                    for c, d, row, s in zip(rc, rd, rows, sent)])
+        go.local(copy_pairs, [(flat[d:d + c], row[sum(s[:me]) * unit:sum(s[:me]) * unit + c])
+                              for c, d, row, s in zip(rc, rd, rows, sent)])
 
 
 class AllToAllVOperation(_AllToAllVBase):
@@ -202,9 +202,9 @@ class AllToAllVOperation(_AllToAllVBase):
             self._uniform_plan = uniform(table)
         return self._uniform_plan
 
-    def land(self, call, rows, table) -> None:
+    def land(self, call, rows, table, go) -> None:
         self._uniform(table)                        # (the fact of an agreed table, kept: see needs_facts)
-        super().land(call, rows, table)
+        super().land(call, rows, table, go)
 
 
 _PLAN = ("send_counts", "sdispls", "recv_counts", "rdispls")

@@ -77,9 +77,9 @@ class BroadcastOperation(Operation):
         flat = call.x.reshape(-1)
         return flat if self.rank == self._root else flat[:0]
 
-    def land(self, call, rows, table) -> None:
+    def land(self, call, rows, table, go) -> None:
         if self.rank != self._root:
-            np.copyto(call.x.reshape(-1), rows[self._root])
+            go.local(np.copyto, call.x.reshape(-1), rows[self._root])
 
     def coalesce_key(self, call, exact=True) -> tuple | None:
         if not self._one_issue(BroadcastOperation):

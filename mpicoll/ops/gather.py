@@ -70,9 +70,9 @@ class GatherOperation(Operation):
     def ride(self, call):
         return call.x
 
-    def land(self, call, rows, table) -> None:
+    def land(self, call, rows, table, go) -> None:
         if call.out is not None:
-            copy_pairs(list(zip(call.out.reshape(self.size, -1), rows)))
+            go.local(copy_pairs, list(zip(call.out.reshape(self.size, -1), rows)))
 
 
 # ----------------------------------------------------------------------------- golden check

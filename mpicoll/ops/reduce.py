@@ -80,9 +80,9 @@ class ReduceOperation(ReduceTypeOperation):
     def ride(self, call):
         return call.x
 
-    def land(self, call, rows, table) -> None:
+    def land(self, call, rows, table, go) -> None:
         if call.out is not None:
-            reduce_rows(rows, call.dt, call.reduce, call.out)
+            go.local(reduce_rows, rows, call.dt, call.reduce, call.out)
 
 
 # ----------------------------------------------------------------------------- golden check

@@ -87,9 +87,9 @@ class ReduceScatterOperation(ReduceTypeOperation):
     def ride(self, call):
         return call.x
 
-    def land(self, call, rows, table) -> None:
+    def land(self, call, rows, table, go) -> None:
         k, me = call.out.size, self.rank
-        reduce_rows([r[me * k:(me + 1) * k] for r in rows], call.dt, call.reduce, call.out)
+        go.local(reduce_rows, [r[me * k:(me + 1) * k] for r in rows], call.dt, call.reduce, call.out)
 
 
 class ReduceScatterVOperation(ReduceTypeOperation):
@@ -170,10 +170,10 @@ class ReduceScatterVOperation(ReduceTypeOperation):
         sc = call.args[0]
         return call.x.reshape(-1)[:sum(sc)] if call.info & V.BIT_PACKED else None   # (gapped blocks: issue packs)
 
-    def land(self, call, rows, table) -> None:
+    def land(self, call, rows, table, go) -> None:
         sc, me = call.args[0], self.rank                       # (send_counts: the same list on every rank)
         at = sum(sc[:me])
-        reduce_rows([r[at:at + sc[me]] for r in rows], call.dt, call.reduce, call.out)
+        go.local(reduce_rows, [r[at:at + sc[me]] for r in rows], call.dt, call.reduce, call.out)
 
 
 def _pack(flat: np.ndarray, counts: list[int], displs: list[int], blocks: np.ndarray) -> None:

@@ -90,9 +90,9 @@ class ScatterOperation(Operation):
     def ride(self, call):
         return call.out.reshape(-1)[:0] if call.x is None else call.x
 
-    def land(self, call, rows, table) -> None:
+    def land(self, call, rows, table, go) -> None:
         k = call.out.size
-        np.copyto(call.out.reshape(-1), rows[self._root][self.rank * k:(self.rank + 1) * k])
+        go.local(np.copyto, call.out.reshape(-1), rows[self._root][self.rank * k:(self.rank + 1) * k])
 
 
 V.SHAPE_NAMES["Scatter"] = "block shape (out.shape; x.shape[0] // rank_size on the root)"
