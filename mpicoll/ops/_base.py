@@ -135,6 +135,7 @@ class Operation:
         self._fresh = False               # (describe allocated an output or copied a list: _out, _data)
         self._runner = Runner(self)
         self._calls = Remembered()
+        self._slots: Slots | None = None
 
     @property
     def validate(self) -> bool:
@@ -235,7 +236,7 @@ class Operation:
                                                   entry.last if lib.plain else None)
             else:
                 kept = err is None and self._calls.keeps(key, args, self)
-                slots = Slots(lib) if kept else None
+                slots = Slots(lib) if kept else self._scratch_slots(lib)
                 table, rode, headers = agree_call(lib, self, call, err, number, payload, slots)
                 if kept:
                     entry = self._calls.keep(key, args, call, slots)
@@ -245,6 +246,13 @@ class Operation:
             return mode.take(self, call, table, rode, entry)
         finally:
             lib.busy.release()
+
+    def _scratch_slots(self, lib: LibComm) -> Slots:
+        """The agreement buffers of its calls that are not remembered (one set, reused: a call's
+        table is read during the call only)."""
+        if self._slots is None:
+            self._slots = Slots(lib)
+        return self._slots
 
     def _payload(self, call: Call) -> np.ndarray | None:
         """What this rank offers its agreement to carry: its :meth:`ride`, where it fits the slot."""
@@ -457,14 +465,26 @@ class Entry:
 
 
 class Remembered(OrderedDict):
-    """An operation's last ``REMEMBERED`` calls, by key (:func:`_key`: the one key rule), oldest first."""
+    """An operation's last ``REMEMBERED`` calls, by key (:func:`_key`: the one key rule), oldest first;
+    a call is remembered when it comes back (the keys of the last calls seen once are kept too, so
+    that a call made with a new view each time costs no entry)."""
 
-    @staticmethod
-    def keeps(key: tuple | None, args: tuple, op: Operation) -> bool:
-        """Whether a call just described is remembered (not when it must be described again next
-        time: its key cannot tell it apart, it allocated its output or copied a list, its arrays are
-        large, or its rules read data)."""
-        return key is not None and not op._fresh and not op.RULES_ON_DATA and _small(args)
+    def __init__(self) -> None:
+        super().__init__()
+        self.seen: OrderedDict = OrderedDict()
+
+    def keeps(self, key: tuple | None, args: tuple, op: Operation) -> bool:
+        """Whether a call just described is remembered: its second time (not when it must be
+        described again every time: its key cannot tell it apart, it allocated its output or copied
+        a list, its arrays are large, or its rules read data)."""
+        if key is None or op._fresh or op.RULES_ON_DATA or not _small(args):
+            return False
+        if key in self.seen:
+            return True
+        self.seen[key] = None
+        if len(self.seen) > REMEMBERED:
+            self.seen.popitem(last=False)
+        return False
 
     def keep(self, key: tuple, args: tuple, call: Call, slots: Slots | None) -> Entry:
         """Remember a call (:meth:`keeps`)."""
