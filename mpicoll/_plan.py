@@ -248,8 +248,9 @@ def count_call(comms: tuple[LibComm, ...], op: str) -> int:
     call pipeline, and by each COUNT step of a plan); returns its number on the first."""
     calls = comms[0].calls
     number = calls[op] = calls.get(op, 0) + 1
-    for c in comms[1:]:
-        c.calls[op] = c.calls.get(op, 0) + 1
+    if len(comms) > 1:
+        for c in comms[1:]:
+            c.calls[op] = c.calls.get(op, 0) + 1
     return number
 
 

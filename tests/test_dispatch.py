@@ -1,4 +1,4 @@
-"""The dispatcher (Operation._dispatch): the bugs that lived in its second copies, each in a fresh job.
+"""The call pipeline (Operation._call): the bugs that lived in its second copies, each in a fresh job.
 
 Each test runs its own ``mpirun`` job (at 2 and 4 ranks), so no state of an earlier test hides a
 set-up bug, and prints what every rank saw; the test reads it.
@@ -71,6 +71,29 @@ def test_a_remembered_call_keys_its_data_by_identity(tmp_path, np_):
         say(f"{got_b / n} {got_a / n} {got_c / n} {got_plan / n}")
     """, np_)
     assert lines == [f"rank {r}: 1.0 3.0 2.0 0.25" for r in range(np_)]
+
+
+@SIZES
+def test_a_call_with_a_new_view_each_time_is_never_remembered(tmp_path, np_):
+    """A view made and freed on every call often lands at the address of the last one: its key
+    (the array's identity) must not come back, so the call makes no entry and no plan (it used to
+    make one every other call, with its own agreement buffers); the same view again is remembered."""
+    lines = _job(tmp_path, """
+        import numpy as np, mpicoll
+        from mpi4py import MPI
+        r, n = MPI.COMM_WORLD.Get_rank(), MPI.COMM_WORLD.Get_size()
+        counts, displs = [2] * n, [2 * i for i in range(n)]
+        op = mpicoll.AllToAllVV2Operation(validate=False)
+        x, o = np.arange(2 * n, dtype=np.float32), np.empty((1, 2 * n), np.float32)
+        for _ in range(20):
+            op.execute(x, counts, displs, counts, displs, out=o.reshape(1, -1))
+        fresh = len(op._calls)
+        view = o.reshape(1, -1)
+        for _ in range(3):
+            op.execute(x, counts, displs, counts, displs, out=view)
+        say(f"{fresh} {len(op._calls)} {o[0, 2 * r:2 * r + 2].tolist() == [2.0 * r, 2.0 * r + 1]}")
+    """, np_)
+    assert lines == [f"rank {r}: 0 1 True" for r in range(np_)]
 
 
 @SIZES

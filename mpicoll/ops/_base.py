@@ -466,8 +466,9 @@ class Entry:
 
 class Remembered(OrderedDict):
     """An operation's last ``REMEMBERED`` calls, by key (:func:`_key`: the one key rule), oldest first;
-    a call is remembered when it comes back (the keys of the last calls seen once are kept too, so
-    that a call made with a new view each time costs no entry)."""
+    a call is remembered when it comes back (the last calls seen once are kept too, with their
+    arguments, so that a call made with a new view each time costs no entry: a view freed and
+    another made at its address would otherwise come back under the same key)."""
 
     def __init__(self) -> None:
         super().__init__()
@@ -481,7 +482,7 @@ class Remembered(OrderedDict):
             return False
         if key in self.seen:
             return True
-        self.seen[key] = None
+        self.seen[key] = args           # (held: an identity in a key stays its array's, never reused)
         if len(self.seen) > REMEMBERED:
             self.seen.popitem(last=False)
         return False
