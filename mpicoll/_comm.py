@@ -93,13 +93,15 @@ class LibComm:
         calls: operator name -> how many calls of it this rank has made on it (as the user counts).
         seq: how many collectives mpicoll has started on it (kept where it is read: with arrival
             marks or in debug mode).
-        pending: started work with collectives still to start here, oldest first.
+        pending: started work with collectives still to start here, and calls queued on its worker
+            (:mod:`mpicoll._async`) until they have finished, oldest first.
+        worker: the thread that runs its ``async_op=True`` calls (made at the first; None before).
         freed: :meth:`free` ran (``Comm.Free`` of the user's communicator runs it): operations and
             plans on it raise (:func:`check_live`) instead of calling MPI on a freed handle.
     """
 
     __slots__ = ("mpi", "label", "rank", "size", "world_ranks", "ident", "validate", "debug", "local", "exact",
-                 "timeout", "busy",
+                 "timeout", "busy", "worker",
                  "calls", "seq", "pending", "plain", "freed", "per_node", "blocks", "buffers", "_win", "_mark", "_node",
                  "_split", "_tiers", "__weakref__")
 
@@ -122,6 +124,7 @@ class LibComm:
         self.calls: dict[str, int] = {}
         self.seq = 0
         self.pending: list = []
+        self.worker = None
         self._win = self._mark = None
         self.plain = not debug and not watched
         self.freed = False
@@ -302,6 +305,12 @@ class LibComm:
         name.Start()
         return name
 
+    def message(self, sends: bool, data: np.ndarray, peer: int, tag: int) -> MPI.Request:
+        """Post a point-to-point message of the bytes ``data`` (``Isend`` to, or ``Irecv`` from,
+        ``peer``; :mod:`mpicoll._messages` completes it). Not a collective: it neither waits for
+        the work queued here nor counts as a call."""
+        return (self.mpi.Isend if sends else self.mpi.Irecv)([data, MPI.BYTE], peer, tag)
+
     def persistent(self, name: str, args: tuple) -> MPI.Prequest:
         """The persistent request of collective ``name`` (``self.mpi.<name>_init``: collective and
         non-blocking in MPI 4, made by every member at the same point of its program), started by
@@ -379,6 +388,9 @@ class LibComm:
     def free(self) -> None:
         """Free the windows and the communicator, with its tiers' (collective over the members)."""
         global FREED
+        if self.worker is not None:
+            self.worker.stop()                 # (its queued calls finish first)
+            self.worker = None
         self.freed = True
         FREED += 1
         self.close()
@@ -544,5 +556,7 @@ def _shutdown() -> None:
     turning a prompt abort into a hang."""
     if MPI.Is_finalized() or failing_exit():
         return
+    from ._async import stop_all              # (the calls still queued on workers finish first)
+    stop_all()
     for comm in reversed(list(_OPEN)):
         comm.close()

@@ -511,22 +511,6 @@ def _wait_from(slots: list, token: int, comm: LibComm, timeout: float | None, na
     comm.wait([req], timeout, name, where)
 
 
-class Done:
-    """A run that completed as it started (a call whose data travelled in its agreement): the
-    :class:`Handle` interface, nothing left to do."""
-
-    __slots__ = ("result",)
-
-    def __init__(self, result: Any) -> None:
-        self.result = result
-
-    def wait(self) -> Any:
-        return self.result
-
-    def test(self) -> bool:
-        return True
-
-
 class Handle:
     """A started run of a :class:`Plan` (what :meth:`Plan.start` returns).
 

@@ -38,11 +38,12 @@ import numpy as np
 from typing import Any
 
 from ._errors import CollectiveError, arg_error, as_collective_error
+from ._async import submit
 from ._plan import CAPTURING, Call, Plan, Recorder
 from ._domains import resolve_group
 from .functional import Work
 from .ops._agree import agree_calls
-from .ops._base import PREPARE, START, Operation
+from .ops._base import ASYNC, PREPARE, Operation
 
 __all__ = ["Graph", "capture"]
 
@@ -95,11 +96,14 @@ class _Captured:
     def __init__(self, result: Any) -> None:
         self.result = result
 
-    def wait(self) -> Any:
-        return self.result
-
-    def test(self) -> bool:
+    def wait(self, timeout: float | None = None) -> bool:
         return True
+
+    def is_completed(self) -> bool:
+        return True
+
+    def exception(self) -> None:
+        return None
 
 
 class Graph:
@@ -126,7 +130,7 @@ class Graph:
         if mode is PREPARE:
             raise arg_error("graph", "prepare", "inside graph.capture()", self._rank(), "a plan is prepared outside "
                             "a capture (the graph is itself the plan of its calls)")
-        return _Sink(self, mode is START)
+        return _Sink(self, mode is ASYNC)
 
     def add(self, op: Operation, call: Call | None, err: BaseException | None, started: bool = False) -> Any:
         """Take one described call of ``op`` into the graph (its execute, or one-shot start, while
@@ -207,13 +211,17 @@ class Graph:
         return their outputs (a tuple, one per captured call); with ``async_op`` a
         :class:`~mpicoll.functional.Work` instead.
 
+        With ``async_op`` the replay runs on the group's worker thread while the caller goes on
+        (as any ``async_op=True`` call: :mod:`mpicoll._async`); a call or replay made after it on
+        the same communicators runs after it.
+
         Raises:
-            CollectiveError: the graph is freed, or a replay started with ``async_op`` is not yet
-                waited for.
+            CollectiveError: the graph is freed.
         """
         plan = self._ready("replay")
         if async_op:
-            return Work(plan.start(), list(self._results))
+            comms = plan._used or (resolve_group("graph", self.group),)
+            return Work(submit(comms, plan.run), list(self._results), "graph.replay")
         plan.run()
         return self._results
 

@@ -8,7 +8,7 @@ import pytest
 import mpicoll
 from mpicoll import CollectiveError, CollectiveMismatchError
 from mpicoll._golden import CHECKS, SEED, count_wrong
-from mpicoll.ops._base import PREPARE, RUN, START
+from mpicoll.ops._base import ASYNC, PREPARE, RUN
 
 from _mpi import RANK, SAMPLE, SIZE, WORLD, raises_everywhere
 
@@ -250,7 +250,8 @@ def test_steps_in_flight_in_execute_plans_and_one_shot_starts():
         while not h.test():
             pass
         assert np.array_equal(h.wait(), want)
-    assert np.array_equal(op._call((x,), START).wait(), want)
+    job = op._call((x,), ASYNC)                   # (async_op=True: the call on the communicator's worker)
+    assert job.wait() and np.array_equal(job.value, want)
 
 
 @mpi1
@@ -301,10 +302,10 @@ def test_started_work_keeps_the_program_order_on_its_communicator(progress):
             for h in handles:
                 h.test()
     assert mpicoll.AllGatherOperation().execute(np.array([RANK])).reshape(-1).tolist() == list(range(SIZE))
-    tail = _Overlap()._call((np.ones(4),), START)
+    tail = _Overlap()._call((np.ones(4),), ASYNC)
     for k in (2, 0, 1):
         assert np.array_equal(handles[k].wait(), np.full(n, k * SIZE + sum(range(SIZE)), np.float16)), k
-    assert tail.wait().tolist() == [4 * SIZE] * 4            # 2 * SIZE + SIZE * 2
+    assert tail.wait() and tail.value.tolist() == [4 * SIZE] * 4            # 2 * SIZE + SIZE * 2
     for p in plans:
         p.free()
     assert not mpicoll._domains.world().pending

@@ -5,7 +5,9 @@ Every call, in every mode, is one straight line of small stages over one record 
     bind -> remembered? -> count -> describe -> agree -> sink
 
 * **bind** (the first call, :meth:`Operation._bind`): resolve the communicator, check the Param,
-  decide the timeout (once: ``Operation.timeout``).
+  decide the timeout (once: ``Operation.timeout``). Then the call runs here, or is captured into a
+  graph, or is queued on the communicator's worker (:data:`ASYNC`, ``async_op=True``: the rest of
+  the pipeline runs there while the caller goes on, :mod:`mpicoll._async`).
 * **remembered?** (:class:`Remembered`, one cache, one key rule): the very same call again (its
   data arrays by identity, its values by contents) skips describe and reuses its record, its
   agreement's header and buffers, and its plan.
@@ -18,8 +20,7 @@ Every call, in every mode, is one straight line of small stages over one record 
   agreement rows, which carries the payload too where every rank's fits its slot (then the data
   has moved: :meth:`Operation.land` finishes the call locally).
 * **sink**, the only part that differs by mode: :data:`RUN` (``execute``: land, run the remembered
-  plan, or issue the MPI calls at once), :data:`START` (the one-shot non-blocking call),
-  :data:`PREPARE` (record a :class:`~mpicoll._plan.Plan`), or a graph being captured
+  plan, or issue the MPI calls at once), :data:`PREPARE` (record a :class:`~mpicoll._plan.Plan`), or a graph being captured
   (:mod:`mpicoll.graph`: described only, agreed with the whole graph at its end).
 
 An operator subclass supplies ``describe``, ``issue`` (the only place that picks its MPI calls, from
@@ -29,6 +30,7 @@ and its public ``execute`` / ``prepare`` with its real signature, each one line.
 from __future__ import annotations
 
 import inspect
+from functools import partial
 from collections import OrderedDict
 from typing import Any, ClassVar
 
@@ -37,12 +39,13 @@ from mpi4py import MPI
 
 from .. import _comm
 from .. import _validate as V
+from .._async import submit
 from .._comm import OP_NAMES, LibComm, check_live, finalized, op_code
 from .._domains import resolve
 from .._dtypes import BY_NP, DType, ReduceOp, reduce_op
 from .._errors import CollectiveArgumentError, CollectiveError, arg_error, as_collective_error
 from .._params import CommParam
-from .._plan import CAPTURING, Call, Done, Plan, Recorder, Runner, count_call, epilogue, prologue
+from .._plan import CAPTURING, Call, Plan, Recorder, Runner, count_call, epilogue, prologue
 from .._ranktable import rank_table
 from ._agree import CLASSES, Slots, agree_call
 from ._reduce import reduction
@@ -196,14 +199,24 @@ class Operation:
 
     # -- THE entry point of every call: one pipeline, a sink per mode ---------------------------------
     def _call(self, args: tuple, mode: "Mode") -> Any:
-        """THE pipeline of a call (see the module docstring): bind -> remembered? -> count ->
-        describe -> agree -> ``mode.take``. One thread at a time per communicator
-        (:meth:`~mpicoll._comm.LibComm.enter`)."""
+        """THE door of every call: where its pipeline runs. Captured into a graph being captured (its
+        sink), queued on the communicator's worker (:data:`ASYNC`: the call runs there, in
+        :data:`RUN`, while the caller goes on; :mod:`mpicoll._async`), or here, now."""
         if CAPTURING:
             mode = CAPTURING[-1].sink(mode)
         lib = self._lib
         if lib is None or _comm.FREED or MPI.Is_finalized():
             lib = self._live()
+        if mode is ASYNC:
+            return submit(self._comms, partial(self._pipeline, lib, args, RUN))
+        return self._pipeline(lib, args, mode)
+
+    def _pipeline(self, lib: LibComm, args: tuple, mode: "Mode") -> Any:
+        """THE pipeline of a call (see the module docstring): remembered? -> count -> describe ->
+        agree -> ``mode.take``. Calls queued ahead of it on the communicator by another thread
+        finish first; then one thread at a time per communicator (:meth:`~mpicoll._comm.LibComm.enter`)."""
+        if lib.pending:
+            lib.drain(None)
         if not lib.busy.acquire(False):
             lib.enter(self.NAME)                        # (raises: another thread is inside a call on it)
         try:
@@ -392,18 +405,9 @@ class _Run(Mode):
         return call.result
 
 
-class _Start(Mode):
-    """The one-shot non-blocking call: its steps started (or, having ridden, complete at once)."""
-
-    def take(self, op, call, table, rode, entry):
-        if rode:
-            return Done(RUN.take(op, call, table, rode, entry))
-        plan = entry.plan(op, table, rode) if entry is not None else None
-        if plan is None:
-            rec = Recorder(counts=False)              # (the pipeline counted it)
-            op._record(call, table, rec)
-            plan = Plan(rec, op, persistent=False)
-        return plan.start()
+class _Async(Mode):
+    """``async_op=True``: the call queued on its communicator's worker, which runs its pipeline in
+    :data:`RUN` (:meth:`Operation._call`; a graph being captured takes it as an async call)."""
 
 
 class _Prepare(Mode):
@@ -418,7 +422,7 @@ class _Prepare(Mode):
         return Plan(rec, op, rounds=call.rounds > 1)
 
 
-RUN, START, PREPARE = _Run(), _Start(), _Prepare()
+RUN, ASYNC, PREPARE = _Run(), _Async(), _Prepare()
 
 
 # ----------------------------------------------------------------------------- the remembered calls
