@@ -12,7 +12,9 @@ with ``MPICOLL_EXACT=0`` and of the raw mpi4py call (none for bfloat16, which MP
 block the slowest rank's mean, the three in turn, each in turn first. Prints the median times and the
 median of the ratios paired within a repetition (SUM). At 1 or 2 ranks both settings make the same
 calls for a SUM (one operation per element: any order gives the same bits), so the ratio is 1 there.
-Plans run with validation off: the loop a user writes for speed.
+Plans run with validation off: the loop a user writes for speed. ``--validated`` times the default
+instead: ``execute`` with validation on, whose small calls (at most ``RIDE_BYTES`` a rank) move their
+data in their agreement and reduce it in rank order under either setting.
 """
 from __future__ import annotations
 
@@ -36,12 +38,16 @@ OPS = {"AllReduce": (mpicoll.AllReduceOperation, mpicoll.AllReduceParam),
 COMMS = {exact: W.Dup() for exact in (1, 0)}      # one duplicate per setting: it is agreed when first used
 
 
-def plan(name: str, exact: int, x: np.ndarray, out: np.ndarray):
-    """A plan of ``name`` on the duplicate made with ``MPICOLL_EXACT=exact`` (read when it is bound)."""
+def plan(name: str, exact: int, x: np.ndarray, out: np.ndarray, validated: bool = False):
+    """A plan of ``name`` on the duplicate made with ``MPICOLL_EXACT=exact`` (read when it is bound);
+    ``validated``: instead, its validated ``execute``."""
     cls, param = OPS[name]
     os.environ["MPICOLL_EXACT"] = str(exact)
     _env.reread()                                     # (mpicoll keeps what it read: read it again)
-    op = cls(param(comm=COMMS[exact]), validate=False)
+    op = cls(param(comm=COMMS[exact]), validate=validated)
+    if validated:
+        op.execute(x, out=out)                         # (binds here, with the setting above)
+        return lambda: op.execute(x, out=out)
     p = op.prepare(x, out)
     p.run()                                           # (binds here, with the setting above)
     return p.run
@@ -70,10 +76,12 @@ def main() -> None:
     ap.add_argument("--dtypes", default="float32,bfloat16")
     ap.add_argument("--ops", default="AllReduce,ReduceScatter,Reduce")
     ap.add_argument("--reps", type=int, default=7)
+    ap.add_argument("--validated", action="store_true", help="time execute with validation on (the default)")
     a = ap.parse_args()
     n = W.size
     if W.rank == 0:
-        print(f"# {n} ranks, {MPI.Get_library_version().splitlines()[0]}, MPICOLL_SHM={os.environ.get('MPICOLL_SHM', '1')}")
+        print(f"# {n} ranks, {MPI.Get_library_version().splitlines()[0]}, MPICOLL_SHM={os.environ.get('MPICOLL_SHM', '1')}, "
+              f"{'validated execute' if a.validated else 'plans, validation off'}")
         print(f"{'op':<14}{'dtype':<9}{'bytes':>10}{'exact us':>12}{'before us':>12}{'raw us':>12}"
               f"{'exact/before':>14}{'exact/raw':>11}")
     for name in a.ops.split(","):
@@ -83,7 +91,8 @@ def main() -> None:
                 count = max(nbytes // dt.itemsize // n * n, n)
                 x = (np.arange(count) % 7 * (W.rank + 1) * 0.01).astype(dt.np)
                 out = np.empty(count // n if name == "ReduceScatter" else count, dt.np)
-                fns = {"exact": plan(name, 1, x, out), "before": plan(name, 0, x, out), "raw": raw(name, x, out, dt)}
+                fns = {"exact": plan(name, 1, x, out, a.validated), "before": plan(name, 0, x, out, a.validated),
+                       "raw": raw(name, x, out, dt)}
                 fns = {k: f for k, f in fns.items() if f is not None}
                 iters = max(3, min(2000, int(0.03 / max(timed(fns["before"], 2), 1e-6))))
                 times: dict = {k: [] for k in fns}

@@ -25,6 +25,7 @@ its own.
 from __future__ import annotations
 
 import argparse
+import re
 import statistics
 import timeit
 from dataclasses import dataclass, field
@@ -153,8 +154,10 @@ def main() -> None:
                 continue
             off, on = c.cls(c.param, validate=False), c.cls(c.param, validate=True)
             plan = eval(c.call.replace("op.execute(", "op.prepare("), {}, {**c.ns, "op": on})  # noqa: S307
+            fresh = re.sub(r"out=(\w+)", r"out=\1[...]", c.call)    # (a new view of the output each call)
             impls = {"raw": loop(c.raw, c.ns), "off": loop(c.call, c.ns, op=off), "on": loop(c.call, c.ns, op=on),
-                     "plan": loop("run()", c.ns, run=plan.run), "alloc": loop(c.alloc, c.ns, op=off)}
+                     "plan": loop("run()", c.ns, run=plan.run), "alloc": loop(c.alloc, c.ns, op=off),
+                     "fresh": loop(fresh, c.ns, op=off)}
             for t in impls.values():            # binds the ops; warms up
                 t.timeit(2)
             times = {k: [] for k in impls}
@@ -166,24 +169,30 @@ def main() -> None:
             # ratios paired within each repetition (the blocks compared ran back to back), then
             # the median and the quartiles over the repetitions: the spread is the noise band
             ratios = {k: statistics.quantiles([a / b for a, b in zip(times[k], times["raw"])], n=4)
-                      for k in ("off", "on", "plan", "alloc")}
-            rows.append((c.name, nbytes, med, ratios))
+                      for k in ("off", "on", "plan", "alloc", "fresh")}
+            extra = {k: statistics.median([a - b for a, b in zip(times[k], times["raw"])])
+                     for k in ("off", "on", "fresh")}
+            rows.append((c.name, nbytes, med, ratios, extra))
             plan.free()
     if W.Get_rank() == 0:
         print(f"# mpicoll overhead vs raw mpi4py, float32, {W.Get_size()} ranks, {args.reps} interleaved "
               "repetitions (blocks timed on the slowest rank)")
         print("# off/on: execute(..., out=buf) with validation off/on, on the raw call's arrays; plan: run() of a\n"
-              "# plan prepared from the same call; alloc: execute() allocating its output (validation off).\n"
-              "# us: median block time per call; x/raw: median of the ratios paired within a repetition;\n"
-              "# q1-q3: their quartiles (the noise band)")
+              "# plan prepared from the same call; alloc: execute() allocating its output (validation off);\n"
+              "# fresh: execute(..., out=buf[...]), a new view of the output each call (never remembered: the\n"
+              "# call described afresh; validation off). us: median block time per call; x/raw: median of the\n"
+              "# ratios paired within a repetition; q1-q3: their quartiles (the noise band); +us: median of\n"
+              "# the paired differences from raw")
         if missing and not wanted:
             print(f"# not timed, no raw mpi4py statement in benchmarks/overhead.py: {', '.join(missing)}")
         print(f"{'op':<15}{'bytes':>10}{'raw us':>10}{'plan us':>10}{'off us':>10}{'on us':>10}"
-              f"{'plan/raw':>9}{'plan q1-q3':>13}{'off/raw':>9}{'off q1-q3':>13}{'on/raw':>8}{'alloc/raw':>10}")
-        for name, nbytes, m, q in rows:
+              f"{'plan/raw':>9}{'plan q1-q3':>13}{'off/raw':>9}{'off q1-q3':>13}{'on/raw':>8}{'alloc/raw':>10}"
+              f"{'fresh/raw':>10}{'off +us':>9}{'on +us':>8}{'fresh +us':>10}")
+        for name, nbytes, m, q, d in rows:
             print(f"{name:<15}{nbytes:>10}{m['raw'] * 1e6:>10.2f}{m['plan'] * 1e6:>10.2f}{m['off'] * 1e6:>10.2f}"
                   f"{m['on'] * 1e6:>10.2f}{q['plan'][1]:>9.3f}{q['plan'][0]:>7.3f}-{q['plan'][2]:.3f}"
-                  f"{q['off'][1]:>9.3f}{q['off'][0]:>7.3f}-{q['off'][2]:.3f}{q['on'][1]:>8.3f}{q['alloc'][1]:>10.3f}")
+                  f"{q['off'][1]:>9.3f}{q['off'][0]:>7.3f}-{q['off'][2]:.3f}{q['on'][1]:>8.3f}{q['alloc'][1]:>10.3f}"
+                  f"{q['fresh'][1]:>10.3f}{d['off'] * 1e6:>9.2f}{d['on'] * 1e6:>8.2f}{d['fresh'] * 1e6:>10.2f}")
 
 
 if __name__ == "__main__":

@@ -93,13 +93,15 @@ class LibComm:
         calls: operator name -> how many calls of it this rank has made on it (as the user counts).
         seq: how many collectives mpicoll has started on it (kept where it is read: with arrival
             marks or in debug mode).
-        pending: started work with collectives still to start here, oldest first.
+        pending: started work with collectives still to start here, and calls queued on its worker
+            (:mod:`mpicoll._async`) until they have finished, oldest first.
+        worker: the thread that runs its ``async_op=True`` calls (made at the first; None before).
         freed: :meth:`free` ran (``Comm.Free`` of the user's communicator runs it): operations and
             plans on it raise (:func:`check_live`) instead of calling MPI on a freed handle.
     """
 
     __slots__ = ("mpi", "label", "rank", "size", "world_ranks", "ident", "validate", "debug", "local", "exact",
-                 "timeout",
+                 "timeout", "busy", "worker",
                  "calls", "seq", "pending", "plain", "freed", "per_node", "blocks", "buffers", "_win", "_mark", "_node",
                  "_split", "_tiers", "__weakref__")
 
@@ -119,9 +121,11 @@ class LibComm:
         self.calls: dict[str, int] = {}
         self.seq = 0
         self.pending: list = []
+        self.worker = None
         self._win = self._mark = None
         self.plain = not debug and not watched
         self.freed = False
+        self.busy = threading.RLock()      # held by the thread inside a call on it (:meth:`enter`)
         if watched:
             self._win = MPI.Win.Allocate(4 * 8, 8, comm=mpi)
             self._mark = np.frombuffer(self._win.tomemory(), dtype=np.int64)
@@ -134,11 +138,13 @@ class LibComm:
                 _OPEN.append(self)
 
     @classmethod
-    def make(cls, mpi: MPI.Comm, label: str, timeout: float | None = None) -> "LibComm":
+    def make(cls, mpi: MPI.Comm, label: str, timeout: float | None = None,
+             set_up: float | None = None) -> "LibComm":
         """Wrap a communicator mpicoll has just created (collective over its members): check and
         agree the settings (``mpicoll._env``), and whether all members share one node, and make the
         arrival window if any member runs a watchdog (``MPICOLL_TIMEOUT``, or ``timeout``: its own,
-        see the class docstring).
+        see the class docstring). ``set_up``: how long these steps may wait for a member (default:
+        its timeout).
 
         Raises:
             CollectiveArgumentError: a setting some member cannot read (``mpicoll._env.error``), the
@@ -154,12 +160,13 @@ class LibComm:
         mine = np.array([error is not None, timeout is not None or _watchdog.timeout_default() is not None,
                          *(_env.value(name) for name in ALIKE_SETTINGS)], dtype=np.int64)
         table = np.empty((mpi.Get_size(), len(mine)), dtype=np.int64)
-        set_up = _watchdog.timeout_seconds(timeout)
+        given = timeout if set_up is None else set_up
+        set_up = _watchdog.timeout_seconds(given)
         timed_call(mpi, "Allgather", ([mine, MPI.INT64_T], [table, MPI.INT64_T]), set_up,
-                   lambda: f"setting up {label}: timed out agreeing its settings", timeout is not None)
+                   lambda: f"setting up {label}: timed out agreeing its settings", given is not None)
         if table[:, 0].any():
             try:                          # (every member raises here: every member frees it)
-                settle(_Making(mpi, label, timeout is not None), error, set_up,
+                settle(_Making(mpi, label, given is not None), error, set_up,
                        ("", None, "the exchange of a setting's error (internal MPI Allgather/Allgatherv)"))
             finally:
                 mpi.Free()
@@ -188,7 +195,7 @@ class LibComm:
                 # max of (size, -size, -block): every node alike if max == -(-min); every node in blocks
                 span = np.array([here, -here, -int(block)], dtype=np.int64)
                 timed_call(mpi, "Allreduce", (MPI.IN_PLACE, [span, MPI.INT64_T], MPI.MAX),
-                           set_up, lambda: f"setting up {label}: timed out agreeing its layout", timeout is not None)
+                           set_up, lambda: f"setting up {label}: timed out agreeing its layout", given is not None)
             if one_node or here == 1 or span[0] != -span[1]:
                 split.Free()
                 split = None
@@ -234,10 +241,32 @@ class LibComm:
         """Whether the members keep arrival marks (a watchdog runs on some member)."""
         return self._win is not None
 
-    def call_timeout(self, given: float | None = None) -> float | None:
+    def enter(self, op: str) -> None:
+        """A call of ``op`` begins on it (:meth:`leave` when it ends). The rule: one thread at a time
+        per communicator (MPI orders the collectives of a communicator by the order its calls
+        start, which threads would make differ by rank).
+
+        Raises:
+            CollectiveError: another thread of this rank is inside a call on it.
+        """
+        if not self.busy.acquire(False):
+            raise CollectiveError(f"{op}: another thread of rank {self.rank} is inside a call on {self.label}: "
+                                  "mpicoll's calls on one communicator come from one thread at a time (a communicator "
+                                  "per thread: comm_mode=MULTI_THREAD with a user comm each)", op=op, param="thread",
+                                  rank=self.rank)
+
+    def leave(self) -> None:
+        """The call begun by :meth:`enter` ended."""
+        self.busy.release()
+
+    def call_timeout(self, given: Any = None, op: str = "mpicoll") -> float | None:
         """The watchdog timeout of a call on it (the one place this is decided): ``given`` (the
-        call's ``timeout=``; 0 or less: none) wins, else its own, else ``MPICOLL_TIMEOUT``'s."""
-        return _watchdog.timeout_seconds(self.timeout if given is None else given)
+        call's ``timeout=``; 0 or less: none) wins, else its own, else ``MPICOLL_TIMEOUT``'s.
+
+        Raises:
+            CollectiveArgumentError: ``given`` is not a number of seconds (naming ``op`` and this rank).
+        """
+        return _watchdog.timeout_seconds(self.timeout if given is None else given, op, self.rank)
 
     # -- calls -----------------------------------------------------------------------------------
     def direct(self, timeout: float | None) -> bool:
@@ -258,13 +287,11 @@ class LibComm:
             getattr(self.mpi, name)(*args)
             return
         self.seq += 1
-        if self._mark is None:                   # (debug mode alone: every member blocking, unless timed)
-            if timeout is None:
-                getattr(self.mpi, name)(*args)
-                return
-        else:                                    # (a watchdog somewhere: every member takes the non-blocking
-            self._arrive(where)                  # form, timed or not; MPI matches a blocking collective only
-        self.wait([getattr(self.mpi, nonblocking(name))(*args)], timeout, name, where)   # with a blocking one)
+        if self._mark is not None:
+            self._arrive(where)
+        # (debug mode or a watchdog somewhere: every member takes the non-blocking form, timed or not,
+        # as a started plan's steps do: MPI matches a blocking collective only with a blocking one)
+        self.wait([getattr(self.mpi, nonblocking(name))(*args)], timeout, name, where)
 
     def bind(self, name: str, args: tuple, timeout: float | None, where: tuple) -> Callable[[], None]:
         """:meth:`call` bound once, for a plan's blocking run (the caller drains ``pending`` first)."""
@@ -286,6 +313,12 @@ class LibComm:
             return getattr(self.mpi, nonblocking(name))(*args)
         name.Start()
         return name
+
+    def message(self, sends: bool, data: np.ndarray, peer: int, tag: int) -> MPI.Request:
+        """Post a point-to-point message of the bytes ``data`` (``Isend`` to, or ``Irecv`` from,
+        ``peer``; :mod:`mpicoll._messages` completes it). Not a collective: it neither waits for
+        the work queued here nor counts as a call."""
+        return (self.mpi.Isend if sends else self.mpi.Irecv)([data, MPI.BYTE], peer, tag)
 
     def persistent(self, name: str, args: tuple) -> MPI.Prequest:
         """The persistent request of collective ``name`` (``self.mpi.<name>_init``: collective and
@@ -364,6 +397,9 @@ class LibComm:
     def free(self) -> None:
         """Free the windows and the communicator, with its tiers' (collective over the members)."""
         global FREED
+        if self.worker is not None:
+            self.worker.stop()                 # (its queued calls finish first)
+            self.worker = None
         self.freed = True
         FREED += 1
         self.close()
@@ -556,5 +592,7 @@ def _shutdown() -> None:
     turning a prompt abort into a hang."""
     if MPI.Is_finalized() or failing_exit():
         return
+    from ._async import stop_all              # (the calls still queued on workers finish first)
+    stop_all()
     for comm in reversed(list(_OPEN)):
         comm.close()

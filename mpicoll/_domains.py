@@ -43,15 +43,19 @@ def init() -> None:
     world()
 
 
-def world() -> LibComm:
-    """mpicoll's duplicate of ``MPI.COMM_WORLD`` (made by the first operation on the world)."""
+def world(set_up: float | None = None) -> LibComm:
+    """mpicoll's duplicate of ``MPI.COMM_WORLD`` (made by the first operation on the world).
+    ``set_up``: seconds its making may wait for every rank (a torch ``init_process_group``'s
+    ``timeout=``; default ``MPICOLL_TIMEOUT``'s), if this call makes it."""
     global _WORLD
     if _WORLD is None:
-        _WORLD = _own(_dup(MPI.COMM_WORLD, "the world"), "mpicoll.world", "the world (mpicoll.world)")
+        _WORLD = _own(_dup(MPI.COMM_WORLD, "the world", set_up=set_up), "mpicoll.world", "the world (mpicoll.world)",
+                      set_up=set_up)
     return _WORLD
 
 
-def _own(comm: MPI.Comm, name: str, label: str, timeout: float | None = None) -> LibComm:
+def _own(comm: MPI.Comm, name: str, label: str, timeout: float | None = None,
+         set_up: float | None = None) -> LibComm:
     """Name and wrap a communicator mpicoll has just made: the world's or a user comm's ``Idup``, a
     domain's ``Create_group``. Every entry path (operations, plans, graphs, node buffers, the Hccl
     client) gets its first library communicator here, so this is where, once per process, the
@@ -69,27 +73,30 @@ def _own(comm: MPI.Comm, name: str, label: str, timeout: float | None = None) ->
         _UNLINKED = True
         _watchdog.unlink_own_segments()
     comm.Set_name(name)
-    return LibComm.make(comm, label, timeout)
+    return LibComm.make(comm, label, timeout, set_up)
 
 
-def _dup(comm: MPI.Comm, what: str, timeout: float | None = None) -> MPI.Comm:
-    """The ``Idup`` that makes a library communicator, under the watchdog when timed: made on the
-    world or on the user's communicator, before any LibComm exists (so not a LibComm call)."""
+def _dup(comm: MPI.Comm, what: str, timeout: float | None = None, set_up: float | None = None) -> MPI.Comm:
+    """The ``Idup`` that makes a library communicator, under the watchdog when timed (``set_up``,
+    else ``timeout``: the communicator's own, else ``MPICOLL_TIMEOUT``'s): made on the world or on
+    the user's communicator, before any LibComm exists (so not a LibComm call)."""
     alive(f"duplicating {what}")
     new, req = comm.Idup()
-    own, timeout = timeout is not None, timeout_seconds(timeout)
+    given = timeout if set_up is None else set_up
+    own, timeout = given is not None, timeout_seconds(given)
     if timeout is None:
         req.Wait()
     else:
-        text = f"duplicating {what}: timed out after {timeout:g} s"
+        text = f"duplicating {what}: timed out after {timeout:g} s: some rank has not reached it"
         _watchdog.wait([req], timeout, lambda: CollectiveTimeout(text, param="timeout"), lambda: text, raises=own)
     return new
 
 
-def user_comm(comm: MPI.Comm, timeout: float | None = None) -> LibComm:
+def user_comm(comm: MPI.Comm, timeout: float | None = None, set_up: float | None = None) -> LibComm:
     """mpicoll's private duplicate of a user communicator (collective over it on first use only).
     ``timeout``: the duplicate's own watchdog timeout (:class:`LibComm`), given alike by every
-    member at that first use (mpicoll.torch's groups)."""
+    member at that first use (mpicoll.torch's groups); ``set_up``: how long its making may wait
+    for every member (default: that timeout)."""
     global _KEYVAL
     if comm == MPI.COMM_WORLD:
         return world()
@@ -99,7 +106,8 @@ def user_comm(comm: MPI.Comm, timeout: float | None = None) -> LibComm:
     lib = comm.Get_attr(_KEYVAL)
     if lib is None:
         name = comm.Get_name() or "comm"
-        lib = _own(_dup(comm, f"user comm {name!r}", timeout), f"mpicoll.user.{name}", f"user comm {name!r}", timeout)
+        lib = _own(_dup(comm, f"user comm {name!r}", timeout, set_up), f"mpicoll.user.{name}", f"user comm {name!r}",
+                   timeout, set_up)
         comm.Set_attr(_KEYVAL, lib)
     return lib
 
@@ -265,12 +273,19 @@ def resolve(op: str, comm: Any, name: Any, rank_size: Any, what: str) -> LibComm
     return world()
 
 
-def group_fields(group: Any, op: str, what: str = "group") -> dict:
+#: the domain name of each list of world ranks given as a group (declared once, as torch's new_group)
+_GROUPS: dict[tuple[int, ...], str] = {}
+
+
+def group_fields(group: Any, op: str, what: str = "group") -> dict | None:
     """The Param fields that name a group (the one mapping of the group forms every API takes):
-    None or "" the world, a domain name, or an mpi4py communicator (a user comm).
+    None or "" the world, a domain name, a list of world ranks (a domain of those ranks, declared
+    at its first use, as torch's ``new_group``), or an mpi4py communicator (a user comm). None: a
+    list this rank is not in (it takes no part in the call).
 
     Raises:
-        CollectiveArgumentError: anything else, naming ``op`` and ``what``.
+        CollectiveArgumentError: anything else, or a list that is not of world ranks, naming ``op``
+            and ``what``.
     """
     if group is None or group == "":
         return {}
@@ -278,11 +293,30 @@ def group_fields(group: Any, op: str, what: str = "group") -> dict:
         return {"comm_domain": group}
     if isinstance(group, MPI.Comm):
         return {"comm": group}
-    raise arg_error(op, what, group, MPI.COMM_WORLD.Get_rank(),
-                    "must be None, a domain name or an mpi4py communicator")
+    alive(op)
+    me = MPI.COMM_WORLD.Get_rank()
+    if isinstance(group, (list, tuple, range)):
+        size = MPI.COMM_WORLD.Get_size()
+        try:
+            ranks = tuple(sorted({int(r) for r in group}))
+            ok = not any(isinstance(r, bool) for r in group) and (not ranks or 0 <= ranks[0] and ranks[-1] < size)
+        except (TypeError, ValueError):
+            ok = False
+        if not ok:
+            raise arg_error(op, what, group, me, f"must be a list of world ranks, in [0, {size})")
+        name = _GROUPS.get(ranks)
+        if name is None:
+            name = _GROUPS[ranks] = "mpicoll.group:" + ",".join(map(str, ranks))
+            if me in ranks:
+                declare_domains({name: list(ranks)})
+        return {"comm_domain": name} if me in ranks else None
+    raise arg_error(op, what, group, me, "must be None, a domain name, a list of world ranks or an mpi4py communicator")
 
 
 def resolve_group(op: str, group: Any, rank_size: int | None = None, what: str = "group") -> LibComm:
-    """:func:`resolve` of a group given in one of :func:`group_fields`' forms."""
+    """:func:`resolve` of a group given in one of :func:`group_fields`' forms (a list must hold this
+    rank)."""
     f = group_fields(group, op, what)
+    if f is None:
+        raise arg_error(op, what, list(group), MPI.COMM_WORLD.Get_rank(), "must hold this world rank")
     return resolve(op, f.get("comm"), f.get("comm_domain", ""), rank_size, what)

@@ -7,7 +7,9 @@ array itself, always explicitly) and how it is reduced:
 
 * ``native``: by MPI itself (integers, float32, float64);
 * ``float32``: in numpy (or the optional C kernels) with float32 accumulation, rounded once
-  (float16, bfloat16). MPICH has no bfloat16 datatype and its float16 reductions are ~12x slower
+  (float16, bfloat16);
+* ``logical``: bool (torch's, numpy's ``bool_``), one byte of 0 or 1, reduced by MPI as a logical
+  or (SUM, MAX) or a logical and (PROD, MIN), as c10d maps it for NCCL: :meth:`ReduceOp.on`. MPICH has no bfloat16 datatype and its float16 reductions are ~12x slower
   than float32 for the same bytes (measured: docs/benchmark.md), so these travel as their 16-bit patterns
   (``UINT16_T``) and are reduced by mpicoll. No view is needed: given an explicit datatype, mpi4py
   asks numpy for the raw bytes only, not for a buffer format (which bfloat16 has none of).
@@ -48,8 +50,8 @@ class DType:
     name: str
     np: np.dtype
     mpi: MPI.Datatype
-    reduce: str          # "native" | "float32"
-    hccl: HcclDataType
+    reduce: str          # "native" | "float32" | "logical"
+    hccl: HcclDataType | None
     code: int            # small stable id used in cross-rank headers
 
     def __post_init__(self) -> None:
@@ -77,6 +79,7 @@ _ROWS = [
     _row("bfloat16", ml_dtypes.bfloat16, MPI.UINT16_T, "float32", HcclDataType.BFP16),
     _row("float32", np.float32, MPI.FLOAT, "native", HcclDataType.FP32),
     _row("float64", np.float64, MPI.DOUBLE, "native", HcclDataType.FP64),
+    _row("bool", np.bool_, MPI.UINT8_T, "logical", None),
 ]
 
 DTYPES: dict[str, DType] = {r[0]: DType(*r, code=i + 1) for i, r in enumerate(_ROWS)}
@@ -85,11 +88,13 @@ DTYPES: dict[str, DType] = {r[0]: DType(*r, code=i + 1) for i, r in enumerate(_R
 BY_NP: dict[np.dtype, DType] = {d.np: d for d in DTYPES.values()}
 
 
-_BY_HCCL: dict[int, DType] = {int(d.hccl): d for d in DTYPES.values()}
+_BY_HCCL: dict[int, DType] = {int(d.hccl): d for d in DTYPES.values() if d.hccl is not None}
 _BY_CODE: dict[int, DType] = {d.code: d for d in DTYPES.values()}
 
 #: The dtypes every operator supports, in table order (used by check, bench and tests).
 ALL_DTYPES: tuple[str, ...] = tuple(DTYPES)
+#: The dtypes the accelerator stack's ``HcclDataType`` names (every one but bool): the Hccl client's.
+HCCL_DTYPES: tuple[str, ...] = tuple(n for n, d in DTYPES.items() if d.hccl is not None)
 #: The dtypes named by the spec as the core set (the others are extras).
 CORE_DTYPES: tuple[str, ...] = ("int8", "int16", "int32", "int64", "uint8", "float16", "bfloat16",
                                 "float32", "float64")
@@ -131,15 +136,35 @@ def lookup(dtype: object, *, op: str = "mpicoll", param: str = "dtype", rank: in
 
 @dataclass(frozen=True)
 class ReduceOp:
-    """One row of the reduce-op table."""
+    """One row of the reduce-op table (the one place reduce ops are named and mapped, for every API:
+    the operators' ``reduce_type``, the functional ``op``, torch's ``ReduceOp``)."""
 
     name: str
     mpi: MPI.Op
     ufunc: np.ufunc
     code: int
-    #: it rounds on floats (SUM, PROD): the order that combines the inputs decides the bits; MAX and
-    #: MIN pick one input (which one, for NaN and signed zeros, depends on the code: ops._base.ordered)
+    #: it rounds on floats (SUM, PROD, AVG): the order that combines the inputs decides the bits; MAX
+    #: and MIN pick one input (which one, for NaN and signed zeros, depends on the code: ops._base.ordered)
     rounds: bool
+    #: AVG: the SUM, then divided by the number of ranks in the result's dtype (floating dtypes only)
+    average: bool = False
+
+    def __post_init__(self) -> None:
+        # the C kernels' number of the operation (mpicoll/_kernels.c: 0 sum, 1 prod, 2 max, 3 min)
+        object.__setattr__(self, "kernel", {np.add: 0, np.multiply: 1, np.maximum: 2, np.minimum: 3}.get(self.ufunc, -1))
+
+    def on(self, dt: DType) -> "ReduceOp":
+        """The row that reduces ``dt`` (the same name and code, so headers and messages name the op
+        as given): bool's SUM and MAX are a logical or, PROD and MIN a logical and (MPI's ``LOR`` /
+        ``LAND`` on its bytes); every other dtype's is this row."""
+        return _LOGICAL[self.code] if dt.reduce == "logical" else self
+
+    def refuses(self, dt: DType) -> str | None:
+        """Why this op cannot reduce ``dt`` (None: it can): AVG takes floating dtypes only, as
+        torch's backends do."""
+        if self.average and not dt.floating:
+            return f"averages floating-point dtypes only, not {dt.name}"
+        return None
 
 
 REDUCE_OPS: dict[str, ReduceOp] = {
@@ -147,15 +172,26 @@ REDUCE_OPS: dict[str, ReduceOp] = {
     "prod": ReduceOp("prod", MPI.PROD, np.multiply, 2, True),
     "max": ReduceOp("max", MPI.MAX, np.maximum, 3, False),
     "min": ReduceOp("min", MPI.MIN, np.minimum, 4, False),
+    "avg": ReduceOp("avg", MPI.SUM, np.add, 5, True, True),
 }
 _REDUCE_BY_CODE = {r.code: r for r in REDUCE_OPS.values()}
+#: bool's rows, by the op's code (:meth:`ReduceOp.on`)
+_LOGICAL = {code: ReduceOp(r.name, MPI.LOR if r.ufunc in (np.add, np.maximum) else MPI.LAND,
+                           np.logical_or if r.ufunc in (np.add, np.maximum) else np.logical_and, code, False)
+            for code, r in _REDUCE_BY_CODE.items() if not r.average}
 #: the rule a reduce op breaks (every message that refuses one says it)
-REDUCE_RULE = "must be one of 'sum', 'prod', 'max', 'min'"
-# Names the accelerator stacks use for the same four operations.
-_REDUCE_ALIASES = {"sum": "sum", "prod": "prod", "max": "max", "min": "min", "product": "prod",
+REDUCE_RULE = "must be one of 'sum', 'prod', 'max', 'min', 'avg'"
+# Names the accelerator stacks (and torch) use for the same operations.
+_REDUCE_ALIASES = {"sum": "sum", "prod": "prod", "max": "max", "min": "min", "avg": "avg", "product": "prod",
                    "hccl_reduce_sum": "sum", "hccl_reduce_prod": "prod", "hccl_reduce_max": "max",
                    "hccl_reduce_min": "min", "reduce_sum": "sum", "reduce_prod": "prod",
-                   "reduce_max": "max", "reduce_min": "min"}
+                   "reduce_max": "max", "reduce_min": "min", "average": "avg", "mean": "avg"}
+
+
+def reduce_ops_for(dt: DType) -> list[str]:
+    """The reduce ops that can reduce ``dt``, in table order (what check, bench and the tests
+    iterate)."""
+    return [name for name, r in REDUCE_OPS.items() if r.refuses(dt) is None]
 
 
 class HcclReduceOp(IntEnum):
@@ -168,7 +204,7 @@ class HcclReduceOp(IntEnum):
 
 
 def reduce_op(value: object, *, op: str = "mpicoll", param: str = "reduce_type", rank: int = -1) -> ReduceOp:
-    """Resolve "sum"|"prod"|"max"|"min" (any case, HCCL spellings, ``HcclReduceOp``).
+    """Resolve "sum"|"prod"|"max"|"min"|"avg" (any case, HCCL spellings, ``HcclReduceOp``).
 
     Raises:
         CollectiveArgumentError: anything else.

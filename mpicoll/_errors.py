@@ -51,7 +51,8 @@ for _cls in _CLASSES.values():
 
 def agreed(exc: CollectiveError, world_ranks) -> CollectiveError:
     """Mark ``exc`` as raised alike on every member of a communicator (``exc.members``: their
-    world ranks), so that an uncaught one prints its traceback once per job (:mod:`mpicoll._exit`)."""
+    world ranks), so that an uncaught one prints its traceback once per job (``mpicoll._comm``'s
+    exception hook)."""
     exc.members = tuple(world_ranks)
     return exc
 
@@ -77,9 +78,10 @@ def as_collective_error(exc: BaseException, op: str, rank: int) -> CollectiveErr
 
 
 def agree(comm, header: np.ndarray, error: BaseException | None, timeout: float | None, op: str,
-          number: int | None, step: str = "its header agreement (an internal MPI Allgather)") -> np.ndarray:
-    """Allgather every rank's fixed-length int64 ``header`` over ``comm`` (a LibComm); raise the same
-    error on all ranks.
+          number: int | None, step: str = "its header agreement (an internal MPI Allgather)",
+          out: np.ndarray | None = None) -> np.ndarray:
+    """Allgather every rank's fixed-length int64 ``header`` over ``comm`` (a LibComm) into ``out`` (or
+    a new array); raise the same error on all ranks.
 
     ``header[0]`` is 1 on a rank that has a local ``error`` (set here if it is not already). If any rank has one, the
     messages are exchanged (on the error path only) and every rank raises the error of the lowest
@@ -89,9 +91,8 @@ def agree(comm, header: np.ndarray, error: BaseException | None, timeout: float 
     Returns:
         The gathered ``(comm.size, len(header))`` int64 matrix, identical on every rank.
     """
-    if error is not None:
-        header[0] = 1
-    table = np.empty((comm.size, header.size), dtype=np.int64)
+    header[0] = error is not None
+    table = np.empty((comm.size, header.size), dtype=np.int64) if out is None else out
     comm.call("Allgather", ([header, MPI.INT64_T], [table, MPI.INT64_T]), timeout, (op, number, step))
     if any(table[:, 0].tolist()):
         settle(comm, error, timeout, (op, number, "the exchange of an error (internal MPI Allgather/Allgatherv)"))

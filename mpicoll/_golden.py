@@ -13,7 +13,7 @@ from typing import Callable
 
 import numpy as np
 
-from ._dtypes import DTYPES, DType, ReduceOp
+from ._dtypes import DTYPES, REDUCE_OPS, DType, ReduceOp
 
 SEED = 20261122
 
@@ -33,21 +33,25 @@ def rank_data(seed: int, key: str, rank: int, shape: tuple | int, dt: DType, kin
     g = rng_for(seed, key, rank)
     if kind == "random":
         return g.standard_normal(shape).astype(dt.np)
-    lo, hi = (0, 9) if dt.np.kind == "u" else (-4, 5)
+    lo, hi = (0, 2) if dt.np.kind == "b" else (0, 9) if dt.np.kind == "u" else (-4, 5)
     return g.integers(lo, hi, size=shape).astype(dt.np)
 
 
 def golden_reduce(arrays: list[np.ndarray], dt: DType, rop: ReduceOp) -> np.ndarray:
-    """Reduce in rank order: in the dtype itself (integers wrap, as MPI does), float16/bfloat16 in
-    float32 then rounded once."""
+    """Reduce in rank order: in the dtype itself (integers wrap, as MPI does; bool: or / and),
+    float16/bfloat16 in float32 then rounded once; AVG: that sum divided by the number of ranks in
+    the dtype."""
     if dt.reduce == "float32":
         acc = arrays[0].astype(np.float32)
         for a in arrays[1:]:
             acc = rop.ufunc(acc, a.astype(np.float32))
-        return acc.astype(dt.np)
-    acc = arrays[0].copy()
-    for a in arrays[1:]:
-        acc = rop.ufunc(acc, a).astype(dt.np)
+        acc = acc.astype(dt.np)
+    else:
+        acc = arrays[0].copy()
+        for a in arrays[1:]:
+            acc = rop.ufunc(acc, a).astype(dt.np)
+    if rop.average:
+        acc = np.divide(acc, len(arrays)).astype(dt.np)
     return acc
 
 
@@ -118,6 +122,13 @@ class CheckSpec:
     make: Callable[..., Case]
     dtypes: tuple[str, ...] = tuple(DTYPES)
 
+    def cases_for(self, n: int, dtype: str) -> list[str]:
+        """The cases at ``n`` ranks that apply to ``dtype``: a case named after a reduce op
+        (``family:op``) that cannot reduce the dtype (AVG of integers) does not."""
+        dt = DTYPES[dtype]
+        return [c for c in self.cases(n)
+                if all(REDUCE_OPS[part].refuses(dt) is None for part in c.split(":") if part in REDUCE_OPS)]
+
 
 CHECKS: dict[str, CheckSpec] = {}
 
@@ -129,7 +140,7 @@ def register_check(spec: CheckSpec) -> CheckSpec:
 
 def reduce_case_names(families: list[str]) -> list[str]:
     """``["even", "uneven"]`` -> ``["even:sum", "even:prod", ..., "uneven:min"]``."""
-    return [f"{f}:{r}" for f in families for r in ("sum", "prod", "max", "min")]
+    return [f"{f}:{r}" for f in families for r in REDUCE_OPS]
 
 
 # ----------------------------------------------------------------------------- count/displacement plans
@@ -252,12 +263,12 @@ def raw_reduce_type(dt: DType):
     from mpi4py import MPI
     if dt.name == "float16":
         return MPI.FLOAT16_T
-    if dt.name == "bfloat16":
+    if dt.name == "bfloat16" or dt.reduce == "logical":      # (bool: MPI's LOR on C_BOOL, not this op)
         return None
     return dt.mpi
 
 
-TORCH_OPS = {"sum": "SUM", "prod": "PRODUCT", "max": "MAX", "min": "MIN"}
+TORCH_OPS = {"sum": "SUM", "prod": "PRODUCT", "max": "MAX", "min": "MIN", "avg": "AVG"}
 
 
 def torch_view(torch, a: np.ndarray):

@@ -9,6 +9,8 @@
  *                                      sequence of buffers (anywhere: a private array, a shared window),
  *                                      reduced in order, accumulated in float32; op 0 sum 1 prod 2 max 3 min
  *   reduce_bf16(rows, out, op)         the same for bfloat16
+ *   reduce_f32(rows, out, op), reduce_f64(rows, out, op)   float32 / float64 rows summed or multiplied in
+ *                                      order, in their own precision (no floating-point state to set)
  *   f16_to_f32(src, dst), f32_to_f16(src, dst), bf16_to_f32(src, dst), f32_to_bf16(src, dst)
  *   stream_copy(src, dst)              a copy with non-temporal stores (data another process reads next)
  *   use_avx512(on) -> previous          switch the AVX-512 reductions off (tests of the AVX2 ones)
@@ -342,6 +344,66 @@ done:
 
 static PyObject *py_reduce_f16(PyObject *self, PyObject *args) { return reduce_rows(args, 0); }
 static PyObject *py_reduce_bf16(PyObject *self, PyObject *args) { return reduce_rows(args, 1); }
+
+/* reduce_f32 / reduce_f64(rows, out, op): out[i] = ((rows[0][i] op rows[1][i]) op rows[2][i]) ..., in
+ * the rows' own precision, one IEEE operation per step as numpy's np.add / np.multiply do it (op 0 sum,
+ * 1 prod; MAX and MIN stay with numpy, whose NaN and signed-zero rules they would have to copy), tile
+ * by tile. No floating-point state to set: IEEE gives inf and NaN, as MPI does. out may be rows[0]. */
+#define DEFINE_NATIVE_REDUCE(NAME, T)                                                                   \
+    static PyObject *NAME(PyObject *self, PyObject *args) {                                             \
+        PyObject *seq, *fast;                                                                          \
+        Py_buffer d;                                                                                   \
+        int op;                                                                                        \
+        if (!PyArg_ParseTuple(args, "Ow*i", &seq, &d, &op)) return NULL;                               \
+        Py_ssize_t c = d.len / (Py_ssize_t)sizeof(T);                                                  \
+        if (!(fast = PySequence_Fast(seq, #NAME ": rows must be a sequence of buffers"))) {            \
+            PyBuffer_Release(&d);                                                                      \
+            return NULL;                                                                               \
+        }                                                                                              \
+        Py_ssize_t rows = PySequence_Fast_GET_SIZE(fast), got = 0;                                     \
+        Py_buffer *bufs = PyMem_Calloc(rows ? rows : 1, sizeof(Py_buffer));                            \
+        PyObject *result = NULL;                                                                       \
+        if (!bufs) { PyErr_NoMemory(); goto done; }                                                    \
+        if (rows < 1 || op < 0 || op > 1) {                                                            \
+            PyErr_Format(PyExc_ValueError, #NAME ": bad rows or op (rows=%zd, op=%d)", rows, op);       \
+            goto done;                                                                                 \
+        }                                                                                              \
+        for (; got < rows; got++) {                                                                    \
+            if (PyObject_GetBuffer(PySequence_Fast_GET_ITEM(fast, got), &bufs[got], PyBUF_SIMPLE) < 0) \
+                goto done;                                                                             \
+            if (bufs[got].len < c * (Py_ssize_t)sizeof(T)) {                                           \
+                PyErr_Format(PyExc_ValueError, #NAME ": row %zd has %zd bytes, out needs %zd", got,     \
+                             bufs[got].len, c * (Py_ssize_t)sizeof(T));                                \
+                got++;                                                                                 \
+                goto done;                                                                             \
+            }                                                                                          \
+        }                                                                                              \
+        Py_BEGIN_ALLOW_THREADS                                                                         \
+        T *out = (T *)d.buf;                                                                           \
+        for (Py_ssize_t s = 0; s < c; s += TILE) {                                                      \
+            Py_ssize_t m = c - s < TILE ? c - s : TILE;                                                \
+            const T *r0 = (const T *)bufs[0].buf + s;                                                  \
+            T *o = out + s;                                                                            \
+            if (o != r0) memcpy(o, r0, (size_t)m * sizeof(T));                                         \
+            for (Py_ssize_t r = 1; r < rows; r++) {                                                    \
+                const T *q = (const T *)bufs[r].buf + s;                                               \
+                if (op == 0) for (Py_ssize_t i = 0; i < m; i++) o[i] += q[i];                          \
+                else for (Py_ssize_t i = 0; i < m; i++) o[i] *= q[i];                                  \
+            }                                                                                          \
+        }                                                                                              \
+        Py_END_ALLOW_THREADS                                                                           \
+        result = Py_None;                                                                              \
+        Py_INCREF(result);                                                                             \
+    done:                                                                                              \
+        for (Py_ssize_t i = 0; i < got; i++) PyBuffer_Release(&bufs[i]);                               \
+        PyMem_Free(bufs);                                                                              \
+        Py_DECREF(fast);                                                                               \
+        PyBuffer_Release(&d);                                                                          \
+        return result;                                                                                 \
+    }
+
+DEFINE_NATIVE_REDUCE(py_reduce_f32, float)
+DEFINE_NATIVE_REDUCE(py_reduce_f64, double)
 
 /* ------------------------------------------------------------------------------------------------
  * int8 quantization kernels (mpicoll._numeric), bit-identical to its numpy path:
@@ -687,6 +749,10 @@ static PyMethodDef methods[] = {
     {"bf16_to_f32", py_bf16_to_f32, METH_VARARGS, "bf16_to_f32(src, dst): bfloat16 buffer -> float32 buffer"},
     {"f32_to_bf16", py_f32_to_bf16, METH_VARARGS,
      "f32_to_bf16(src, dst): float32 -> bfloat16, round to nearest even, NaN -> the quiet NaN (as ml_dtypes)"},
+    {"reduce_f32", py_reduce_f32, METH_VARARGS,
+     "reduce_f32(rows, out, op): float32 rows (buffers) summed (op 0) or multiplied (op 1) in row order"},
+    {"reduce_f64", py_reduce_f64, METH_VARARGS,
+     "reduce_f64(rows, out, op): float64 rows (buffers) summed (op 0) or multiplied (op 1) in row order"},
     {"reduce_f16", py_reduce_f16, METH_VARARGS,
      "reduce_f16(rows, out, op): float32-accumulated reduction of float16 rows (buffers), rounded once"},
     {"dequant_sum", py_dequant_sum, METH_VARARGS,

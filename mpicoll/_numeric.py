@@ -90,10 +90,36 @@ def stream_copy(dst: np.ndarray, src: np.ndarray) -> None:
         np.copyto(dst, src)
 
 
+def average(out: np.ndarray, n: int) -> None:
+    """AVG (``ReduceOp.average``): the sum in ``out`` divided by ``n``, in ``out``'s dtype, as torch
+    divides a tensor."""
+    np.divide(out, n, out=out)
+
+
 def reduce_chunks(parts: np.ndarray, dt: DType, rop: ReduceOp, out: np.ndarray) -> np.ndarray:
     """Reduce ``parts[i]`` (one row per source rank) in rank order into ``out``: :func:`reduce_rows`
     of the rows of a 2-D array."""
     return reduce_rows(list(parts), dt, rop, out)
+
+
+def _fold(rows: list[np.ndarray], ufunc: np.ufunc, out: np.ndarray, n: int, c: int) -> None:
+    """``((r0 op r1) op r2) ...`` into ``out``, tile by tile (:func:`reduce_rows`' native path)."""
+    if n == 1:
+        np.copyto(out, rows[0])
+    elif n == 2 or c <= TILE:                   # (one tile: no slicing)
+        ufunc(rows[0], rows[1], out=out)
+        for r in rows[2:]:
+            ufunc(out, r, out=out)
+    else:
+        for s in range(0, c, TILE):
+            e = min(s + TILE, c)
+            o = out[s:e]
+            ufunc(rows[0][s:e], rows[1][s:e], out=o)
+            for r in rows[2:]:
+                ufunc(o, r[s:e], out=o)
+
+
+_fold_quiet = np.errstate(over="ignore", invalid="ignore")(_fold)
 
 
 def reduce_rows(rows: list[np.ndarray], dt: DType, rop: ReduceOp, out: np.ndarray) -> np.ndarray:
@@ -106,29 +132,22 @@ def reduce_rows(rows: list[np.ndarray], dt: DType, rop: ReduceOp, out: np.ndarra
     With the C kernels, 16-bit floats take one vectorised pass, bit-identical to numpy. Otherwise
     numpy works tile by tile, so that the accumulator stays in cache while the rows stream by.
     """
-    out = out.reshape(-1)
+    if out.ndim != 1:
+        out = out.reshape(-1)
     n, c = len(rows), out.size
     if not n or not c:
         return out
-    if dt.reduce == "native":
-        with np.errstate(over="ignore", invalid="ignore"):   # overflow to inf / NaN are the IEEE answers, as MPI's
-            if n == 1:
-                np.copyto(out, rows[0])
-            elif n == 2 or c <= TILE:                   # (one tile: no slicing)
-                rop.ufunc(rows[0], rows[1], out=out)
-                for r in rows[2:]:
-                    rop.ufunc(out, r, out=out)
-            else:
-                for s in range(0, c, TILE):
-                    e = min(s + TILE, c)
-                    o = out[s:e]
-                    rop.ufunc(rows[0][s:e], rows[1][s:e], out=o)
-                    for r in rows[2:]:
-                        rop.ufunc(o, r[s:e], out=o)
+    if dt.reduce != "float32":
+        if KERNELS is not None and dt.floating and rop.kernel < 2:    # (float32/float64 SUM, PROD: in C)
+            (KERNELS.reduce_f32 if dt.itemsize == 4 else KERNELS.reduce_f64)(rows, out, rop.kernel)
+            return out
+        # (floats: overflow to inf / NaN are the IEEE answers, as MPI's, whatever numpy's error state;
+        # integers and bool raise no floating-point error: no state to set)
+        (_fold_quiet if dt.floating else _fold)(rows, rop.ufunc, out, n, c)
         return out
     if KERNELS is not None:
         kernel = KERNELS.reduce_f16 if dt.name == "float16" else KERNELS.reduce_bf16
-        kernel([r.view(np.uint16) for r in rows], out.view(np.uint16), rop.code - 1)
+        kernel([r.view(np.uint16) for r in rows], out.view(np.uint16), rop.kernel)
         return out
     acc = np.empty(min(c, TILE), dtype=np.float32)
     tmp = np.empty_like(acc)

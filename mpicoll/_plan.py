@@ -19,6 +19,11 @@ one-shot non-blocking call, and a captured graph) hands it a :class:`Recorder`, 
 steps, in *parts*: one per call, each labelled with its operator. A :class:`Plan` binds the steps
 once and runs them many times, blocking (:meth:`Plan.run`) or not (:meth:`Plan.start` ->
 :class:`Handle`). So ``issue``, the only place that picks an MPI call, serves all of them.
+
+A call's local work before and after its MPI calls (refreshing a copy of a strided input, packing a
+list, dividing an average) is part of its :class:`Call` (``src``, ``before``, ``after``): every
+mode runs it around the call, whether ``issue`` made the MPI calls or the agreement carried the
+data (:func:`prologue`, :func:`epilogue`).
 """
 from __future__ import annotations
 
@@ -62,6 +67,9 @@ class Call:
         args: the operator's own normalised arguments (counts, displacements, ...).
         rounds, round: a plan records ``rounds`` parts of the call (the Hccl client's ``repeat``),
             ``issue`` reading which one from ``round``.
+        before, after: local steps ``(fn, *args)`` around the call's data movement (after ``src``'s
+            copy, before the result is returned).
+        unit: the elements of one entry of ``send`` (an adapter counting rows: their elements).
 
     The constructor takes the fields every call has; ``describe`` sets the others it needs, the
     class defaults standing otherwise (a plain class and positional arguments: the cheapest record
@@ -70,8 +78,10 @@ class Call:
 
     src = reduce = send = recv = None
     root = params = info = round = 0
-    rounds = 1
+    rounds = unit = 1
     args: tuple = ()
+    before: tuple = ()
+    after: tuple = ()
 
     def __init__(self, dt, x, out, shape: tuple | None = None) -> None:
         self.dt, self.x, self.out, self.result, self.shape = dt, x, out, out, shape
@@ -79,13 +89,28 @@ class Call:
 
 # ----------------------------------------------------------------------------- execute: at once
 
+def prologue(call: Call) -> None:
+    """The call's local work before its data moves: ``src``'s copy, then its ``before`` steps."""
+    if call.src is not None:
+        np.copyto(call.x, call.src)
+    for step in call.before:
+        step[0](*step[1:])
+
+
+def epilogue(call: Call) -> None:
+    """The call's local work once its data has moved: its ``after`` steps."""
+    for step in call.after:
+        step[0](*step[1:])
+
+
 class Runner:
-    """``go`` for ``execute``: each step at once, on the spot (one per operation, reused)."""
+    """``go`` for ``execute``: each step at once, on the spot (one per operation, reused, under the
+    operation's timeout)."""
 
-    __slots__ = ("where", "timeout", "_flight", "_next", "_scratch")
+    __slots__ = ("where", "op", "_flight", "_next", "_scratch")
 
-    def __init__(self, op: str, timeout: float | None) -> None:
-        self.where, self.timeout = (op, None, ""), timeout
+    def __init__(self, op: Any) -> None:
+        self.where, self.op = (op.NAME, None, ""), op
         self._flight: dict[int, tuple] = {}         # token -> (comm, name, request), oldest first
         self._next = 0
         self._scratch: tuple = (None, None)
@@ -98,7 +123,7 @@ class Runner:
         return self._scratch[1]
 
     def mpi(self, comm: LibComm, name: str, *args: Any) -> None:
-        comm.call(name, args, self.timeout, self.where)
+        comm.call(name, args, self.op.timeout, self.where)
 
     def local(self, fn: Callable, *args: Any) -> None:
         fn(*args)
@@ -119,7 +144,7 @@ class Runner:
         entry = self._flight.pop(token, None)
         if entry is not None:                 # (already waited for: nothing to do)
             comm, name, req = entry
-            comm.wait([req], self.timeout, name, self.where)
+            comm.wait([req], self.op.timeout, name, self.where)
 
     def test(self, token: int) -> None:
         entry = self._flight.get(token)
@@ -157,9 +182,12 @@ class Part:
 
 class Recorder:
     """``go`` that keeps the steps, call by call: ``begin(op, comms)``, the call's ``issue``,
-    ``end(result)`` (which waits for whatever the call left in flight): one *part* per call."""
+    ``end(result)`` (which waits for whatever the call left in flight): one *part* per call.
+    ``counts``: each part counts its call when it runs (a plan run many times; a call run once as a
+    plan was counted by its pipeline already)."""
 
-    def __init__(self) -> None:
+    def __init__(self, counts: bool = True) -> None:
+        self.counts = counts
         self.steps: list[Step] = []
         self.parts: list[Part] = []
         self.tokens = 0
@@ -167,10 +195,10 @@ class Recorder:
         self._part = -1
         self._op: tuple | None = None
 
-    def begin(self, op: str, comms: tuple[LibComm, ...], count: bool = True) -> None:
-        """A call of ``op`` begins (``count``: it counts itself on ``comms`` each time it runs)."""
+    def begin(self, op: str, comms: tuple[LibComm, ...]) -> None:
+        """A call of ``op`` begins (counted on ``comms`` each time it runs, if the plan ``counts``)."""
         self._part, self._op = len(self.parts), (op, comms)
-        if count:
+        if self.counts:
             self.steps.append(Step(COUNT, None, op, None, (comms, op), -1, self._part))
 
     def end(self, result: Any) -> None:
@@ -216,13 +244,13 @@ class Recorder:
 
 
 def count_call(comms: tuple[LibComm, ...], op: str) -> int:
-    """Count one call of ``op`` on each of its communicators (the one way calls are counted: a
-    plan of one call binds the same increments at its first run, :meth:`Plan._bind`); returns its
-    number on the first."""
+    """Count one call of ``op`` on each of its communicators (the one way calls are counted: by the
+    call pipeline, and by each COUNT step of a plan); returns its number on the first."""
     calls = comms[0].calls
     number = calls[op] = calls.get(op, 0) + 1
-    for c in comms[1:]:
-        c.calls[op] = c.calls.get(op, 0) + 1
+    if len(comms) > 1:
+        for c in comms[1:]:
+            c.calls[op] = c.calls.get(op, 0) + 1
     return number
 
 
@@ -251,30 +279,33 @@ class Plan:
         parts: the calls, in order (:class:`Part`).
     """
 
-    __slots__ = ("op", "result", "parts", "_timeout", "_steps", "_used", "_tokens", "_persistent", "_reuse",
-                 "_handle", "_state", "_go", "_tally", "_where", "__weakref__")
+    __slots__ = ("op", "result", "parts", "_owner", "_steps", "_used", "_tokens", "_persistent", "_reuse",
+                 "_handle", "_state", "_go", "_where", "__weakref__")
 
-    def __init__(self, rec: Recorder, timeout: float | None, persistent: bool = True) -> None:
+    def __init__(self, rec: Recorder, owner: Any, persistent: bool = True, rounds: bool = False) -> None:
         self.parts = rec.parts
         self.op = self.parts[0].op if len(self.parts) == 1 else f"graph of {len(self.parts)} calls"
         self.result = self.parts[0].result if len(self.parts) == 1 else tuple(p.result for p in self.parts)
-        self._timeout = timeout
+        self._owner = owner            # (the operation or graph that made it: its timeout is the plan's)
         self._tokens = rec.tokens
         self._used = tuple(dict.fromkeys(s.comm for s in rec.steps if s.comm is not None))
         self._steps = rec.steps
         if persistent:                 # (one-shot and remembered calls' plans are the calls themselves)
-            self._sequence(timeout)
+            self._sequence(rounds)
         self._where = [(p.op, None, "") for p in self.parts]
         self._reuse = persistent       # persistent requests at the first start (else I-calls every time)
         self._persistent: list[MPI.Prequest | None] | None = None
         self._handle: Handle | None = None
         self._state = _IDLE
         self._go: Callable[[], None] | None = None
-        self._tally: tuple = ("", {"": 0}, ())     # (a plan of several calls: each part counts itself)
         if persistent:
             _LIVE.add(self)
 
-    def _sequence(self, timeout: float | None) -> None:
+    @property
+    def _timeout(self) -> float | None:
+        return self._owner.timeout
+
+    def _sequence(self, rounds: bool) -> None:
         """A prepared plan or a graph skips the per-call agreement. On each of its communicators that
         keeps a sequence (a watchdog or ``MPICOLL_DEBUG``: ``not plain``), its every run and start
         first agrees one header row (:func:`mpicoll._validate.plan_row`: a plan's run and the plan's
@@ -284,19 +315,32 @@ class Plan:
         finishing with another call's bytes. (A rank that skipped a run and runs the same plan
         again pairs with its peers' run: the same call.) The agreement is the plan's first steps
         after its count, so that a started plan starts it non-blocking like its other collectives;
-        it costs one small ``Allgather`` per such communicator per run."""
-        checks = []
-        for c in self._used:
-            if not c.plain:
-                row = V.plan_row(c.size, _next_serial(c))
+        it costs one small ``Allgather`` per such communicator per run. ``rounds``: the parts are
+        the rounds of one call, each released on its own (the Hccl client's commits): each round
+        agrees its own row (the round's number in it), so that a rank that skipped a commit meets
+        its peers' next round with another call, or another round, and all of them raise."""
+        serials = {c: _next_serial(c) for c in self._used if not c.plain}
+        if not serials:
+            return
+        steps, begin = [], 0
+        checked = self.parts if rounds else self.parts[:1]
+        for k, p in enumerate(checked):
+            part = self._steps[begin:p.end]
+            at = 1 if part and part[0].kind == COUNT else 0
+            checks = []
+            for c, serial in serials.items():
+                row = V.plan_row(c.size, serial, k)
                 table = np.empty((c.size, row.size), dtype=np.int64)
-                checks += [Step(MPI_CALL, c, "Allgather", None, ([row, MPI.INT64_T], [table, MPI.INT64_T]), -1, 0),
-                           Step(LOCAL, None, "", _check_sequence, (c, table, timeout), -1, 0)]
-        if checks:
-            at = 1 if self._steps and self._steps[0].kind == COUNT else 0
-            self._steps = self._steps[:at] + checks + self._steps[at:]
-            for p in self.parts:
-                p.end += len(checks)
+                checks += [Step(MPI_CALL, c, "Allgather", _check_sequence, ([row, MPI.INT64_T], [table, MPI.INT64_T]),
+                                -1, k),
+                           Step(LOCAL, None, "", _check_sequence, (c, table, self._owner), -1, k)]
+            steps += part[:at] + checks + part[at:]
+            begin = p.end
+            p.end = len(steps)
+        shift = len(steps) - begin                  # (the parts after the checked ones move by this)
+        for p in self.parts[len(checked):]:
+            p.end += shift
+        self._steps = steps + self._steps[begin:]
 
     def run(self) -> Any:
         """Run the calls once, blocking; returns the output (the same arrays on every run).
@@ -310,11 +354,6 @@ class Plan:
             _comm.check_live(self._used, self.op)
         if self._go is None:
             self._go = self._bind()
-        op, calls, more = self._tally
-        calls[op] += 1
-        if more:
-            for c in more:
-                c[op] += 1
         if _comm.QUEUED:
             for c in self._used:
                 if c.pending:
@@ -323,15 +362,9 @@ class Plan:
         return self.result
 
     def _bind(self) -> Callable[[], None]:
-        """The steps as one callable (made at the first run). A plan of one call counts it in
-        :meth:`run` itself (the cheapest form: a dict increment)."""
+        """The steps as one callable (made at the first run)."""
         timeout, slots, where = self._timeout, [None] * self._tokens, self._where
         steps = self._steps
-        if len(self.parts) == 1 and steps and steps[0].kind == COUNT:
-            comms, op = steps[0].args
-            for c in comms:
-                c.calls.setdefault(op, 0)
-            self._tally, steps = (op, comms[0].calls, tuple(c.calls for c in comms[1:])), steps[1:]
         bound = []
         for s in steps:
             if s.kind == COUNT:
@@ -365,8 +398,10 @@ class Plan:
             self._refuse("start")
         _comm.check_live(self._used, self.op)
         if self._reuse and self._persistent is None:   # made at the first start, on every rank at the same point
+            # (not the sequence rows: a persistent collective matches only its own starts, never
+            # the call a rank that skipped this run makes instead, which the row is there to meet)
             self._persistent = [s.comm.persistent(s.name, s.args) if s.kind in (MPI_CALL, START)
-                                else None for s in self._steps]
+                                and s.fn is not _check_sequence else None for s in self._steps]
         self._state = _STARTED
         handle = self._handle = Handle(self, len(self._steps) if end is None else end)
         handle._advance(block=False)      # (the plan stays started until the caller sees it complete)
@@ -445,12 +480,12 @@ def _next_serial(c: LibComm) -> int:
     return k
 
 
-def _check_sequence(c: LibComm, table: np.ndarray, timeout: float | None) -> None:
+def _check_sequence(c: LibComm, table: np.ndarray, owner: Any) -> None:
     """The gathered sequence rows (:meth:`Plan._sequence`): a peer's local error (its call failed to
     describe) is exchanged and raised, as a validated call's; any other difference is a named
     mismatch, the same on every rank."""
     if any(table[:, 0].tolist()):          # (as _errors.agree does after its Allgather)
-        settle(c, None, timeout, (V.PLAN_RUN, None, "the exchange of an error (internal MPI Allgather/Allgatherv)"))
+        settle(c, None, owner.timeout, (V.PLAN_RUN, None, "the exchange of an error (internal MPI Allgather/Allgatherv)"))
     V.check_agreed(c, V.PLAN_RUN, table)
 
 
@@ -606,8 +641,8 @@ class Handle:
             elif kind == TEST:
                 self._open[s.token].Test()
             elif self._cur is None or kind == START:
-                req = s.comm.start(s.name if persistent is None else persistent[self._i], s.args,
-                                   plan._where[s.part], self)
+                made = None if persistent is None else persistent[self._i]
+                req = s.comm.start(s.name if made is None else made, s.args, plan._where[s.part], self)
                 if kind == MPI_CALL:
                     self._cur, self._started = req, time.monotonic()   # (the timeout counts per collective)
                     if self._queued and self._i >= self._last:

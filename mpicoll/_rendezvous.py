@@ -86,17 +86,20 @@ def _timeout() -> float:
     return _env.value("MPICOLL_DOMAIN_TIMEOUT") or float("inf")
 
 
-def rendezvous(name: str, size: int | None, declared: tuple[int, ...] | None) -> tuple[int, ...]:
+def rendezvous(name: str, size: int | None, declared: tuple[int, ...] | None,
+               limit: tuple[float, str] | None = None) -> tuple[int, ...]:
     """Meet the other members of domain ``name``; returns the sorted world ranks of its members.
 
     Args:
         size: its rank_size (the declared list's length for a declared domain), or None when this
             member gave none: the members still meet, and every one of them raises the error.
         declared: the members this rank declared, or None.
+        limit: ``(seconds, what sets them)`` (a torch group's ``timeout=``); default
+            ``MPICOLL_DOMAIN_TIMEOUT``'s.
 
     Raises:
         CollectiveArgumentError: the verdict's error (the same on every member).
-        CollectiveTimeout: members did not all arrive within ``MPICOLL_DOMAIN_TIMEOUT`` seconds.
+        CollectiveTimeout: members did not all arrive within the limit.
     """
     me = MPI.COMM_WORLD.Get_rank()
     size = size or 0
@@ -105,13 +108,13 @@ def rendezvous(name: str, size: int | None, declared: tuple[int, ...] | None) ->
     fp = fingerprint(declared) if declared else 0
     base = f"mpicoll-{_job()}-{key(name):x}"
     where = f"comm domain {name!r}"
-    timeout = _timeout()
+    timeout, why = limit or (_timeout(), "MPICOLL_DOMAIN_TIMEOUT")
     deadline = time.monotonic() + timeout
     if declared:
         _publish(f"{base}-D{fp:x}", ",".join(map(str, declared))[:_CHUNK])   # (for the leader's messages)
     mine = f"{me}:{size}:{fp}"
     if _publish(f"{base}-L", mine):
-        return _lead(base, where, me, size, fp, declared, deadline, timeout)
+        return _lead(base, where, me, size, fp, declared, deadline, timeout, why)
     leader = _lookup(f"{base}-L")
     lsize = int(leader.split(":")[1]) if leader else size
     slots = 2 * (lsize or size)
@@ -126,7 +129,7 @@ def rendezvous(name: str, size: int | None, declared: tuple[int, ...] | None) ->
     pause = 1e-4
     while (verdict := _lookup(f"{base}-V")) is None:
         if time.monotonic() > deadline:
-            raise CollectiveTimeout(f"{where}: timed out after {timeout:g} s (MPICOLL_DOMAIN_TIMEOUT) waiting for "
+            raise CollectiveTimeout(f"{where}: timed out after {timeout:g} s ({why}) waiting for "
                                     f"the leader, world rank {leader.split(':')[0] if leader else '?'}",
                                     param="comm_domain")
         time.sleep(pause)
@@ -141,8 +144,8 @@ def rendezvous(name: str, size: int | None, declared: tuple[int, ...] | None) ->
     raise (CollectiveTimeout if kind == "timeout" else CollectiveArgumentError)(text, param="comm_domain")
 
 
-def _lead(base: str, where: str, me: int, size: int, fp: int, declared, deadline: float, timeout: float
-          ) -> tuple[int, ...]:
+def _lead(base: str, where: str, me: int, size: int, fp: int, declared, deadline: float, timeout: float,
+          why: str) -> tuple[int, ...]:
     """The leader's side of :func:`rendezvous`: read the member slots, then publish the verdict."""
     slots = 2 * size
     seen: dict[int, tuple[int, int, int]] = {}          # slot -> (world rank, its rank_size, fingerprint)
@@ -181,7 +184,7 @@ def _lead(base: str, where: str, me: int, size: int, fp: int, declared, deadline
             break
         if time.monotonic() > deadline:
             got = sorted([me] + [r for r, _, _ in seen.values()])
-            error = ("timeout", f"{where}: timed out after {timeout:g} s (MPICOLL_DOMAIN_TIMEOUT) waiting for "
+            error = ("timeout", f"{where}: timed out after {timeout:g} s ({why}) waiting for "
                                 f"members: {len(got)} of {size} arrived (world ranks {got})")
             break
         time.sleep(pause)

@@ -1,21 +1,58 @@
-"""The store of the torch backend's ``init_method="mpi://"`` (mpicoll/torch.py): a TCPStore served by
-world rank 0, whose address MPI hands to the other ranks, so that store-based groups (gloo's) can join
-an mpicoll job; else, when some rank cannot reach it, a store of this process's alone that says why.
+"""The torch backend's start-up (mpicoll/torch.py): the store of ``init_method="mpi://"``, a
+TCPStore served by world rank 0, whose address MPI hands to the other ranks, so that store-based
+groups (gloo's) can join an mpicoll job (else, when some rank cannot reach it, a store of this
+process's alone that says why); and the start-up exchanges, each bounded by the group's
+``timeout=`` (:func:`exchange`, :func:`agree_problem`), on mpicoll's own communicators, never on
+the user's.
 """
 from __future__ import annotations
 
 import fcntl
+import json
 import socket
 import struct
 from datetime import timedelta
 from typing import Any
 
+import numpy as np
 import torch.distributed as dist
 from mpi4py import MPI
 
 from . import _env
+from ._comm import LibComm, timed_call
+from ._errors import CollectiveArgumentError, CollectiveError, settle
 
-__all__ = ["LocalStore", "shared_store"]
+__all__ = ["LocalStore", "agree_problem", "exchange", "shared_store"]
+
+
+def exchange(comm: MPI.Comm, name: str, args: tuple, seconds: float, what: str) -> None:
+    """One start-up collective ``name`` on ``comm``, waiting at most ``seconds`` for every member
+    (then :class:`~mpicoll.CollectiveTimeout` on the ranks that came, naming ``what``: the start-up
+    step a rank never reached)."""
+    timed_call(comm, name, args, seconds, lambda: f"{what}: timed out after {seconds:g} s waiting for every rank "
+               "(some rank has not reached it)", raises=True)
+
+
+def agree_problem(lib: LibComm, problem: BaseException | None, seconds: float, what: str) -> None:
+    """Every rank of ``lib`` raises the lowest failing rank's ``problem`` (a start-up check one rank
+    can see), or none does: so that no rank waits in the next step for one that raised."""
+    flags = np.empty(lib.size, dtype=np.int64)
+    exchange(lib.mpi, "Allgather", ([np.array([problem is not None], np.int64), MPI.INT64_T], [flags, MPI.INT64_T]),
+             seconds, what)
+    if flags.any():
+        error = problem if problem is None or isinstance(problem, CollectiveError) else \
+            CollectiveArgumentError(str(problem), op=what, rank=lib.rank)
+        settle(lib, error, None, (what, 0, "the exchange of an error (internal MPI Allgather/Allgatherv)"))
+
+
+def _bcast(lib: LibComm, obj: Any, seconds: float, what: str) -> Any:
+    """World rank 0's ``obj`` (JSON) on every rank of ``lib`` (the world's)."""
+    data = np.frombuffer(json.dumps(obj).encode(), np.uint8) if lib.rank == 0 else np.empty(0, np.uint8)
+    size = np.array([data.size], np.int64)
+    exchange(lib.mpi, "Bcast", ([size, MPI.INT64_T], 0), seconds, what)
+    buf = data.copy() if lib.rank == 0 else np.empty(int(size[0]), np.uint8)
+    exchange(lib.mpi, "Bcast", ([buf, MPI.BYTE], 0), seconds, what)
+    return json.loads(buf.tobytes())
 
 
 class LocalStore(dist.Store):
@@ -81,23 +118,23 @@ def _ipv4_addresses() -> list[str]:
     return found
 
 
-def shared_store(world: MPI.Comm, timeout: timedelta) -> tuple[Any, str]:
+def shared_store(world: LibComm, timeout: timedelta) -> tuple[Any, str]:
     """``(a TCPStore served by world rank 0, "")``, or ``(None, why)`` on every rank when some rank
     cannot reach it. Rank 0 serves on every interface and sends its addresses over MPI
     (``MPICOLL_STORE_HOST``, else its IPv4 addresses); a rank on rank 0's host takes the loopback,
-    another the first address it can connect to; the ranks agree whether all could (set-up steps on
-    MPI_COMM_WORLD, before any group exists)."""
-    rank = world.Get_rank()
+    another the first address it can connect to; the ranks agree whether all could (start-up steps
+    on mpicoll's world, each bounded by ``timeout``)."""
+    rank, seconds, what = world.rank, timeout.total_seconds(), "init_process_group: the store's set-up"
     server, offer = None, None
     if rank == 0:
         try:
-            server = dist.TCPStore("127.0.0.1", 0, world.Get_size(), is_master=True, timeout=timeout,
+            server = dist.TCPStore("127.0.0.1", 0, world.size, is_master=True, timeout=timeout,
                                    wait_for_workers=False)
             given = _env.value("MPICOLL_STORE_HOST")
             offer = ([given] if given else _ipv4_addresses(), server.port, MPI.Get_processor_name())
         except (RuntimeError, OSError) as exc:
             offer = str(exc)
-    offer = world.bcast(offer, root=0)
+    offer = _bcast(world, offer, seconds, what)
     if isinstance(offer, str):
         return None, f"world rank 0 could not serve a TCPStore ({offer})"
     addresses, port, host0 = offer
@@ -109,9 +146,12 @@ def shared_store(world: MPI.Comm, timeout: timedelta) -> tuple[Any, str]:
             break
         except OSError:
             continue
-    lost = [r for r, ok in enumerate(world.allgather(address is not None)) if not ok]
+    reached = np.empty(world.size, dtype=np.int64)
+    exchange(world.mpi, "Allgather", ([np.array([address is not None], np.int64), MPI.INT64_T],
+                                      [reached, MPI.INT64_T]), seconds, what)
+    lost = [r for r, ok in enumerate(reached.tolist()) if not ok]
     if lost:
         return None, f"world ranks {lost} could not reach world rank 0's TCPStore at {addresses} port {port}"
     if server is not None:
         return server, ""
-    return dist.TCPStore(address, port, world.Get_size(), is_master=False, timeout=timeout), ""
+    return dist.TCPStore(address, port, world.size, is_master=False, timeout=timeout), ""

@@ -1,8 +1,12 @@
 """The collective watchdog: ``MPICOLL_TIMEOUT=SECONDS`` (or ``Operation(..., timeout=SECONDS)``).
 
-With a timeout, every MPI call mpicoll makes is started non-blocking and polled (:func:`wait`):
-the data calls of an operation, blocking or started by a plan, its header agreement, the
-error exchange and the set-up of a library communicator. MPICH progresses a non-blocking
+With a timeout, every collective mpicoll makes on its communicators is started non-blocking and
+polled (:func:`wait`): the data calls of an operation, blocking or started by a plan, its
+agreement, the error exchange, the exchanges that set a library communicator up, and the
+messages of the functional API. The set-up steps MPI offers only blocking (``Comm.Split_type``,
+``Win.Allocate_shared``, ``Comm.Create_group``) are not; a watched ``Barrier``
+(``LibComm.meet``) or a timed rendezvous (a comm domain's) before each makes sure every member is
+there first. MPICH progresses a non-blocking
 collective only inside MPI calls, so for the first ``SPIN_SECONDS`` (at most a tenth of the
 timeout) the rank polls continuously, yielding the CPU between polls (``sched_yield``:
 oversubscribed ranks still run); after that it sleeps between polls, doubling up to
@@ -31,12 +35,14 @@ import os
 import sys
 import threading
 import time
+from datetime import timedelta
 from typing import Any, Callable
 
+import numpy as np
 from mpi4py import MPI
 
 from . import _env
-from ._errors import CollectiveTimeout
+from ._errors import CollectiveArgumentError, CollectiveTimeout
 
 SPIN_SECONDS = 1.0  # poll continuously this long (capped at timeout / 10): full progress, full speed
 MAX_PAUSE = 5e-3    # longest sleep between polls afterwards, seconds
@@ -48,12 +54,23 @@ def timeout_default() -> float | None:
     return _env.value("MPICOLL_TIMEOUT")
 
 
-def timeout_seconds(timeout: float | None) -> float | None:
+def timeout_seconds(timeout: Any, op: str = "mpicoll", rank: int = -1) -> float | None:
     """A ``timeout=`` argument as the watchdog takes it (the one place it is normalised): None =
-    ``MPICOLL_TIMEOUT``; 0 or less, or not finite = no watchdog; else seconds."""
+    ``MPICOLL_TIMEOUT``; 0 or less = no watchdog; else seconds (a number, or a ``timedelta``).
+
+    Raises:
+        CollectiveArgumentError: anything else (a string, NaN, infinity), naming ``op`` and ``rank``.
+    """
     if timeout is None:
         return timeout_default()
-    return float(timeout) if 0 < timeout < math.inf else None
+    value = timeout.total_seconds() if isinstance(timeout, timedelta) else timeout
+    if isinstance(value, bool) or not isinstance(value, (int, float, np.integer, np.floating)) or \
+            not math.isfinite(value):
+        raise CollectiveArgumentError(f"{op}: timeout={timeout!r} on rank {rank}: must be a finite number of seconds "
+                                      "(0 or less: none), or None (MPICOLL_TIMEOUT's)", op=op, param="timeout",
+                                      rank=rank)
+    return float(value) if value > 0 else None
+
 
 
 def wait(requests: list[MPI.Request], timeout: float, expired: Callable[[], Any],

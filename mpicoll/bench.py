@@ -201,6 +201,7 @@ def run_bench(argv: list[str] | None = None) -> int:
     """Run the sweep; returns the exit status (1 if any result was wrong)."""
     args = build_parser().parse_args(argv)
     args.command_line = "python -m mpicoll.run bench " + " ".join(sys.argv[2:] if argv is None else argv)
+    _check_counts(args)
     lib_world()                    # (made on every rank at once: the operations run on it)
     world = MPI.COMM_WORLD         # (the harness' own calls: timing, verdicts; never the library's communicator)
     me, nworld = world.Get_rank(), world.Get_size()
@@ -214,11 +215,18 @@ def run_bench(argv: list[str] | None = None) -> int:
     reps = args.reps or (3 if compare else 1)
     validate = validate_default() if args.validate is None else bool(args.validate)
     colors, dom = _layout(args, me, nworld)
+    smallest = min(colors.count(c) for c in set(colors) if c >= 0)
+    if not 0 <= args.root < smallest:
+        raise UsageError(f"-r/--root {args.root}: must be a rank of every benchmarked group, in [0, {smallest})")
     placement = _placement(world)
     active = colors[me] >= 0
     raw_comm = MPI.COMM_WORLD.Split(colors[me] if active else MPI.UNDEFINED, me)
     comm = (domain(dom) if dom else world) if active else None
     printer = active and comm.Get_rank() == 0 and colors[me] == min(c for c in colors if c >= 0)
+    if args.json:
+        unwritable = next((w for w in world.allgather(_unwritable(args.json) if printer else None) if w), None)
+        if unwritable:
+            raise UsageError(f"--json {args.json}: {unwritable}")
     if args.plot:
         _plot_usable(world, printer)
     hosts = list(dict.fromkeys(comm.allgather(MPI.Get_processor_name()))) if active else []
@@ -299,6 +307,28 @@ def run_bench(argv: list[str] | None = None) -> int:
     return 1 if world.allreduce(any_wrong, op=MPI.MAX) else 0
 
 
+def _check_counts(args) -> None:
+    """The flags whose values make no sweep (the same verdict on every rank: they hold the same)."""
+    if args.iters < 1:
+        raise UsageError(f"-n/--iters {args.iters}: must be >= 1 (the times are averages over the iterations)")
+    if args.warmup_iters < 0:
+        raise UsageError(f"-w/--warmup_iters {args.warmup_iters}: must be >= 0")
+    if args.minbytes > args.maxbytes:
+        raise UsageError(f"-b/--minbytes {args.minbytes} is larger than -e/--maxbytes {args.maxbytes}: no size to run")
+    if args.reps is not None and args.reps < 1:
+        raise UsageError(f"--reps {args.reps}: must be >= 1")
+
+
+def _unwritable(path: str) -> str | None:
+    """Why ``path`` cannot be written here (None: it can), tried before the sweep, not after it."""
+    folder = os.path.dirname(os.path.abspath(path))
+    if not os.path.isdir(folder):
+        return f"its folder {folder} does not exist"
+    if os.path.isdir(path) or not os.access(folder, os.W_OK) or (os.path.exists(path) and not os.access(path, os.W_OK)):
+        return "cannot be written here"
+    return None
+
+
 def _layout(args, me: int, nworld: int) -> tuple[list[int], str]:
     """Per world rank: the group it benchmarks in (-1 = idle), and this rank's domain name."""
     if args.split and args.domain:
@@ -352,7 +382,7 @@ def _sweep(args, ops, dtypes, redops, compare, reps, validate, comm, raw_comm, d
             print(f"# {name}: skipped: it takes {', '.join(spec.dtypes)} only (add it with -d)", flush=True)
         for dname in [d for d in dtypes if d in spec.dtypes]:
             dt = DTYPES[dname]
-            for rname in (redops if spec.uses_reduce else ["none"]):
+            for rname in ([r for r in redops if REDUCE_OPS[r].refuses(dt) is None] if spec.uses_reduce else ["none"]):
                 if printer:
                     print(_header(name, n, dname, rname, compare, validate, args), flush=True)
                 for size in size_steps(args.minbytes, args.maxbytes, args.stepfactor):

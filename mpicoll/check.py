@@ -76,10 +76,9 @@ def run_checks(ops: list[str] | None = None, dtypes: list[str] | None = None, *,
             dom = name_of(me)
             members = [r for r in range(nworld) if name_of(r) == dom]
             n, rank = len(members), members.index(me)
-            cases = spec.cases(n)
-            ncases += len(cases)
+            ncases += len(spec.cases(n))
             for dtype in dts:
-                for case in cases:
+                for case in spec.cases_for(n, dtype):
                     c0 = time.perf_counter()
                     c = spec.make(case, dtype, dom, rank, n, seed, validate=validate)
                     wrong = count_wrong(c.execute(), c.expected, exact=c.exact, n=n)

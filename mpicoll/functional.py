@@ -22,6 +22,7 @@ Inside :func:`mpicoll.graph.capture` every function is captured instead of run.
 from __future__ import annotations
 
 from collections import OrderedDict
+from datetime import timedelta
 from typing import Any
 
 import numpy as np
@@ -33,9 +34,9 @@ from ._domains import declare_domains, group_fields, resolve
 from ._dtypes import REDUCE_RULE, reduce_op
 from ._errors import CollectiveArgumentError, CollectiveTimeout
 from ._numeric import prefix
-from ._plan import Call
-from ._watchdog import wait as _watch
-from .ops._base import Operation
+from ._plan import CAPTURING, Call
+from ._messages import post
+from .ops._base import ASYNC, RUN, Operation
 from .ops.allgather import AllGatherOperation, AllGatherVOperation
 from .ops.allreduce import AllReduceOperation
 from .ops.alltoall import AllToAllVV2Operation
@@ -55,73 +56,65 @@ MAX_CACHED = 256
 
 
 class Work:
-    """A call started with ``async_op=True`` (torch's ``Work``).
+    """A call made with ``async_op=True`` (torch's ``Work``): it runs on its communicator's worker
+    thread while the caller goes on (:mod:`mpicoll._async`), or, captured into a graph, with the
+    graph's replay.
 
-    ``wait()`` completes it (True, as torch's); ``is_completed()`` makes progress without blocking
-    and says whether it is done; ``result()`` is the list of output arrays.
+    ``wait()`` blocks until the call has finished and raises its error (the same
+    ``CollectiveError`` on every rank); ``is_completed()`` says whether it has finished, without
+    blocking; ``exception()`` is its error, once finished; ``result()`` the list of output arrays.
     """
 
-    __slots__ = ("_handle", "_outputs")
+    __slots__ = ("_handle", "_outputs", "_name")
 
-    def __init__(self, handle: Any, outputs: list) -> None:
-        self._handle, self._outputs = handle, outputs
+    def __init__(self, handle: Any, outputs: list, name: str) -> None:
+        self._handle, self._outputs, self._name = handle, outputs, name
 
     def wait(self, timeout: Any = None) -> bool:
-        """Block until the call is complete (under the operation's watchdog, if any); True."""
-        self._handle.wait()
+        """Block until the call has finished; True. ``timeout`` (seconds or a timedelta; None or 0:
+        no limit): a :class:`CollectiveTimeout` once that long has passed with the call still
+        running (it goes on: ``wait()`` again to complete it).
+
+        Raises:
+            CollectiveError: the call's own error (on every rank of the call, as a synchronous call).
+        """
+        seconds = _seconds(timeout)
+        if not self._handle.wait(seconds):
+            raise CollectiveTimeout(f"{self._name}: wait(timeout={seconds:g} s) timed out with the call still in "
+                                    "flight (it goes on: wait() again to complete it)", op=self._name, param="timeout")
         return True
 
     def is_completed(self) -> bool:
-        """Progress without blocking; whether the call is complete."""
-        return self._handle.test()
+        """Whether the call has finished (well, or with the error ``wait()`` raises)."""
+        return self._handle.is_completed()
+
+    def exception(self) -> BaseException | None:
+        """The call's error once it has finished (None: it went well, or it is still running)."""
+        return self._handle.exception()
 
     def result(self) -> list:
         """The call's output arrays."""
         return self._outputs
 
     def __repr__(self) -> str:
-        return f"<Work {'completed' if self._handle.test() else 'in flight'}>"
+        return f"<Work {self._name} {'completed' if self.is_completed() else 'in flight'}>"
+
+
+def _seconds(timeout: Any) -> float | None:
+    """A ``wait(timeout)`` in seconds: a timedelta or a number; None, 0 or less: no limit."""
+    seconds = timeout.total_seconds() if isinstance(timeout, timedelta) else timeout
+    return float(seconds) if seconds is not None and seconds > 0 else None
 
 
 # ----------------------------------------------------------------------------- groups and the cache
 
 _OPS: "OrderedDict[tuple, Operation]" = OrderedDict()
-_GROUPS: dict[tuple, str] = {}
-
-
-class _Refused(Exception):
-    """An argument this rank cannot use before it has an operation: ``(param, value, rule)``."""
-
-
 def _group(group: Any, fn: str) -> tuple[Any, dict] | None:
-    """``(cache key, Param fields)`` of a group, or None when this rank is not in its list.
-
-    Raises:
-        _Refused: a group that is none of the four forms, or a list that is not of world ranks.
-    """
-    if isinstance(group, (list, tuple, range)):
-        alive(fn)
-        size = MPI.COMM_WORLD.Get_size()
-        try:
-            ranks = tuple(sorted({int(r) for r in group}))
-            ok = not ranks or 0 <= ranks[0] and ranks[-1] < size
-        except (TypeError, ValueError):
-            ok = False
-        if not ok:
-            raise _Refused("group", group, f"must be a list of world ranks, in [0, {size})")
-        name = _GROUPS.get(ranks)
-        if name is None:
-            name = _GROUPS[ranks] = "mpicoll.group:" + ",".join(map(str, ranks))
-            if MPI.COMM_WORLD.Get_rank() in ranks:
-                declare_domains({name: list(ranks)})
-        if MPI.COMM_WORLD.Get_rank() not in ranks:
-            return None
-        return name, {"comm_domain": name}
-    try:
-        fields = group_fields(group, fn)
-    except CollectiveArgumentError:
-        raise _Refused("group", group, "must be None, a domain name, a list of world ranks or an mpi4py "
-                       "communicator") from None
+    """``(cache key, Param fields)`` of a group (:func:`~mpicoll._domains.group_fields`), or None
+    when this rank is not in its list."""
+    fields = group_fields(group, fn)
+    if fields is None:
+        return None
     # (a communicator: the cached operation keeps it alive, so its id stays its own)
     return ("comm", id(group)) if "comm" in fields else fields.get("comm_domain", ""), fields
 
@@ -223,18 +216,19 @@ def _run(cls: type, group: Any, args: tuple, async_op: bool, outputs: Any, root:
             root = (name, None, None)
     try:
         op = _op(cls, group, fn, root, reduce)
-    except _Refused as exc:
-        refused = refused or exc.args
+    except CollectiveArgumentError as exc:
+        refused = refused or exc
         op = _op(cls, None, fn, root, reduce)
     if op is None:
         return None
     if refused is not None:
         op._live()                          # (bound: the error names this rank in the call's communicator)
-        param, value, rule = refused
-        args = (V.arg_error(fn, param, value, op.rank, rule), *args[1:])
+        if isinstance(refused, tuple):
+            refused = V.arg_error(fn, refused[0], refused[1], op.rank, refused[2])
+        args = (refused, *args[1:])
     if async_op:
-        return Work(op._start(*args), outputs if isinstance(outputs, list) else [outputs])
-    op._execute(*args)
+        return Work(op._call(args, ASYNC), outputs if isinstance(outputs, list) else [outputs], fn)
+    op._call(args, RUN)
     return None
 
 
@@ -285,7 +279,7 @@ class _AllReduce(AllReduceOperation):
     NAME, PUBLIC = "all_reduce", False
 
     def execute(self, tensor):
-        return self._execute(tensor)
+        return self._call((tensor,), RUN)
 
     def describe(self, tensor) -> Call:
         return super().describe(_tensor(self.NAME, "tensor", tensor, self.rank), tensor)
@@ -295,7 +289,7 @@ class _Broadcast(_Rooted, BroadcastOperation):
     NAME, PUBLIC = "broadcast", False
 
     def execute(self, tensor):
-        return self._execute(tensor)
+        return self._call((tensor,), RUN)
 
     def describe(self, tensor) -> Call:
         return super().describe(_tensor(self.NAME, "tensor", tensor, self.rank))
@@ -305,7 +299,7 @@ class _Reduce(_Rooted, ReduceOperation):
     NAME, PUBLIC = "reduce", False
 
     def execute(self, tensor):
-        return self._execute(tensor)
+        return self._call((tensor,), RUN)
 
     def describe(self, tensor) -> Call:
         return super().describe(_tensor(self.NAME, "tensor", tensor, self.rank), tensor)
@@ -315,7 +309,7 @@ class _AllGatherIntoTensor(AllGatherOperation):
     NAME, PUBLIC = "all_gather_into_tensor", False
 
     def execute(self, output, input):  # noqa: A002 - torch's names
-        return self._execute(output, input)
+        return self._call((output, input), RUN)
 
     def describe(self, output, input) -> Call:  # noqa: A002
         fn, r, n = self.NAME, self.rank, self.size
@@ -335,7 +329,7 @@ class _ReduceScatterTensor(ReduceScatterOperation):
     NAME, PUBLIC = "reduce_scatter_tensor", False
 
     def execute(self, output, input):  # noqa: A002
-        return self._execute(output, input)
+        return self._call((output, input), RUN)
 
     def describe(self, output, input) -> Call:  # noqa: A002
         fn, r, n = self.NAME, self.rank, self.size
@@ -357,7 +351,7 @@ class _AllToAllSingle(AllToAllVV2Operation):
     PAIR_NAMES = ("input_split_sizes[{j}]", "output_split_sizes[{i}]")
 
     def execute(self, output, input, output_split_sizes=None, input_split_sizes=None):  # noqa: A002
-        return self._execute(output, input, output_split_sizes, input_split_sizes)
+        return self._call((output, input, output_split_sizes, input_split_sizes), RUN)
 
     def describe(self, output, input, output_split_sizes=None, input_split_sizes=None) -> Call:  # noqa: A002
         fn, r, n = self.NAME, self.rank, self.size
@@ -368,6 +362,7 @@ class _AllToAllSingle(AllToAllVV2Operation):
         sc, rc = [s * row for s in si], [s * row for s in so]
         call = super().describe(input, sc, prefix(sc), rc, prefix(rc), None, output.reshape(1, -1))
         call.send, call.recv, call.shape, call.result = si, so, input.shape[1:], output     # splits, in rows
+        call.unit = row
         return call
 
 
@@ -377,7 +372,7 @@ class _AllGatherIntoTensorUneven(AllGatherVOperation):
     PAIR_NAMES = ("input.shape[0]", "output_split_sizes[{i}]")
 
     def execute(self, output, input, output_split_sizes=None):  # noqa: A002
-        return self._execute(output, input, output_split_sizes)
+        return self._call((output, input, output_split_sizes), RUN)
 
     def describe(self, output, input, output_split_sizes=None) -> Call:  # noqa: A002
         fn, r, n = self.NAME, self.rank, self.size
@@ -396,7 +391,7 @@ class _ReduceScatterTensorUneven(ReduceScatterVOperation):
     PAIR_NAMES = ("input_split_sizes[{j}]", "output.shape[0]")
 
     def execute(self, output, input, input_split_sizes=None):  # noqa: A002
-        return self._execute(output, input, input_split_sizes)
+        return self._call((output, input, input_split_sizes), RUN)
 
     def describe(self, output, input, input_split_sizes=None) -> Call:  # noqa: A002
         fn, r, n = self.NAME, self.rank, self.size
@@ -413,13 +408,22 @@ class _Barrier(Operation):
     NAME, PUBLIC = "barrier", False
 
     def execute(self):
-        return self._execute()
+        return self._call((), RUN)
 
     def describe(self) -> Call:
         return Call(None, None, None)
 
     def issue(self, call, table, go) -> None:
         go.mpi(self._lib, "Barrier")
+
+    def ride(self, call):
+        return _NOTHING                 # (the agreement is the barrier: every rank's row reaches every rank)
+
+    def land(self, call, rows, table, go) -> None:
+        pass
+
+
+_NOTHING = np.empty(0, dtype=np.uint8)
 
 
 def _lists_check(fn: str, name: str, lst: Any, n: int, like: np.ndarray, rank: int) -> list[np.ndarray]:
@@ -448,46 +452,39 @@ class _AllGatherList(AllGatherOperation):
     NAME, PUBLIC = "all_gather", False
 
     def execute(self, tensor_list, tensor):
-        return self._execute(tensor_list, tensor)
+        return self._call((tensor_list, tensor), RUN)
 
     def describe(self, tensor_list, tensor) -> Call:
         fn, r, n = self.NAME, self.rank, self.size
         tensor = _tensor(fn, "tensor", tensor, r, writes=False)
         targets = _lists_check(fn, "tensor_list", tensor_list, n, tensor, r)
         call = super().describe(tensor, np.empty((n, *tensor.shape), tensor.dtype))
-        call.result = call.extra = targets
+        call.result, call.after = targets, ((_unstack, call.out, targets),)
         return call
-
-    def issue(self, call, table, go) -> None:
-        super().issue(call, table, go)
-        go.local(_unstack, call.out, call.extra)
 
 
 class _Gather(_Rooted, GatherOperation):
     NAME, PUBLIC = "gather", False
 
     def execute(self, tensor, gather_list=None):
-        return self._execute(tensor, gather_list)
+        return self._call((tensor, gather_list), RUN)
 
     def describe(self, tensor, gather_list=None) -> Call:
         fn, r, n = self.NAME, self.rank, self.size
         tensor = _tensor(fn, "tensor", tensor, r, writes=False)
         targets = _lists_check(fn, "gather_list", gather_list, n, tensor, r) if r == self._root else None
         call = super().describe(tensor, None if targets is None else np.empty((n, *tensor.shape), tensor.dtype))
-        call.result = call.extra = targets
+        call.result = targets
+        if targets is not None:
+            call.after = ((_unstack, call.out, targets),)
         return call
-
-    def issue(self, call, table, go) -> None:
-        super().issue(call, table, go)
-        if call.extra is not None:
-            go.local(_unstack, call.out, call.extra)
 
 
 class _Scatter(_Rooted, ScatterOperation):
     NAME, PUBLIC = "scatter", False
 
     def execute(self, tensor, scatter_list=None):
-        return self._execute(tensor, scatter_list)
+        return self._call((tensor, scatter_list), RUN)
 
     def describe(self, tensor, scatter_list=None) -> Call:
         fn, r, n = self.NAME, self.rank, self.size
@@ -495,18 +492,13 @@ class _Scatter(_Rooted, ScatterOperation):
         block = tensor.reshape((1, *tensor.shape))
         if r != self._root:
             call = super().describe(None, block)
-            call.result, call.extra = tensor, None
+            call.result = tensor
             return call
         sources = _lists_check(fn, "scatter_list", scatter_list, n, tensor, r)
         staging = np.empty((n, *tensor.shape), tensor.dtype)
         call = super().describe(staging, block)
-        call.result, call.extra = tensor, (sources, staging)
+        call.result, call.before = tensor, ((_stack, sources, staging),)
         return call
-
-    def issue(self, call, table, go) -> None:
-        if call.extra is not None:
-            go.local(_stack, *call.extra)
-        super().issue(call, table, go)
 
 
 class _AllToAllList(AllToAllVV2Operation):
@@ -514,7 +506,7 @@ class _AllToAllList(AllToAllVV2Operation):
     PAIR_NAMES = ("input_tensor_list[{j}].size", "output_tensor_list[{i}].size")
 
     def execute(self, output_tensor_list, input_tensor_list):
-        return self._execute(output_tensor_list, input_tensor_list)
+        return self._call((output_tensor_list, input_tensor_list), RUN)
 
     def describe(self, output_tensor_list, input_tensor_list) -> Call:
         fn, r, n = self.NAME, self.rank, self.size
@@ -538,14 +530,8 @@ class _AllToAllList(AllToAllVV2Operation):
         recv = np.empty((1, sum(rc)), dtype)
         call = super().describe(send, sc, prefix(sc), rc, prefix(rc), None, recv)
         call.result = list(outs)
-        call.extra = (list(ins), list(outs), send, recv)
+        call.before, call.after = ((_pack, list(ins), send),), ((_unpack, recv.reshape(-1), list(outs)),)
         return call
-
-    def issue(self, call, table, go) -> None:
-        ins, outs, send, recv = call.extra
-        go.local(_pack, ins, send)
-        super().issue(call, table, go)
-        go.local(_unpack, recv.reshape(-1), outs)
 
 
 def _pack(sources: list[np.ndarray], flat: np.ndarray) -> None:
@@ -566,7 +552,7 @@ class _ReduceScatterList(ReduceScatterOperation):
     NAME, PUBLIC = "reduce_scatter", False
 
     def execute(self, output, input_list):
-        return self._execute(output, input_list)
+        return self._call((output, input_list), RUN)
 
     def describe(self, output, input_list) -> Call:
         fn, r, n = self.NAME, self.rank, self.size
@@ -581,12 +567,8 @@ class _ReduceScatterList(ReduceScatterOperation):
                                   f"{list(output.shape)} array (output's)")
         staging = np.empty((n, *output.shape), output.dtype)
         call = super().describe(staging, output.reshape((1, *output.shape)))
-        call.result, call.extra = output, (list(input_list), staging)
+        call.result, call.before = output, ((_stack, list(input_list), staging),)
         return call
-
-    def issue(self, call, table, go) -> None:
-        go.local(_stack, *call.extra)
-        super().issue(call, table, go)
 
 
 for _fn, _shape in (("all_reduce", "tensor.shape"), ("broadcast", "tensor.shape"), ("reduce", "tensor.shape"),
@@ -724,113 +706,7 @@ def barrier(group: Any = None, async_op: bool = False) -> Work | None:
     return _run(_Barrier, group, (), async_op, [])
 
 
-# ----------------------------------------------------------------------------- point-to-point
-#
-# A message between two ranks has no collective to agree in: a bad argument raises on the rank that
-# gave it, alone (its peer's matching call then waits, or times out under the watchdog). The
-# messages go on the group's library communicator, mpicoll's own duplicate (never the user's
-# world), as raw bytes: a receiver's tensor must have the sender's size in bytes. They use that
-# communicator's mpi4py object directly, not LibComm.call/start: those count collectives and mark
-# arrivals for the collective watchdog, which a message must not touch. The watchdog
-# (MPICOLL_TIMEOUT) times the wait of a message as it times a collective.
-
-
-
-class _Message:
-    """A started send or receive: the handle :class:`Work` drives (``wait``/``test``)."""
-
-    __slots__ = ("fn", "req", "status", "lib", "peer", "tag", "nbytes", "timeout", "source")
-
-    def __init__(self, fn: str, req: MPI.Request, lib: Any, peer: int, tag: int, nbytes: int) -> None:
-        self.fn, self.req, self.lib, self.peer, self.tag, self.nbytes = fn, req, lib, peer, tag, nbytes
-        self.status, self.timeout, self.source = MPI.Status(), lib.call_timeout(), None
-
-    def _peer(self) -> str:
-        if self.peer == MPI.ANY_SOURCE:
-            return "any rank"
-        return f"rank {self.peer} (world rank {self.lib.world_ranks[self.peer]})"
-
-    def _expired(self) -> CollectiveTimeout:
-        way = "to" if self.fn.endswith("send") else "from"
-        return CollectiveTimeout(f"{self.fn}: timed out after {self.timeout:g} s on rank {self.lib.rank} of "
-                                 f"{self.lib.label}, waiting for the message {way} {self._peer()} (tag {self.tag}): "
-                                 "its peer never made the matching call", op=self.fn, param="timeout",
-                                 rank=self.lib.rank)
-
-    def _finish(self) -> None:
-        if self.source is None and not self.fn.endswith("send"):
-            got = self.status.Get_count(MPI.BYTE)
-            if got != self.nbytes:
-                raise V.arg_error(self.fn, "tensor.nbytes", self.nbytes, self.lib.rank, f"the message from rank "
-                                  f"{self.status.Get_source()} (tag {self.tag}) has {got} bytes: give a tensor of "
-                                  "the sender's size and dtype")
-        self.source = self.status.Get_source() if self.peer == MPI.ANY_SOURCE else self.peer
-
-    def Test(self) -> bool:  # noqa: N802 - the watchdog polls requests by MPI's name
-        """MPI's ``Request.Test``, keeping the status (a receive's source and size)."""
-        return self._mpi(self.req.Test)
-
-    def _mpi(self, fn: Any) -> Any:
-        """``fn(status)``: a message larger than the tensor is this call's argument error."""
-        try:
-            return fn(self.status)
-        except MPI.Exception as exc:
-            if exc.Get_error_class() != MPI.ERR_TRUNCATE:
-                raise
-            got = self.status.Get_count(MPI.BYTE)    # (Open MPI: the message's size; MPICH: the bytes received)
-            size = f"has {got} bytes" if got > self.nbytes else "is larger"
-            raise V.arg_error(self.fn, "tensor.nbytes", self.nbytes, self.lib.rank, f"the message from rank "
-                              f"{self.status.Get_source()} (tag {self.tag}) {size}: give a tensor of the sender's "
-                              "size and dtype") from None
-
-    def wait(self) -> None:
-        if self.source is not None:
-            return
-        if self.timeout is None:
-            self._mpi(self.req.Wait)
-        else:
-            _watch([self], self.timeout, self._expired, lambda: str(self._expired()),
-                   raises=self.lib.timeout is not None)
-        self._finish()
-
-    def test(self) -> bool:
-        if self.source is None and self.Test():
-            self._finish()
-        return self.source is not None
-
-
-def _p2p(fn: str, tensor: Any, peer: Any, group_peer: Any, group: Any, tag: Any, peer_name: str,
-         any_source: bool = False) -> tuple | None:
-    """``(library communicator, group rank of the peer, tag, bytes of tensor)``; None: this rank is
-    not in a list ``group``. Raises the argument errors of a message, on this rank."""
-    lib_fields = _group(group, fn) if isinstance(group, (list, tuple, range)) else (None, group_fields(group, fn))
-    if lib_fields is None:
-        return None
-    fields = lib_fields[1]
-    lib = resolve(fn, fields.get("comm"), fields.get("comm_domain", ""), None, "group")
-    r, n = lib.rank, lib.size
-    array = _tensor(fn, "tensor", tensor, r, writes=not fn.endswith("send"))
-    if peer is not None and group_peer is not None:
-        raise V.arg_error(fn, f"group_{peer_name}", group_peer, r, f"give {peer_name} (a world rank) or "
-                          f"group_{peer_name} (a group rank), not both")
-    if peer is None and group_peer is None:
-        if not any_source:
-            raise V.arg_error(fn, peer_name, None, r, f"give {peer_name} (a world rank) or group_{peer_name}")
-        at = MPI.ANY_SOURCE
-    elif group_peer is None:
-        if isinstance(peer, bool) or not isinstance(peer, (int, np.integer)) or int(peer) not in lib.world_ranks:
-            raise V.arg_error(fn, peer_name, peer, r, f"must be a world rank in the group ({list(lib.world_ranks)})")
-        at = lib.world_ranks.index(int(peer))
-    else:
-        if isinstance(group_peer, bool) or not isinstance(group_peer, (int, np.integer)) or \
-                not 0 <= group_peer < n:
-            raise V.arg_error(fn, f"group_{peer_name}", group_peer, r, f"must be in [0, {n})")
-        at = int(group_peer)
-    top = MPI.COMM_WORLD.Get_attr(MPI.TAG_UB)
-    if isinstance(tag, bool) or not isinstance(tag, (int, np.integer)) or not 0 <= tag <= top:
-        raise V.arg_error(fn, "tag", tag, r, f"must be an int in [0, {top}] (MPI's TAG_UB)")
-    return lib, at, int(tag), array.reshape(-1).view(np.uint8)
-
+# ----------------------------------------------------------------------------- point-to-point (mpicoll._messages)
 
 def isend(tensor: np.ndarray, dst: int | None = None, group: Any = None, tag: int = 0,
           group_dst: int | None = None) -> Work | None:
@@ -852,11 +728,8 @@ def isend(tensor: np.ndarray, dst: int | None = None, group: Any = None, tag: in
         CollectiveArgumentError: a bad argument, on this rank only (there is no collective to
             agree in); CollectiveTimeout: ``wait()`` under ``MPICOLL_TIMEOUT``, the receiver absent.
     """
-    got = _p2p("isend", tensor, dst, group_dst, group, tag, "dst")
-    if got is None:
-        return None
-    lib, at, tag, data = got
-    return Work(_Message("isend", lib.mpi.Isend([data, MPI.BYTE], at, tag), lib, at, tag, data.size), [tensor])
+    message = post("isend", tensor, dst, group_dst, group, tag, "dst")
+    return None if message is None else Work(message, [tensor], "isend")
 
 
 def irecv(tensor: np.ndarray, src: int | None = None, group: Any = None, tag: int = 0,
@@ -872,11 +745,8 @@ def irecv(tensor: np.ndarray, src: int | None = None, group: Any = None, tag: in
     Returns:
         A :class:`Work`; None on a rank outside a list ``group``.
     """
-    got = _p2p("irecv", tensor, src, group_src, group, tag, "src", any_source=True)
-    if got is None:
-        return None
-    lib, at, tag, data = got
-    return Work(_Message("irecv", lib.mpi.Irecv([data, MPI.BYTE], at, tag), lib, at, tag, data.size), [tensor])
+    message = post("irecv", tensor, src, group_src, group, tag, "src")
+    return None if message is None else Work(message, [tensor], "irecv")
 
 
 def send(tensor: np.ndarray, dst: int | None = None, group: Any = None, tag: int = 0,

@@ -33,16 +33,17 @@ alive and do not move them (no resize or reallocation; change their contents onl
 """
 from __future__ import annotations
 
-from typing import Any
-
 import numpy as np
 
-from ._errors import CollectiveError, as_collective_error
-from ._plan import CAPTURING, Plan, Recorder
-from ._watchdog import timeout_seconds
+from typing import Any
+
+from ._errors import CollectiveError, arg_error, as_collective_error
+from ._async import submit
+from ._plan import CAPTURING, Call, Plan, Recorder
 from ._domains import resolve_group
 from .functional import Work
-from .ops._base import Operation, agree_calls, buffers
+from .ops._agree import agree_calls
+from .ops._base import ASYNC, PREPARE, Operation
 
 __all__ = ["Graph", "capture"]
 
@@ -95,11 +96,14 @@ class _Captured:
     def __init__(self, result: Any) -> None:
         self.result = result
 
-    def wait(self) -> Any:
-        return self.result
-
-    def test(self) -> bool:
+    def wait(self, timeout: float | None = None) -> bool:
         return True
+
+    def is_completed(self) -> bool:
+        return True
+
+    def exception(self) -> None:
+        return None
 
 
 class Graph:
@@ -112,7 +116,7 @@ class Graph:
     def __init__(self, group: Any = None, timeout: float | None = None, exact: bool = True) -> None:
         self.group, self.exact = group, exact
         self._timeout = timeout                 # (as given: the group's call_timeout takes it: _build)
-        self.timeout = timeout_seconds(timeout)
+        self.timeout: float | None = None
         self._entries: list[tuple[Operation, Any, BaseException | None]] = []
         self._plan: Plan | None = None
         self._results: tuple = ()
@@ -120,13 +124,19 @@ class Graph:
         self._groups: list[list[int]] = []
 
     # -- capture ---------------------------------------------------------------------------------
-    def add(self, op: Operation, args: tuple, started: bool = False) -> Any:
-        """Describe one call of ``op`` into the graph (its execute, or one-shot start, while
+    def sink(self, mode: Any) -> "_Sink":
+        """How a call made while capturing ends its pipeline (``Operation._call``): described, taken
+        into the graph, agreed with the others at the capture's end."""
+        if mode is PREPARE:
+            raise arg_error("graph", "prepare", "inside graph.capture()", self._rank(), "a plan is prepared outside "
+                            "a capture (the graph is itself the plan of its calls)")
+        return _Sink(self, mode is ASYNC)
+
+    def add(self, op: Operation, call: Call | None, err: BaseException | None, started: bool = False) -> Any:
+        """Take one described call of ``op`` into the graph (its execute, or one-shot start, while
         capturing); returns its outputs, filled at each replay."""
         if self._plan is not None or self._entries is None:
             raise CollectiveError("graph: a call added after the capture ended", op="graph", param="capture")
-        op._live()
-        call, err = op._described(args)
         if err is not None:
             err = type(err)(f"graph call {len(self._entries)} ({op.NAME}): {err}", op=getattr(err, "op", None),
                             param=getattr(err, "param", None), rank=getattr(err, "rank", None))
@@ -143,7 +153,10 @@ class Graph:
     def _build(self, failure: BaseException | None) -> None:
         """Agree every captured call at once, then record them (with the passes) into one plan."""
         lib = resolve_group("graph", self.group)
-        self.timeout = lib.call_timeout(self._timeout)
+        try:
+            self.timeout = lib.call_timeout(self._timeout, "graph")
+        except CollectiveError as exc:          # (a bad timeout= on this rank: agreed, as a failed block)
+            failure = failure or exc
         entries = self._entries
         if failure is not None:           # the block failed on this rank: agree that, every rank raises
             entries = entries + [(_Failed(lib), None, failure)]
@@ -161,12 +174,17 @@ class Graph:
         for g in groups:
             op, call, _ = entries[g[0]]
             if len(g) == 1:
-                op._record(call, agreed[g[0]][0], rec, count=True)
+                op._record(call, agreed[g[0]][0], rec)
                 continue
+            calls = [entries[i][1] for i in g]
             rec.begin(op.NAME, op._comms)
-            op.issue_many([entries[i][1] for i in g], rec)
-            rec.end(tuple(entries[i][1].result for i in g))
-        self._plan = Plan(rec, self.timeout)
+            for step in (s for c in calls for s in c.before):     # (each call's local work around the merged one)
+                rec.local(*step)
+            op.issue_many(calls, rec)
+            for step in (s for c in calls for s in c.after):
+                rec.local(*step)
+            rec.end(tuple(c.result for c in calls))
+        self._plan = Plan(rec, self)
         self._results = tuple(call.result for _, call, _ in entries)
         self._groups = groups
         self._mpi_calls = sum(s.comm is not None for s in rec.steps)
@@ -193,13 +211,17 @@ class Graph:
         return their outputs (a tuple, one per captured call); with ``async_op`` a
         :class:`~mpicoll.functional.Work` instead.
 
+        With ``async_op`` the replay runs on the group's worker thread while the caller goes on
+        (as any ``async_op=True`` call: :mod:`mpicoll._async`); a call or replay made after it on
+        the same communicators runs after it.
+
         Raises:
-            CollectiveError: the graph is freed, or a replay started with ``async_op`` is not yet
-                waited for.
+            CollectiveError: the graph is freed.
         """
         plan = self._ready("replay")
         if async_op:
-            return Work(plan.start(), list(self._results))
+            comms = plan._used or (resolve_group("graph", self.group),)
+            return Work(submit(comms, plan.run), list(self._results), "graph.replay")
         plan.run()
         return self._results
 
@@ -233,6 +255,35 @@ class Graph:
             self._plan._abandon()
             return
         self.free()
+
+
+class _Sink:
+    """The last stage of a call's pipeline while capturing: the described call goes into the graph
+    (not counted, not agreed now: the graph agrees all its calls at its end)."""
+
+    remembers = counts = agrees = rides = False
+    defers = True
+
+    def __init__(self, graph: Graph, started: bool) -> None:
+        self.graph, self.started = graph, started
+
+    def take(self, op: Operation, call: Call | None, err: BaseException | None) -> Any:
+        return self.graph.add(op, call, err, self.started)
+
+
+def buffers(call: Call) -> list[np.ndarray]:
+    """Every array a call reads or writes (its x, out, src, result, and its local steps'): what a
+    graph compares to keep calls that touch the same memory in order."""
+    found: list[np.ndarray] = []
+
+    def walk(v: Any) -> None:
+        if isinstance(v, np.ndarray):
+            found.append(v)
+        elif isinstance(v, (list, tuple)):
+            for w in v:
+                walk(w)
+    walk((call.x, call.out, call.src, call.result, call.before, call.after))
+    return found
 
 
 class _Failed(Operation):

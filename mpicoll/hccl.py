@@ -25,14 +25,15 @@ from mpi4py import MPI
 from . import _validate as V
 from ._comm import LibComm
 from ._domains import group_fields
-from ._dtypes import DTYPES, HcclDataType, HcclReduceOp, lookup as dtype_row, reduce_op
+from ._dtypes import DTYPES, HCCL_DTYPES, HcclDataType, HcclReduceOp, lookup as dtype_row, reduce_op
 from ._errors import CollectiveError, arg_error
 from ._golden import Case, CheckSpec, counts_matrix, golden_reduce, rank_data, register_check
-from ._numeric import prefix
+from ._numeric import average, prefix
 from ._params import CommParam
 from ._plan import Call, Plan
 from ._watchdog import timeout_seconds
-from .ops._base import Operation, reduce_scatter
+from .ops._base import PREPARE, Operation
+from .ops._reduce import reduce_scatter, reduction
 from .ops.allreduce import reduce_pieces
 
 __all__ = ["Hccl", "HcclDataType", "HcclReduceOp", "MAX_PREPARES"]
@@ -97,7 +98,7 @@ class _BlockTask(_Task):
                             f"{r * c}: else a later round's blocks overwrite an earlier round's in recv")
         call = Call(dt, x, y, (c, r))
         call.info = V.BIT_PACKED if s == c or c == 0 else 0       # (each rank's own layout; issue reads all)
-        call.reduce = None if rop is None else reduce_op(rop, op=op, param="op", rank=rank)
+        call.reduce = None if rop is None else reduction(reduce_op(rop, op=op, param="op", rank=rank), dt, op, "op", rank)
         call.args, call.rounds, call.type, call.in_place = (c, s), r, None, send is recv
         call.result = recv
         return call
@@ -110,7 +111,10 @@ class _AllReduce(_BlockTask):
         k = call.round
         c = call.args[0]
         x = call.x[k * c:(k + 1) * c]
-        reduce_pieces(go, self._lib, x, x if call.in_place else call.out[k * c:(k + 1) * c], call.dt, call.reduce)
+        out = x if call.in_place else call.out[k * c:(k + 1) * c]
+        reduce_pieces(go, self._lib, x, out, call.dt, call.reduce)
+        if call.reduce.average:
+            go.local(average, out, self.size)
 
 
 class _AllGather(_BlockTask):
@@ -137,8 +141,10 @@ class _ReduceScatter(_BlockTask):
         # the strides are each rank's own layout: MPI's own reduce-scatter only when every rank's
         # blocks are packed (agreed), so that every rank makes the same collective
         packed_everywhere = all(b & V.BIT_PACKED for b in table[:, V.H_INFO].tolist())
-        reduce_scatter(go, self._lib, blocks, [c] * n, call.dt, call.reduce, call.out[k * c:(k + 1) * c],
-                       packed_everywhere, t, call.scratch)
+        out = call.out[k * c:(k + 1) * c]
+        reduce_scatter(go, self._lib, blocks, [c] * n, call.dt, call.reduce, out, packed_everywhere, t, call.scratch)
+        if call.reduce.average:
+            go.local(average, out, self.size)
 
 
 class _AllToAll(_BlockTask):
@@ -443,7 +449,7 @@ class Hccl:
             raise CollectiveError(f"{kind.NAME}: prepare before init(): call Hccl().init(domain) first",
                                   op=kind.NAME, param="init")
         op = self._ops[kind]
-        plan = op._prepare(*args)
+        plan = op._call(args, PREPARE)
         handle = next(_HANDLES)
         self._tasks[handle] = task = _Entry(op, plan)
         _OWNERS[handle] = self
@@ -609,8 +615,10 @@ def _v_case(case, dtype, comm_domain, rank, n, seed, validate=True) -> Case:
 
 _REDUCE_NAMES = ("sum", "prod", "max", "min")
 for _kind in ("AllGather", "AllToAll"):
-    register_check(CheckSpec(f"Hccl.{_kind}", lambda n: list(TILE_PLANS), _tiled_case(_kind)))
+    register_check(CheckSpec(f"Hccl.{_kind}", lambda n: list(TILE_PLANS), _tiled_case(_kind), HCCL_DTYPES))
 for _kind in ("AllReduce", "ReduceScatter"):
     register_check(CheckSpec(f"Hccl.{_kind}", lambda n: [f"{p}:{r}" for p in TILE_PLANS for r in _REDUCE_NAMES
-                                                         if p != "gaps" or r == "sum"], _tiled_case(_kind)))
-register_check(CheckSpec("Hccl.AllToAllV", lambda n: ["uniformx1", "unevenx2", "zerox1", "skewx3"], _v_case))
+                                                         if p != "gaps" or r == "sum"], _tiled_case(_kind),
+                             HCCL_DTYPES))
+register_check(CheckSpec("Hccl.AllToAllV", lambda n: ["uniformx1", "unevenx2", "zerox1", "skewx3"], _v_case,
+                         HCCL_DTYPES))

@@ -86,10 +86,20 @@ def main(argv: list[str] | None = None) -> int:
 
     world = MPI.COMM_WORLD
     me = world.Get_rank()
-    log = None
+    log, why = None, None
     if args.log_dir:
-        os.makedirs(args.log_dir, exist_ok=True)
-        log = open(os.path.join(args.log_dir, f"rank.{me}"), "w", encoding="utf-8")  # noqa: SIM115
+        try:
+            os.makedirs(args.log_dir, exist_ok=True)
+            log = open(os.path.join(args.log_dir, f"rank.{me}"), "w", encoding="utf-8")  # noqa: SIM115
+        except OSError as exc:
+            why = f"world rank {me} cannot write {os.path.join(args.log_dir, f'rank.{me}')}: {exc.strerror}"
+        why = next((w for w in world.allgather(why) if w), None)   # (a usage error on every rank alike)
+        if why:
+            if log is not None:
+                log.close()
+            if me == 0:
+                sys.stderr.write(f"python -m mpicoll.run: error: --log-dir {args.log_dir}: {why}\n")
+            return 2
     try:
         placed = True
         if args.rank_table:

@@ -8,7 +8,7 @@ Importing this module registers the backend ``"mpicoll"`` for CPU tensors and th
 ``mpi://`` (rank and world size are MPI's; the store is a TCPStore on world rank 0 whose address
 MPI hands to the others, so that store-based groups, gloo's, can join the job). Each process-group
 call maps onto :mod:`mpicoll.functional` on numpy views of the tensors (no copies; bfloat16 through
-a 16-bit view, bool through uint8), so it takes mpicoll's one call path: described, agreed across
+a 16-bit view), so it takes mpicoll's one call path: described, agreed across
 the ranks (a mismatch raises the same ``CollectiveError`` on every rank, through torch), issued.
 A group of ``dist.new_group(ranks)`` is an mpicoll comm domain of those world ranks. Collectives
 run to completion before they return: the ``Work`` torch hands back is complete, its future set
@@ -44,20 +44,16 @@ from torch.distributed.rendezvous import register_rendezvous_handler
 from torch.utils._python_dispatch import is_traceable_wrapper_subclass
 
 from . import functional as F
-from ._domains import user_comm
-from ._rendezvous import create
-from ._errors import CollectiveError, arg_error
-from ._torch_store import LocalStore, shared_store
+from ._domains import user_comm, world as lib_world
+from ._rendezvous import create, rendezvous
+from ._errors import CollectiveError, CollectiveTimeout, arg_error
+from ._torch_store import LocalStore, agree_problem, exchange, shared_store
 
 __all__ = ["BACKEND", "ProcessGroupMpicoll"]
 
 #: the name to give ``init_process_group`` / ``new_group``
 BACKEND = "mpicoll"
 
-_R = dist.ReduceOp.RedOpType
-#: torch's reduce ops -> mpicoll's (AVG: a sum, then a division; bool: logical or/and as max/min)
-_REDUCE = {_R.SUM: "sum", _R.PRODUCT: "prod", _R.MIN: "min", _R.MAX: "max", _R.AVG: "sum"}
-_BOOL_REDUCE = {"sum": "max", "prod": "min", "min": "min", "max": "max"}
 #: opts of an all_reduce called without them (torch's C++ callers pass theirs)
 _DEFAULT_ALLREDUCE = dist.AllreduceOptions()
 #: the tag of monitored_barrier's messages (MPI's largest): a user's tags stay below it
@@ -72,7 +68,7 @@ _VIEWS: dict[tuple, tuple] = {}
 _VIEWS_MAX, _VIEW_BYTES = 64, 1 << 16
 #: the dtypes a view takes as another: torch dtype -> (the torch dtype numpy takes its memory as, the
 #: numpy dtype the view is then retyped to, or None)
-_RETYPED = {torch.bfloat16: (torch.int16, ml_dtypes.bfloat16), torch.bool: (torch.uint8, None)}
+_RETYPED = {torch.bfloat16: (torch.int16, ml_dtypes.bfloat16)}
 #: torch dtype -> (the numpy type string of its memory, as numpy() gives it; _RETYPED's retype or None)
 _TYPESTRS: dict[torch.dtype, tuple[str, Any]] = {}
 
@@ -100,7 +96,7 @@ def _typestr(dtype: torch.dtype) -> tuple[str, Any]:
 
 
 def _array(t: torch.Tensor, call: str, rank: int, strided: bool = False) -> np.ndarray:
-    """A numpy view of the CPU tensor ``t`` (shares its memory; bfloat16 via int16, bool via uint8).
+    """A numpy view of the CPU tensor ``t`` (shares its memory; bfloat16 via int16).
     ``strided``: a strided tensor is fine (an element of a list, which mpicoll copies to or from).
     Every tensor it cannot view is a ``CollectiveArgumentError`` (agreed by the call, as any)."""
     if type(t) is not torch.Tensor and is_traceable_wrapper_subclass(t):
@@ -163,29 +159,6 @@ def _one(tensors, call: str, rank: int) -> torch.Tensor:
     return tensors[0]
 
 
-#: (torch's reduce op as an int, dtype) -> :func:`_reduce`'s answer, for the pairs it has mapped (its memo;
-#: an int: each ``opts.reduceOp.op`` is a new pybind enum, which a tuple key would compare by its slow ``==``)
-_REDUCE_NAMES: dict[tuple, tuple[str, bool]] = {}
-#: :func:`_reduce`'s answer where the mapping failed (the call then raises that error on every rank)
-_NO_REDUCE = ("sum", False)
-
-
-def _reduce(op: Any, t: torch.Tensor, call: str, rank: int) -> tuple[str, bool]:
-    """mpicoll's name of torch's reduce op ``op`` (``opts.reduceOp.op``) for tensors like ``t``, and
-    whether it is AVG (that sum, then :func:`_average`)."""
-    found = _REDUCE_NAMES.get((int(op), t.dtype))
-    if found is not None:
-        return found
-    name = _REDUCE.get(op)
-    if name is None:
-        raise arg_error(call, "op", str(op), rank, "not supported by the mpicoll backend: SUM, PRODUCT, MIN, MAX "
-                        "and AVG (floating point)")
-    if op == _R.AVG and not t.is_floating_point():
-        raise arg_error(call, "op", f"AVG on {t.dtype}", rank, "only floating-point tensors are averaged")
-    found = _REDUCE_NAMES[int(op), t.dtype] = (_BOOL_REDUCE[name] if t.dtype == torch.bool else name, op == _R.AVG)
-    return found
-
-
 class _Done(dist.Work):
     """A finished call's ``Work``: complete, its future holding ``result`` (made when asked for: a
     Python Work costs a third of a future-wrapping one, and most are only waited on)."""
@@ -215,13 +188,6 @@ def _future(result: Any) -> torch.futures.Future:
     fut = torch.futures.Future()
     fut.set_result(result)
     return fut
-
-
-def _average(t: torch.Tensor, average: bool, n: int) -> None:
-    """AVG (``average``, from :func:`_reduce`): the sum divided by the group size, in the tensor's
-    dtype (outside autograd)."""
-    if average:
-        t.detach().div_(n)
 
 
 class _MessageWork(dist.Work):
@@ -373,11 +339,8 @@ class ProcessGroupMpicoll(_BASE):
         call, r = "all_reduce", self._rank
         if len(tensors) == 1 and tensors[0].is_sparse:
             return self._sparse_allreduce(tensors[0], red)
-        x, op = self._args(call, 2, lambda: (_array(_one(tensors, call, r), call, r),
-                                             _reduce(red, tensors[0], call, r)))
-        op, average = op or _NO_REDUCE
-        F.all_reduce(x, op, self._group)
-        _average(tensors[0], average, self._size)
+        x, = self._args(call, 1, lambda: (_array(_one(tensors, call, r), call, r),))
+        F.all_reduce(x, red, self._group)
         return _Done(tensors)
 
     def _sparse_allreduce(self, t: torch.Tensor, op: Any) -> Any:
@@ -391,7 +354,7 @@ class ProcessGroupMpicoll(_BASE):
         counts = torch.empty(self._size, dtype=torch.int64)
 
         def check():                        # (a bad op on one rank: raised by the first gather, everywhere)
-            if op != _R.SUM:
+            if op != dist.ReduceOp.RedOpType.SUM:
                 raise arg_error(call, "op", str(op), r, "a sparse tensor is reduced with SUM only")
             return (_array(counts, call, r),)
         out, = self._args(call, 1, check)
@@ -416,12 +379,8 @@ class ProcessGroupMpicoll(_BASE):
     def reduce(self, tensors, opts=None):
         opts = opts or dist.ReduceOptions()
         call, r, red = "reduce", self._rank, opts.reduceOp.op
-        x, op = self._args(call, 2, lambda: (_array(_one(tensors, call, r), call, r),
-                                             _reduce(red, tensors[0], call, r)))
-        op, average = op or _NO_REDUCE
-        F.reduce(x, op=op, group=self._group, group_dst=opts.rootRank)
-        if r == opts.rootRank:
-            _average(tensors[0], average, self._size)
+        x, = self._args(call, 1, lambda: (_array(_one(tensors, call, r), call, r),))
+        F.reduce(x, op=red, group=self._group, group_dst=opts.rootRank)
         return _Done(tensors)
 
     def allgather(self, output_tensors, input_tensors, opts=None):
@@ -467,22 +426,16 @@ class ProcessGroupMpicoll(_BASE):
     def reduce_scatter(self, output_tensors, input_tensors, opts=None):
         opts = opts or dist.ReduceScatterOptions()
         call, r, red = "reduce_scatter", self._rank, opts.reduceOp.op
-        out, ins, op = self._args(call, 3, lambda: (_array(_one(output_tensors, call, r), call, r),
-                                                    _arrays(_one(input_tensors, call, r), call, r),
-                                                    _reduce(red, output_tensors[0], call, r)))
-        op, average = op or _NO_REDUCE
-        F.reduce_scatter(out, ins, op, self._group)
-        _average(output_tensors[0], average, self._size)
+        out, ins = self._args(call, 2, lambda: (_array(_one(output_tensors, call, r), call, r),
+                                                _arrays(_one(input_tensors, call, r), call, r)))
+        F.reduce_scatter(out, ins, red, self._group)
         return _Done(output_tensors)
 
     def _reduce_scatter_base(self, output, input, opts=None):  # noqa: A002
         opts = opts or dist.ReduceScatterOptions()
         call, r, red = "reduce_scatter_tensor", self._rank, opts.reduceOp.op
-        out, x, op = self._args(call, 3, lambda: (_array(output, call, r), _array(input, call, r),
-                                                  _reduce(red, output, call, r)))
-        op, average = op or _NO_REDUCE
-        F.reduce_scatter_tensor(out, x, op, self._group)
-        _average(output, average, self._size)
+        out, x = self._args(call, 2, lambda: (_array(output, call, r), _array(input, call, r)))
+        F.reduce_scatter_tensor(out, x, red, self._group)
         return _Done([output])
 
     reduce_scatter_single = _reduce_scatter_base
@@ -643,6 +596,16 @@ def _refuse_other_world(torch_size: int, where: str) -> None:
                            f"`mpirun -np {max(torch_size, launcher[1] if launcher else 0)} python ...` instead")
 
 
+def _world(limit: float):
+    """mpicoll's world, made (if this is its first use) within ``init_process_group``'s timeout."""
+    try:
+        return lib_world(set_up=limit)
+    except CollectiveTimeout as exc:
+        raise CollectiveTimeout(f"init_process_group(timeout={limit:g} s): {exc}", param="timeout") from None
+
+
+#: how many times init_process_group made the default group in this process (every rank alike)
+_INITS = [0]
 #: every group made: torch holds a Python backend by its C++ half only, and would otherwise lose the
 #: Python half (its methods) when Python's last reference goes
 _GROUPS: list[ProcessGroupMpicoll] = []
@@ -661,17 +624,20 @@ def _create(backend_opts, options) -> ProcessGroupMpicoll:
     neither other groups nor mpicoll calls made outside torch. torch gives a backend no hook at
     ``destroy_process_group`` (it shuts down NCCL's only), so a group's communicator stays until
     the process ends."""
-    world = MPI.COMM_WORLD
     default = not backend_opts.global_ranks_in_group
-    if default:
-        _refuse_other_world(backend_opts.group_size, "init_process_group")
     ranks = list(backend_opts.global_ranks_in_group) or list(range(backend_opts.group_size))
     mine = ranks[backend_opts.group_rank]
+    timeout = backend_opts.timeout
+    limit = timeout.total_seconds()         # (every start-up step waits for the members this long at most)
+    call = "init_process_group(" if default else f"new_group(ranks={ranks}, "
     if default:
-        # (a set-up check of torch's ranks against MPI's, on MPI_COMM_WORLD itself: no communicator
-        # of the group exists yet)
-        seen = world.allgather(mine)
-        wrong = [(w, t) for w, t in enumerate(seen) if w != t]
+        _refuse_other_world(backend_opts.group_size, "init_process_group")
+        # (torch's ranks against MPI's, on mpicoll's world: no communicator of the group exists yet)
+        seen = np.empty(MPI.COMM_WORLD.Get_size(), dtype=np.int64)
+        world = _world(limit)
+        exchange(world.mpi, "Allgather", ([np.array([mine], np.int64), MPI.INT64_T], [seen, MPI.INT64_T]), limit,
+                 "init_process_group: its ranks' check")
+        wrong = [(w, t) for w, t in enumerate(seen.tolist()) if w != t]
         if wrong:
             raise ValueError(f"the mpicoll backend: torch's ranks must be MPI's, but world ranks "
                              f"{[w for w, _ in wrong]} have torch ranks {[t for _, t in wrong]} (init_method='mpi://' "
@@ -679,21 +645,27 @@ def _create(backend_opts, options) -> ProcessGroupMpicoll:
     if ranks != sorted(ranks):
         raise ValueError(f"the mpicoll backend: new_group(ranks={ranks}, sort_ranks=False): a group's ranks follow "
                          "the world's order here (a comm domain); leave sort_ranks at True")
-    # (Create_group over the members, as a comm domain's: its tag from the group's name)
-    name = f"torch group {backend_opts.group_id}"
-    comm = create(name, tuple(ranks))
+    # (the members meet on the group's name within the limit, then Create_group over them, as a comm
+    # domain's members do: a member that never comes is a named timeout, not a wait for ever)
+    if default:
+        _INITS[0] += 1
+    # (torch numbers its groups from 0 again after destroy_process_group: the count of inits makes
+    # the name the members meet on a new one, the same on every member)
+    name = f"torch group {backend_opts.group_id}" + (f" (init {_INITS[0]})" if _INITS[0] > 1 else "")
+    members = rendezvous(name, len(ranks), tuple(ranks), (limit, f"{call}timeout={limit:g} s)"))
+    comm = create(name, members)
     comm.Set_name(name)
-    timeout = backend_opts.timeout
-    seconds = None if timeout == default_pg_timeout else timeout.total_seconds()
-    seen = comm.allgather(seconds)          # (a set-up step on the fresh communicator)
-    if len(set(seen)) > 1:
+    seconds = None if timeout == default_pg_timeout else limit
+    seen = np.empty(len(ranks), dtype=np.float64)
+    exchange(comm, "Allgather", ([np.array([np.nan if seconds is None else seconds]), MPI.DOUBLE],
+                                 [seen, MPI.DOUBLE]), limit, f"{call}timeout=...): its check")
+    if len(set(seen.tolist())) > 1 and not np.isnan(seen).all():
         comm.Free()                         # (every member raises here: every member frees it)
-        what = "init_process_group(" if default else f"new_group(ranks={ranks}, "
-        raise ValueError(f"the mpicoll backend: {what}timeout=...) differs across its ranks: "
-                         f"{['default' if s is None else s for s in seen]} s on "
+        raise ValueError(f"the mpicoll backend: {call}timeout=...) differs across its ranks: "
+                         f"{['default' if np.isnan(s) else s for s in seen.tolist()]} s on "
                          f"world ranks {ranks}: give it alike everywhere")
     try:
-        user_comm(comm, seconds)            # mpicoll's duplicate, with the group's timeout (and the
+        user_comm(comm, seconds, set_up=limit)  # mpicoll's duplicate, with the group's timeout (and the
     except CollectiveError:                 # settings checked: a refused one is every member's error)
         comm.Free()                         # (every member raises here: every member frees it)
         raise
@@ -707,8 +679,7 @@ def _mpi_rendezvous(url: str, timeout: timedelta = default_pg_timeout, **kwargs)
     whose address MPI gives the others (so that a store-based group, gloo's, can be made). torch
     passes a ``rank=``/``world_size=`` given to ``init_process_group`` in the URL's query (-1: not
     given); one that is not MPI's is refused, as is a launcher's WORLD_SIZE that is not MPI's."""
-    world = MPI.COMM_WORLD
-    rank, size = world.Get_rank(), world.Get_size()
+    rank, size = MPI.COMM_WORLD.Get_rank(), MPI.COMM_WORLD.Get_size()
     query = dict(urllib.parse.parse_qsl(urllib.parse.urlparse(url).query))
     problem = None
     try:
@@ -719,12 +690,12 @@ def _mpi_rendezvous(url: str, timeout: timedelta = default_pg_timeout, **kwargs)
                 raise ValueError(f"init_process_group(init_method='mpi://', {key}={given}): MPI says {mine} on "
                                  f"world rank {rank}; leave {key} out (mpi:// takes it from MPI)")
     except (RuntimeError, ValueError) as exc:
-        problem = (type(exc), str(exc))
-    # every rank raises the first rank's problem, so that none waits in the store's set-up (a set-up
-    # step on MPI_COMM_WORLD: no mpicoll communicator exists yet)
-    seen = [p for p in world.allgather(problem) if p is not None]
-    if seen:
-        raise seen[0][0](seen[0][1])
+        problem = exc
+    # mpicoll's world, made within the timeout; every rank raises the first rank's problem, so that
+    # none waits in the store's set-up
+    limit = timeout.total_seconds()
+    world = _world(limit)
+    agree_problem(world, problem, limit, "init_process_group")
     store, why = shared_store(world, timeout)
     yield (store if store is not None else LocalStore(why)), rank, size
 

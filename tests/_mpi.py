@@ -16,10 +16,33 @@ from mpicoll import _env
 # what the outer job's launcher put in the environment (a nested launcher would take it for its own job)
 from mpicoll._env import LAUNCHER_PREFIXES
 
+from mpicoll._dtypes import ALL_DTYPES, DTYPES, reduce_ops_for
+
 WORLD = MPI.COMM_WORLD
 RANK, SIZE = WORLD.Get_rank(), WORLD.Get_size()
 #: the MPI in use is Open MPI (its launcher needs flags MPICH's does not; its messages differ)
 OPEN_MPI = MPI.Get_library_version().startswith("Open MPI")
+
+
+# Dtype and reduce-op lists by what a test is about, drawn from the tables (a new dtype or reduce op
+# joins every list it belongs to; a hand-kept list would silently miss it).
+#: the 16-bit floats (they travel as 16 bits and reduce in float32)
+HALF_FLOATS = [d for d in ALL_DTYPES if DTYPES[d].reduce == "float32"]
+#: every floating dtype
+FLOATS = [d for d in ALL_DTYPES if DTYPES[d].floating]
+#: every integer dtype (bool is not one)
+INTEGERS = [d for d in ALL_DTYPES if DTYPES[d].np.kind in "iu"]
+#: the one-byte dtypes (MPI's byte loops, the 8-bit AllToAll path)
+BYTES = [d for d in ALL_DTYPES if DTYPES[d].itemsize == 1]
+#: one dtype of each way the table moves and reduces data (8-bit and wider integers, each 16-bit
+#: float, native floats, bool): the sample a test takes where every dtype would cost too much
+SAMPLE = list({(DTYPES[d].reduce, DTYPES[d].floating, DTYPES[d].itemsize == 1, DTYPES[d].np.kind in "iu",
+                DTYPES[d].name if DTYPES[d].reduce == "float32" else ""): d for d in reversed(ALL_DTYPES)}.values())[::-1]
+
+
+def reduce_ops(dtype: str) -> list[str]:
+    """Every reduce op that reduces ``dtype`` (the reduce-op table's, AVG for floats only)."""
+    return reduce_ops_for(DTYPES[dtype])
 
 
 def mpirun(np_: int, *args: str, python: str = sys.executable, open_mpi: bool = OPEN_MPI) -> list[str]:
@@ -86,6 +109,19 @@ def run_job(tmp_path, body: str, np_: int = 3, env: dict | None = None, timeout:
     time.sleep(0.3)                                       # let the killed processes' mappings go
     left = stale_segments(set(glob.glob("/dev/shm/mpich_shm_*")) - before)
     return res, seconds, left
+
+
+def said(tmp_path, body: str, np_: int, env: dict | None = None, timeout: float = 60) -> list[str]:
+    """Run ``body`` as a fresh job (:func:`run_job`); what each rank said with ``say(text)``, as
+    "rank R: text" lines, sorted (rank 0 prints them all: ranks' output would interleave mid-line).
+    The job must succeed."""
+    prologue = "from mpi4py import MPI as _MPI\n_said = []\nsay = _said.append\n"
+    epilogue = ("\nfor _r, _texts in enumerate(_MPI.COMM_WORLD.gather(_said) or []):\n"
+                "    for _t in _texts:\n        print(f'rank {_r}: {_t}')\n")
+    res, _, left = run_job(tmp_path, prologue + textwrap.dedent(body) + epilogue, np_=np_, env=env, timeout=timeout)
+    remove(left)
+    assert res.returncode == 0, res.stdout[-3000:] + res.stderr[-3000:]
+    return sorted(line for line in res.stdout.splitlines() if line.startswith("rank "))
 
 
 def remove(paths) -> None:

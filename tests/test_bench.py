@@ -2,6 +2,7 @@
 the plot, and Ctrl-C during a sweep."""
 from __future__ import annotations
 
+import argparse
 import glob
 import importlib.util
 import json
@@ -33,7 +34,7 @@ def test_parse_size():
     assert parse_size("8") == 8 and parse_size("1K") == 1024 and parse_size("64M") == 64 << 20
     assert parse_size("1G") == 1 << 30 and parse_size("2kb") == 2048 and parse_size("0") == 0
     for bad in ("x", "-1", "1.5"):
-        with pytest.raises(Exception):
+        with pytest.raises(argparse.ArgumentTypeError, match="bad size"):
             parse_size(bad)
 
 

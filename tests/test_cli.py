@@ -262,3 +262,30 @@ def test_a_refused_setting_is_a_usage_error_of_every_command():
                              timeout=120, env=launch_env(**env))
         assert res.returncode == 2 and res.stderr.count(says) == 1 and "Traceback" not in res.stderr, \
             (args, res.stderr)
+
+
+@pytest.mark.parametrize("flags,fragment", [
+    (["-n", "0"], "-n/--iters 0: must be >= 1"),
+    (["-b", "64M", "-e", "8"], "-b/--minbytes 67108864 is larger than -e/--maxbytes 8"),
+    (["-r", "7"], "-r/--root 7: must be a rank of every benchmarked group, in [0, 2)"),
+    (["-r", "x"], "argument -r/--root: invalid int value: 'x'"),
+    (["--json", "/proc/nowhere/rows.json"], "--json /proc/nowhere/rows.json: its folder /proc/nowhere does not exist"),
+])
+def test_bench_flags_that_make_no_sweep_are_usage_errors(flags, fragment):
+    """A flag whose value makes no sweep (no iterations, no size, a root outside the groups, a JSON
+    file that cannot be written) is a usage error before any timing: exit 2 on every rank, one
+    message, no traceback, no table."""
+    res = run(2, "-m", "mpicoll.run", "bench", "--op", "AllReduce,Broadcast", "-e", "64", *flags)
+    assert res.returncode == 2, res.stdout + res.stderr
+    assert fragment in res.stderr and "Traceback" not in res.stderr and "# Avg bus bandwidth" not in res.stdout
+
+
+def test_an_unwritable_log_dir_is_a_usage_error_on_every_rank(tmp_path):
+    """``--log-dir`` where a rank cannot write its log: exit 2 on every rank, naming the rank and the
+    file, before any check runs."""
+    blocker = tmp_path / "file"
+    blocker.write_text("")
+    res = run(2, "-m", "mpicoll.run", "--op", "AllReduce", "--log-dir", str(blocker / "logs"))
+    assert res.returncode == 2, res.stdout + res.stderr
+    assert f"--log-dir {blocker / 'logs'}: world rank 0 cannot write" in res.stderr and "Traceback" not in res.stderr
+    assert "all checks passed" not in res.stdout

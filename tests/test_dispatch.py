@@ -1,33 +1,19 @@
-"""The dispatcher (Operation._dispatch): the bugs that lived in its second copies, each in a fresh job.
+"""The call pipeline (Operation._call): the bugs that lived in its second copies, each in a fresh job.
 
 Each test runs its own ``mpirun`` job (at 2 and 4 ranks), so no state of an earlier test hides a
 set-up bug, and prints what every rank saw; the test reads it.
 """
 from __future__ import annotations
 
-import textwrap
-
 import pytest
 from mpi4py import MPI
 
-from _mpi import remove, run_job
+from _mpi import said as _job
 
 pytestmark = [pytest.mark.mpi(min_size=1),
               pytest.mark.skipif(MPI.COMM_WORLD.Get_size() != 1, reason="runs its own mpirun jobs once")]
 
 SIZES = pytest.mark.parametrize("np_", [2, 4])
-
-
-def _job(tmp_path, body: str, np_: int, env: dict | None = None) -> list[str]:
-    """Run ``body``; what each rank said with ``say(text)``, as "rank R: text" lines, sorted (rank 0
-    prints them all: ranks' output would interleave mid-line)."""
-    said = "from mpi4py import MPI as _MPI\n_said = []\nsay = _said.append\n"
-    gather = ("\nfor _r, _texts in enumerate(_MPI.COMM_WORLD.gather(_said) or []):\n"
-              "    for _t in _texts:\n        print(f'rank {_r}: {_t}')\n")
-    res, _, left = run_job(tmp_path, said + textwrap.dedent(body) + gather, np_=np_, env=env)
-    remove(left)
-    assert res.returncode == 0, res.stdout + res.stderr
-    return sorted(line for line in res.stdout.splitlines() if line.startswith("rank "))
 
 
 @SIZES
@@ -85,6 +71,29 @@ def test_a_remembered_call_keys_its_data_by_identity(tmp_path, np_):
         say(f"{got_b / n} {got_a / n} {got_c / n} {got_plan / n}")
     """, np_)
     assert lines == [f"rank {r}: 1.0 3.0 2.0 0.25" for r in range(np_)]
+
+
+@SIZES
+def test_a_call_with_a_new_view_each_time_is_never_remembered(tmp_path, np_):
+    """A view made and freed on every call often lands at the address of the last one: its key
+    (the array's identity) must not come back, so the call makes no entry and no plan (it used to
+    make one every other call, with its own agreement buffers); the same view again is remembered."""
+    lines = _job(tmp_path, """
+        import numpy as np, mpicoll
+        from mpi4py import MPI
+        r, n = MPI.COMM_WORLD.Get_rank(), MPI.COMM_WORLD.Get_size()
+        counts, displs = [2] * n, [2 * i for i in range(n)]
+        op = mpicoll.AllToAllVV2Operation(validate=False)
+        x, o = np.arange(2 * n, dtype=np.float32), np.empty((1, 2 * n), np.float32)
+        for _ in range(20):
+            op.execute(x, counts, displs, counts, displs, out=o.reshape(1, -1))
+        fresh = len(op._calls)
+        view = o.reshape(1, -1)
+        for _ in range(3):
+            op.execute(x, counts, displs, counts, displs, out=view)
+        say(f"{fresh} {len(op._calls)} {o[0, 2 * r:2 * r + 2].tolist() == [2.0 * r, 2.0 * r + 1]}")
+    """, np_)
+    assert lines == [f"rank {r}: 0 1 True" for r in range(np_)]
 
 
 @SIZES
@@ -203,9 +212,10 @@ def test_quant_caches_are_bounded(tmp_path):
 
 @SIZES
 def test_a_validated_call_that_comes_back_still_agrees(tmp_path, np_):
-    """A validated call repeated with the same arrays runs as its plan once every rank has sent the
-    header it sent last time: right results as the contents change; a rank that makes another call
-    there (another shape) makes every rank raise the mismatch, and the call works again after."""
+    """A validated call repeated with the same arrays reuses its record once every rank has sent the
+    header it sent last time (a small one: its data rides in that agreement, landed from its kept
+    rows): right results as the contents change; a rank that makes another call there (another
+    shape) makes every rank raise the mismatch, and the call works again after."""
     lines = _job(tmp_path, """
         import numpy as np, mpicoll
         from mpicoll import functional as F
@@ -218,8 +228,8 @@ def test_a_validated_call_that_comes_back_still_agrees(tmp_path, np_):
             x[:] = r + k
             op.execute(x, out)
             got.append(float(out[0]))
-        entry = next(iter(op._agreed_calls.values()))
-        say(f"sums {got} plan {entry[2] is not None}")
+        entry = next(iter(op._calls.values()))
+        say(f"sums {got} plan {entry._plan is not None}")
         bad, bad_out = np.ones(4, np.float32), np.empty(4, np.float32)
         try:
             op.execute(*((bad, bad_out) if r == n - 1 else (x, out)))
@@ -353,3 +363,36 @@ def test_a_list_given_as_data_is_read_on_every_call(tmp_path, np_):
             say(f"{validate}: {got == [float(k * n) for k in range(4)]}")
     """, np_)
     assert lines == sorted(f"rank {r}: {v}: True" for r in range(np_) for v in (True, False)), lines
+
+
+def test_a_second_thread_on_a_communicator_is_told_the_rule(tmp_path):
+    """A thread that makes a call on a communicator while another thread of its rank is inside one
+    raises a CollectiveError naming the rule (one thread at a time per communicator), on that rank;
+    the call in progress completes (it used to fail with an IndexError)."""
+    lines = _job(tmp_path, """
+        import threading, time
+        import numpy as np, mpicoll
+        from mpi4py import MPI
+        r = MPI.COMM_WORLD.Get_rank()
+        op = mpicoll.AllReduceOperation()
+        op.execute(np.ones(2))
+        x = np.ones(1000, np.float32)
+        def first():
+            if r == 1:
+                time.sleep(1.0)             # rank 0's call waits for rank 1 meanwhile
+            say(f"first {op.execute(x)[0]}")
+        t = threading.Thread(target=first)
+        t.start()
+        if r == 0:
+            time.sleep(0.3)
+            try:
+                mpicoll.AllGatherOperation().execute(np.ones(2))
+            except mpicoll.CollectiveError as e:
+                say(f"{e.param}: {e}")
+        t.join()
+    """, 2)
+    assert lines == ["rank 0: first 2.0",
+                     "rank 0: thread: AllGather: another thread of rank 0 is inside a call on the world "
+                     "(mpicoll.world): mpicoll's calls on one communicator come from one thread at a time (a "
+                     "communicator per thread: comm_mode=MULTI_THREAD with a user comm each)",
+                     "rank 1: first 2.0"]

@@ -150,22 +150,24 @@ def test_watchdog_per_operation_names_ranks_on_another_communicator(tmp_path):
 
 
 def test_cli_error_on_one_rank_aborts_the_job(tmp_path):
-    """A real failure inside ``python -m mpicoll.run`` on rank 2 only (its log file cannot be
-    opened: a directory is in the way) while ranks 0 and 1 start checking: the job aborts, names
-    the rank and leaves no shared memory behind."""
-    (tmp_path / "logs" / "rank.2").mkdir(parents=True)
+    """A real failure inside ``python -m mpicoll.run`` on rank 2 only while the ranks are checking
+    (its log is /dev/full: it opens, and its first flush fails, mid-run): the job aborts, names the
+    rank and leaves no shared memory behind. (A log that cannot be opened is a usage error on every
+    rank, before any check: test_cli.)"""
+    (tmp_path / "logs").mkdir()
+    (tmp_path / "logs" / "rank.2").symlink_to("/dev/full")
     clean = {k: v for k, v in launch_env().items() if not k.startswith("MPICOLL_")}
     before = set(glob.glob("/dev/shm/mpich_shm_*"))
     t0 = time.monotonic()
     res = subprocess.run(mpirun(3, sys.executable, "-m", "mpicoll.run", "--op", "AllReduce",
-                                "--dtype", "int32", "--log-dir", str(tmp_path / "logs")),
+                                "--log-dir", str(tmp_path / "logs")),
                          capture_output=True, text=True, timeout=60, env=clean)
     seconds = time.monotonic() - t0
     time.sleep(0.3)
     left = stale_segments(set(glob.glob("/dev/shm/mpich_shm_*")) - before)
     assert res.returncode != 0 and seconds < 15, (seconds, res.stderr[-2000:])
     assert "mpicoll.run: unhandled error on rank 2 of 3; aborting the job" in res.stderr, res.stderr[-2000:]
-    assert "IsADirectoryError" in res.stderr
+    assert "No space left on device" in res.stderr
     assert not left, f"the aborted job left {left}"
 
 

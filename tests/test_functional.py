@@ -15,11 +15,11 @@ from mpicoll import graph
 from mpicoll._dtypes import DTYPES
 from mpicoll._golden import SEED, golden_reduce, rank_data
 
-from _mpi import RANK, SIZE, WORLD, on, raises_everywhere, raises_on, setting
+from _mpi import RANK, SAMPLE, SIZE, WORLD, on, raises_everywhere, raises_on, setting
 
 mpi1 = pytest.mark.mpi(min_size=1)
 mpi2 = pytest.mark.mpi(min_size=2)
-DTYPES_TRIED = ["int8", "int32", "float16", "bfloat16", "float32", "float64"]
+DTYPES_TRIED = SAMPLE
 
 
 def _data(key: str, shape, dtype: str, rank: int = RANK) -> np.ndarray:
@@ -318,5 +318,55 @@ def test_operations_are_cached_bounded_and_the_call_remembered(monkeypatch):
         F.all_reduce(t, op="sum")
         assert t.tolist() == [k * SIZE] * 3
     op = functional._OPS[next(k for k in functional._OPS if k[3] == "sum")]
-    assert any(e[2] is not None for e in op._calls.values())
+    assert any(e._plan is not None for e in op._calls.values())
     del op
+
+
+@mpi2
+def test_avg_and_bool_are_reduce_ops_and_dtypes_the_ranks_agree():
+    """AVG is a reduce op of its own (the sum divided by the group size, in the dtype), and bool a
+    dtype of its own (SUM and MAX a logical or, PROD and MIN an and): AVG on one rank against SUM
+    on the others, or bool against uint8, is an agreed mismatch naming the reduce op or the dtype."""
+    t = np.array([RANK + 1.0, 2.0], np.float32)
+    F.all_reduce(t, "avg")
+    assert t.tolist() == [(SIZE + 1) / 2, 2.0]
+    b = np.array([RANK == 0, False, True])
+    F.all_reduce(b, "sum")
+    assert b.dtype == np.bool_ and b.tolist() == [True, False, True]
+    b = np.array([RANK == 0, False, True])
+    F.all_reduce(b, "prod")
+    assert b.tolist() == [SIZE == 1, False, True]
+    last = SIZE - 1
+    raises_everywhere(lambda: F.all_reduce(np.ones(2, np.float32), "avg" if RANK == last else "sum"),
+                      CollectiveMismatchError, "reduce_type differs across ranks", f"'avg' on rank {last}")
+    raises_everywhere(lambda: F.all_reduce(np.ones(3, np.bool_) if RANK == last else np.ones(3, np.uint8)),
+                      CollectiveMismatchError, "dtype differs across ranks", f"bool on rank {last}")
+    raises_everywhere(lambda: F.all_reduce(np.ones(3, np.int32), "avg"), CollectiveArgumentError,
+                      "reduce_type='avg'", "averages floating-point dtypes only, not int32")
+
+
+@mpi1
+@pytest.mark.parametrize("group,rule", [([0, 10 ** 6], "must be a list of world ranks"),
+                                        (3.5, "must be None, a domain name, a list of world ranks or an mpi4py")])
+def test_a_message_with_a_bad_group_is_an_argument_error(group, rule):
+    """isend / irecv with a group they cannot read raise CollectiveArgumentError naming the group
+    (a message has no collective to agree in: on the rank that gave it)."""
+    for fn in (F.isend, F.irecv):
+        with pytest.raises(CollectiveArgumentError, match=rule) as info:
+            fn(np.ones(2), 0, group=group)
+        assert info.value.param == "group" and info.value.rank == RANK
+
+
+@mpi2
+def test_a_message_inside_a_capture_is_refused_on_every_rank():
+    """send / recv inside graph.capture() are refused (a graph records collectives only): the rank
+    that tried raises, and the capture's agreement raises it on every rank; nothing ran."""
+    t = np.ones(2)
+
+    def capture():
+        with graph.capture():
+            F.all_reduce(t)
+            if RANK == 0:
+                F.isend(np.ones(2), dst=1)
+    raises_everywhere(capture, CollectiveArgumentError, "point-to-point messages are not captured", "on rank 0")
+    assert t.tolist() == [1.0, 1.0]

@@ -14,7 +14,7 @@ import pytest
 import mpicoll
 from mpicoll import CollectiveArgumentError, CollectiveMismatchError
 from mpicoll._dtypes import DTYPES
-from mpicoll._golden import SEED, count_wrong, rank_data
+from mpicoll._golden import CHECKS, SEED, count_wrong, rank_data
 from mpicoll.ops.fused import (AlltoAllAllGatherBatchMatMulOperation as Fused,
                                AlltoAllAllGatherBatchMatMulParam as FusedParam,
                                BatchMatMulReduceScatterAlltoAllOperation as Reverse,
@@ -74,7 +74,7 @@ def _data(key, shape, dtype, rank=RANK, scale=1.0):
 
 @pytest.mark.parametrize("layout", ["tp", "ep"])
 @pytest.mark.parametrize("shard", [0, 1])
-@pytest.mark.parametrize("dtype", ["float16", "bfloat16"])
+@pytest.mark.parametrize("dtype", CHECKS["AlltoAllAllGatherBatchMatMul"].dtypes)
 def test_every_activation_and_bias_against_the_index_formulas(dtype, shard, layout):
     m = _mesh(layout)
     where = _where(layout)

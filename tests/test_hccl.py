@@ -13,11 +13,11 @@ from mpi4py import MPI
 import mpicoll
 from mpicoll import hccl as _hccl
 from mpicoll import CollectiveError, CollectiveMismatchError, Hccl, HcclDataType, HcclReduceOp
-from mpicoll._dtypes import ALL_DTYPES, DTYPES, reduce_op
+from mpicoll._dtypes import DTYPES, HCCL_DTYPES, reduce_op
 from mpicoll._golden import SEED, golden_reduce, rank_data
 from mpicoll.hccl import run_tiled, tiled_golden, tiled_layout
 
-from _mpi import RANK, SIZE, WORLD, launch_env, mpirun, raises_everywhere, setting
+from _mpi import RANK, SIZE, WORLD, launch_env, mpirun, raises_everywhere, reduce_ops, setting
 
 mpi1 = pytest.mark.mpi(min_size=1)
 mpi2 = pytest.mark.mpi(min_size=2)
@@ -79,15 +79,16 @@ def _random_plan(rng, total):
 
 
 @mpi1
-@pytest.mark.parametrize("dtype", ALL_DTYPES)
+@pytest.mark.parametrize("dtype", HCCL_DTYPES)
 def test_random_tile_plans_and_strides_equal_untiled(dtype):
     """Random tile plans, strides and commit modes of every block kind: the numpy golden of the
     untiled call (:func:`tiled_golden`, computed from every rank's seeded input)."""
     dt = DTYPES[dtype]
-    rng = np.random.default_rng([SEED, ALL_DTYPES.index(dtype)])     # the same plans on every rank
+    rng = np.random.default_rng([SEED, HCCL_DTYPES.index(dtype)])     # the same plans on every rank
     for trial in range(max(6, len(KINDS))):
         kind = KINDS[trial % len(KINDS)]
-        rname = ("sum", "prod", "max", "min")[int(rng.integers(4))] if kind in REDUCES else None
+        rops = reduce_ops(dtype)
+        rname = rops[int(rng.integers(len(rops)))] if kind in REDUCES else None
         total, gap = int(rng.integers(1, 200)), int(rng.integers(0, 9))
         if kind not in STRIDED:
             gap = 0
@@ -272,8 +273,8 @@ def test_buffer_rules_are_agreed_when_one_rank_breaks_them():
         raises_everywhere(lambda: hccl.all_gather(x, x, 1, HcclDataType.FP16), CollectiveError, "overlaps send")
         raises_everywhere(lambda: hccl.all_reduce(x, y, 4, HcclDataType.FP16, "sum", repeat=0), CollectiveError,
                           "repeat=0", "must be an integer >= 1")
-        raises_everywhere(lambda: hccl.reduce_scatter(x, y, 1, HcclDataType.FP16, "avg"), CollectiveError,
-                          "op='avg'")
+        raises_everywhere(lambda: hccl.reduce_scatter(x, y, 1, HcclDataType.FP16, "median"), CollectiveError,
+                          "op='median'")
 
 
 @mpi2
@@ -377,3 +378,34 @@ def test_each_rank_its_own_stride(kind, dtype):
             sj = total + (0 if j == 0 else 1 + j)
             expected[j * s:j * s + total] = inputs[j][RANK * sj:RANK * sj + total]
     assert recv.tobytes() == expected.tobytes()
+
+
+SKIPPED_COMMIT = """
+    import numpy as np, mpicoll
+    from mpi4py import MPI
+    r = MPI.COMM_WORLD.Get_rank()
+    x, out = np.ones(8, np.float32), np.empty(8, np.float32)
+    h = mpicoll.Hccl().init()
+    a = h.all_reduce(x, out, 4, np.float32, "sum", repeat=2)
+    h.commit(a)
+    try:
+        if r != 0:
+            h.commit(a)                     # rank 0 skips its second commit
+        h.wait(a)
+        mpicoll.AllReduceOperation().execute(x, out=out)
+        say("no error")
+    except mpicoll.CollectiveError as e:
+        say(f"{type(e).__name__}: {e}")
+"""
+
+
+@pytest.mark.skipif(SIZE != 1, reason="runs its own mpirun jobs once")
+@pytest.mark.parametrize("env", [{"MPICOLL_DEBUG": "1"}, {"MPICOLL_TIMEOUT": "30"}], ids=["debug", "watchdog"])
+def test_a_rank_that_skips_a_commit_gets_the_named_error_everywhere(tmp_path, env):
+    """Each committed round of a task agrees its own sequence row: a rank that skipped a commit and
+    made another call raises the same named mismatch as its peers, which wait for that round (it
+    hung under MPICOLL_DEBUG; timed out saying 'every rank arrived' under the watchdog)."""
+    from _mpi import said
+    lines = said(tmp_path, SKIPPED_COMMIT, 3, env=env)
+    assert len(lines) == 3 and len({line.split(": ", 1)[1] for line in lines}) == 1, lines
+    assert "CollectiveMismatchError: AllReduce vs plan run: operation differs across ranks" in lines[0], lines

@@ -71,6 +71,32 @@ def test_bfloat16_reduce_is_bit_identical_to_ml_dtypes(op, simd):
 
 
 @half
+@pytest.mark.parametrize("dtype", ["float32", "float64"])
+@pytest.mark.parametrize("op", range(2))
+@pytest.mark.parametrize("rows,cols", [(1, 7), (2, 4099), (4, 1000), (3, 2049)])
+def test_native_float_reduce_is_bit_identical_to_numpy(dtype, op, rows, cols):
+    """float32 / float64 SUM and PROD in C: the rows in order, in their own precision, infinities and
+    NaNs included, out-of-place and in place (out is row 0), as numpy's ufuncs give them."""
+    rng = np.random.default_rng(rows * 10 + cols + op)
+    special = np.array([np.nan, 0, -0.0, np.inf, -np.inf, 3e38, -3e38, 1e-40], dtype)
+    parts = np.where(rng.random((rows, cols)) < 0.2, rng.choice(special, (rows, cols)),
+                     rng.standard_normal((rows, cols)) * 100).astype(dtype)
+    ufunc = (np.add, np.multiply)[op]
+    with np.errstate(all="ignore"):
+        expected = parts[0].copy()
+        for r in range(1, rows):
+            expected = ufunc(expected, parts[r])
+    kernel = KERNELS.reduce_f32 if dtype == "float32" else KERNELS.reduce_f64
+    out = np.empty(cols, dtype)
+    kernel(list(parts), out, op)
+    nan = np.isnan(out) & np.isnan(expected)                  # (which NaN a NaN step returns: the CPU's)
+    assert np.array_equal(out[~nan].view(np.uint8), expected[~nan].view(np.uint8))
+    first = parts[0].copy()
+    kernel([first, *parts[1:]], first, op)                    # in place: out is the first row
+    assert np.array_equal(np.isnan(first), np.isnan(expected)) and np.array_equal(first[~nan], expected[~nan])
+
+
+@half
 def test_conversions_are_bit_identical_to_numpy():
     rng = np.random.default_rng(3)
     h = np.concatenate([SPECIAL, rng.standard_normal(10_001).astype(np.float16)])
@@ -114,8 +140,8 @@ def test_numpy_fallback_path(monkeypatch, name):
     on the numpy twins."""
     monkeypatch.setattr(_numeric, "KERNELS", None)
     spec = CHECKS[name]
-    for dtype in [d for d in ("float16", "bfloat16", "int8") if d in spec.dtypes]:
-        for case in spec.cases(SIZE):
+    for dtype in [d for d in ("float16", "bfloat16", "float32", "int8") if d in spec.dtypes]:
+        for case in spec.cases_for(SIZE, dtype):
             c = spec.make(case, dtype, "", RANK, SIZE, SEED)
             assert count_wrong(c.execute(), c.expected, exact=c.exact, n=SIZE) == 0, (dtype, case)
 

@@ -8,11 +8,12 @@ import pytest
 import mpicoll
 from mpicoll import CollectiveError, CollectiveMismatchError
 from mpicoll._golden import CHECKS, SEED, count_wrong
+from mpicoll.ops._base import ASYNC, PREPARE, RUN
 
-from _mpi import RANK, SIZE, WORLD, raises_everywhere
+from _mpi import RANK, SAMPLE, SIZE, WORLD, raises_everywhere
 
 mpi1 = pytest.mark.mpi(min_size=1)
-PAIRS = [(name, dtype) for name, spec in CHECKS.items() for dtype in ("float32", "float16", "int8")
+PAIRS = [(name, dtype) for name, spec in CHECKS.items() for dtype in SAMPLE
          if dtype in spec.dtypes and name in mpicoll.OPERATIONS]      # (operators: not the Hccl task kinds)
 
 
@@ -43,7 +44,7 @@ def test_plan_equals_execute(name, dtype):
     if not spec.cases(SIZE):
         pytest.skip(f"{name} has no case at {SIZE} rank(s)")
     failures, reread = [], 0
-    for case_name in spec.cases(SIZE):
+    for case_name in spec.cases_for(SIZE, dtype):
         c = spec.make(case_name, dtype, "", RANK, SIZE, SEED)
         pristine = [a.copy() for a in _arrays(c)]
 
@@ -209,10 +210,10 @@ class _Overlap(mpicoll.Operation):
     PUBLIC = False
 
     def execute(self, x, out=None):
-        return self._execute(x, out)
+        return self._call((x, out), RUN)
 
     def prepare(self, x, out=None):
-        return self._prepare(x, out)
+        return self._call((x, out), PREPARE)
 
     def describe(self, x, out=None):
         from mpicoll._plan import Call
@@ -249,7 +250,8 @@ def test_steps_in_flight_in_execute_plans_and_one_shot_starts():
         while not h.test():
             pass
         assert np.array_equal(h.wait(), want)
-    assert np.array_equal(op._start(x).wait(), want)
+    job = op._call((x,), ASYNC)                   # (async_op=True: the call on the communicator's worker)
+    assert job.wait() and np.array_equal(job.value, want)
 
 
 @mpi1
@@ -272,8 +274,8 @@ def test_at_most_max_in_flight():
     x = np.full(3, RANK + 1.0)
     assert (op.execute(x) == SIZE * (SIZE + 1) / 2).all()
     rec = Recorder()
-    _, call, table = op._dispatch((x,), always=True)
-    op._record(call, table, rec, count=True)
+    call = op.describe(x)
+    op._record(call, None, rec)
     open_, most = 0, 0
     for s in rec.steps:
         open_ += (s.kind == START) - (s.kind == WAIT)
@@ -300,10 +302,10 @@ def test_started_work_keeps_the_program_order_on_its_communicator(progress):
             for h in handles:
                 h.test()
     assert mpicoll.AllGatherOperation().execute(np.array([RANK])).reshape(-1).tolist() == list(range(SIZE))
-    tail = _Overlap()._start(np.ones(4))
+    tail = _Overlap()._call((np.ones(4),), ASYNC)
     for k in (2, 0, 1):
         assert np.array_equal(handles[k].wait(), np.full(n, k * SIZE + sum(range(SIZE)), np.float16)), k
-    assert tail.wait().tolist() == [4 * SIZE] * 4            # 2 * SIZE + SIZE * 2
+    assert tail.wait() and tail.value.tolist() == [4 * SIZE] * 4            # 2 * SIZE + SIZE * 2
     for p in plans:
         p.free()
     assert not mpicoll._domains.world().pending
@@ -321,7 +323,7 @@ def test_a_repeated_call_runs_its_recorded_plan_and_sees_every_change():
     for k in range(4):
         x[:] = k + RANK
         assert ar.execute(x, out=y) is y and y.tolist() == [k * n + sum(range(n))] * 4
-    assert any(e[2] is not None for e in ar._calls.values())   # (the repeats ran the recorded plan)
+    assert any(e._plan is not None for e in ar._calls.values())   # (the repeats ran the recorded plan)
     x.shape = (2, 2)                                      # reshaped in place: another call
     y2 = np.empty((2, 2), np.int64)
     assert ar.execute(x, out=y2).shape == (2, 2)
@@ -348,3 +350,34 @@ def test_a_repeated_call_runs_its_recorded_plan_and_sees_every_change():
         got = vv2.execute(data, sc, np.arange(n) * c, sc, np.arange(n) * c, None, out[:, :c * n])
         want = np.concatenate([np.arange(RANK * c, RANK * c + c) + 100 * r for r in range(n)])
         assert np.array_equal(got.reshape(-1), want), (k, got)
+
+
+SKIPPED = """
+    import numpy as np, mpicoll
+    from mpi4py import MPI
+    r = MPI.COMM_WORLD.Get_rank()
+    op = mpicoll.AllReduceOperation()
+    x, out = np.ones(4, np.float32), np.empty(4, np.float32)
+    plan = op.prepare(x, out)
+    plan.start().wait()                     # (its persistent requests are made at the first start)
+    try:
+        if r != 0:
+            plan.start().wait()             # rank 0 skips this start
+        op.execute(x, out=out)
+        say("no error")
+    except mpicoll.CollectiveError as e:
+        say(f"{type(e).__name__}: {e}")
+"""
+
+
+@pytest.mark.skipif(SIZE != 1, reason="runs its own mpirun jobs once")
+@pytest.mark.parametrize("env", [{"MPICOLL_DEBUG": "1"}, {"MPICOLL_TIMEOUT": "30"}], ids=["debug", "watchdog"])
+def test_a_rank_that_skips_a_start_gets_the_named_error_everywhere(tmp_path, env):
+    """A rank that skips one start() of a (persistent) plan and makes another call meets its peers'
+    sequence row with that call: the same named mismatch on every rank, as for a skipped run(), under
+    MPICOLL_DEBUG (it hung: a blocking call never matches a started one) and the watchdog (the row
+    was a persistent request, which only its own starts match)."""
+    from _mpi import said
+    lines = said(tmp_path, SKIPPED, 3, env=env)
+    assert len(lines) == 3 and len({line.split(": ", 1)[1] for line in lines}) == 1, lines
+    assert "CollectiveMismatchError: AllReduce vs plan run: operation differs across ranks" in lines[0], lines

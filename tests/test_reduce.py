@@ -10,7 +10,7 @@ from mpicoll._dtypes import DTYPES, reduce_op
 from mpicoll import _env
 from mpicoll._golden import SEED, count_wrong, golden_reduce, rank_data
 
-from _mpi import RANK, SIZE
+from _mpi import HALF_FLOATS, RANK, SIZE, reduce_ops
 
 mpi1 = pytest.mark.mpi(min_size=1)
 
@@ -36,8 +36,7 @@ def test_out_and_in_place_on_the_root_ignored_elsewhere(root):
 
 
 @mpi1
-@pytest.mark.parametrize("dtype", ["float16", "bfloat16"])
-@pytest.mark.parametrize("rname", ["sum", "prod", "max", "min"])
+@pytest.mark.parametrize("dtype,rname", [(d, r) for d in HALF_FLOATS for r in reduce_ops(d)])
 def test_half_reductions_equal_the_float32_golden(dtype, rname):
     """Random data: the float32-accumulated (rank order), once-rounded result bit for bit."""
     dt, rop = DTYPES[dtype], reduce_op(rname)

@@ -26,7 +26,7 @@ from mpicoll._dtypes import DTYPES, reduce_op
 from mpicoll._golden import golden_reduce
 from mpicoll.ops import allreduce as A
 
-from _mpi import RANK, SIZE, WORLD, agreed, digest_job
+from _mpi import FLOATS, RANK, SIZE, WORLD, agreed, digest_job, reduce_ops
 
 EXAMPLES = int(os.environ.get("MPICOLL_FUZZ_EXAMPLES", "60"))
 PROPERTY = settings(max_examples=EXAMPLES, derandomize=True, database=None, deadline=None,
@@ -34,7 +34,6 @@ PROPERTY = settings(max_examples=EXAMPLES, derandomize=True, database=None, dead
 mpi1 = pytest.mark.mpi(min_size=1)
 pytestmark = pytest.mark.skipif(not _env.value("MPICOLL_EXACT"), reason="MPICOLL_EXACT=0: float sums in MPI's order")
 
-FLOATS = ["float16", "bfloat16", "float32", "float64"]
 BIG = 1 << 40
 #: path -> the thresholds that force it (module constants, read when a call picks its MPI calls)
 PATHS = {
@@ -122,7 +121,7 @@ def same(wrong: list, what: str, got, want) -> None:
 
 cases = st.fixed_dictionaries({
     "seed": st.integers(0, 2 ** 31),
-    "rname": st.sampled_from(["sum", "prod", "max", "min"]),
+    "rname": st.sampled_from(reduce_ops("float32")),
     "count": st.one_of(st.integers(0, 40), st.integers(41, 5000), st.sampled_from([1 << 14, 100_003])),
     "comm": st.sampled_from(["world", "sub", "no-window"]),
     "validate": st.booleans(),
@@ -201,7 +200,7 @@ def test_reduce_scatter_and_v_give_the_rank_order_bits(path, dtype, c, spread):
 @PROPERTY
 @given(st.integers(0, 2 ** 31), st.sampled_from(FLOATS),
        st.lists(st.one_of(st.integers(1, 30), st.integers(31, 3000)), min_size=2, max_size=12),
-       st.sampled_from(["sum", "prod", "max", "min"]), st.booleans())
+       st.sampled_from(reduce_ops("float32")), st.booleans())
 def test_functional_calls_eager_and_merged_in_a_graph_give_the_same_bits(seed, dtype, sizes, rname, special):
     """A list of float all_reduce calls (a DDP-like bucket list): eager, and captured in a graph that
     merges them into one message, give the golden bits; so does one all_reduce of them packed."""

@@ -87,12 +87,12 @@ mpicoll.QuantAllReduceOperation(param).execute(np.ones(8, np.int8), 0.5)
 def test_a_header_value_past_int64_is_a_local_error_to_agree():
     """Any value that cannot travel in the int64 header is this rank's error (agreed like any
     other), not a bare OverflowError raised on that rank alone."""
-    from mpicoll.ops._base import _row
+    from mpicoll.ops._agree import header_row
     call = Call(None, np.zeros(1), None, (1,))
     call.params = 2 ** 64
     op = mpicoll.AllReduceOperation()
     op._bind()
-    row, err = _row(op._lib, op, call, None)
+    row, err = header_row(op._lib, op, call, None)
     assert row[V.H_FLAG] == 1 and row[V.H_OP] == op.CODE
     assert str(err) == (f"AllReduce: operator parameters=18446744073709551616 on rank {op.rank}: must fit in a "
                         "signed 64-bit integer")

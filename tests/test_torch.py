@@ -236,11 +236,28 @@ def test_a_mismatch_raises_the_agreed_error_on_every_rank():
     dist.all_reduce(torch.ones(2))                         # the ranks are still in step
 
 
+@pytest.mark.mpi(min_size=2)
+def test_torch_level_choices_are_agreed():
+    """AVG on one rank against SUM on the others, and a bool tensor against uint8 (with SUM, which a
+    bool reduces as a logical or): an agreed mismatch naming the reduce op, the dtype (they used to
+    pass: one rank got the mean, the bool tensor held the bytes 5/200/3)."""
+    last, bad = SIZE - 1, RANK == SIZE - 1
+    with pytest.raises(mpicoll.CollectiveMismatchError, match=rf"reduce_type differs across ranks: .*'avg' on rank "
+                                                              rf"{last}"):
+        dist.all_reduce(torch.ones(2), dist.ReduceOp.AVG if bad else dist.ReduceOp.SUM)
+    with pytest.raises(mpicoll.CollectiveMismatchError, match=rf"dtype differs across ranks: .*bool on rank {last}"):
+        dist.all_reduce(torch.ones(3, dtype=torch.bool) if bad else torch.tensor([5, 200, 3], dtype=torch.uint8))
+    t = torch.tensor([RANK == 0, False, True])
+    dist.all_reduce(t)
+    assert t.tolist() == [True, False, True]
+
+
 def test_unsupported_calls_say_which():
-    with pytest.raises(mpicoll.CollectiveArgumentError, match=r"all_reduce: op='RedOpType.BAND' on ranks? .*not "
-                                                              "supported by the mpicoll backend"):
+    with pytest.raises(mpicoll.CollectiveArgumentError, match=r"all_reduce: op='BAND' on ranks? .*must be one of "
+                                                              "'sum', 'prod', 'max', 'min', 'avg'"):
         dist.all_reduce(torch.ones(1, dtype=torch.int32), op=dist.ReduceOp.BAND)
-    with pytest.raises(mpicoll.CollectiveArgumentError, match="AVG on torch.int32.*only floating-point"):
+    with pytest.raises(mpicoll.CollectiveArgumentError, match="reduce_type='avg'.*averages floating-point dtypes "
+                                                              "only, not int32"):
         dist.all_reduce(torch.ones(1, dtype=torch.int32), op=dist.ReduceOp.AVG)
     # (a tensor on another device never reaches a backend registered for the CPU on torch >= 2.14)
     with pytest.raises(mpicoll.CollectiveArgumentError, match=r"tensor='strided \(2,\) .*on ranks? .*contiguous"):
@@ -253,7 +270,7 @@ def test_a_failure_on_one_rank_before_the_call_is_agreed():
     """A reduce op or a tensor the backend cannot take on one rank only: every rank raises the same
     error (the peers do not wait in the collective), and the group stays usable."""
     bad = RANK == SIZE - 1
-    with pytest.raises(mpicoll.CollectiveArgumentError, match=rf"op='RedOpType.BAND' on rank {SIZE - 1}"):
+    with pytest.raises(mpicoll.CollectiveArgumentError, match=rf"op='BAND' on rank {SIZE - 1}"):
         dist.all_reduce(torch.ones(2, dtype=torch.int32), op=dist.ReduceOp.BAND if bad else dist.ReduceOp.SUM)
     with pytest.raises(mpicoll.CollectiveArgumentError, match=rf"tensor='strided .* on rank {SIZE - 1}"):
         dist.broadcast(torch.ones(4)[::2] if bad else torch.ones(2), src=0)

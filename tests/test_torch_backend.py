@@ -5,6 +5,7 @@ refused on one process. Skipped, with the reason, where torch is not installed."
 from __future__ import annotations
 
 from datetime import timedelta
+import textwrap
 
 import pytest
 
@@ -328,20 +329,34 @@ def test_torch_torchrun_is_refused_at_init(tmp_path):
     import subprocess
     import sys
     script = tmp_path / "train.py"
-    script.write_text("import torch.distributed as dist, mpicoll.torch\n"
-                      "dist.init_process_group('mpicoll', init_method=sys_argv)\n"
-                      "print('TRAINED', dist.get_world_size(), flush=True)\n".replace(
-                          "sys_argv", "__import__('sys').argv[1]"))
+    # Each process records its refusal and waits for the other's before it fails: torchrun stops the
+    # other workers as soon as one fails, so stderr alone would show one refusal or two by chance.
+    script.write_text(textwrap.dedent("""
+        import os, sys, time, pathlib
+        import torch.distributed as dist, mpicoll.torch
+        here = pathlib.Path(sys.argv[2])
+        try:
+            dist.init_process_group('mpicoll', init_method=sys.argv[1])
+            print('TRAINED', dist.get_world_size(), flush=True)
+        except Exception as e:
+            (here / (sys.argv[1][:3] + os.environ['LOCAL_RANK'])).write_text(str(e))
+            end = time.monotonic() + 60
+            while len(list(here.glob(sys.argv[1][:3] + '*'))) < 2 and time.monotonic() < end:
+                time.sleep(0.05)
+            raise
+        """))
     for method in ("mpi://", "env://"):
         with socket.socket() as s:                      # (a free port for torchrun's store)
             s.bind(("127.0.0.1", 0))
             port = s.getsockname()[1]
         res = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2",
                               "--master_addr", "127.0.0.1", "--master_port", str(port),
-                              str(script), method], capture_output=True, text=True, timeout=120,
+                              str(script), method, str(tmp_path)], capture_output=True, text=True, timeout=120,
                              env={k: v for k, v in launch_env().items() if not k.startswith("MPICOLL_")})
         assert res.returncode != 0 and "TRAINED" not in res.stdout, (method, res.stdout, res.stderr[-3000:])
-        assert res.stderr.count("Launch with `mpirun -np 2 python ...` instead") >= 2, (method, res.stderr[-3000:])
+        refusals = [p.read_text() for p in tmp_path.glob(method[:3] + "*")]
+        assert len(refusals) == 2 and all("Launch with `mpirun -np 2 python ...` instead" in r
+                                          for r in refusals), (method, refusals, res.stderr[-3000:])
 
 
 DETAIL = """
@@ -371,3 +386,48 @@ def test_torch_debug_detail(tmp_path):
     for rank in (0, 1):
         assert f"rank {rank} ({'ProcessGroupMpicoll' if 'Collective' in expected else '_ProcessGroupWrapper'}, " \
                f"sum 8): {expected}" in res.stdout, res.stdout + res.stderr[-3000:]
+
+
+LATE = """
+    import sys, time
+    from datetime import timedelta
+    import torch, torch.distributed as dist
+    import mpicoll, mpicoll.torch
+    from mpi4py import MPI
+    rank = MPI.COMM_WORLD.Get_rank()
+    t0 = time.monotonic()
+    try:
+        if "STEP" == "init":
+            if rank == 2:
+                time.sleep(6)                           # comes after the others' timeout
+            dist.init_process_group("mpicoll", init_method="mpi://", timeout=timedelta(seconds=2))
+        else:
+            dist.init_process_group("mpicoll", init_method="mpi://")
+            t0 = time.monotonic()
+            if rank == 2:
+                time.sleep(6)                           # never makes the group
+            else:
+                dist.new_group([0, 1, 2], timeout=timedelta(seconds=2))
+        print(f"rank {rank}: done", flush=True)
+    except mpicoll.CollectiveTimeout as exc:
+        print(f"rank {rank} after {time.monotonic() - t0:.0f} s: {exc}", flush=True)
+"""
+
+
+@ONE_JOB
+@pytest.mark.parametrize("step", ["init", "new_group"])
+def test_torch_set_up_is_bounded_by_the_groups_timeout(tmp_path, step):
+    """``init_process_group(timeout=2)`` with a rank that comes late, ``new_group(timeout=2)`` with a
+    member that never calls it: the ranks that came raise the named CollectiveTimeout after the
+    timeout (they used to wait for ever, or for the late rank)."""
+    res, _, _ = run_job(tmp_path, LATE.replace("STEP", step), np_=3, timeout=90)
+    out = res.stdout
+    if step == "init":
+        for r in (0, 1):
+            assert f"rank {r} after 2 s: init_process_group(timeout=2 s): duplicating the world: timed out after 2 s: " \
+                   "some rank has not reached it" in out, out + res.stderr[-3000:]
+    else:
+        for r in (0, 1):
+            assert f"rank {r} after 2 s: comm domain 'torch group 1': timed out after 2 s (new_group(ranks=[0, 1, 2], " \
+                   "timeout=2 s)) waiting for" in out, out + res.stderr[-3000:]
+        assert "rank 2: done" in out, out

@@ -1,47 +1,57 @@
-"""The Operation base class, the operator registry, and the reduce-scatter building blocks.
+"""The Operation base class, the operator registry, and THE call pipeline.
 
-One call flows in one straight line (docs/design.md), every mode through one dispatcher::
+Every call, in every mode, is one straight line of small stages over one record (docs/design.md)::
 
-    _dispatch(args) = live-check (bind) -> [remembered plan] -> count -> describe -> [agree]
-    execute(args)   = _dispatch -> issue(call, table, Runner)                 (at once)
-    prepare(args)   = _dispatch (always agreeing) -> issue(..., Recorder) -> Plan  (run many times)
-    _start(args)    = _dispatch -> issue(..., Recorder) -> Handle              (one-shot, non-blocking)
+    bind -> remembered? -> count -> describe -> agree -> sink
 
-The first call of an operation always agrees, whatever its ``validate``: that is where a Param
-error on one rank, or a ``validate`` set differently across ranks, is raised on every rank. A
-captured graph describes its calls with the same steps and agrees them at once (:func:`agree_calls`).
+* **bind** (the first call, :meth:`Operation._bind`): resolve the communicator, check the Param,
+  decide the timeout (once: ``Operation.timeout``). Then the call runs here, or is captured into a
+  graph, or is queued on the communicator's worker (:data:`ASYNC`, ``async_op=True``: the rest of
+  the pipeline runs there while the caller goes on, :mod:`mpicoll._async`).
+* **remembered?** (:class:`Remembered`, one cache, one key rule): the very same call again (its
+  data arrays by identity, its values by contents) skips describe and reuses its record, its
+  agreement's header and buffers, and its plan.
+* **count** (:func:`~mpicoll._plan.count_call`): the watchdog names calls as the user counts them.
+* **describe** (the operator's own, local and pure): its arguments -> a :class:`~mpicoll._plan.Call`;
+  a failure is kept, to be raised through the agreement on every rank.
+* **agree** (:func:`~._agree.agree_call`): with validation on, for the first call of an
+  operation, for ``prepare``, and whenever the operator needs facts about the other ranks to pick
+  its MPI calls (:meth:`Operation.needs_facts`, whatever ``validate`` says): one ``Allgather`` of
+  agreement rows, which carries the payload too where every rank's fits its slot (then the data
+  has moved: :meth:`Operation.land` finishes the call locally).
+* **sink**, the only part that differs by mode: :data:`RUN` (``execute``: land, run the remembered
+  plan, or issue the MPI calls at once), :data:`PREPARE` (record a :class:`~mpicoll._plan.Plan`), or a graph being captured
+  (:mod:`mpicoll.graph`: described only, agreed with the whole graph at its end).
 
-An operator subclass supplies ``describe`` (local and pure: its arguments -> a
-:class:`~mpicoll._plan.Call`, raising on a rule one rank can see) and ``issue`` (the only place that
-picks its MPI calls, from the call and, when validated, the agreed header table), and its public
-``execute`` / ``prepare`` with its real signature, each one line.
+An operator subclass supplies ``describe``, ``issue`` (the only place that picks its MPI calls, from
+the call and, when agreed, the table), ``ride``/``land`` where its data can travel in the agreement,
+and its public ``execute`` / ``prepare`` with its real signature, each one line.
 """
 from __future__ import annotations
 
 import inspect
+from functools import partial
 from collections import OrderedDict
 from typing import Any, ClassVar
 
 import numpy as np
 from mpi4py import MPI
 
-from .. import _shm
+from .. import _comm
 from .. import _validate as V
+from .._async import submit
 from .._comm import OP_NAMES, LibComm, check_live, finalized, op_code
 from .._domains import resolve
-from .._ranktable import rank_table
 from .._dtypes import BY_NP, DType, ReduceOp, reduce_op
-from .._errors import (CollectiveArgumentError, CollectiveError, CollectiveMismatchError, agree, agreed, arg_error,
-                       as_collective_error)
-from .._numeric import prefix, reduce_chunks
+from .._errors import CollectiveArgumentError, CollectiveError, arg_error, as_collective_error
 from .._params import CommParam
-from .._plan import CAPTURING, Call, Handle, Plan, Recorder, Runner, count_call
-from .._watchdog import timeout_seconds
+from .._plan import CAPTURING, Call, Plan, Recorder, Runner, count_call, epilogue, prologue
+from .._ranktable import rank_table
+from ._agree import CLASSES, Slots, agree_call
+from ._reduce import reduction
 
 #: name -> Operation class, for every public operator (check, bench, the CLI and the tests iterate it).
 OPERATIONS: dict[str, type["Operation"]] = {}
-#: operator code -> class, for every named operation (a graph's agreement names a peer's calls)
-_CLASSES: dict[int, type["Operation"]] = {}
 
 
 class Operation:
@@ -49,10 +59,13 @@ class Operation:
 
     Args:
         param: the operator's Param (default: all defaults, on the world).
-        validate: run the cross-rank checks on every call (default: ``MPICOLL_VALIDATE``, on). Off
-            saves one small ``Allgather`` per ``execute`` after the first (the first call always
-            agrees); bad input may then hang or give wrong results, as in raw MPI. ``prepare``
-            always checks. Set it alike on every rank: the first call raises on every rank if not.
+        validate: run the cross-rank checks on every call (default: ``MPICOLL_VALIDATE``, on). A
+            validated call of at most ``RIDE_BYTES`` a rank moves its data in its agreement: one
+            exchange; a larger one makes a small ``Allgather`` before its data calls. Off, bad input
+            may hang or give wrong results, as in raw MPI; the first call always agrees, and so do
+            ``prepare`` and the calls whose MPI calls depend on the other ranks (the operator's
+            facts: node buffers, uniform all-to-all counts). Set it alike on every rank: the first
+            call raises on every rank if not.
         timeout: seconds before a collective that some rank never joins raises
             :class:`~mpicoll.CollectiveTimeout` (and, by default, aborts the job); default
             the communicator's own (a torch group's), else ``MPICOLL_TIMEOUT``, unset = wait
@@ -70,14 +83,17 @@ class Operation:
     WRITES_X: ClassVar[bool] = False
     #: how errors name the per-peer send / expect vectors of the count-pair rule (V operators)
     PAIR_NAMES: ClassVar[tuple[str, str] | None] = None
+    #: its issue reads where every rank's input lies (a node buffer, ``_shm.resident``): a fact
+    #: exchanged whenever the communicator has node buffers, validation on or off
+    RESIDES: ClassVar[bool] = False
 
     #: execute's arguments read as values when the call is described (counts, displacements,
     #: shapes, split sizes): a call repeated with other values is another call. Every other
     #: argument is data, read or written on every run (keyed by identity). The operator's own
     #: declaration, checked against its ``execute`` signature at import.
     VALUES: ClassVar[tuple[str, ...]] = ()
-    #: ``describe`` has a rule on the contents of a data argument (finite scales): a validated call
-    #: is then described on every call, never remembered (a remembered call is not described again)
+    #: ``describe`` has a rule on the contents of a data argument (finite scales): its calls are
+    #: described every time, never remembered (a remembered call is not described again)
     RULES_ON_DATA: ClassVar[bool] = False
     #: (from the signature) the position of ``out``, and the value arguments' positions
     _OUT_AT: ClassVar[int | None] = None
@@ -88,7 +104,7 @@ class Operation:
         if cls.__dict__.get("NAME"):     # (a subclass that keeps its parent's NAME does not replace it)
             cls.CODE = op_code(cls.NAME)
             OP_NAMES[cls.CODE] = cls.NAME
-            _CLASSES[cls.CODE] = cls
+            CLASSES[cls.CODE] = cls
             if cls.PUBLIC:
                 OPERATIONS[cls.NAME] = cls
         if "execute" in cls.__dict__:
@@ -108,8 +124,9 @@ class Operation:
                 f"{self.NAME}: param is {type(param).__name__}: must be {self.PARAM.__name__}", op=self.NAME,
                 param="param")
         self.param = param
-        self._timeout = timeout           # (as given: the communicator's call_timeout takes it at binding)
-        self.timeout = timeout_seconds(timeout)
+        self._given = timeout             # (the argument: the communicator decides the timeout at binding)
+        #: the watchdog timeout of its calls and plans, decided once when it binds (None: none)
+        self.timeout: float | None = None
         self._validate = V.validate_default() if validate is None else bool(validate)
         self._validate_given = validate is not None
         self.comm: MPI.Comm | None = None
@@ -119,13 +136,9 @@ class Operation:
         self._param_error: BaseException | None = None
         self._agreed_once = False
         self._fresh = False               # (describe allocated an output or copied a list: _out, _data)
-        self._runner = Runner(self.NAME, self.timeout)
-        #: its last unvalidated calls: key -> [its arguments (kept alive, so the key's identities stay
-        #: theirs), its call, its plan once it came back]
-        self._calls: "OrderedDict[tuple, list]" = OrderedDict()
-        #: its last validated calls: key -> [its arguments, its call, its plan once it came back, its
-        #: agreed header table]
-        self._agreed_calls: "OrderedDict[tuple, list]" = OrderedDict()
+        self._runner = Runner(self)
+        self._calls = Remembered()
+        self._slots: Slots | None = None
 
     @property
     def validate(self) -> bool:
@@ -138,17 +151,23 @@ class Operation:
     @validate.setter
     def validate(self, on: bool) -> None:
         self._validate, self._validate_given = bool(on), True
+        self._calls = Remembered()                     # (their headers carry the old flag)
 
     # -- binding -------------------------------------------------------------------------------------
     def _bind(self) -> LibComm:
-        """Resolve the communicator (first call), check the param against it and freeze it. A param
-        error is kept, and raised on every rank by the first agreement."""
+        """Resolve the communicator (first call), decide the timeout, check the param against the
+        communicator and freeze it. A param error is kept, and raised on every rank by the first
+        agreement."""
         if MPI.Is_finalized():
             raise finalized(self.NAME, "a call")
         lib = resolve(self.NAME, self.param.comm, self.param.comm_domain, self.param.rank_size, "comm_domain")
         self.comm, self.rank, self.size = lib.mpi, lib.rank, lib.size
         self._lib, self._comms = lib, (lib,)
         p = self.param
+        try:       # (decided first, whatever else fails: a timed call's MPI form differs from an untimed one's)
+            self.timeout = lib.call_timeout(self._given, self.NAME)
+        except CollectiveError as exc:
+            self.timeout, self._param_error = lib.call_timeout(), exc
         try:
             if p.comm is not None and p.comm_domain:
                 raise arg_error(self.NAME, "comm_domain", p.comm_domain, self.rank,
@@ -158,13 +177,10 @@ class Operation:
             V.check_param(self.NAME, p, self.size, self.rank)
             self._bind_param()
         except Exception as exc:  # noqa: BLE001 - agreed across ranks at the first call
-            self._param_error = as_collective_error(exc, self.NAME, self.rank)
+            self._param_error = self._param_error or as_collective_error(exc, self.NAME, self.rank)
         p.freeze(self.NAME)
         if not self._validate_given:      # the default its members agreed when the communicator was made
             self._validate = lib.validate
-        timeout = lib.call_timeout(self._timeout)
-        if timeout != self.timeout:
-            self.timeout, self._runner = timeout, Runner(self.NAME, timeout)
         if lib.debug:
             self._validate = True
         return lib
@@ -172,128 +188,93 @@ class Operation:
     def _bind_param(self) -> None:
         """Operator-specific param checks and bindings, once the communicator is known."""
 
-    def _live(self) -> None:
-        """Before a call: bind (the first call), and raise if a communicator of it was freed."""
-        if self._lib is None:
-            self._bind()
-        check_live(self._comms, self.NAME)
-
-    # -- the call path: one dispatcher for every mode -------------------------------------------------
-    def _execute(self, *args: Any) -> Any:
-        """``execute``: :meth:`_dispatch`, then the call's steps at once (or its remembered plan)."""
-        if CAPTURING:
-            return CAPTURING[-1].add(self, args)
-        plan, call, table = self._dispatch(args)
-        if plan is not None:
-            return plan.run()
-        if call.src is not None:
-            np.copyto(call.x, call.src)
-        self.issue(call, table, self._runner)
-        return call.result
-
-    def _start(self, *args: Any) -> Handle:
-        """A one-shot non-blocking call (the functional API's ``async_op=True``): :meth:`_dispatch`,
-        then the call's steps recorded and started at once (``I`` calls, no persistent requests),
-        completed in ``wait()``."""
-        if CAPTURING:
-            return CAPTURING[-1].add(self, args, started=True)
-        plan, call, table = self._dispatch(args)
-        if plan is None:
-            rec = Recorder()
-            self._record(call, table, rec, count=False)
-            plan = Plan(rec, self.timeout, persistent=False)
-        return plan.start()
-
-    def _prepare(self, *args: Any) -> Plan:
-        """``prepare``: :meth:`_dispatch` (always agreeing), then the steps recorded into a Plan."""
-        _, call, table = self._dispatch(args, always=True)
-        rec = Recorder()
-        self._record(call, table, rec, count=True)
-        return Plan(rec, self.timeout)
-
-    def _dispatch(self, args: tuple, always: bool = False) -> tuple[Plan | None, Call | None, np.ndarray | None]:
-        """THE dispatcher of a call, whatever runs it next: live-check (and bind, the first call) ->
-        remembered plan? -> count -> describe -> agree.
-
-        Agreement runs when validation is on, for ``prepare`` (``always``) and for the first call of
-        every operation. A call that writes only into arrays it was given (``out`` given, or none
-        in the signature) is remembered (the last ``REMEMBERED``): when the very same call comes
-        back (the same data arrays, unmoved; equal values, ``VALUES``), its steps are recorded once
-        and it runs as a plan, returned here (``call`` None). Without agreement that is all; with
-        it (:meth:`_agree_again`), the call still agrees, sending the header it sent last time: if
-        every rank's is as last time, the plan runs.
-
-        Returns:
-            ``(plan, None, table)`` for a remembered call (``table`` None without agreement), else
-            ``(None, call, table)``: the described call and the agreed header table (None without
-            agreement).
-        """
-        self._live()
-        agree = always or self._validate or not self._agreed_once
-        key = None
-        at = self._OUT_AT
-        if not always and (at is None or (len(args) > at and args[at] is not None)):   # (it fills arrays given)
-            key = _key(args, self._VALUES_AT)
-            entry = self._calls.get(key) if key is not None and not agree else None
-            if entry is not None:
-                plan = entry[2] or self._remembered(entry)
-                if plan._state == 0:                    # (idle: not started)
-                    return plan, None, None
-        number = count_call(self._comms, self.NAME)
+    def _live(self) -> LibComm:
+        """Before a call: bind (the first call), and raise if a communicator of it was freed or MPI
+        is finalized."""
         if MPI.Is_finalized():
             raise finalized(self.NAME, "a call")
-        self._fresh = False
-        if agree:
-            entry = self._agreed_calls.get(key) if key is not None and self._lib.plain else None
-            if entry is not None:
-                return self._agree_again(entry, number)
-            call, err = self._described(args)
-            table = agree_call(self._lib, self, call, err, self.timeout, number)
-            if key is not None and err is None and self._validate and not self._fresh and _small(args) \
-                    and not self.RULES_ON_DATA:
-                _remember(self._agreed_calls, key, [args, call, None, table])
-            return None, call, table
-        failed = self._param_error or _found(args)       # (no agreement: a local error is this rank's alone)
-        if failed is not None:
-            raise failed
-        call = self.describe(*args)
-        if key is not None and not self._fresh:          # (an output made or a list copied: a repeat needs another)
-            _remember(self._calls, key, [args, call, None])
-        return None, call, None
+        lib = self._lib or self._bind()
+        check_live(self._comms, self.NAME)
+        return lib
 
-    def _agree_again(self, entry: list, number: int) -> tuple[Plan | None, Call | None, np.ndarray]:
-        """A validated call that came back (``entry``: the same key, so the same arrays, strides,
-        flags and values, which ``describe`` would describe alike): agree it with the row it sent last time
-        (the same Allgather as :func:`agree_call`, so that a peer making another call meets it
-        there). Every rank's row as last time: its plan (recorded once, with that table). Else
-        another rank's call changed: the table is checked as always (a mismatch raises on every
-        rank) and this call issued with it."""
-        lib, call, table = self._lib, entry[1], entry[3]
+    # -- THE entry point of every call: one pipeline, a sink per mode ---------------------------------
+    def _call(self, args: tuple, mode: "Mode") -> Any:
+        """THE door of every call: where its pipeline runs. Captured into a graph being captured (its
+        sink), queued on the communicator's worker (:data:`ASYNC`: the call runs there, in
+        :data:`RUN`, while the caller goes on; :mod:`mpicoll._async`), or here, now."""
+        if CAPTURING:
+            mode = CAPTURING[-1].sink(mode)
+        lib = self._lib
+        if lib is None or _comm.FREED or MPI.Is_finalized():
+            lib = self._live()
+        if mode is ASYNC:
+            return submit(self._comms, partial(self._pipeline, lib, args, RUN))
+        return self._pipeline(lib, args, mode)
+
+    def _pipeline(self, lib: LibComm, args: tuple, mode: "Mode") -> Any:
+        """THE pipeline of a call (see the module docstring): remembered? -> count -> describe ->
+        agree -> ``mode.take``. Calls queued ahead of it on the communicator by another thread
+        finish first; then one thread at a time per communicator (:meth:`~mpicoll._comm.LibComm.enter`)."""
         if lib.pending:
             lib.drain(None)
-        now = agree(lib, table[lib.rank], None, self.timeout, self.NAME, number)   # (sent, never written)
-        if now.tobytes() == table.tobytes():
-            plan = entry[2]
-            if plan is None:
-                rec = Recorder()
-                self._record(call, table, rec, count=False)     # (this dispatch counted the call)
-                plan = entry[2] = Plan(rec, self.timeout, persistent=False)
-            if plan._state == 0:
-                return plan, None, table
-            return None, call, table
-        V.check_agreed(lib, self.NAME, now, self.PAIR_NAMES)
-        entry[2], entry[3] = None, now
-        return None, call, now
+        if not lib.busy.acquire(False):
+            lib.enter(self.NAME)                        # (raises: another thread is inside a call on it)
+        try:
+            key = entry = None
+            at = self._OUT_AT
+            if mode.remembers and (at is None or (len(args) > at and args[at] is not None)):
+                key = _key(args, self._VALUES_AT)       # (it fills arrays it was given: it may come back)
+                entry = self._calls.get(key)
+            number = count_call(self._comms, self.NAME) if mode.counts else 0
+            if entry is not None:
+                call, err = entry.call, None
+            else:
+                call, err = self._described(args)
+            if mode.defers:
+                return mode.take(self, call, err)
+            if not (mode.agrees or self._validate or not self._agreed_once or (err is None and self.needs_facts(call))):
+                if err is not None:
+                    raise err
+                if entry is None and self._calls.keeps(key, args, self):
+                    entry = self._calls.keep(key, args, call, None)
+                return mode.take(self, call, None, False, entry)
+            payload = None
+            if mode.rides and err is None:
+                payload = entry.payload if entry is not None and entry.slots is not None else self._payload(call)
+                if payload is not None and (call.src is not None or call.before):
+                    prologue(call)                      # (its payload is read now, into the agreement)
+            if entry is not None and entry.slots is not None:
+                # (its row as last time, unless its headers carry a sequence number: built anew)
+                table, rode, headers = agree_call(lib, self, call, None, number, payload, entry.slots,
+                                                  entry.last if lib.plain else None)
+            else:
+                kept = err is None and self._calls.keeps(key, args, self)
+                slots = Slots(lib) if kept else self._scratch_slots(lib)
+                table, rode, headers = agree_call(lib, self, call, err, number, payload, slots)
+                if kept:
+                    entry = self._calls.keep(key, args, call, slots)
+                    entry.payload = payload if mode.rides else self._payload(call)
+            if entry is not None and headers is not None:
+                entry.agreed(headers)
+            return mode.take(self, call, table, rode, entry)
+        finally:
+            lib.busy.release()
 
-    def _remembered(self, entry: list) -> Plan:
-        """Record the plan of a remembered call (at its first repeat)."""
-        rec = Recorder()
-        self._record(entry[1], None, rec, count=True)
-        plan = entry[2] = Plan(rec, self.timeout, persistent=False)
-        return plan
+    def _scratch_slots(self, lib: LibComm) -> Slots:
+        """The agreement buffers of its calls that are not remembered (one set, reused: a call's
+        table is read during the call only)."""
+        if self._slots is None:
+            self._slots = Slots(lib)
+        return self._slots
+
+    def _payload(self, call: Call) -> np.ndarray | None:
+        """What this rank offers its agreement to carry: its :meth:`ride`, where it fits the slot."""
+        payload = self.ride(call)
+        return payload if payload is not None and payload.nbytes <= V.RIDE_BYTES else None
 
     def _described(self, args: tuple) -> tuple[Call | None, BaseException | None]:
         """``describe(*args)``, or the error it (or the Param, at binding) raised on this rank."""
+        self._fresh = False
         failed = self._param_error or _found(args)
         if failed is not None:
             return None, failed
@@ -302,21 +283,54 @@ class Operation:
         except Exception as exc:  # noqa: BLE001 - every local failure is agreed, never raised alone
             return None, as_collective_error(exc, self.NAME, self.rank)
 
-    def _record(self, call: Call, table: np.ndarray | None, rec: Recorder, count: bool) -> None:
+    def _record(self, call: Call, table: np.ndarray | None, rec: Recorder, rows: list | None = None) -> None:
         """Record the call into a plan: one part per round (``call.rounds``: the Hccl client's
-        ``repeat``, else 1; ``issue`` reads ``call.round``), each counting itself when it runs if
-        ``count``."""
+        ``repeat``, else 1; ``issue`` reads ``call.round``), its local work around it. ``rows``:
+        its data rode its agreement (those rows): only its landing, and its local work after it."""
         for k in range(call.rounds):
             call.round = k
-            rec.begin(self.NAME, self._comms, count)
-            if call.src is not None:
-                rec.local(np.copyto, call.x, call.src)
-            self.issue(call, table, rec)
+            rec.begin(self.NAME, self._comms)
+            if rows is not None:
+                self.land(call, rows, table, rec)
+            else:
+                if call.src is not None:
+                    rec.local(np.copyto, call.x, call.src)
+                for step in call.before:
+                    rec.local(*step)
+                self.issue(call, table, rec)
+            for step in call.after:
+                rec.local(*step)
             rec.end(call.result)
 
+    # -- what an operator supplies ---------------------------------------------------------------
     def describe(self, *args: Any) -> Call:
         """Local and pure: this rank's arguments -> a :class:`~mpicoll._plan.Call`; raise
         :class:`~mpicoll.CollectiveArgumentError` on a rule one rank can see."""
+        raise NotImplementedError
+
+    def issue(self, call: Call, table: np.ndarray | None, go: Any) -> None:
+        """The MPI calls (``go.mpi``, ``go.start``/``go.wait``) and local work (``go.local``) of
+        one call, in order. ``table`` is the agreed table, or None (not agreed): choices that depend
+        on other ranks' values may only be made from it (:meth:`needs_facts` says when it is there)."""
+        raise NotImplementedError
+
+    def needs_facts(self, call: Call) -> bool:
+        """Whether ``issue`` needs the agreed table to pick this call's MPI calls (then the call
+        agrees, validation on or off: ``validate=False`` never changes which MPI calls carry the
+        data). Decided from what every rank holds alike for a valid call. Default: node buffers on
+        the communicator, for an operator that reads them (``RESIDES``)."""
+        return self.RESIDES and bool(self._lib.buffers)
+
+    def ride(self, call: Call) -> np.ndarray | None:
+        """This rank's payload, if the call's data can travel in its agreement (every rank's of at
+        most ``RIDE_BYTES``): an array (a view; any layout) whose contents the peers' :meth:`land`
+        needs. None: the operator does not ride (its data always moves by ``issue``)."""
+        return None
+
+    def land(self, call: Call, rows: list[np.ndarray], table: np.ndarray, go: Any) -> None:
+        """Finish a call whose data travelled in its agreement: ``rows[r]``, rank r's payload (1-D
+        of the call's dtype, a view into the gathered ``table``). Local work only (``go.local``,
+        as ``issue`` records it: a remembered call's landing is recorded once)."""
         raise NotImplementedError
 
     # -- what a captured graph asks (mpicoll.graph) ------------------------------------------------
@@ -334,12 +348,6 @@ class Operation:
     def _one_issue(self, base: type) -> bool:
         """Whether this class issues as ``base`` does (a subclass that adds steps does not coalesce)."""
         return type(self).issue is base.issue
-
-    def issue(self, call: Call, table: np.ndarray | None, go: Any) -> None:
-        """The MPI calls (``go.mpi``, ``go.start``/``go.wait``) and local work (``go.local``) of
-        one call, in order. ``table`` is the agreed header table, or None (validation off):
-        choices that depend on other ranks' values may only be made from it."""
-        raise NotImplementedError
 
     # -- describe helpers ------------------------------------------------------------------------------
     def _data(self, x: Any, name: str = "x") -> tuple[np.ndarray, DType, np.ndarray | None]:
@@ -365,18 +373,130 @@ class Operation:
         return V.check_out(self.NAME, out, shape, dtype, self.rank, x, in_place_ok, name)
 
 
-#: calls an operation remembers (see Operation._dispatch)
+# ----------------------------------------------------------------------------- the sinks
+
+class Mode:
+    """What a mode does with an agreed call (:meth:`take`), and which stages it takes: ``remembers``
+    (look the call up, keep it), ``counts`` (count it now), ``agrees`` (always agree), ``rides``
+    (offer its payload to the agreement), ``defers`` (take it described, unagreed: a capture)."""
+
+    remembers = counts = rides = True
+    agrees = defers = False
+
+    def take(self, op: Operation, call: Call, table: np.ndarray | None, rode: bool, entry: "Entry | None") -> Any:
+        raise NotImplementedError
+
+
+class _Run(Mode):
+    """``execute``: run a remembered call's plan (its landing, if it rode), else land or issue at once."""
+
+    def take(self, op, call, table, rode, entry):
+        plan = entry.plan(op, table, rode) if entry is not None else None
+        if plan is not None:
+            return plan.run()
+        if rode:
+            op.land(call, Slots.rows_of(op._lib, table, call), table, op._runner)
+        else:
+            if call.src is not None or call.before:
+                prologue(call)
+            op.issue(call, table, op._runner)
+        if call.after:
+            epilogue(call)
+        return call.result
+
+
+class _Async(Mode):
+    """``async_op=True``: the call queued on its communicator's worker, which runs its pipeline in
+    :data:`RUN` (:meth:`Operation._call`; a graph being captured takes it as an async call)."""
+
+
+class _Prepare(Mode):
+    """``prepare``: a Plan, each of whose runs counts as a call."""
+
+    remembers = rides = False
+    agrees = True
+
+    def take(self, op, call, table, rode, entry):
+        rec = Recorder()
+        op._record(call, table, rec)
+        return Plan(rec, op, rounds=call.rounds > 1)
+
+
+RUN, ASYNC, PREPARE = _Run(), _Async(), _Prepare()
+
+
+# ----------------------------------------------------------------------------- the remembered calls
+
+#: calls an operation remembers
 REMEMBERED = 8
+#: a call is remembered only when its arrays hold at most this many bytes together: the describe
+#: and checks it skips cost microseconds, which matter for small calls only, and a remembered call
+#: keeps its arrays alive (a fresh view of a large tensor each call must not)
+REMEMBERED_BYTES = 1 << 16
 
 
-def _found(args: tuple) -> CollectiveError | None:
-    """A ``CollectiveError`` passed in place of an argument: a failure the caller found on this rank
-    before it could make the call (:mod:`mpicoll.torch`: a tensor or a reduce op it cannot map),
-    raised through the call's agreement like an error of ``describe``, so that no peer waits."""
-    for a in args:
-        if isinstance(a, CollectiveError):
-            return a
-    return None
+class Entry:
+    """One remembered call: its arguments (kept alive: the key's identities stay theirs), its
+    record, its agreement's buffers (``slots``: its row stays there from one call to the next), the
+    headers every rank sent last time (``last``), its landing rows, its plan (recorded at its
+    first repeat, for the table it was agreed with)."""
+
+    __slots__ = ("args", "call", "slots", "payload", "last", "_plan", "_seen")
+
+    def __init__(self, args: tuple, call: Call, slots: Slots | None) -> None:
+        self.args, self.call, self.slots = args, call, slots
+        self.payload = self.last = self._plan = None      # (payload: its ride, where it fits)
+        self._seen = False
+
+    def agreed(self, headers: bytes) -> None:
+        """The call was agreed with headers that are new (a peer's call changed, or this is its
+        first agreement): keep what a repeat compares, and drop the plan made for the old ones (it
+        may land other rows, or pick other MPI calls)."""
+        self.last, self._plan, self._seen = headers, None, False
+
+    def plan(self, op: Operation, table: np.ndarray | None, rode: bool) -> Plan | None:
+        """Its plan (its landing, if it ``rode``: the same on every repeat while the headers are),
+        recorded at its first repeat; None at its first use, or while a start of the plan is in
+        flight (the call then runs afresh)."""
+        if not self._seen:
+            self._seen = True
+            return None
+        if self._plan is None:
+            rec = Recorder(counts=False)              # (the pipeline counts each repeat)
+            op._record(self.call, table, rec, Slots.rows_of(op._lib, table, self.call) if rode else None)
+            self._plan = Plan(rec, op, persistent=False)
+        return self._plan if self._plan.idle else None
+
+
+class Remembered(OrderedDict):
+    """An operation's last ``REMEMBERED`` calls, by key (:func:`_key`: the one key rule), oldest first;
+    a call is remembered when it comes back (the last calls seen once are kept too, with their
+    arguments, so that a call made with a new view each time costs no entry: a view freed and
+    another made at its address would otherwise come back under the same key)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.seen: OrderedDict = OrderedDict()
+
+    def keeps(self, key: tuple | None, args: tuple, op: Operation) -> bool:
+        """Whether a call just described is remembered: its second time (not when it must be
+        described again every time: its key cannot tell it apart, it allocated its output or copied
+        a list, its arrays are large, or its rules read data)."""
+        if key is None or op._fresh or op.RULES_ON_DATA or not _small(args):
+            return False
+        if key in self.seen:
+            return True
+        self.seen[key] = args           # (held: an identity in a key stays its array's, never reused)
+        if len(self.seen) > REMEMBERED:
+            self.seen.popitem(last=False)
+        return False
+
+    def keep(self, key: tuple, args: tuple, call: Call, slots: Slots | None) -> Entry:
+        """Remember a call (:meth:`keeps`)."""
+        entry = self[key] = Entry(args, call, slots)
+        if len(self) > REMEMBERED:
+            self.popitem(last=False)
+        return entry
 
 
 _SCALARS = (int, float, bool, str, type(None))
@@ -385,43 +505,21 @@ _SCALARS = (int, float, bool, str, type(None))
 def _key(args: tuple, values: frozenset) -> tuple | None:
     """What identifies a call: its data arrays by identity, shape, strides, dtype and flags
     (writeable, contiguous: what ``describe`` checks; their contents are read on every run; the
-    remembered call keeps them referenced, so an identity stays theirs),
-    its values (``Operation.VALUES``) by their contents. None when an argument is neither (an
-    object the key cannot tell apart): such a call is not remembered."""
+    remembered call keeps them referenced, so an identity stays theirs), its values
+    (``Operation.VALUES``) by their contents. None when an argument is neither (an object the key
+    cannot tell apart): such a call is not remembered."""
     key = []
     try:
         for i, a in enumerate(args):
             if i in values:
-                key.append((a.dtype, a.shape, a.tobytes()) if type(a) is np.ndarray else _value(a))
+                key.append(_value(a))
+            elif type(a) is np.ndarray:     # (the common case, inline)
+                key.append((id(a), a.shape, a.strides, a.dtype, a.flags.num))
             else:
                 key.append(_data(a))
     except TypeError:
         return None
     return tuple(key)
-
-
-def _remember(calls: OrderedDict, key: tuple, entry: list) -> None:
-    """Keep ``entry`` under ``key`` among an operation's last ``REMEMBERED`` calls (oldest out first)."""
-    calls[key] = entry
-    if len(calls) > REMEMBERED:
-        calls.popitem(last=False)
-
-
-#: a validated call is remembered only when its arrays hold at most this many bytes together: the
-#: describe and checks it skips cost microseconds, which matter for small calls only, and a
-#: remembered call keeps its arrays alive (a fresh view of a large tensor each call must not)
-REMEMBERED_BYTES = 1 << 16
-
-
-def _small(args: tuple) -> bool:
-    """Whether the arrays among ``args`` (in lists too) hold at most ``REMEMBERED_BYTES``."""
-    total = 0
-    for a in args:
-        if type(a) is np.ndarray:
-            total += a.nbytes
-        elif isinstance(a, (list, tuple)):
-            total += sum(x.nbytes for x in a if isinstance(x, np.ndarray))
-    return total <= REMEMBERED_BYTES
 
 
 def _data(a: Any) -> Any:
@@ -439,6 +537,8 @@ def _data(a: Any) -> Any:
 def _value(a: Any) -> Any:
     """A value's contents, hashable and copied (a memoryview or an array may change later)."""
     t = type(a)
+    if t is np.ndarray:
+        return (a.dtype, a.shape, a.tobytes())
     if t in _SCALARS:
         return (t, a)
     if (t is list or t is tuple) and all(type(v) is int for v in a):
@@ -451,121 +551,25 @@ def _value(a: Any) -> Any:
     return (v.dtype, v.shape, v.tobytes())
 
 
-def buffers(call: Call) -> list[np.ndarray]:
-    """Every array a call reads or writes (its x, out, src, result and extra arrays): what a
-    graph compares to keep calls that touch the same memory in order."""
-    found: list[np.ndarray] = []
-
-    def walk(v: Any) -> None:
-        if isinstance(v, np.ndarray):
-            found.append(v)
-        elif isinstance(v, (list, tuple)):
-            for w in v:
-                walk(w)
-    walk((call.x, call.out, call.src, call.result, getattr(call, "extra", None)))
-    return found
+def _small(args: tuple) -> bool:
+    """Whether the arrays among ``args`` (in lists too) hold at most ``REMEMBERED_BYTES``."""
+    total = 0
+    for a in args:
+        if type(a) is np.ndarray:
+            total += a.nbytes
+        elif isinstance(a, (list, tuple)):
+            total += sum(x.nbytes for x in a if isinstance(x, np.ndarray))
+    return total <= REMEMBERED_BYTES
 
 
-def agree_call(lib: LibComm, op: Operation, call: Call | None, err: BaseException | None, timeout: float | None,
-               number: int) -> np.ndarray:
-    """Agree one described call over ``lib`` (one ``Allgather`` of header rows; a value that does not
-    fit becomes a local error): every rank raises the same error, or every rank gets the same
-    header table. A captured graph agrees all its calls at once: :func:`agree_calls`."""
-    row, err = _row(lib, op, call, err)
-    table = agree(lib, row, err, timeout, op.NAME, number)
-    V.check_agreed(lib, op.NAME, table, op.PAIR_NAMES)
-    op._agreed_once = True
-    return table
-
-
-def agree_calls(lib: LibComm, entries: list[tuple[Operation, Call | None, BaseException | None]],
-                timeout: float | None, joins: list[bool]) -> list[tuple[np.ndarray, bool]]:
-    """Agree the calls of a captured graph, at once, over ``lib`` (the graph's group): every rank
-    sends one row per call (the call's communicator, its rank and size there, a local ``joins``
-    bit, and its header row, ``V.header``), gathered from every rank in one exchange
-    (``V.exchange_rows``). Then, for each communicator the calls run on (in the order the rows
-    name them, the same on every rank), the members' subsequences of calls there must match call
-    by call (``V.check_table``): every rank raises the same error, naming the first differing call
-    by its index in the graph of the lowest rank that has it, or every rank gets, for each of its
-    calls, its header table and its ``joins`` bit agreed (true on every member).
-
-    A local error in any rank's calls (raised while it described them) is raised on every rank.
-    """
-    width = 4 + V.H_LEN + 2 * lib.size
-    rows, err = np.zeros((len(entries), width), dtype=np.int64), None
-    for i, (op, call, e) in enumerate(entries):
-        ol = op._lib
-        row, e = _row(ol, op, call, e)
-        rows[i, :4] = (ol.ident, ol.rank, ol.size, joins[i])
-        rows[i, 4:4 + row.size] = row
-        err = err or e
-    where = ("graph", 1, "its agreement (internal MPI Allgather/Allgatherv)")
-    every, counts = V.exchange_rows(lib, rows, err, timeout, where)
-    try:
-        return _check_calls(lib, entries, every, counts)
-    except CollectiveError as exc:
-        raise agreed(exc, lib.world_ranks) from None
-
-
-def _check_calls(lib: LibComm, entries: list, every: np.ndarray, counts: np.ndarray) -> list[tuple[np.ndarray, bool]]:
-    """:func:`agree_calls`' comparison of the gathered rows (the same on every rank)."""
-    owner = np.repeat(np.arange(lib.size), counts)
-    local = np.concatenate([np.arange(c) for c in counts.tolist()]) if len(every) else np.zeros(0, np.int64)
-    mine: dict[int, tuple[np.ndarray, bool]] = {}
-    for ident in dict.fromkeys(every[:, 0].tolist()):
-        sel = np.nonzero(every[:, 0] == ident)[0]
-        size = int(every[sel[0], 2])
-        on: dict[int, list[int]] = {}
-        for k in sel.tolist():
-            on.setdefault(int(owner[k]), []).append(k)
-        members = sorted(on, key=lambda r: int(every[on[r][0], 1]))          # in the communicator's rank order
-        first = min(on)
-        where = f"the communicator of world ranks {[lib.world_ranks[r] for r in members]}"
-
-        def name_of(k: int) -> str:
-            cls = _CLASSES.get(int(every[k, 4 + V.H_OP]))
-            return cls.NAME if cls else OP_NAMES.get(int(every[k, 4 + V.H_OP]), "?")
-        if len(on) != size:
-            k = on[first][0]
-            raise CollectiveMismatchError(
-                f"graph: graph call {int(local[k])} ({name_of(k)}) runs on a communicator of {size} ranks, but only "
-                f"world ranks {[lib.world_ranks[r] for r in members]} captured calls on it: every member must capture "
-                "the same calls, in the same order", op="graph", param="captured calls", rank=members[0])
-        m = min(len(v) for v in on.values())
-        for j in range(m):
-            ks = [on[r][j] for r in members]
-            table = every[ks, 4:4 + V.H_LEN + 2 * size]
-            cls = _CLASSES.get(int(table[0, V.H_OP]))
-            V.check_table_of(int(local[on[first][j]]), name_of(on[first][j]), table,
-                             cls.PAIR_NAMES if cls else None, where)
-            if lib.rank in on:
-                mine[int(local[on[lib.rank][j]])] = (table, bool(every[ks, 3].all()))
-        longer = [r for r in members if len(on[r]) > m]
-        if longer:
-            k = on[longer[0]][m]
-            raise CollectiveMismatchError(
-                f"graph: graph call {int(local[k])} ({name_of(k)}) on world rank {lib.world_ranks[longer[0]]} has no "
-                f"counterpart on world ranks {[lib.world_ranks[r] for r in members if len(on[r]) == m]} ({where}): "
-                "every member must capture the same calls, in the same order", op="graph", param="captured calls",
-                rank=longer[0])
-    for op, _, _ in entries:
-        op._agreed_once = True
-    return [mine[i] for i in range(len(entries))]
-
-
-def _row(lib: LibComm, op: Operation, call: Call | None, err: BaseException | None
-         ) -> tuple[np.ndarray, BaseException | None]:
-    """The header row of one call, and its local error (a value that cannot travel is one). Work
-    queued on the communicator starts its collectives first: the sequence number in the row must
-    count them on every rank alike, whatever each rank's ``test()`` calls had started already."""
-    if lib.pending:
-        lib.drain(None)
-    try:
-        return V.header(lib.size, op.CODE, call, op._validate, 0 if lib.plain else lib.seq), err
-    except V.HeaderOverflow as exc:          # a value this rank cannot send is its local error
-        what, value = exc.args
-        return V.header(lib.size, op.CODE, None, op.validate, 0), err or arg_error(
-            op.NAME, what, value, lib.rank, "must fit in a signed 64-bit integer")
+def _found(args: tuple) -> CollectiveError | None:
+    """A ``CollectiveError`` passed in place of an argument: a failure the caller found on this rank
+    before it could make the call (:mod:`mpicoll.functional`: a reduce op or a group it cannot
+    read), raised through the call's agreement like an error of ``describe``, so that no peer waits."""
+    for a in args:
+        if isinstance(a, CollectiveError):
+            return a
+    return None
 
 
 class ReduceTypeOperation(Operation):
@@ -574,80 +578,6 @@ class ReduceTypeOperation(Operation):
     def _bind_param(self) -> None:
         self._rop: ReduceOp = reduce_op(self.param.reduce_type, op=self.NAME, rank=self.rank)
 
-
-# ----------------------------------------------------------------------------- float32 reduction path
-
-def ordered(comm: LibComm, dt: DType, rop: ReduceOp) -> bool:
-    """THE reproducibility rule (docs/reproducibility.md): whether a reduction on ``comm`` must
-    run on mpicoll's rank-order paths only (the shared window, :func:`alltoall_reduce`, a gather
-    and :func:`~mpicoll._numeric.reduce_rows`), never in MPI's own reduction, whose order changes
-    with the message size, the MPI library, even the rank: every float reduction over more than 1
-    member, with ``MPICOLL_EXACT`` on (``comm.exact``, agreed), but a SUM or PROD over 2 (one
-    commutative operation per element: the same bits on any path). Integers are exact anyway;
-    a float MAX or MIN is not (MPI's ``a > b ? a : b`` drops a NaN or picks a signed zero by its
-    operands' order, which MPI varies; numpy's maximum in rank order propagates NaN)."""
-    return comm.exact and dt.floating and (comm.size > 2 or (comm.size == 2 and not rop.rounds))
-
-
-def invariant(comm: LibComm, dt: DType, rop: ReduceOp) -> bool:
-    """Whether a reduction's bits cannot depend on its path (the message size, fusion into a larger
-    message): integers, one member (a copy), the :func:`ordered` reductions, a float SUM or PROD
-    over 2 members."""
-    return not dt.floating or comm.size == 1 or ordered(comm, dt, rop) or (comm.size == 2 and rop.rounds)
-
-
-def alltoall_reduce(go: Any, comm: LibComm, flat: np.ndarray, dt: DType, rop: ReduceOp, counts: np.ndarray,
-                    displs: np.ndarray | None, out: np.ndarray, recv: np.ndarray | None = None,
-                    block_type: MPI.Datatype | None = None) -> None:
-    """Reduce-scatter as an AllToAll of the blocks plus a local reduction of this rank's block from
-    every rank (``reduce_chunks``, rank order): 16-bit floats travel as 16 bits and accumulate in
-    float32; 8-bit integers reduce in numpy, faster than MPICH's own byte loop for large blocks.
-
-    Block j (``counts[j]`` elements at ``displs[j]`` of ``flat``) goes to rank j; ``out`` receives
-    this rank's reduced block (``counts[rank]`` elements). ``displs=None`` means packed and uniform
-    counts (``Alltoall``, about 2x faster than ``Alltoallv`` in MPICH): callers pass it only when
-    that holds on every rank. ``block_type``: one block per rank in this datatype (a block resized
-    to a stride: the Hccl client's layouts). ``recv``: scratch of ``n * counts[rank]`` elements, or
-    None (fresh).
-    """
-    n, c = comm.size, out.size
-    recv = np.empty((n, c), dtype=dt.np) if recv is None else recv[:n * c].reshape(n, c)
-    if block_type is not None:
-        go.mpi(comm, "Alltoall", [flat, 1, block_type], [recv, c, dt.mpi])
-    elif displs is None:
-        go.mpi(comm, "Alltoall", [flat, dt.mpi], [recv, dt.mpi])
-    else:
-        go.mpi(comm, "Alltoallv", [flat, (counts, displs), dt.mpi], [recv, (np.full(n, c), np.arange(n) * c), dt.mpi])
-    go.local(reduce_chunks, recv, dt, rop, out)
-
-
-def reduce_scatter(go: Any, comm: LibComm, blocks: np.ndarray, counts: list[int], dt: DType, rop: ReduceOp,
-                   out: np.ndarray, packed_everywhere: bool = True, block_type: MPI.Datatype | None = None,
-                   recv: np.ndarray | None = None, inputs=None) -> None:
-    """THE choice of a reduce-scatter's MPI calls (ReduceScatter, ReduceScatterV, the Hccl client).
-
-    ``blocks``: this rank's blocks in rank order, packed (block j: ``counts[j]`` elements), or,
-    with ``block_type``, one block per rank in that datatype. ``counts``: the blocks' sizes, the
-    same list on every rank. ``packed_everywhere``: every rank's blocks are packed (agreed: a
-    rank's layout is its own). On one node, packed blocks from ``_shm.REDUCE_SCATTER_BYTES`` on
-    go through the node's shared window (:mod:`mpicoll._shm`). Otherwise MPI's own reduction runs
-    for the dtypes it reduces natively when every rank's blocks are packed and the order cannot
-    change the bits (not :func:`ordered`): ``Reduce_scatter_block`` for equal counts, else
-    ``Reduce_scatter``; otherwise an AllToAll of the blocks and a rank-order reduction
-    (:func:`alltoall_reduce`: float16/bfloat16 accumulated in float32). ``inputs``: every rank's
-    ``blocks`` in a node buffer (:func:`_shm.resident`), read there by the window path.
-    """
-    equal = counts.count(counts[0]) == len(counts)
-    if packed_everywhere and block_type is None and _shm.serves(comm, sum(counts) * dt.itemsize,
-                                                                _shm.REDUCE_SCATTER_BYTES, inputs is None):
-        _shm.reduce_scatter(go, comm, blocks, counts, dt, rop, out, inputs)     # one node: the shared window
-        return
-    if dt.reduce == "native" and packed_everywhere and not ordered(comm, dt, rop):
-        if equal:
-            go.mpi(comm, "Reduce_scatter_block", [blocks, dt.mpi], [out, dt.mpi], rop.mpi)
-        else:
-            go.mpi(comm, "Reduce_scatter", [blocks, dt.mpi], [out, dt.mpi], counts, rop.mpi)
-        return
-    c = np.array(counts, dtype=np.int64)
-    alltoall_reduce(go, comm, blocks, dt, rop, c, None if equal or block_type is not None else prefix(counts), out,
-                    recv, block_type)
+    def _reduction(self, dt: DType) -> ReduceOp:
+        """The reduce op's row for ``dt`` (:func:`~._reduce.reduction`)."""
+        return reduction(self._rop, dt, self.NAME, "reduce_type", self.rank)

@@ -15,7 +15,7 @@ from .._numeric import copy_pairs
 from .._params import CommParam
 from .._plan import Call, Plan
 from .._numeric import pack
-from ._base import Operation
+from ._base import PREPARE, RUN, Operation
 
 
 __all__ = ["AllGatherOperation", "AllGatherParam", "AllGatherVOperation", "AllGatherVParam"]
@@ -41,6 +41,7 @@ class AllGatherOperation(Operation):
 
     NAME = "AllGather"
     PARAM = AllGatherParam
+    RESIDES = True
 
     def execute(self, x: np.ndarray, out: np.ndarray | None = None) -> np.ndarray:
         """Gather ``x`` from every rank.
@@ -53,11 +54,11 @@ class AllGatherOperation(Operation):
         Returns:
             ``out``, or a new array of that shape; row i is rank i's x.
         """
-        return self._execute(x, out)
+        return self._call((x, out), RUN)
 
     def prepare(self, x: np.ndarray, out: np.ndarray | None = None) -> Plan:
         """A :class:`~mpicoll.Plan` of ``execute(x, out)``."""
-        return self._prepare(x, out)
+        return self._call((x, out), PREPARE)
 
     def describe(self, x, out=None) -> Call:
         x, dt, src = self._data(x)
@@ -80,6 +81,12 @@ class AllGatherOperation(Operation):
             return
         m = call.dt.mpi
         go.mpi(self._lib, "Allgather", [call.x, m], [call.out, m])
+
+    def ride(self, call):
+        return call.x
+
+    def land(self, call, rows, table, go) -> None:
+        go.local(copy_pairs, list(zip(call.out.reshape(self.size, -1), rows)))
 
     def coalesce_key(self, call, exact=True) -> tuple | None:
         if not self._one_issue(AllGatherOperation):
@@ -117,6 +124,7 @@ class AllGatherVOperation(Operation):
 
     NAME = "AllGatherV"
     PARAM = AllGatherVParam
+    RESIDES = True
     VALUES = ("send_count", "recv_counts", "rdispls")
     PAIR_NAMES = ("send_count", "recv_counts[{i}]")
 
@@ -136,12 +144,12 @@ class AllGatherVOperation(Operation):
         Returns:
             ``out``, or a new array of ``sum(recv_counts)`` elements.
         """
-        return self._execute(x, send_count, recv_counts, rdispls, shape, out)
+        return self._call((x, send_count, recv_counts, rdispls, shape, out), RUN)
 
     def prepare(self, x: np.ndarray, send_count: int, recv_counts, rdispls, shape=None,
                 out: np.ndarray | None = None) -> Plan:
         """A :class:`~mpicoll.Plan` of ``execute(x, send_count, recv_counts, rdispls, shape, out)``."""
-        return self._prepare(x, send_count, recv_counts, rdispls, shape, out)
+        return self._call((x, send_count, recv_counts, rdispls, shape, out), PREPARE)
 
     def describe(self, x, send_count, recv_counts, rdispls, shape=None, out=None) -> Call:
         x, dt, src = self._data(x)
@@ -186,6 +194,13 @@ class AllGatherVOperation(Operation):
         packed = np.empty(len(rc) * c, dtype=x.dtype)
         go.mpi(comm, "Allgather", send, [packed, m])
         go.local(_place, packed, out.reshape(-1), c, rd)
+
+    def ride(self, call):
+        return call.x.reshape(-1)[:call.args[0]]
+
+    def land(self, call, rows, table, go) -> None:
+        flat, (_, rc, rd, _) = call.out.reshape(-1), call.args          # (rows[i]: rank i's recv_counts[i])
+        go.local(copy_pairs, [(flat[d:d + c], row) for c, d, row in zip(rc, rd, rows)])
 
 
 def _place(packed: np.ndarray, flat: np.ndarray, c: int, rd: list[int]) -> None:

@@ -12,8 +12,9 @@ from .._golden import (TORCH_OPS, BenchRun, BenchSpec, Case, CheckSpec, bench_da
                        raw_reduce_type, reduce_case_names, register_bench, register_check, torch_view)
 from .._params import ReduceTypeParam
 from .._plan import Call, Plan
-from .._numeric import copy_pairs, from_f32, pack, prefix, reduce_chunks, reduce_rows, scatter_pairs, split_even, to_f32
-from ._base import ReduceTypeOperation, alltoall_reduce, invariant, ordered, reduce_scatter
+from .._numeric import average, copy_pairs, from_f32, pack, prefix, reduce_chunks, reduce_rows, scatter_pairs, split_even, to_f32
+from ._base import PREPARE, RUN, ReduceTypeOperation
+from ._reduce import GATHERED_BYTES, alltoall_reduce, invariant, ordered, reduce_scatter
 
 #: float16/bfloat16 AllReduce of at most this many bytes: cast to float32, one native float32
 #: Allreduce, cast back (one collective beats two at small sizes); above: the AllToAll path.
@@ -45,15 +46,6 @@ TIERED_BYTES = 256 * 1024
 #: 1.01-1.14 at 256 KiB-16 MiB (the flat AllToAll path: 1.75-2.0 from 64 KiB).
 CHAINED_BYTES = 1024
 CHAIN_PIECE_BYTES = 256 * 1024
-#: A rank-order reduction (:func:`~._base.ordered`) that the node window does not take, of at most
-#: this many bytes over all ranks' inputs (n x its size): an Allgather (a Reduce: Gather) of every
-#: input, then a rank-order reduction on every rank (the root); above it, AllToAll + rank-order
-#: reduction + AllGather (bandwidth-optimal: the Allgather moves (n - 1) / 2 times its bytes).
-#: Measured without the window (MPICOLL_SHM=0, one node, float32 and bfloat16, 3 and 4 ranks), per
-#: rank's input: the Allgather took 0.55-0.77x the AllToAll path's time up to 4 KiB, 0.95-1.2x at
-#: 8-16 KiB, 0.6-0.8x at 32-64 KiB (MPICH's AllToAll crosses its eager limit); 16 KiB a rank at 4
-#: ranks, less at more ranks and on networks, where the bytes weigh more.
-GATHERED_BYTES = 64 * 1024
 
 
 __all__ = ["AllReduceOperation", "AllReduceParam"]
@@ -80,6 +72,7 @@ class AllReduceOperation(ReduceTypeOperation):
 
     NAME = "AllReduce"
     PARAM = AllReduceParam
+    RESIDES = True
 
     def execute(self, x: np.ndarray, out: np.ndarray | None = None) -> np.ndarray:
         """Reduce ``x`` over all ranks.
@@ -91,40 +84,48 @@ class AllReduceOperation(ReduceTypeOperation):
         Returns:
             ``out``, or a new array of x's shape and dtype.
         """
-        return self._execute(x, out)
+        return self._call((x, out), RUN)
 
     def prepare(self, x: np.ndarray, out: np.ndarray | None = None) -> Plan:
         """A :class:`~mpicoll.Plan` of ``execute(x, out)``."""
-        return self._prepare(x, out)
+        return self._call((x, out), PREPARE)
 
     def describe(self, x, out=None) -> Call:
         x, dt, src = self._data(x)
         out = self._out(out, x.shape, x.dtype, x if src is None else src, in_place_ok=src is None)
         call = Call(dt, x, out, x.shape)
-        call.src, call.reduce = src, self._rop
+        call.src, call.reduce = src, self._reduction(dt)
+        if call.reduce.average:
+            call.after = ((average, out, self.size),)
         if src is None:
             call.info = _shm.ref(self._lib, x)
         return call
 
     def issue(self, call, table, go) -> None:
         inputs = _shm.resident(self._lib, table, call.x)
-        reduce_pieces(go, self._lib, call.x, call.out, call.dt, self._rop, inputs=inputs)
+        reduce_pieces(go, self._lib, call.x, call.out, call.dt, call.reduce, inputs=inputs)
+
+    def ride(self, call):
+        return call.x
+
+    def land(self, call, rows, table, go) -> None:
+        go.local(reduce_rows, rows, call.dt, call.reduce, call.out)    # (rank order: the rule of every path)
 
     def coalesce_key(self, call, exact=True) -> tuple | None:
         """``exact``: only where the result cannot depend on the size of the message
         (:func:`~._base.invariant`: always with ``MPICOLL_EXACT`` on)."""
-        if (exact and not invariant(self._lib, call.dt, self._rop)) or not self._one_issue(AllReduceOperation):
+        if (exact and not invariant(self._lib, call.dt, call.reduce)) or not self._one_issue(AllReduceOperation):
             return None
         return ("AllReduce", self._lib.ident, call.dt.code, self._rop.code)
 
     def issue_many(self, calls, go) -> None:
-        dt = calls[0].dt
+        dt, rop = calls[0].dt, calls[0].reduce
         staging = np.empty(sum(c.x.size for c in calls), dtype=dt.np)
         for c in calls:
             if c.src is not None:
                 go.local(np.copyto, c.x, c.src)
         go.local(pack, [c.x.reshape(-1) for c in calls], staging)
-        reduce_pieces(go, self._lib, staging, staging, dt, self._rop)
+        reduce_pieces(go, self._lib, staging, staging, dt, rop)
         go.local(copy_pairs, scatter_pairs(staging, [c.out for c in calls]))
 
 
@@ -145,7 +146,7 @@ def reduce_pieces(go, comm, x: np.ndarray, out: np.ndarray | None, dt, rop, root
     rank-order reduction, else the AllToAll path. ``out`` may be ``x`` (in
     place). ``inputs``: every rank's ``x`` in a node buffer (:func:`_shm.resident`)."""
     n, in_place, order = comm.size, out is x, ordered(comm, dt, rop)
-    window = _shm.ORDERED_BYTES if order else _shm.ALLREDUCE_BYTES if dt.reduce == "native" else \
+    window = _shm.ORDERED_BYTES if order else _shm.ALLREDUCE_BYTES if dt.reduce != "float32" else \
         _shm.ALLREDUCE_16BIT_BYTES
     if _shm.serves(comm, x.nbytes, window):                                    # one node: the shared window
         _shm.allreduce(go, comm, x, out, dt, rop, in_place, inputs)
@@ -225,7 +226,7 @@ def _mpi_reduces(dt, size: int, n: int, order: bool) -> bool:
     """Whether MPI's own reduction serves a (piece of an) AllReduce or Reduce: the dtypes MPI
     reduces natively, but not 8-bit integers from BYTE_ALLTOALL_BYTES on (MPICH's byte loop), and
     never a reduction that must run in rank order (``order``: :func:`~._base.ordered`)."""
-    return dt.reduce == "native" and not order and (dt.itemsize > 1 or size < BYTE_ALLTOALL_BYTES or n == 1)
+    return dt.reduce != "float32" and not order and (dt.itemsize > 1 or size < BYTE_ALLTOALL_BYTES or n == 1)
 
 
 def _native(go, comm, x, out, dt, rop, root, in_place) -> None:
@@ -252,7 +253,7 @@ def _piece(go, comm, x, out, dt, rop, root, in_place, scratch, order) -> None:
         if mine:
             go.local(reduce_chunks, rows, dt, rop, out)
         return
-    if not order and dt.reduce != "native" and (x.nbytes <= SMALL_F32_BYTES or n == 1):
+    if not order and dt.reduce == "float32" and (x.nbytes <= SMALL_F32_BYTES or n == 1):
         if "f32" not in scratch:                      # (the first piece is the largest)
             scratch["f32"] = np.empty(x.size, dtype=np.float32)
         acc = scratch["f32"][:x.size]

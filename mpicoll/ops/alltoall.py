@@ -12,7 +12,9 @@ from .._golden import (PLAN_FAMILIES, BenchRun, BenchSpec, Case, CheckSpec, benc
                        rank_data, register_bench, register_check, torch_view)
 from .._params import CommParam
 from .._plan import Call, Plan
-from ._base import Operation
+from .._numeric import copy_pairs
+from ._agree import uniform
+from ._base import PREPARE, RUN, Operation
 
 
 __all__ = ["AllToAllOperation", "AllToAllParam", "AllToAllVOperation", "AllToAllVParam", "AllToAllVV2Operation",
@@ -62,11 +64,11 @@ class AllToAllOperation(Operation):
         Returns:
             ``out``, or a new array of x's shape: block j is rank j's block ``rank``.
         """
-        return self._execute(x, out)
+        return self._call((x, out), RUN)
 
     def prepare(self, x: np.ndarray, out: np.ndarray | None = None) -> Plan:
         """A :class:`~mpicoll.Plan` of ``execute(x, out)``."""
-        return self._prepare(x, out)
+        return self._call((x, out), PREPARE)
 
     def describe(self, x, out=None) -> Call:
         x, dt, src = self._data(x)
@@ -83,6 +85,13 @@ class AllToAllOperation(Operation):
     def issue(self, call, table, go) -> None:
         m = call.dt.mpi
         go.mpi(self._lib, "Alltoall", [call.x, m], [call.out, m])
+
+    def ride(self, call):
+        return call.x
+
+    def land(self, call, rows, table, go) -> None:
+        k, me = call.x.size // self.size, self.rank
+        go.local(copy_pairs, [(dst, row[me * k:(me + 1) * k]) for dst, row in zip(call.out.reshape(self.size, -1), rows)])
 
 
 class _AllToAllVBase(Operation):
@@ -118,17 +127,26 @@ class _AllToAllVBase(Operation):
 
     def issue(self, call, table, go) -> None:
         x, out, m, (sc, sd, rc, rd, _) = call.x, call.out, call.dt.mpi, call.args
-        # Every rank sending the same count to every rank, packed on every rank (read from the agreed
+        # Every rank sending the same count to every rank, packed on every rank (a fact of the agreed
         # table, so every rank makes this choice): MPICH's Alltoall, ~2x faster than its Alltoallv.
-        if table is not None and _uniform(table):
+        if self._uniform(table):
             go.mpi(self._lib, "Alltoall", [x.reshape(-1)[:out.size], m], [out, m])
         else:
             go.mpi(self._lib, "Alltoallv", [x, (sc, sd), m], [out, (rc, rd), m])
 
+    def _uniform(self, table: np.ndarray) -> bool:
+        """Whether this call's counts are uniform and packed on every rank (:func:`~._agree.uniform`)."""
+        return uniform(table)
 
-def _uniform(table: np.ndarray) -> bool:
-    sent = V.sent(table).ravel().tolist()
-    return sent.count(sent[0]) == len(sent) and all(b & V.BIT_PACKED for b in table[:, V.H_INFO].tolist())
+    def ride(self, call):
+        sc, sd = call.args[0], call.args[1]
+        return call.x.reshape(-1)[:sum(sc)] if V.packed(sc, sd) else None     # (a gapped send: Alltoallv)
+
+    def land(self, call, rows, table, go) -> None:
+        flat, (_, _, rc, rd, _), me, unit = call.out.reshape(-1), call.args, self.rank, call.unit
+        sent = V.sent(table).tolist()               # (what each rank sends each rank: its block for me within)
+        go.local(copy_pairs, [(flat[d:d + c], row[sum(s[:me]) * unit:sum(s[:me]) * unit + c])
+                              for c, d, row, s in zip(rc, rd, rows, sent)])
 
 
 class AllToAllVOperation(_AllToAllVBase):
@@ -144,6 +162,7 @@ class AllToAllVOperation(_AllToAllVBase):
 
     NAME = "AllToAllV"
     PARAM = AllToAllVParam
+    _uniform_plan: bool | None = None
 
     def execute(self, x: np.ndarray, out: np.ndarray | None = None) -> np.ndarray:
         """Exchange the blocks of the Param's plan.
@@ -155,11 +174,11 @@ class AllToAllVOperation(_AllToAllVBase):
         Returns:
             ``out``, or a new array of shape ``[1, sum(recv_counts)]``.
         """
-        return self._execute(x, out)
+        return self._call((x, out), RUN)
 
     def prepare(self, x: np.ndarray, out: np.ndarray | None = None) -> Plan:
         """A :class:`~mpicoll.Plan` of ``execute(x, out)``."""
-        return self._prepare(x, out)
+        return self._call((x, out), PREPARE)
 
     def _bind_param(self) -> None:
         p = self.param
@@ -172,6 +191,20 @@ class AllToAllVOperation(_AllToAllVBase):
 
     def describe(self, x, out=None) -> Call:
         return self._v_call(x, self._plan, None, out)
+
+    def needs_facts(self, call: Call) -> bool:
+        """Until its issue has read the fact once: its counts are its Param's, the same on every
+        call, so the fact an agreed table gives is kept for the calls that do not agree."""
+        return self._uniform_plan is None
+
+    def _uniform(self, table: np.ndarray | None) -> bool:
+        if self._uniform_plan is None:
+            self._uniform_plan = uniform(table)
+        return self._uniform_plan
+
+    def land(self, call, rows, table, go) -> None:
+        self._uniform(table)                        # (the fact of an agreed table, kept: see needs_facts)
+        super().land(call, rows, table, go)
 
 
 _PLAN = ("send_counts", "sdispls", "recv_counts", "rdispls")
@@ -193,6 +226,11 @@ class AllToAllVV2Operation(_AllToAllVBase):
     PARAM = AllToAllVV2Param
     VALUES = ("send_counts", "sdispls", "recv_counts", "rdispls")
 
+    def needs_facts(self, call: Call) -> bool:
+        """Always: its counts come with each call, and whether they are uniform on every rank picks
+        its MPI call (``Alltoall`` or ``Alltoallv``), validation on or off."""
+        return True
+
     def execute(self, x: np.ndarray, send_counts, sdispls, recv_counts, rdispls, infer_shape=None,
                 out: np.ndarray | None = None) -> np.ndarray:
         """Exchange blocks by the given plan.
@@ -207,12 +245,12 @@ class AllToAllVV2Operation(_AllToAllVBase):
         Returns:
             ``out``, or a new array of shape ``[1, sum(recv_counts)]``.
         """
-        return self._execute(x, send_counts, sdispls, recv_counts, rdispls, infer_shape, out)
+        return self._call((x, send_counts, sdispls, recv_counts, rdispls, infer_shape, out), RUN)
 
     def prepare(self, x: np.ndarray, send_counts, sdispls, recv_counts, rdispls, infer_shape=None,
                 out: np.ndarray | None = None) -> Plan:
         """A :class:`~mpicoll.Plan` of ``execute(x, send_counts, sdispls, recv_counts, rdispls, infer_shape, out)``."""
-        return self._prepare(x, send_counts, sdispls, recv_counts, rdispls, infer_shape, out)
+        return self._call((x, send_counts, sdispls, recv_counts, rdispls, infer_shape, out), PREPARE)
 
     def describe(self, x, send_counts, sdispls, recv_counts, rdispls, infer_shape=None, out=None) -> Call:
         return self._v_call(x, self._counts(send_counts, sdispls, recv_counts, rdispls), infer_shape, out)

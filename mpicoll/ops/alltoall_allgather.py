@@ -16,7 +16,7 @@ from .._golden import BenchRun, BenchSpec, Case, CheckSpec, bench_data, rank_dat
 from .._params import CommParam
 from .._plan import Call, Plan
 from .._domains import resolve
-from ._base import Operation
+from ._base import PREPARE, RUN, Operation
 
 __all__ = ["AllToAllAllGatherOperation", "AllToAllAllGatherParam"]
 
@@ -67,11 +67,11 @@ class AllToAllAllGatherOperation(Operation):
         Returns:
             ``(z, y)``: the AllToAll result and the AllGather of it.
         """
-        return self._execute(x, out)
+        return self._call((x, out), RUN)
 
     def prepare(self, x: np.ndarray, out: tuple[np.ndarray, np.ndarray] | None = None) -> Plan:
         """A :class:`~mpicoll.Plan` of ``execute(x, out)``."""
-        return self._prepare(x, out)
+        return self._call((x, out), PREPARE)
 
     def _bind_param(self) -> None:
         p, mesh = self.param, self._lib

@@ -13,7 +13,7 @@ from .._numeric import copy_pairs
 from .._params import CommParam
 from .._plan import Call, Plan
 from .._numeric import pack, scatter_pairs
-from ._base import Operation
+from ._base import PREPARE, RUN, Operation
 
 
 __all__ = ["BroadcastOperation", "BroadcastParam"]
@@ -35,6 +35,7 @@ class BroadcastOperation(Operation):
     NAME = "Broadcast"
     PARAM = BroadcastParam
     WRITES_X = True
+    RESIDES = True
 
     def execute(self, x: np.ndarray) -> np.ndarray:
         """Fill ``x`` with the root's ``x``.
@@ -45,11 +46,11 @@ class BroadcastOperation(Operation):
         Returns:
             ``x``, filled with the root's data.
         """
-        return self._execute(x)
+        return self._call((x,), RUN)
 
     def prepare(self, x: np.ndarray) -> Plan:
         """A :class:`~mpicoll.Plan` of ``execute(x)``."""
-        return self._prepare(x)
+        return self._call((x,), PREPARE)
 
     def _bind_param(self) -> None:
         self._root = int(self.param.rank_root)
@@ -71,6 +72,14 @@ class BroadcastOperation(Operation):
             _shm.gather(go, self._lib, inputs, dests)
             return
         go.mpi(self._lib, "Bcast", [call.x, call.dt.mpi], self._root)
+
+    def ride(self, call):
+        flat = call.x.reshape(-1)
+        return flat if self.rank == self._root else flat[:0]
+
+    def land(self, call, rows, table, go) -> None:
+        if self.rank != self._root:
+            go.local(np.copyto, call.x.reshape(-1), rows[self._root])
 
     def coalesce_key(self, call, exact=True) -> tuple | None:
         if not self._one_issue(BroadcastOperation):

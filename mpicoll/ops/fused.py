@@ -34,7 +34,8 @@ from .._params import CommParam
 from .._plan import Call, Plan
 from .._comm import node_affinities
 from .._domains import resolve
-from ._base import Operation, reduce_scatter
+from ._base import PREPARE, RUN, Operation
+from ._reduce import reduce_scatter
 
 __all__ = ["AlltoAllAllGatherBatchMatMulOperation", "AlltoAllAllGatherBatchMatMulParam",
            "BatchMatMulReduceScatterAlltoAllOperation", "BatchMatMulReduceScatterAlltoAllParam", "ACT_TYPES"]
@@ -244,12 +245,12 @@ class AlltoAllAllGatherBatchMatMulOperation(_Mesh):
             ``(y1, y2, y3)``: y1 (E/ep, ep*C, M/tp); y2 (E/ep, ep*C, H) with ``output_y2``, else
             None; y3 (like y1) with ``output_y3``, else None.
         """
-        return self._execute(x, weight, bias, out)
+        return self._call((x, weight, bias, out), RUN)
 
     def prepare(self, x: np.ndarray, weight: np.ndarray, bias: np.ndarray | None = None,
                 out: tuple | None = None) -> Plan:
         """A :class:`~mpicoll.Plan` of ``execute(x, weight, bias, out)``."""
-        return self._prepare(x, weight, bias, out)
+        return self._call((x, weight, bias, out), PREPARE)
 
     def _bind_param(self) -> None:
         super()._bind_param()
@@ -479,12 +480,12 @@ class BatchMatMulReduceScatterAlltoAllOperation(_Mesh):
         Returns:
             y: (E, C, H/tp) for shard 0, (E, C/tp, H) for shard 1 (the forward's x layout).
         """
-        return self._execute(x, weight, bias, out)
+        return self._call((x, weight, bias, out), RUN)
 
     def prepare(self, x: np.ndarray, weight: np.ndarray, bias: np.ndarray | None = None,
                 out: np.ndarray | None = None) -> Plan:
         """A :class:`~mpicoll.Plan` of ``execute(x, weight, bias, out)``."""
-        return self._prepare(x, weight, bias, out)
+        return self._call((x, weight, bias, out), PREPARE)
 
     def describe(self, x, weight, bias=None, out=None) -> Call:
         op, r, ep, tp = self.NAME, self.rank, self._ep.size, self._tp.size

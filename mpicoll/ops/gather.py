@@ -7,9 +7,10 @@ import numpy as np
 
 from .._dtypes import DTYPES
 from .._golden import BenchRun, BenchSpec, Case, CheckSpec, bench_data, rank_data, register_bench, register_check
+from .._numeric import copy_pairs
 from .._params import CommParam
 from .._plan import Call, Plan
-from ._base import Operation
+from ._base import PREPARE, RUN, Operation
 
 __all__ = ["GatherOperation", "GatherParam"]
 
@@ -43,11 +44,11 @@ class GatherOperation(Operation):
         Returns:
             On the root, ``out`` or a new array (row i is rank i's x); on the other ranks, None.
         """
-        return self._execute(x, out)
+        return self._call((x, out), RUN)
 
     def prepare(self, x: np.ndarray, out: np.ndarray | None = None) -> Plan:
         """A :class:`~mpicoll.Plan` of ``execute(x, out)``."""
-        return self._prepare(x, out)
+        return self._call((x, out), PREPARE)
 
     def _bind_param(self) -> None:
         self._root = int(self.param.rank_root)
@@ -65,6 +66,13 @@ class GatherOperation(Operation):
     def issue(self, call, table, go) -> None:
         m = call.dt.mpi
         go.mpi(self._lib, "Gather", [call.x, m], None if call.out is None else [call.out, m], self._root)
+
+    def ride(self, call):
+        return call.x
+
+    def land(self, call, rows, table, go) -> None:
+        if call.out is not None:
+            go.local(copy_pairs, list(zip(call.out.reshape(self.size, -1), rows)))
 
 
 # ----------------------------------------------------------------------------- golden check

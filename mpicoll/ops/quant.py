@@ -24,7 +24,7 @@ from .._numeric import dequant_sum, dequant_sum_quantize, quantize_into
 from .._params import CommParam
 from .._plan import Call, Plan
 from .._numeric import prefix, split_even
-from ._base import Operation
+from ._base import PREPARE, RUN, Operation
 
 __all__ = ["QuantAllReduceOperation", "QuantAllReduceParam", "dequantize", "quantize"]
 
@@ -207,11 +207,11 @@ class QuantAllReduceOperation(Operation):
         Returns:
             ``out``, or a new float16 array of x's shape.
         """
-        return self._execute(x, scale, out)
+        return self._call((x, scale, out), RUN)
 
     def prepare(self, x: np.ndarray, scale, out: np.ndarray | None = None) -> Plan:
         """A :class:`~mpicoll.Plan` of ``execute(x, scale, out)``."""
-        return self._prepare(x, scale, out)
+        return self._call((x, scale, out), PREPARE)
 
     def _bind_param(self) -> None:
         p = self.param

@@ -9,9 +9,10 @@ from .. import _shm
 from .._dtypes import DTYPES, reduce_op
 from .._golden import (TORCH_OPS, BenchRun, BenchSpec, Case, CheckSpec, bench_data, golden_reduce, rank_data,
                        raw_reduce_type, reduce_case_names, register_bench, register_check, torch_view)
+from .._numeric import average, reduce_rows
 from .._params import ReduceTypeParam
 from .._plan import Call, Plan
-from ._base import ReduceTypeOperation
+from ._base import PREPARE, RUN, ReduceTypeOperation
 from .allreduce import reduce_pieces
 
 __all__ = ["ReduceOperation", "ReduceParam"]
@@ -36,6 +37,7 @@ class ReduceOperation(ReduceTypeOperation):
 
     NAME = "Reduce"
     PARAM = ReduceParam
+    RESIDES = True
 
     def execute(self, x: np.ndarray, out: np.ndarray | None = None) -> np.ndarray | None:
         """Reduce ``x`` over all ranks into the root.
@@ -48,11 +50,11 @@ class ReduceOperation(ReduceTypeOperation):
         Returns:
             On the root, ``out`` or a new array; on the other ranks, None.
         """
-        return self._execute(x, out)
+        return self._call((x, out), RUN)
 
     def prepare(self, x: np.ndarray, out: np.ndarray | None = None) -> Plan:
         """A :class:`~mpicoll.Plan` of ``execute(x, out)``."""
-        return self._prepare(x, out)
+        return self._call((x, out), PREPARE)
 
     def _bind_param(self) -> None:
         super()._bind_param()
@@ -64,14 +66,23 @@ class ReduceOperation(ReduceTypeOperation):
         if root:
             out = self._out(out, x.shape, x.dtype, x if src is None else src, in_place_ok=src is None)
         call = Call(dt, x, out if root else None, x.shape)
-        call.src, call.root, call.reduce = src, self._root, self._rop
+        call.src, call.root, call.reduce = src, self._root, self._reduction(dt)
+        if call.reduce.average and root:
+            call.after = ((average, out, self.size),)
         if src is None:
             call.info = _shm.ref(self._lib, x)
         return call
 
     def issue(self, call, table, go) -> None:
-        reduce_pieces(go, self._lib, call.x, call.out, call.dt, self._rop, self._root,
+        reduce_pieces(go, self._lib, call.x, call.out, call.dt, call.reduce, self._root,
                       _shm.resident(self._lib, table, call.x))
+
+    def ride(self, call):
+        return call.x
+
+    def land(self, call, rows, table, go) -> None:
+        if call.out is not None:
+            go.local(reduce_rows, rows, call.dt, call.reduce, call.out)
 
 
 # ----------------------------------------------------------------------------- golden check

@@ -11,9 +11,11 @@ from .._dtypes import DTYPES, reduce_op
 from .._golden import (TORCH_OPS, BenchRun, BenchSpec, Case, CheckSpec, bench_data, counts_matrix, displs,
                        golden_reduce, rank_data, raw_reduce_type, reduce_case_names, register_bench, register_check,
                        torch_view)
+from .._numeric import average, reduce_rows
 from .._params import ReduceTypeParam
 from .._plan import Call, Plan
-from ._base import ReduceTypeOperation, reduce_scatter
+from ._base import PREPARE, RUN, ReduceTypeOperation
+from ._reduce import reduce_scatter
 
 
 __all__ = ["ReduceScatterOperation", "ReduceScatterParam", "ReduceScatterVOperation", "ReduceScatterVParam"]
@@ -40,6 +42,7 @@ class ReduceScatterOperation(ReduceTypeOperation):
     """
 
     NAME = "ReduceScatter"
+    RESIDES = True
     PARAM = ReduceScatterParam
 
     def execute(self, x: np.ndarray, out: np.ndarray | None = None) -> np.ndarray:
@@ -53,11 +56,11 @@ class ReduceScatterOperation(ReduceTypeOperation):
         Returns:
             ``out``, or a new array of that shape: the reduction of block ``rank`` of dim 0.
         """
-        return self._execute(x, out)
+        return self._call((x, out), RUN)
 
     def prepare(self, x: np.ndarray, out: np.ndarray | None = None) -> Plan:
         """A :class:`~mpicoll.Plan` of ``execute(x, out)``."""
-        return self._prepare(x, out)
+        return self._call((x, out), PREPARE)
 
     def describe(self, x, out=None) -> Call:
         x, dt, src = self._data(x)
@@ -69,15 +72,24 @@ class ReduceScatterOperation(ReduceTypeOperation):
         else:
             out = self._out(out, (k, *x.shape[1:]), x.dtype, x if src is None else src)
         call = Call(dt, x, out, x.shape)
-        call.src, call.reduce = src, self._rop
+        call.src, call.reduce = src, self._reduction(dt)
+        if call.reduce.average:
+            call.after = ((average, out, self.size),)
         if src is None:
             call.info = _shm.ref(self._lib, x)
         return call
 
     def issue(self, call, table, go) -> None:
         x = call.x.reshape(-1)
-        reduce_scatter(go, self._lib, x, [x.size // self.size] * self.size, call.dt, self._rop, call.out,
+        reduce_scatter(go, self._lib, x, [x.size // self.size] * self.size, call.dt, call.reduce, call.out,
                        inputs=_shm.resident(self._lib, table, x))
+
+    def ride(self, call):
+        return call.x
+
+    def land(self, call, rows, table, go) -> None:
+        k, me = call.out.size, self.rank
+        go.local(reduce_rows, [r[me * k:(me + 1) * k] for r in rows], call.dt, call.reduce, call.out)
 
 
 class ReduceScatterVOperation(ReduceTypeOperation):
@@ -96,6 +108,7 @@ class ReduceScatterVOperation(ReduceTypeOperation):
     """
 
     NAME = "ReduceScatterV"
+    RESIDES = True
     PARAM = ReduceScatterVParam
     VALUES = ("send_counts", "sdispls", "recv_count")
     PAIR_NAMES = ("send_counts[{j}]", "recv_count")
@@ -114,12 +127,12 @@ class ReduceScatterVOperation(ReduceTypeOperation):
         Returns:
             ``out``, or a new 1-D array of ``recv_count`` elements.
         """
-        return self._execute(x, send_counts, sdispls, recv_count, out)
+        return self._call((x, send_counts, sdispls, recv_count, out), RUN)
 
     def prepare(self, x: np.ndarray, send_counts, sdispls, recv_count: int,
                 out: np.ndarray | None = None) -> Plan:
         """A :class:`~mpicoll.Plan` of ``execute(x, send_counts, sdispls, recv_count, out)``."""
-        return self._prepare(x, send_counts, sdispls, recv_count, out)
+        return self._call((x, send_counts, sdispls, recv_count, out), PREPARE)
 
     def describe(self, x, send_counts, sdispls, recv_count, out=None) -> Call:
         x, dt, src = self._data(x)
@@ -130,7 +143,9 @@ class ReduceScatterVOperation(ReduceTypeOperation):
         rc = V.scalar_count(op, "recv_count", recv_count, r)
         out = self._out(out, (rc,), x.dtype, x if src is None else src)
         call = Call(dt, x, out)
-        call.src, call.reduce, call.send, call.recv, call.args = src, self._rop, sc, [rc] * n, (sc, sd)
+        call.src, call.reduce, call.send, call.recv, call.args = src, self._reduction(dt), sc, [rc] * n, (sc, sd)
+        if call.reduce.average:
+            call.after = ((average, out, n),)
         if packed and src is None:            # (where its packed blocks lie: in a node buffer?)
             call.info = V.BIT_PACKED | _shm.ref(self._lib, x.reshape(-1)[:sum(sc)])
         else:
@@ -149,7 +164,16 @@ class ReduceScatterVOperation(ReduceTypeOperation):
         else:                   # (packed into rank order first: every rank then has packed blocks)
             blocks = np.empty(sum(sc), dtype=x.dtype)
             go.local(_pack, flat, sc, sd, blocks)
-        reduce_scatter(go, comm, blocks, sc, dt, self._rop, out, inputs=inputs)
+        reduce_scatter(go, comm, blocks, sc, dt, call.reduce, out, inputs=inputs)
+
+    def ride(self, call):
+        sc = call.args[0]
+        return call.x.reshape(-1)[:sum(sc)] if call.info & V.BIT_PACKED else None   # (gapped blocks: issue packs)
+
+    def land(self, call, rows, table, go) -> None:
+        sc, me = call.args[0], self.rank                       # (send_counts: the same list on every rank)
+        at = sum(sc[:me])
+        go.local(reduce_rows, [r[at:at + sc[me]] for r in rows], call.dt, call.reduce, call.out)
 
 
 def _pack(flat: np.ndarray, counts: list[int], displs: list[int], blocks: np.ndarray) -> None:

@@ -12,7 +12,7 @@ from .._golden import BenchRun, BenchSpec, Case, CheckSpec, bench_data, rank_dat
     torch_view
 from .._params import CommParam
 from .._plan import Call, Plan
-from ._base import Operation
+from ._base import PREPARE, RUN, Operation
 
 __all__ = ["ScatterOperation", "ScatterParam"]
 
@@ -51,11 +51,11 @@ class ScatterOperation(Operation):
         Returns:
             ``out``, or (on the root) a new array: block ``rank`` of dim 0 of the root's x.
         """
-        return self._execute(x, out)
+        return self._call((x, out), RUN)
 
     def prepare(self, x: np.ndarray | None, out: np.ndarray | None = None) -> Plan:
         """A :class:`~mpicoll.Plan` of ``execute(x, out)``."""
-        return self._prepare(x, out)
+        return self._call((x, out), PREPARE)
 
     def _bind_param(self) -> None:
         self._root = int(self.param.rank_root)
@@ -86,6 +86,13 @@ class ScatterOperation(Operation):
             go.mpi(self._lib, "Scatter", None, [call.out, m], root)
         else:
             go.mpi(self._lib, "Scatter", [call.x, m], MPI.IN_PLACE if call.info else [call.out, m], root)
+
+    def ride(self, call):
+        return call.out.reshape(-1)[:0] if call.x is None else call.x
+
+    def land(self, call, rows, table, go) -> None:
+        k = call.out.size
+        go.local(np.copyto, call.out.reshape(-1), rows[self._root][self.rank * k:(self.rank + 1) * k])
 
 
 V.SHAPE_NAMES["Scatter"] = "block shape (out.shape; x.shape[0] // rank_size on the root)"

@@ -1,0 +1,183 @@
+"""Calls that run while the caller goes on (``async_op=True``): each communicator's worker thread.
+
+A call made with ``async_op=True`` (:mod:`mpicoll.functional`, the torch backend) returns at once: its
+whole pipeline (describe, agree, move the data, land) runs on a thread of its communicator, the
+communicator's *worker*, made at its first such call, as gloo runs a group's calls on its own
+threads. MPI is initialised with ``MPI_THREAD_MULTIPLE`` (mpi4py's default), mpi4py lets go of the
+GIL in every MPI call and numpy in its copies and reductions, so the caller's own work (torch's
+kernels, numpy) goes on while the call does.
+
+Order is the program's. A worker runs its communicator's calls one at a time in the order they were
+queued; a queued call waits in the communicator's ``pending`` queue (``LibComm.pending``, where a
+started plan waits too) until it is complete, and any later call on that communicator from another
+thread first waits for the calls queued ahead of it (:meth:`Job.issue_all`, through
+``LibComm.drain``). Every rank therefore makes its collectives on a communicator in its program's
+order, whichever thread makes them.
+
+A :class:`Job` tells the truth: ``is_completed()`` is True once the call has finished (well or
+not), ``wait()`` raises the call's error (the same ``CollectiveError`` on every rank, as a
+synchronous call would), ``wait(timeout)`` gives up waiting after that long and leaves the call
+running. Its callbacks (:meth:`Job.then`: a torch future's) run on the worker as the call
+completes; a call a callback makes on the same communicator runs there at once, before the calls
+queued after (so that its place in the order is the same on every rank).
+"""
+from __future__ import annotations
+
+import collections
+import threading
+from typing import Any, Callable
+
+from . import _comm
+from ._errors import CollectiveError
+
+#: the worker thread a thread is, if it is one (its communicator's)
+_HERE = threading.local()
+#: the workers alive
+WORKERS: "set[Worker]" = set()
+
+
+class Job:
+    """One call queued on a communicator's worker (or run at once: a worker's own call)."""
+
+    __slots__ = ("fn", "worker", "comms", "value", "error", "_done", "_then", "__weakref__")
+
+    def __init__(self, fn: Callable[[], Any], worker: "Worker | None", comms: tuple = ()) -> None:
+        self.fn, self.worker, self.comms = fn, worker, comms
+        self.value: Any = None
+        self.error: BaseException | None = None
+        self._done = threading.Event()
+        self._then: list[Callable[["Job"], None]] = []
+
+    def is_completed(self) -> bool:
+        """Whether the call has finished (well, or with its error)."""
+        return self._done.is_set()
+
+    def wait(self, timeout: float | None = None) -> bool:
+        """Wait until the call has finished; raise its error. ``timeout`` (seconds; None: no limit):
+        False once that long has passed with the call still running (it goes on).
+
+        Raises:
+            CollectiveError: the call's own error; or this is the worker, waiting on a call queued
+                behind the one it runs (it would wait for ever).
+        """
+        if not self._done.is_set():
+            if self.worker is not None and getattr(_HERE, "worker", None) is self.worker:
+                raise CollectiveError(f"a call waits, on {self.worker.lib.label}'s worker thread, for a call queued "
+                                      "after it there (a callback of an async call waiting on a later one): it would "
+                                      "wait for ever", op="wait", param="thread", rank=self.worker.lib.rank)
+            if not self._done.wait(timeout):
+                return False
+        if self.error is not None:
+            raise self.error
+        return True
+
+    def exception(self) -> BaseException | None:
+        """The call's error, once finished (None: it went well, or it is still running)."""
+        return self.error
+
+    def then(self, fn: Callable[["Job"], None]) -> None:
+        """Run ``fn(job)`` once the call has finished: on the worker as it finishes, or here at
+        once if it has."""
+        worker = self.worker
+        if worker is not None:
+            with worker.cond:
+                if not self._done.is_set():
+                    self._then.append(fn)
+                    return
+        fn(self)
+
+    def issue_all(self) -> None:
+        """What ``LibComm.drain`` asks of the work queued ahead of a new call: this call complete.
+        Its own worker asks nothing (what is queued ahead of it there has finished)."""
+        if getattr(_HERE, "worker", None) is not self.worker:
+            self._done.wait()
+
+    def _run(self) -> None:
+        try:
+            self.value = self.fn()
+        except BaseException as exc:  # noqa: BLE001 - the caller gets it from wait()
+            self.error = exc
+        self.fn = None
+
+    def __repr__(self) -> str:
+        state = "in flight" if not self.is_completed() else "failed" if self.error is not None else "completed"
+        return f"<Job {state}>"
+
+
+class Worker(threading.Thread):
+    """A communicator's worker: runs its queued calls one at a time, in order."""
+
+    def __init__(self, lib: Any) -> None:
+        super().__init__(name=f"mpicoll worker ({lib.label})", daemon=True)
+        self.lib = lib
+        self.queue: collections.deque[Job] = collections.deque()
+        self.cond = threading.Condition(threading.Lock())
+
+    def stop(self) -> None:
+        """End once the calls queued here have finished (its communicator is freed, or the job ends)."""
+        if self.is_alive() and self is not getattr(_HERE, "worker", None):
+            with self.cond:
+                self.queue.append(_STOP)
+                self.cond.notify()
+            self.join()
+        WORKERS.discard(self)
+
+    def run(self) -> None:
+        _HERE.worker = self
+        while True:
+            with self.cond:
+                while not self.queue:
+                    self.cond.wait()
+                job = self.queue[0]
+            if job is _STOP:
+                return
+            job._run()
+            with _comm.LOCK:
+                for c in job.comms:
+                    c.pending.remove(job)
+                _comm.QUEUED -= 1
+            with self.cond:
+                self.queue.popleft()
+                then, job._then = job._then, []
+                job._done.set()
+            for fn in then:
+                fn(job)
+
+
+_STOP = Job(lambda: None, None)
+
+
+def submit(comms: tuple, fn: Callable[[], Any]) -> Job:
+    """Queue ``fn()`` (a call's pipeline, or a plan's run) on the worker of ``comms[0]``, in the
+    queue of each of ``comms`` (the communicators it makes calls on); its :class:`Job`. On that
+    worker itself (a callback's call) it runs at once."""
+    lib = comms[0]
+    worker = lib.worker
+    if worker is not None and getattr(_HERE, "worker", None) is worker:
+        job = Job(fn, None)
+        job._run()
+        job._done.set()
+        return job
+    for c in comms:                     # (plans started before it start their collectives here, first)
+        for work in list(c.pending):
+            if type(work) is not Job:
+                work.issue_all()
+    if worker is None or not worker.is_alive():
+        worker = lib.worker = Worker(lib)
+        WORKERS.add(worker)
+        worker.start()
+    job = Job(fn, worker, comms)
+    with _comm.LOCK:
+        for c in comms:
+            c.pending.append(job)
+        _comm.QUEUED += 1
+    with worker.cond:
+        worker.queue.append(job)
+        worker.cond.notify()
+    return job
+
+
+def stop_all() -> None:
+    """End every worker once its queued calls have finished (a clean exit, before MPI finalizes)."""
+    for worker in list(WORKERS):
+        worker.stop()

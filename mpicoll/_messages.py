@@ -1,0 +1,266 @@
+"""Point-to-point messages (``isend``/``irecv``/``send``/``recv``; docs/functional.md).
+
+A message between two ranks has no collective to agree in: a bad argument raises on the rank that
+gave it, alone (its peer's matching call then waits, or times out under the watchdog). Messages go
+on the group's library communicator (:meth:`~mpicoll._comm.LibComm.message`: mpicoll's own
+duplicate, never the user's world), as raw bytes: a receiver's tensor must have the sender's size in
+bytes; they are not collectives, so they neither wait for the calls queued on the communicator's
+worker nor count as its calls.
+
+A posted :class:`Message` completes in one of two ways. A thread that waits on it (``wait()``)
+completes it there and then (MPI's own wait: the fastest, what a blocking ``send``/``recv`` pays).
+Until someone does, the process's message thread (one per process, made at the first message)
+polls it now and then, so that it moves while the caller computes (MPI moves a message only inside
+MPI calls) and so that ``is_completed()``, callbacks (a torch future's) and the watchdog's limit
+(``MPICOLL_TIMEOUT``, or the communicator's own) hold for a message nobody waits on.
+"""
+from __future__ import annotations
+
+import threading
+import time
+from typing import Any, Callable
+
+import numpy as np
+from mpi4py import MPI
+
+from . import _env
+from . import _validate as V
+from ._domains import group_fields, resolve
+from ._errors import CollectiveError, CollectiveTimeout
+from ._plan import CAPTURING
+from ._watchdog import abort
+from ._watchdog import wait as watched_wait
+
+#: the longest the message thread sleeps between two looks at the messages in flight, seconds
+MAX_PAUSE = 1e-3
+
+
+class Message:
+    """A posted send or receive. ``wait()``, ``is_completed()``, ``exception()``, ``then(fn)``; once
+    a receive is complete, ``source`` is its sender's rank in the communicator."""
+
+    __slots__ = ("fn", "req", "status", "lib", "peer", "tag", "nbytes", "timeout", "deadline", "source", "error",
+                 "_lock", "_done", "_then")
+
+    def __init__(self, fn: str, lib: Any, peer: int, tag: int, data: np.ndarray) -> None:
+        self.fn, self.lib, self.peer, self.tag, self.nbytes = fn, lib, peer, tag, data.size
+        self.status, self.timeout, self.source, self.error = MPI.Status(), lib.call_timeout(), None, None
+        self.deadline = None if self.timeout is None else time.monotonic() + self.timeout
+        self._lock = threading.Lock()     # (held by the thread that calls MPI on the request)
+        self._done = threading.Event()
+        self._then: list[Callable[["Message"], None]] = []
+        self.req = lib.message(fn.endswith("send"), data, peer, tag)
+        _PROGRESS.add(self)
+
+    # -- what a caller asks ----------------------------------------------------------------------
+    def wait(self, timeout: float | None = None) -> bool:
+        """Complete the message here; raise its error. ``timeout`` (seconds; None: none): False
+        once that long has passed with the message still posted (it stays posted)."""
+        if not self._done.is_set():
+            with self._lock:
+                if not self._done.is_set():
+                    if not self._complete(timeout):
+                        return False
+        if self.error is not None:
+            raise self.error
+        return True
+
+    def is_completed(self) -> bool:
+        """Whether the message is complete (or failed), moving it along without blocking."""
+        if not self._done.is_set() and self._lock.acquire(False):
+            try:
+                if not self._done.is_set() and self._test():
+                    self._end(None)
+            except CollectiveError as exc:
+                self._end(exc)
+            finally:
+                self._lock.release()
+        return self._done.is_set()
+
+    def exception(self) -> BaseException | None:
+        return self.error
+
+    def then(self, fn: Callable[["Message"], None]) -> None:
+        """Run ``fn(message)`` once it is complete (here at once if it is)."""
+        with _PROGRESS.cond:
+            if not self._done.is_set():
+                self._then.append(fn)
+                return
+        fn(self)
+
+    # -- completing it (under ``_lock``) ---------------------------------------------------------
+    def _complete(self, timeout: float | None) -> bool:
+        """Wait for the request: under the watchdog (its limit, and the caller's ``timeout`` if
+        sooner), or MPI's own wait. False: the caller's ``timeout`` passed first."""
+        limit, mine = self.deadline, None
+        if timeout is not None:
+            mine = time.monotonic() + timeout
+            limit = mine if limit is None else min(limit, mine)
+        try:
+            if limit is None:
+                self._mpi(self.req.Wait)
+            else:
+                watched_wait([self], max(limit - time.monotonic(), 0.0), self._expired, lambda: str(self._expired()),
+                             raises=limit == mine or self.lib.timeout is not None)
+        except CollectiveTimeout:
+            if limit == mine:
+                return False               # (the caller's own limit: the message stays posted)
+            self._end(self._expired(), cancel=True)
+            return True
+        except CollectiveError as exc:
+            self._end(exc)
+            return True
+        self._end(None)
+        return True
+
+    def Test(self) -> bool:  # noqa: N802 - the watchdog polls requests by MPI's name
+        return self._test()
+
+    def _test(self) -> bool:
+        return self._mpi(self.req.Test)
+
+    def _mpi(self, fn: Any) -> Any:
+        """``fn(status)``: a message larger than the tensor is this call's argument error."""
+        try:
+            return fn(self.status)
+        except MPI.Exception as exc:
+            if exc.Get_error_class() != MPI.ERR_TRUNCATE:
+                raise
+            got = self.status.Get_count(MPI.BYTE)    # (Open MPI: the message's size; MPICH: the bytes received)
+            raise self._size_error(f"has {got} bytes" if got > self.nbytes else "is larger") from None
+
+    def _size_error(self, size: str) -> CollectiveError:
+        return V.arg_error(self.fn, "tensor.nbytes", self.nbytes, self.lib.rank, f"the message from rank "
+                           f"{self.status.Get_source()} (tag {self.tag}) {size}: give a tensor of the sender's size "
+                           "and dtype")
+
+    def _end(self, error: BaseException | None, cancel: bool = False) -> None:
+        """Complete: check a receive's size, keep its source or the error, run the callbacks."""
+        if error is None and not self.fn.endswith("send"):
+            got = self.status.Get_count(MPI.BYTE)
+            if got != self.nbytes:
+                error = self._size_error(f"has {got} bytes")
+        if error is None:
+            self.source = self.status.Get_source() if self.peer == MPI.ANY_SOURCE else self.peer
+        elif cancel and not self.fn.endswith("send"):
+            self.req.Cancel()              # (a late message must not land in a buffer given back to the caller)
+            self.req.Wait()
+        self.error = error
+        with _PROGRESS.cond:
+            self._done.set()
+            then, self._then = self._then, []
+        for fn in then:
+            fn(self)
+
+    def _peer(self) -> str:
+        if self.peer == MPI.ANY_SOURCE:
+            return "any rank"
+        return f"rank {self.peer} (world rank {self.lib.world_ranks[self.peer]})"
+
+    def _expired(self) -> CollectiveTimeout:
+        way = "to" if self.fn.endswith("send") else "from"
+        return CollectiveTimeout(f"{self.fn}: timed out after {self.timeout:g} s on rank {self.lib.rank} of "
+                                 f"{self.lib.label}, waiting for the message {way} {self._peer()} (tag {self.tag}): "
+                                 "its peer never made the matching call", op=self.fn, param="timeout",
+                                 rank=self.lib.rank)
+
+
+class _Progress:
+    """The process's message thread: looks at the messages in flight nobody is waiting on, from
+    every ``MAX_PAUSE`` to at once after one completed, and ends them at the watchdog's limit."""
+
+    def __init__(self) -> None:
+        self.cond = threading.Condition()
+        self.inflight: list[Message] = []
+        self.thread: threading.Thread | None = None
+
+    def add(self, message: Message) -> None:
+        with self.cond:
+            self.inflight.append(message)
+            if self.thread is None or not self.thread.is_alive():
+                self.thread = threading.Thread(target=self._run, name="mpicoll messages", daemon=True)
+                self.thread.start()
+            self.cond.notify()
+
+    def _run(self) -> None:
+        pause = 0.0
+        while True:
+            with self.cond:
+                self.inflight = [m for m in self.inflight if not m._done.is_set()]
+                if not self.inflight:
+                    pause = 0.0
+                    self.cond.wait()
+                    continue
+                if pause:
+                    self.cond.wait(pause)       # (a new message wakes it)
+                messages = list(self.inflight)
+            if MPI.Is_finalized():
+                return
+            moved = False
+            for m in messages:
+                if m._done.is_set() or not m._lock.acquire(False):
+                    continue                    # (a caller is waiting on it: its own thread completes it)
+                try:
+                    if m._done.is_set():
+                        continue
+                    if m._test():
+                        m._end(None)
+                        moved = True
+                    elif m.deadline is not None and time.monotonic() > m.deadline:
+                        error = m._expired()
+                        if m.lib.timeout is None and _env.value("MPICOLL_TIMEOUT_ACTION") == "abort":
+                            abort(f"mpicoll watchdog: {error}; aborting the job (MPICOLL_TIMEOUT_ACTION=raise only "
+                                  "raises)")
+                        m._end(error, cancel=True)
+                except CollectiveError as exc:
+                    m._end(exc)
+                finally:
+                    m._lock.release()
+            pause = 0.0 if moved else min(max(2 * pause, 2e-5), MAX_PAUSE)
+
+
+_PROGRESS = _Progress()
+
+
+def post(fn: str, tensor: Any, peer: Any, group_peer: Any, group: Any, tag: Any, peer_name: str) -> Message | None:
+    """Post one message (after its argument checks, which raise on this rank); None: this rank is
+    not in a list ``group``."""
+    if CAPTURING:
+        raise V.arg_error(fn, "graph.capture", "active", MPI.COMM_WORLD.Get_rank(),
+                          "point-to-point messages are not captured (a graph records collectives, agreed by the "
+                          "group at the end of the block): send or receive outside the capture block")
+    fields = group_fields(group, fn)
+    if fields is None:
+        return None
+    lib = resolve(fn, fields.get("comm"), fields.get("comm_domain", ""), None, "group")
+    r, n = lib.rank, lib.size
+    sends = fn.endswith("send")
+    if not isinstance(tensor, np.ndarray):
+        raise V.arg_error(fn, "tensor", type(tensor).__name__, r, "must be a numpy array")
+    if not tensor.flags.c_contiguous or (not sends and not tensor.flags.writeable):
+        raise V.arg_error(fn, "tensor", "non-contiguous" if sends else "non-contiguous or read-only", r,
+                          "must be a C-contiguous" + ("" if sends else " writable") + " numpy array")
+    if peer is not None and group_peer is not None:
+        raise V.arg_error(fn, f"group_{peer_name}", group_peer, r, f"give {peer_name} (a world rank) or "
+                          f"group_{peer_name} (a group rank), not both")
+    if peer is None and group_peer is None:
+        if sends:
+            raise V.arg_error(fn, peer_name, None, r, f"give {peer_name} (a world rank) or group_{peer_name}")
+        at = MPI.ANY_SOURCE
+    elif group_peer is None:
+        if isinstance(peer, bool) or not isinstance(peer, (int, np.integer)) or int(peer) not in lib.world_ranks:
+            raise V.arg_error(fn, peer_name, peer, r, f"must be a world rank in the group ({list(lib.world_ranks)})")
+        at = lib.world_ranks.index(int(peer))
+    else:
+        if isinstance(group_peer, bool) or not isinstance(group_peer, (int, np.integer)) or \
+                not 0 <= group_peer < n:
+            raise V.arg_error(fn, f"group_{peer_name}", group_peer, r, f"must be in [0, {n})")
+        at = int(group_peer)
+    top = TAG_UB
+    if isinstance(tag, bool) or not isinstance(tag, (int, np.integer)) or not 0 <= tag <= top:
+        raise V.arg_error(fn, "tag", tag, r, f"must be an int in [0, {top}] (MPI's TAG_UB)")
+    return Message(fn, lib, at, int(tag), tensor.reshape(-1).view(np.uint8))
+
+
+#: MPI's largest tag (every message's tag is at most this)
+TAG_UB = MPI.COMM_WORLD.Get_attr(MPI.TAG_UB)
