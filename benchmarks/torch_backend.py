@@ -114,7 +114,7 @@ class _Floor(mpicoll.torch.ProcessGroupMpicoll):
 def _floor(backend_opts, options) -> _Floor:
     pg = _Floor(backend_opts.group_rank, SIZE, list(range(SIZE)), W)
     t = torch.ones(2, dtype=torch.float32)
-    pg._comm, pg._buf, pg._done = W.Dup(), t.numpy(), mpicoll.torch._Done([t])
+    pg._comm, pg._buf, pg._done = W.Dup(), t.numpy(), mpicoll._torch_work.Work((), [t], "all_reduce")
     pg._row, pg._table = np.zeros(H_LEN, np.int64), np.zeros((SIZE, H_LEN), np.int64)
     mpicoll.torch._GROUPS.append(pg)              # (torch keeps a Python backend's C++ half only)
     return pg

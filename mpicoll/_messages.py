@@ -80,6 +80,16 @@ class Message:
     def exception(self) -> BaseException | None:
         return self.error
 
+    def cancel(self) -> None:
+        """Withdraw a receive ``wait(timeout)`` gave up on: its buffer is the caller's again (one that
+        arrived meanwhile is received, as ``wait()`` would)."""
+        with self._lock:
+            if not self._done.is_set():
+                self.req.Cancel()
+                self.req.Wait(self.status)
+                self._end(CollectiveError(f"{self.fn}: withdrawn (cancelled)", op=self.fn, rank=self.lib.rank)
+                          if self.status.Is_cancelled() else None)
+
     def then(self, fn: Callable[["Message"], None]) -> None:
         """Run ``fn(message)`` once it is complete (here at once if it is)."""
         with _PROGRESS.cond:
@@ -96,14 +106,16 @@ class Message:
         if timeout is not None:
             mine = time.monotonic() + timeout
             limit = mine if limit is None else min(limit, mine)
+        own = limit is not None and limit == mine
+        expired = (lambda: CollectiveTimeout(f"{self.fn}: wait(timeout)", param="timeout")) if own else self._expired
         try:
             if limit is None:
                 self._mpi(self.req.Wait)
             else:
-                watched_wait([self], max(limit - time.monotonic(), 0.0), self._expired, lambda: str(self._expired()),
-                             raises=limit == mine or self.lib.timeout is not None)
+                watched_wait([self], max(limit - time.monotonic(), 0.0), expired, lambda: str(expired()),
+                             raises=own or self.lib.timeout is not None)
         except CollectiveTimeout:
-            if limit == mine:
+            if own:
                 return False               # (the caller's own limit: the message stays posted)
             self._end(self._expired(), cancel=True)
             return True

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import fcntl
 import json
+import os
 import socket
 import struct
 from datetime import timedelta
@@ -20,9 +21,10 @@ from mpi4py import MPI
 
 from . import _env
 from ._comm import LibComm, timed_call
-from ._errors import CollectiveArgumentError, CollectiveError, settle
+from ._domains import world as lib_world
+from ._errors import CollectiveArgumentError, CollectiveError, CollectiveTimeout, settle
 
-__all__ = ["LocalStore", "agree_problem", "exchange", "shared_store"]
+__all__ = ["LocalStore", "agree_problem", "exchange", "refuse_other_world", "shared_store", "world"]
 
 
 def exchange(comm: MPI.Comm, name: str, args: tuple, seconds: float, what: str) -> None:
@@ -155,3 +157,33 @@ def shared_store(world: LibComm, timeout: timedelta) -> tuple[Any, str]:
     if server is not None:
         return server, ""
     return dist.TCPStore(address, port, world.size, is_master=False, timeout=timeout), ""
+
+
+def _launcher_size() -> tuple[str, int] | None:
+    """``(variable, value)`` of a launcher's world size in the environment (torchrun's and
+    torch's ``env://`` ``WORLD_SIZE``), or None."""
+    value = os.environ.get("WORLD_SIZE")
+    return None if value in (None, "") else ("WORLD_SIZE", int(value))
+
+
+def refuse_other_world(torch_size: int, where: str) -> None:
+    """Raise at once, on every process, when torch's world is not MPI's: a job launched by
+    torchrun (or any launcher but mpirun) runs each process as an MPI world of its own, and would
+    otherwise train N separate worlds of 1."""
+    mpi_size = MPI.COMM_WORLD.Get_size()
+    launcher = _launcher_size()
+    if torch_size != mpi_size or (launcher is not None and launcher[1] != mpi_size):
+        given = f"{launcher[0]}={launcher[1]}" if launcher is not None and launcher[1] != mpi_size else \
+            f"a world of {torch_size}"
+        raise RuntimeError(f"the mpicoll backend ({where}): torch was given {given}, but this process's MPI world "
+                           f"has {mpi_size} process(es): the processes were not started by one MPI launcher (torchrun "
+                           f"starts MPI singletons, which MPI cannot join). Launch with "
+                           f"`mpirun -np {max(torch_size, launcher[1] if launcher else 0)} python ...` instead")
+
+
+def world(limit: float) -> LibComm:
+    """mpicoll's world, made (if this is its first use) within ``init_process_group``'s timeout."""
+    try:
+        return lib_world(set_up=limit)
+    except CollectiveTimeout as exc:
+        raise CollectiveTimeout(f"init_process_group(timeout={limit:g} s): {exc}", param="timeout") from None

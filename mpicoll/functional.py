@@ -32,7 +32,7 @@ from . import _validate as V
 from ._comm import alive
 from ._domains import declare_domains, group_fields, resolve
 from ._dtypes import REDUCE_RULE, reduce_op
-from ._errors import CollectiveArgumentError, CollectiveTimeout
+from ._errors import CollectiveArgumentError, CollectiveError, CollectiveTimeout
 from ._numeric import prefix
 from ._plan import CAPTURING, Call
 from ._messages import post
@@ -78,7 +78,7 @@ class Work:
         Raises:
             CollectiveError: the call's own error (on every rank of the call, as a synchronous call).
         """
-        seconds = _seconds(timeout)
+        seconds = wait_seconds(timeout)
         if not self._handle.wait(seconds):
             raise CollectiveTimeout(f"{self._name}: wait(timeout={seconds:g} s) timed out with the call still in "
                                     "flight (it goes on: wait() again to complete it)", op=self._name, param="timeout")
@@ -100,7 +100,7 @@ class Work:
         return f"<Work {self._name} {'completed' if self.is_completed() else 'in flight'}>"
 
 
-def _seconds(timeout: Any) -> float | None:
+def wait_seconds(timeout: Any) -> float | None:
     """A ``wait(timeout)`` in seconds: a timedelta or a number; None, 0 or less: no limit."""
     seconds = timeout.total_seconds() if isinstance(timeout, timedelta) else timeout
     return float(seconds) if seconds is not None and seconds > 0 else None
@@ -184,18 +184,19 @@ _NO_OP = object()
 
 
 def _run(cls: type, group: Any, args: tuple, async_op: bool, outputs: Any, root: tuple | None = None,
-         reduce: Any = _NO_OP) -> Work | None:
+         reduce: Any = _NO_OP, failed: CollectiveError | None = None) -> Work | None:
     """Run (or start, or, inside a capture, capture) one call of the function ``cls`` adapts;
     torch's return value. ``root``: a rooted function's ``(name, src/dst, group_src/group_dst)``;
     ``reduce``: a reducing function's op, as given; ``outputs``: what the Work's result() gives (a
-    list, or the one output array).
+    list, or the one output array); ``failed``: an argument the caller could not map on this rank
+    (the torch backend's tensors).
 
     An argument this rank cannot use before it has an operation (a reduce op or a group it cannot
     read, a root that cannot be a cache key) must not be raised here alone, while the peers wait in
     the call: the call goes to the operation it would most likely have had (the reduce op "sum",
     the default root, the world: every group is inside it) with the error, naming this rank there,
-    in place of its first argument (``_found``), and is raised through the call's agreement on every
-    rank that makes it, as mpicoll.torch does with a tensor it cannot map."""
+    and is raised through the call's agreement on every rank that makes it (``Operation._call``'s
+    ``failed``)."""
     fn, refused = cls.NAME, None
     if reduce is _NO_OP:
         reduce = None
@@ -221,14 +222,14 @@ def _run(cls: type, group: Any, args: tuple, async_op: bool, outputs: Any, root:
         op = _op(cls, None, fn, root, reduce)
     if op is None:
         return None
+    refused = refused or failed
     if refused is not None:
         op._live()                          # (bound: the error names this rank in the call's communicator)
         if isinstance(refused, tuple):
             refused = V.arg_error(fn, refused[0], refused[1], op.rank, refused[2])
-        args = (refused, *args[1:])
     if async_op:
-        return Work(op._call(args, ASYNC), outputs if isinstance(outputs, list) else [outputs], fn)
-    op._call(args, RUN)
+        return Work(op._call(args, ASYNC, refused), outputs if isinstance(outputs, list) else [outputs], fn)
+    op._call(args, RUN, refused)
     return None
 
 

@@ -58,16 +58,14 @@ def _packages() -> str:
 
 
 def _torch() -> str:
-    """torch's version and the route of mpicoll's backend (``mpicoll.torch._BASE``), or why none."""
+    """torch's version and what mpicoll's backend is there, or why none."""
     if importlib.util.find_spec("torch") is None:
         return "not installed (pip install '.[torch]')"
     try:
         import mpicoll.torch as backend      # (optional: torch is imported only where it is installed)
     except Exception as exc:  # noqa: BLE001 - a broken torch is a fact to report, not a crash
         return f"installed, but `import mpicoll.torch` fails: {type(exc).__name__}: {exc}"
-    route = ("a c10d Backend subclass (torch >= 2.14)" if backend._BASE.__name__ == "Backend"
-             else "a ProcessGroup subclass (torch < 2.14: no Backend constructor for Python)")
-    return f"{backend.torch.__version__}; the backend 'mpicoll' is {route}"
+    return f"{backend.torch.__version__}; the backend 'mpicoll' is a ProcessGroup subclass"
 
 
 def _nodes(world: MPI.Comm) -> str:

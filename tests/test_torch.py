@@ -4,6 +4,9 @@ through torch, unsupported calls, torch's documented examples, and DDP against a
 run. Skipped, with the reason, where torch is not installed (the core never needs it)."""
 from __future__ import annotations
 
+import time
+from datetime import timedelta
+
 import numpy as np
 import pytest
 
@@ -177,9 +180,7 @@ def test_async_work_and_future():
     t = torch.full((4,), float(RANK + 1))
     work = dist.all_reduce(t, async_op=True)
     assert work.wait() is True
-    # (torch >= 2.14 hands a Python backend's Work back in a holder that forwards wait() and
-    # get_future() only: its is_completed() stays False there, whatever the backend says)
-    assert work.is_completed() or mpicoll.torch._BASE is not dist.ProcessGroup
+    assert work.is_completed() and work.is_success()
     fut = work.get_future()
     assert fut.done() and torch.equal(fut.value()[0], torch.full((4,), SIZE * (SIZE + 1) / 2))
     chained = fut.then(lambda f: f.value()[0] * 2)
@@ -190,13 +191,106 @@ def test_async_work_and_future():
     assert out.tolist() == list(range(SIZE))
 
 
+@pytest.mark.mpi(min_size=2)
+def test_an_async_call_returns_before_it_completes_and_says_so():
+    """``async_op=True`` returns while the call waits for a peer that has not come (rank 1 calls
+    0.5 s later): its Work is not completed, its future not done; a synchronous call after it runs
+    after it (the program's order); the future then holds the result."""
+    t = torch.full((4,), float(RANK + 1))
+    if RANK == 1:
+        time.sleep(0.5)
+    work = dist.all_reduce(t, async_op=True)
+    fut = work.get_future()
+    if RANK == 0:
+        assert not work.is_completed() and not fut.done() and not work.is_success()
+    later = torch.full((2,), float(RANK))
+    dist.all_reduce(later)
+    assert work.is_completed() and work.is_success() and work.exception() is None
+    assert fut.wait()[0] is t and t.tolist() == [SIZE * (SIZE + 1) / 2] * 4
+    assert later.tolist() == [float(sum(range(SIZE)))] * 2
+
+
+@pytest.mark.mpi(min_size=2)
+def test_wait_with_a_timeout_gives_up_and_the_call_goes_on():
+    """``wait(timeout)``: a CollectiveTimeout once that long has passed (rank 1 comes 1 s later),
+    the call still in flight; ``wait()`` then completes it."""
+    t = torch.ones(3)
+    if RANK == 1:
+        time.sleep(1.0)
+    work = dist.all_reduce(t, async_op=True)
+    if RANK == 0:
+        with pytest.raises(mpicoll.CollectiveTimeout, match=r"all_reduce: wait\(timeout=0.05 s\) timed out"):
+            work.wait(timedelta(milliseconds=50))
+        assert not work.is_completed()
+    assert work.wait() and t.tolist() == [float(SIZE)] * 3
+
+
+@pytest.mark.mpi(min_size=2)
+def test_an_async_mismatch_is_raised_by_wait_on_every_rank():
+    def call():
+        dist.all_reduce(torch.ones(RANK + 1), async_op=True).wait()
+    raises_everywhere(call, mpicoll.CollectiveMismatchError, "all_reduce: tensor.shape differs across ranks")
+
+
+@pytest.mark.mpi(min_size=2)
+def test_a_message_future_completes_when_the_message_does():
+    """``get_future()`` of a receive returns at once (not done); the message thread completes it
+    when the message comes, with no one waiting on the Work."""
+    t = torch.zeros(2)
+    if RANK == 0:
+        work = dist.irecv(t, src=1)
+        fut = work.get_future()
+        assert not fut.done() and not work.is_completed()
+    dist.barrier()
+    if RANK == 1:
+        dist.send(torch.tensor([1.0, 2.0]), dst=0)
+    if RANK == 0:
+        assert fut.wait()[0].tolist() == [1.0, 2.0] and work.is_completed()
+
+
+@pytest.mark.mpi(min_size=2)
+def test_a_message_can_be_the_first_call_on_a_new_group():
+    """The group's communicator is made with the group: a message needs no collective first."""
+    g = dist.new_group(list(range(SIZE)))
+    t = torch.full((3,), float(RANK))
+    if RANK == 0:
+        dist.send(t, dst=1, group=g)
+    elif RANK == 1:
+        dist.recv(t, src=0, group=g)
+        assert t.tolist() == [0.0] * 3
+    dist.barrier(group=g)
+
+
+def test_complex_tensors_move_and_sum_as_gloo_takes_them():
+    """A complex tensor handed to the backend (as DDP's and FSDP's C++ callers do; torch's Python API
+    takes its real view itself): moved as it is, summed part by part; PRODUCT/MIN/MAX refused by
+    name on every rank."""
+    pg = dist.group.WORLD
+    c = torch.tensor([1 + 2j, 3 - 1j], dtype=torch.complex64) * (RANK + 1)
+    b = c.clone()
+    opts = dist.BroadcastOptions()
+    opts.asyncOp = False
+    pg.broadcast([b], opts).wait()
+    assert b.tolist() == [1 + 2j, 3 - 1j]
+    out, x = torch.empty(2, dtype=torch.complex64), torch.cat([c] * SIZE)
+    red = dist.ReduceScatterOptions()
+    red.reduceOp = dist.ReduceOp.SUM
+    pg._reduce_scatter_base(out, x, red).wait()                      # (asyncOp: torch's default, True)
+    total = SIZE * (SIZE + 1) // 2
+    assert out.tolist() == [(1 + 2j) * total, (3 - 1j) * total]
+    red.reduceOp = dist.ReduceOp.MAX
+    raises_everywhere(lambda: pg._reduce_scatter_base(out, x, red).wait(), mpicoll.CollectiveArgumentError,
+                      "reduce_scatter_tensor: op='MAX'", "a complex tensor (torch.complex64) is reduced with SUM or "
+                      "AVG only")
+
+
 def test_views_not_copies():
     """The arrays mpicoll gets share the tensors' memory (bfloat16 and bool too)."""
     for dtype in (torch.float32, torch.bfloat16, torch.bool, torch.int8):
         t = torch.zeros(4, dtype=dtype)
-        assert mpicoll.torch._array(t, "test", RANK).__array_interface__["data"][0] == t.data_ptr()
-        assert mpicoll.torch._array(t[1:], "test", RANK).__array_interface__["data"][0] == t[1:].data_ptr()
-    assert mpicoll.torch._array(torch.zeros(0, 3), "test", RANK).shape == (0, 3)
+        assert mpicoll._torch_views.array(t, "test", RANK).__array_interface__["data"][0] == t.data_ptr()
+        assert mpicoll._torch_views.array(t[1:], "test", RANK).__array_interface__["data"][0] == t[1:].data_ptr()
+    assert mpicoll._torch_views.array(torch.zeros(0, 3), "test", RANK).shape == (0, 3)
 
 
 # ----------------------------------------------------------------------------- groups
@@ -443,6 +537,33 @@ def test_ddp_trains_like_one_process_on_the_whole_batch():
         torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-6)
 
 
+def test_ddp_with_complex_parameters_trains_like_one_process():
+    """DDP of a model with complex parameters (its C++ weight sync and gradient buckets hand the
+    backend complex64 tensors): the parameters equal one process's on the whole batches."""
+    def model(seed: int) -> torch.nn.Module:
+        torch.manual_seed(seed)
+        return torch.nn.Sequential(torch.nn.Linear(8, 6, dtype=torch.complex64), torch.nn.Linear(6, 4, dtype=torch.complex64))
+
+    g = torch.Generator().manual_seed(2)
+    batches = [(torch.randn(PER_RANK * SIZE, 8, dtype=torch.complex64, generator=g),
+                torch.randn(PER_RANK * SIZE, 4, dtype=torch.complex64, generator=g)) for _ in range(3)]
+
+    def train(m: torch.nn.Module, shard: bool) -> None:
+        opt = torch.optim.SGD(m.parameters(), lr=0.05)
+        mine = slice(RANK * PER_RANK, (RANK + 1) * PER_RANK) if shard else slice(None)
+        for x, y in batches:
+            opt.zero_grad()
+            (m(x[mine]) - y[mine]).abs().pow(2).mean().backward()
+            opt.step()
+
+    ddp = torch.nn.parallel.DistributedDataParallel(model(seed=RANK))
+    train(ddp, shard=True)
+    single = model(seed=0)
+    train(single, shard=False)
+    for a, b in zip(ddp.module.parameters(), single.parameters()):
+        torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-5)
+
+
 @pytest.mark.parametrize("fsdp", ["FullyShardedDataParallel", "fully_shard"])
 def test_fsdp_trains_like_one_process_on_the_whole_batch(fsdp):
     """FSDP (its wrapper, FSDP1, and ``fully_shard``, FSDP2) on the mpicoll backend, 3 SGD steps: the
@@ -516,12 +637,12 @@ def test_tensors_it_cannot_view_are_argument_errors():
     view whose storage was freed."""
     def refused(t, *fragments, strided=False):
         with pytest.raises(mpicoll.CollectiveArgumentError) as info:
-            mpicoll.torch._array(t, "test", RANK, strided=strided)
+            mpicoll._torch_views.array(t, "test", RANK, strided=strided)
         assert all(f in str(info.value) for f in fragments), str(info.value)
     refused(torch.ones(4).to_sparse(), "torch.sparse_coo", "must be dense", strided=True)
     refused(torch._neg_view(torch.ones(4)), "neg-bit view", "pass t.resolve_neg()")
     kept = torch.ones(4)
-    mpicoll.torch._array(kept, "test", RANK)             # (its view kept, under the neg view's key too)
+    mpicoll._torch_views.array(kept, "test", RANK)             # (its view kept, under the neg view's key too)
     refused(torch._neg_view(kept), "neg-bit view", "pass t.resolve_neg()")
     t = torch.ones(8)
     tail = t[2:]
@@ -544,7 +665,7 @@ def test_storage_stays_resizable():
         before = t.data_ptr()
         storage.resize_(2 * nbytes)                    # (new memory, taken while the old is still held: it moves)
         assert t.data_ptr() != before
-        assert mpicoll.torch._array(t, "test", RANK).__array_interface__["data"][0] == t.data_ptr()
+        assert mpicoll._torch_views.array(t, "test", RANK).__array_interface__["data"][0] == t.data_ptr()
         t.fill_(RANK + 1 if dtype != torch.bool else RANK == SIZE - 1)
         dist.all_reduce(t, op=dist.ReduceOp.MAX)
         assert t.tolist() == [SIZE if dtype != torch.bool else True] * numel, (numel, dtype)
@@ -569,12 +690,12 @@ def test_views_are_reused_only_for_the_same_memory():
     """A small tensor's numpy view is kept (so that mpicoll can replay a repeated call), and given
     back only for a tensor of the same address, dtype, shape and strides that still owns it."""
     t = torch.zeros(2, 2)
-    assert mpicoll.torch._array(t, "test", RANK) is mpicoll.torch._array(t, "test", RANK)
-    strided = mpicoll.torch._array(t.t(), "test", RANK, strided=True)      # (same address and shape)
-    assert strided.strides != mpicoll.torch._array(t, "test", RANK).strides
-    before = mpicoll.torch._array(t, "test", RANK)
+    assert mpicoll._torch_views.array(t, "test", RANK) is mpicoll._torch_views.array(t, "test", RANK)
+    strided = mpicoll._torch_views.array(t.t(), "test", RANK, strided=True)      # (same address and shape)
+    assert strided.strides != mpicoll._torch_views.array(t, "test", RANK).strides
+    before = mpicoll._torch_views.array(t, "test", RANK)
     t.set_(torch.ones(2, 2).untyped_storage(), 0, (2, 2), (2, 1))          # (other memory)
-    after = mpicoll.torch._array(t, "test", RANK)
+    after = mpicoll._torch_views.array(t, "test", RANK)
     assert after is not before and after.tolist() == [[1.0, 1.0], [1.0, 1.0]]
     x = torch.full((3,), float(RANK))
     for _ in range(3):                                                     # (a repeated call, same tensor)

@@ -33,7 +33,7 @@ W = MPI.COMM_WORLD
 RANK, SIZE = W.Get_rank(), W.Get_size()
 
 #: tests gloo passes on CPU (90 in this harness, torch 2.13) that do not apply to this backend, and why
-#: (85 pass on torch 2.13; on torch 2.14 the ones in HELD_WORK do not apply either: 77 pass)
+#: (85 pass, on torch 2.13 and 2.14)
 NOT_APPLICABLE = {
     # the suite's own assumptions about the backend's name (it checks dist.get_backend() == BACKEND)
     "test_get_backend": "asserts the group's backend is named 'gloo' (the gate's BACKEND)",
@@ -48,19 +48,6 @@ NOT_APPLICABLE = {
     "test_barrier_timeout_full_group": "asserts gloo's message (' (Timed out|closed|timeout) '); mpicoll's "
                                        "CollectiveTimeout says 'barrier: timed out after 1 s ...'",
 }
-
-#: tests that do not apply from torch 2.14, where the backend is a c10d Backend: torch hands a
-#: Python backend's Work back in a holder that forwards wait() and get_future() only, not
-#: is_completed() (False after wait) or the source rank of a receive from any rank (dist.recv then
-#: raises torch's "sourceRank() may only be called on ...": docs/torch.md)
-HELD_WORK = {name: "recv(src=None) cannot learn the source from a Python backend's Work in torch >= 2.14"
-             for name in ("test_send_recv_any_source", "test_send_recv_any_source_autograd_profiler",
-                          "test_send_recv_any_source_torch_profiler")} | {
-    name: "asserts is_completed() after wait(): a Python backend's Work cannot say so in torch >= 2.14"
-    for name in ("test_irecv", "test_isend", "test_isend_autograd_profiler", "test_isend_torch_profiler")} | {
-    "test_ddp_logging_data_cpu": "DDP logs a custom backend's name as 'custom' in torch >= 2.14 (its "
-                                 "ProcessGroup's), the test expects the registered name"}
-
 
 def _setup_env(backend: str) -> str:
     """The environment distributed_test.py reads at import, like torch's run_test.py set it."""
@@ -91,9 +78,6 @@ def main() -> int:
     from torch.testing._internal.distributed.distributed_test import Barrier, DistributedTest
 
     import mpicoll.torch  # registers the backend and mpi://
-
-    if mpicoll.torch._BASE is not dist.ProcessGroup:     # (torch >= 2.14: the backend is a c10d Backend)
-        NOT_APPLICABLE.update(HELD_WORK)
 
     class Suite(DistributedTest._DistTestBase, TestCase):   # (torch's TestCase: its assertEqual)
         @property

@@ -198,20 +198,23 @@ class Operation:
         return lib
 
     # -- THE entry point of every call: one pipeline, a sink per mode ---------------------------------
-    def _call(self, args: tuple, mode: "Mode") -> Any:
+    def _call(self, args: tuple, mode: "Mode", failed: CollectiveError | None = None) -> Any:
         """THE door of every call: where its pipeline runs. Captured into a graph being captured (its
         sink), queued on the communicator's worker (:data:`ASYNC`: the call runs there, in
-        :data:`RUN`, while the caller goes on; :mod:`mpicoll._async`), or here, now."""
+        :data:`RUN`, while the caller goes on; :mod:`mpicoll._async`), or here, now. ``failed``: a
+        failure the caller found on this rank before it could make the call (a reduce op, a group,
+        a tensor it cannot read: :mod:`mpicoll.functional`, the torch backend), raised through the
+        call's agreement like an error of ``describe``, so that no peer waits."""
         if CAPTURING:
             mode = CAPTURING[-1].sink(mode)
         lib = self._lib
         if lib is None or _comm.FREED or MPI.Is_finalized():
             lib = self._live()
         if mode is ASYNC:
-            return submit(self._comms, partial(self._pipeline, lib, args, RUN))
-        return self._pipeline(lib, args, mode)
+            return submit(self._comms, partial(self._pipeline, lib, args, RUN, failed))
+        return self._pipeline(lib, args, mode, failed)
 
-    def _pipeline(self, lib: LibComm, args: tuple, mode: "Mode") -> Any:
+    def _pipeline(self, lib: LibComm, args: tuple, mode: "Mode", failed: CollectiveError | None = None) -> Any:
         """THE pipeline of a call (see the module docstring): remembered? -> count -> describe ->
         agree -> ``mode.take``. Calls queued ahead of it on the communicator by another thread
         finish first; then one thread at a time per communicator (:meth:`~mpicoll._comm.LibComm.enter`)."""
@@ -222,14 +225,14 @@ class Operation:
         try:
             key = entry = None
             at = self._OUT_AT
-            if mode.remembers and (at is None or (len(args) > at and args[at] is not None)):
+            if mode.remembers and failed is None and (at is None or (len(args) > at and args[at] is not None)):
                 key = _key(args, self._VALUES_AT)       # (it fills arrays it was given: it may come back)
                 entry = self._calls.get(key)
             number = count_call(self._comms, self.NAME) if mode.counts else 0
             if entry is not None:
                 call, err = entry.call, None
             else:
-                call, err = self._described(args)
+                call, err = self._described(args, failed)
             if mode.defers:
                 return mode.take(self, call, err)
             if not (mode.agrees or self._validate or not self._agreed_once or (err is None and self.needs_facts(call))):
@@ -272,10 +275,12 @@ class Operation:
         payload = self.ride(call)
         return payload if payload is not None and payload.nbytes <= V.RIDE_BYTES else None
 
-    def _described(self, args: tuple) -> tuple[Call | None, BaseException | None]:
-        """``describe(*args)``, or the error it (or the Param, at binding) raised on this rank."""
+    def _described(self, args: tuple, failed: CollectiveError | None = None
+                   ) -> tuple[Call | None, BaseException | None]:
+        """``describe(*args)``, or the error it (or the Param, at binding, or the caller: ``failed``)
+        raised on this rank."""
         self._fresh = False
-        failed = self._param_error or _found(args)
+        failed = self._param_error or failed
         if failed is not None:
             return None, failed
         try:
@@ -560,16 +565,6 @@ def _small(args: tuple) -> bool:
         elif isinstance(a, (list, tuple)):
             total += sum(x.nbytes for x in a if isinstance(x, np.ndarray))
     return total <= REMEMBERED_BYTES
-
-
-def _found(args: tuple) -> CollectiveError | None:
-    """A ``CollectiveError`` passed in place of an argument: a failure the caller found on this rank
-    before it could make the call (:mod:`mpicoll.functional`: a reduce op or a group it cannot
-    read), raised through the call's agreement like an error of ``describe``, so that no peer waits."""
-    for a in args:
-        if isinstance(a, CollectiveError):
-            return a
-    return None
 
 
 class ReduceTypeOperation(Operation):
