@@ -537,30 +537,46 @@ def test_ddp_trains_like_one_process_on_the_whole_batch():
         torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-6)
 
 
-def test_ddp_with_complex_parameters_trains_like_one_process():
-    """DDP of a model with complex parameters (its C++ weight sync and gradient buckets hand the
-    backend complex64 tensors): the parameters equal one process's on the whole batches."""
-    def model(seed: int) -> torch.nn.Module:
-        torch.manual_seed(seed)
-        return torch.nn.Sequential(torch.nn.Linear(8, 6, dtype=torch.complex64), torch.nn.Linear(6, 4, dtype=torch.complex64))
+def _complex_model(seed: int) -> torch.nn.Module:
+    torch.manual_seed(seed)
+    return torch.nn.Sequential(torch.nn.Linear(8, 6, dtype=torch.complex64), torch.nn.Linear(6, 4, dtype=torch.complex64))
 
+
+def _train_complex(m: torch.nn.Module, shard: bool) -> None:
+    """3 SGD steps of a complex model (|error|^2 loss), on this rank's rows or the whole batches."""
     g = torch.Generator().manual_seed(2)
-    batches = [(torch.randn(PER_RANK * SIZE, 8, dtype=torch.complex64, generator=g),
-                torch.randn(PER_RANK * SIZE, 4, dtype=torch.complex64, generator=g)) for _ in range(3)]
+    opt = torch.optim.SGD(m.parameters(), lr=0.05)
+    mine = slice(RANK * PER_RANK, (RANK + 1) * PER_RANK) if shard else slice(None)
+    for _ in range(3):
+        x = torch.randn(PER_RANK * SIZE, 8, dtype=torch.complex64, generator=g)
+        y = torch.randn(PER_RANK * SIZE, 4, dtype=torch.complex64, generator=g)
+        opt.zero_grad()
+        (m(x[mine]) - y[mine]).abs().pow(2).mean().backward()
+        opt.step()
 
-    def train(m: torch.nn.Module, shard: bool) -> None:
-        opt = torch.optim.SGD(m.parameters(), lr=0.05)
-        mine = slice(RANK * PER_RANK, (RANK + 1) * PER_RANK) if shard else slice(None)
-        for x, y in batches:
-            opt.zero_grad()
-            (m(x[mine]) - y[mine]).abs().pow(2).mean().backward()
-            opt.step()
 
-    ddp = torch.nn.parallel.DistributedDataParallel(model(seed=RANK))
-    train(ddp, shard=True)
-    single = model(seed=0)
-    train(single, shard=False)
-    for a, b in zip(ddp.module.parameters(), single.parameters()):
+@pytest.mark.parametrize("wrap", ["DistributedDataParallel", "fully_shard"])
+def test_complex_parameters_train_like_one_process(wrap):
+    """DDP (its C++ weight sync and gradient buckets hand the backend complex64 tensors) and FSDP2
+    of a model with complex parameters: the parameters equal one process's on the whole batches.
+    (FSDP1 refuses complex parameters itself, on any backend: "Cannot flatten integer dtype tensors".)"""
+    if wrap == "fully_shard":
+        from torch.distributed.device_mesh import init_device_mesh
+        from torch.distributed.fsdp import fully_shard
+        mesh = init_device_mesh("cpu", (SIZE,))
+        model = _complex_model(seed=0)
+        for layer in model:
+            fully_shard(layer, mesh=mesh)
+        fully_shard(model, mesh=mesh)
+        _train_complex(model, shard=True)
+        got = [p.full_tensor() for p in model.parameters()]
+    else:
+        ddp = torch.nn.parallel.DistributedDataParallel(_complex_model(seed=RANK))
+        _train_complex(ddp, shard=True)
+        got = list(ddp.module.parameters())
+    single = _complex_model(seed=0)
+    _train_complex(single, shard=False)
+    for a, b in zip(got, single.parameters()):
         torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-5)
 
 
