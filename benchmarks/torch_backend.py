@@ -3,8 +3,9 @@
     mpirun -np 2 python benchmarks/torch_backend.py [--sizes 1K,...,64M] [--dtypes float32,bfloat16]
                                                     [--reps 5] [--ddp-steps 6] [--no-ddp] [--no-allreduce]
                                                     [--widths 566,1024,1588] [--compile aot_eager]
+                                                    [--overlap-sizes 1M,...,64M] [--work sleep|matmul]
 
-Three tables (rank 0 prints; medians over ``--reps`` interleaved blocks, slowest rank per block):
+Four tables (rank 0 prints; medians over ``--reps`` interleaved blocks, slowest rank per block):
 
 1. ``dist.all_reduce`` on the mpicoll group / on the gloo group, per size and dtype (< 1: mpicoll faster).
 2. Python overhead per backend call: ``dist.all_reduce(t, group=mpicoll)``, the group's method without
@@ -13,7 +14,13 @@ Three tables (rank 0 prints; medians over ``--reps`` interleaved blocks, slowest
    (``mpicoll.functional.all_reduce`` on the same memory), torch's floor (``dist.all_reduce`` on a
    backend that only makes the MPI calls, :class:`_Floor`; with and without the header agreement's
    ``Allgather``) and the raw mpi4py ``Allreduce``, 8 B float32; each over raw.
-3. A DDP training step (forward, backward with the gradient all-reduces, SGD step) of 5-layer MLPs
+3. Overlap: ``dist.all_reduce(t, async_op=True)`` of 1-64 MiB float32, then the caller's own work
+   for as long as the call alone takes, then ``wait()``; the whole over the call alone (1.0: the
+   call fully hidden, 2.0: nothing hidden), per backend. ``--work sleep`` (the default) leaves the
+   caller's core free, as a rank waiting on its accelerator or on I/O would; ``--work matmul`` computes
+   on it (then the call's own CPU work competes with the caller's: on 2 cores with a rank per core,
+   no backend can hide it all).
+4. A DDP training step (forward, backward with the gradient all-reduces, SGD step) of 5-layer MLPs
    (``--widths``: 1.6 M, 5.2 M and 12.6 M parameters), mpicoll / gloo, with the time of the same step
    without DDP; ``--compile BACKEND`` adds the same models under ``torch.compile``.
 
@@ -144,6 +151,45 @@ def overhead_table(mp, floor, reps) -> None:
         print(flush=True)
 
 
+def overlap_table(groups, sizes, reps: int, work: str) -> None:
+    """The whole of async call + own work + wait over the call alone (see the module docstring)."""
+    a = torch.randn(192, 192)
+    matmul = block(lambda: a @ a, 50) if work == "matmul" else 0.0
+
+    def own(seconds: float) -> None:
+        if work == "sleep":
+            time.sleep(seconds)
+        else:
+            for _ in range(max(1, round(seconds / matmul))):
+                a @ a
+    if RANK == 0:
+        print(f"# overlap: all_reduce(async_op=True) + own work ({work}) as long as the call + wait(), float32, "
+              f"{SIZE} ranks: the whole / the call alone (1.00: hidden), returned after (ms); median of {reps}")
+        print(f"{'size':>6}" + "".join(f"{k + ' call':>14}{k + ' whole':>14}{'ratio':>7}{'returned':>10}"
+                                       for k in groups))
+    for n in sizes:
+        t = torch.ones(n // 4)
+        row = {}
+        for k, g in groups.items():
+            dist.all_reduce(t, group=g)
+            alone = statistics.median(block(lambda: dist.all_reduce(t, group=g), 1) for _ in range(reps))
+            wholes, back = [], []
+            for _ in range(reps):
+                W.Barrier()
+                t0 = time.perf_counter()
+                w = dist.all_reduce(t, group=g, async_op=True)
+                back.append(time.perf_counter() - t0)
+                own(alone)
+                w.wait()
+                wholes.append(W.allreduce(time.perf_counter() - t0, op=MPI.MAX))
+            row[k] = (alone, statistics.median(wholes), statistics.median(back))
+        if RANK == 0:
+            print(f"{label(n):>6}" + "".join(f"{c * 1e3:>14.2f}{w * 1e3:>14.2f}{w / c:>7.2f}{b * 1e3:>10.2f}"
+                                             for c, w, b in row.values()), flush=True)
+    if RANK == 0:
+        print(flush=True)
+
+
 def mlp(width: int) -> torch.nn.Module:
     """5 linear layers of ``width`` x ``width`` with ReLUs between: 5 (w^2 + w) parameters."""
     torch.manual_seed(0)
@@ -192,6 +238,9 @@ def main() -> None:
     ap.add_argument("--widths", default="566,1024,1588", help="DDP MLP widths (1.6 M, 5.2 M, 12.6 M parameters)")
     ap.add_argument("--compile", default=None, help="also a torch.compile'd DDP model, with this backend")
     ap.add_argument("--no-allreduce", action="store_true")
+    ap.add_argument("--overlap-sizes", default="1M,4M,16M,64M")
+    ap.add_argument("--work", default="sleep", choices=("sleep", "matmul"), help="the caller's own work (overlap)")
+    ap.add_argument("--no-overlap", action="store_true")
     args = ap.parse_args()
     port = None
     if RANK == 0:
@@ -208,6 +257,8 @@ def main() -> None:
         if not args.no_allreduce:
             allreduce_table(groups, [size(s) for s in args.sizes.split(",")], args.dtypes.split(","), args.reps)
             overhead_table(groups["mpicoll"], floor, args.reps)
+        if not args.no_overlap:
+            overlap_table(groups, [size(s) for s in args.overlap_sizes.split(",")], args.reps, args.work)
         if not args.no_ddp:
             for width in map(int, args.widths.split(",")):
                 ddp_table(groups, width, args.ddp_steps, args.reps, args.compile)

@@ -23,9 +23,12 @@ queued after (so that its place in the order is the same on every rank).
 """
 from __future__ import annotations
 
+import atexit
 import collections
 import threading
 from typing import Any, Callable
+
+from mpi4py import MPI
 
 from . import _comm
 from ._errors import CollectiveError
@@ -163,6 +166,8 @@ def submit(comms: tuple, fn: Callable[[], Any]) -> Job:
             if type(work) is not Job:
                 work.issue_all()
     if worker is None or not worker.is_alive():
+        if not WORKERS and not _EXIT:
+            _EXIT.append(atexit.register(_at_exit))    # (after _comm's: it runs first, atexit is LIFO)
         worker = lib.worker = Worker(lib)
         WORKERS.add(worker)
         worker.start()
@@ -175,6 +180,16 @@ def submit(comms: tuple, fn: Callable[[], Any]) -> Job:
         worker.queue.append(job)
         worker.cond.notify()
     return job
+
+
+_EXIT: list = []
+
+
+def _at_exit() -> None:
+    """A clean exit: the calls still queued on workers finish before mpicoll frees its windows and
+    MPI finalizes. (After a failure, ``python -m mpi4py`` aborts the job: nothing to wait for.)"""
+    if not MPI.Is_finalized() and not _comm.failing_exit():
+        stop_all()
 
 
 def stop_all() -> None:

@@ -592,7 +592,5 @@ def _shutdown() -> None:
     turning a prompt abort into a hang."""
     if MPI.Is_finalized() or failing_exit():
         return
-    from ._async import stop_all              # (the calls still queued on workers finish first)
-    stop_all()
     for comm in reversed(list(_OPEN)):
         comm.close()

@@ -29,12 +29,11 @@ import numpy as np
 from mpi4py import MPI
 
 from . import _validate as V
-from ._comm import alive
-from ._domains import declare_domains, group_fields, resolve
+from ._domains import group_fields
 from ._dtypes import REDUCE_RULE, reduce_op
 from ._errors import CollectiveArgumentError, CollectiveError, CollectiveTimeout
 from ._numeric import prefix
-from ._plan import CAPTURING, Call
+from ._plan import Call
 from ._messages import post
 from .ops._base import ASYNC, RUN, Operation
 from .ops.allgather import AllGatherOperation, AllGatherVOperation

@@ -353,7 +353,9 @@ def test_unsupported_calls_say_which():
     with pytest.raises(mpicoll.CollectiveArgumentError, match="reduce_type='avg'.*averages floating-point dtypes "
                                                               "only, not int32"):
         dist.all_reduce(torch.ones(1, dtype=torch.int32), op=dist.ReduceOp.AVG)
-    # (a tensor on another device never reaches a backend registered for the CPU on torch >= 2.14)
+    with pytest.raises(mpicoll.CollectiveArgumentError, match=r"tensor='meta' on ranks? .*the mpicoll backend takes "
+                                                              "CPU tensors"):
+        dist.all_reduce(torch.ones(2, device="meta"))
     with pytest.raises(mpicoll.CollectiveArgumentError, match=r"tensor='strided \(2,\) .*on ranks? .*contiguous"):
         dist.all_reduce(torch.ones(4)[::2])
     dist.barrier()
@@ -371,11 +373,10 @@ def test_a_failure_on_one_rank_before_the_call_is_agreed():
     outs = [torch.empty(2) for _ in range(SIZE)]
     with pytest.raises(mpicoll.CollectiveArgumentError, match=rf"on rank {SIZE - 1}"):
         dist.all_gather(outs, torch.ones(4)[::2] if bad else torch.ones(2))
-    if isinstance(dist.group.WORLD, mpicoll.torch.ProcessGroupMpicoll):  # (2.14: torch resolves the view first)
-        kept = torch.ones(2)
-        dist.all_reduce(kept)                                  # (its view kept: the neg view shares its key)
-        with pytest.raises(mpicoll.CollectiveArgumentError, match=rf"a neg-bit view' on rank {SIZE - 1}"):
-            dist.all_reduce(torch._neg_view(kept) if bad else kept)
+    kept = torch.ones(2)
+    dist.all_reduce(kept)                                      # (its view kept: the neg view shares its key)
+    with pytest.raises(mpicoll.CollectiveArgumentError, match=rf"a neg-bit view' on rank {SIZE - 1}"):
+        dist.all_reduce(torch._neg_view(kept) if bad else kept)
     t = torch.ones(2)
     dist.all_reduce(t)
     assert t.tolist() == [SIZE, SIZE]
@@ -629,9 +630,8 @@ def test_the_group_says_its_device_is_the_cpu(tmp_path):
 
 def test_a_functional_collectives_result_as_a_tensor():
     """What torch's functional collectives return (an ``AsyncCollectiveTensor``, also a redistributed
-    DTensor's ``to_local()``) passed to ``dist.*``: it waits and is used as its result (torch 2.13 hands
-    the group the wrapper itself). A DTensor has no memory of its own: an agreed error on 2.13 (from
-    2.14 torch's dispatcher refuses it before the group sees it)."""
+    DTensor's ``to_local()``) passed to ``dist.*``: it waits and is used as its result (torch hands
+    the group the wrapper itself). A DTensor has no memory of its own: an agreed error."""
     import torch.distributed._functional_collectives as fc
     a = fc.all_reduce(torch.ones(4), "sum", dist.group.WORLD)
     dist.all_reduce(a)
@@ -639,12 +639,11 @@ def test_a_functional_collectives_result_as_a_tensor():
     outs = [torch.empty(4) for _ in range(SIZE)]
     dist.all_gather(outs, fc.all_reduce(torch.full((4,), float(RANK)), "max", dist.group.WORLD))
     assert all(o.tolist() == [SIZE - 1.0] * 4 for o in outs)
-    if isinstance(dist.group.WORLD, mpicoll.torch.ProcessGroupMpicoll):        # (torch 2.13)
-        from torch.distributed.device_mesh import init_device_mesh
-        from torch.distributed.tensor import Shard, distribute_tensor
-        d = distribute_tensor(torch.ones(2 * SIZE, 2), init_device_mesh("cpu", (SIZE,)), [Shard(0)])
-        raises_everywhere(lambda: dist.all_reduce(d), mpicoll.CollectiveArgumentError,
-                          "all_reduce: tensor='DTensor' on rank", "pass a plain tensor (a DTensor's to_local())")
+    from torch.distributed.device_mesh import init_device_mesh
+    from torch.distributed.tensor import Shard, distribute_tensor
+    d = distribute_tensor(torch.ones(2 * SIZE, 2), init_device_mesh("cpu", (SIZE,)), [Shard(0)])
+    raises_everywhere(lambda: dist.all_reduce(d), mpicoll.CollectiveArgumentError,
+                      "all_reduce: tensor='DTensor' on rank", "pass a plain tensor (a DTensor's to_local())")
 
 
 def test_tensors_it_cannot_view_are_argument_errors():
