@@ -144,6 +144,26 @@ MONITORED = """
 """
 
 
+@pytest.mark.mpi(min_size=2)
+def test_torch_a_store_some_rank_cannot_reach_falls_back_to_a_local_one(monkeypatch):
+    """``mpi://``'s store when a rank cannot reach world rank 0's TCPStore (here: every rank on a host
+    of its own, ``MPICOLL_STORE_HOST`` an address nobody reaches): every rank gets the local store,
+    which says why at the first key another rank would have set."""
+    from mpicoll import _domains, _torch_store
+    from _mpi import setting
+    setting(monkeypatch, "MPICOLL_STORE_HOST", "0.0.0.1")
+    monkeypatch.setattr(_torch_store.MPI, "Get_processor_name", lambda: f"host {RANK}")
+    store, why = _torch_store.shared_store(_domains.world(), timedelta(seconds=20))
+    assert store is None and why.startswith(f"world ranks {list(range(1, SIZE))} could not reach world rank 0's "
+                                            "TCPStore at ['0.0.0.1'] port "), why
+    local = _torch_store.LocalStore(why)
+    local.set("mine", b"1")
+    assert local.get("mine") == b"1" and local.add("n", 2) == 2
+    with pytest.raises(RuntimeError, match="has no store shared between the ranks .* could not reach .* set "
+                                           "MPICOLL_STORE_HOST"):
+        local.get("theirs")
+
+
 @ONE_JOB
 def test_torch_monitored_barrier_names_the_rank_that_did_not_come(tmp_path):
     res, seconds, _ = run_job(tmp_path, MONITORED, np_=3, timeout=60)
