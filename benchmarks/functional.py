@@ -20,7 +20,7 @@ import time
 import numpy as np
 from mpi4py import MPI
 
-from mpicoll import functional as F, graph
+from mpicoll import _adapters as A, functional as F, graph
 
 W = MPI.COMM_WORLD
 
@@ -126,7 +126,7 @@ def main() -> None:
     report("all_reduce of 1 MiB float32, repeated (validation off)", times, "raw Allreduce")
 
     tiny, tout = np.ones(2, np.float32), np.empty(2, np.float32)
-    on = F._AllReduce(F._AllReduce.PARAM(reduce_type="sum"))     # (its own operation: the cached one is off)
+    on = A.AllReduce(A.AllReduce.PARAM(reduce_type="sum"))     # (its own operation: the cached one is off)
     on.validate = True
     times = compare({"raw Allreduce": lambda: raw.Allreduce([tiny, MPI.FLOAT], [tout, MPI.FLOAT], MPI.SUM),
                      "functional (validation off)": lambda: F.all_reduce(tiny),

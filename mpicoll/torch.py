@@ -41,6 +41,7 @@ from torch._C._distributed_c10d import AllgatherOptions
 from torch.distributed.constants import default_pg_timeout
 from torch.distributed.rendezvous import register_rendezvous_handler
 
+from . import _adapters as A
 from . import functional as F
 from ._domains import user_comm
 from ._errors import CollectiveError, arg_error
@@ -158,8 +159,8 @@ class ProcessGroupMpicoll(dist.ProcessGroup):
             args, failed = build(call, r), None
         except CollectiveError as exc:
             args, failed = (), exc
-        work = F._run(cls, self._group, args, opts.asyncOp, None, None if root is None else (root, None, opts.rootRank),
-                      F._NO_OP if op is None else op, failed)
+        work = F.run(cls, self._group, args, opts.asyncOp, None, None if root is None else (root, None, opts.rootRank),
+                      F.NO_OP if op is None else op, failed)
         return Work(() if work is None else (work._handle,), result, call)
 
     def allreduce(self, tensors, opts=None):
@@ -167,7 +168,7 @@ class ProcessGroupMpicoll(dist.ProcessGroup):
         op = opts.reduceOp.op
         if len(tensors) == 1 and tensors[0].is_sparse:
             return self._sparse_allreduce(tensors[0], op)
-        return self._run(F._AllReduce, opts, tensors, lambda c, r: (array(one(tensors, c, r), c, r, op=op),), op=op)
+        return self._run(A.AllReduce, opts, tensors, lambda c, r: (array(one(tensors, c, r), c, r, op=op),), op=op)
 
     def _sparse_allreduce(self, t: torch.Tensor, op: Any) -> Any:
         """A sparse COO tensor's SUM, as gloo makes it: every rank's indices and values gathered
@@ -181,7 +182,7 @@ class ProcessGroupMpicoll(dist.ProcessGroup):
         failed = None                       # (a bad op on one rank: raised by the first gather, everywhere)
         if op != dist.ReduceOp.RedOpType.SUM:
             failed = arg_error(call, "op", str(op), r, "a sparse tensor is reduced with SUM only")
-        F._run(F._AllGatherIntoTensor, self._group, (array(counts, call, r), np.array([indices.shape[0]], np.int64)),
+        F.run(A.AllGatherIntoTensor, self._group, (array(counts, call, r), np.array([indices.shape[0]], np.int64)),
                False, None, failed=failed)
         n = counts.tolist()
         all_indices = torch.empty((sum(n), indices.shape[1]), dtype=indices.dtype)
@@ -194,63 +195,63 @@ class ProcessGroupMpicoll(dist.ProcessGroup):
         return Work((), [t], call)
 
     def broadcast(self, tensors, opts=None):
-        return self._run(F._Broadcast, _opts(dist.BroadcastOptions, opts), tensors,
+        return self._run(A.Broadcast, _opts(dist.BroadcastOptions, opts), tensors,
                          lambda c, r: (array(one(tensors, c, r), c, r),), "src")
 
     def reduce(self, tensors, opts=None):
         opts = _opts(dist.ReduceOptions, opts)
         op = opts.reduceOp.op
-        return self._run(F._Reduce, opts, tensors, lambda c, r: (array(one(tensors, c, r), c, r, op=op),), "dst", op)
+        return self._run(A.Reduce, opts, tensors, lambda c, r: (array(one(tensors, c, r), c, r, op=op),), "dst", op)
 
     def allgather(self, output_tensors, input_tensors, opts=None):
-        return self._run(F._AllGatherList, _opts(AllgatherOptions, opts), output_tensors, lambda c, r: (
+        return self._run(A.AllGatherList, _opts(AllgatherOptions, opts), output_tensors, lambda c, r: (
             arrays(one(output_tensors, c, r), c, r), array(one(input_tensors, c, r), c, r)))
 
     def _allgather_base(self, output, input, opts=None):  # noqa: A002 - torch's names
-        return self._run(F._AllGatherIntoTensor, _opts(AllgatherOptions, opts), [output],
+        return self._run(A.AllGatherIntoTensor, _opts(AllgatherOptions, opts), [output],
                          lambda c, r: (array(output, c, r), array(input, c, r)))
 
     all_gather_single = _allgather_base
 
     def gather(self, output_tensors, input_tensors, opts=None):
         opts = _opts(dist.GatherOptions, opts)
-        return self._run(F._Gather, opts, output_tensors, lambda c, r: (
+        return self._run(A.Gather, opts, output_tensors, lambda c, r: (
             array(one(input_tensors, c, r), c, r),
             arrays(one(output_tensors, c, r), c, r) if r == opts.rootRank else None), "dst")
 
     def scatter(self, output_tensors, input_tensors, opts=None):
         opts = _opts(dist.ScatterOptions, opts)
-        return self._run(F._Scatter, opts, output_tensors, lambda c, r: (
+        return self._run(A.Scatter, opts, output_tensors, lambda c, r: (
             array(one(output_tensors, c, r), c, r),
             arrays(one(input_tensors, c, r), c, r) if r == opts.rootRank else None), "src")
 
     def reduce_scatter(self, output_tensors, input_tensors, opts=None):
         opts = _opts(dist.ReduceScatterOptions, opts)
         op = opts.reduceOp.op
-        return self._run(F._ReduceScatterList, opts, output_tensors, lambda c, r: (
+        return self._run(A.ReduceScatterList, opts, output_tensors, lambda c, r: (
             array(one(output_tensors, c, r), c, r, op=op), arrays(one(input_tensors, c, r), c, r)), op=op)
 
     def _reduce_scatter_base(self, output, input, opts=None):  # noqa: A002
         opts = _opts(dist.ReduceScatterOptions, opts)
         op = opts.reduceOp.op
-        return self._run(F._ReduceScatterTensor, opts, [output],
+        return self._run(A.ReduceScatterTensor, opts, [output],
                          lambda c, r: (array(output, c, r, op=op), array(input, c, r, op=op)), op=op)
 
     reduce_scatter_single = _reduce_scatter_base
 
     def alltoall(self, output_tensors, input_tensors, opts=None):
-        return self._run(F._AllToAllList, _opts(dist.AllToAllOptions, opts), output_tensors,
+        return self._run(A.AllToAllList, _opts(dist.AllToAllOptions, opts), output_tensors,
                          lambda c, r: (arrays(output_tensors, c, r), arrays(input_tensors, c, r)))
 
     def alltoall_base(self, output, input, output_split_sizes, input_split_sizes, opts=None):  # noqa: A002
-        return self._run(F._AllToAllSingle, _opts(dist.AllToAllOptions, opts), [output], lambda c, r: (
+        return self._run(A.AllToAllSingle, _opts(dist.AllToAllOptions, opts), [output], lambda c, r: (
             array(output, c, r), array(input, c, r), list(output_split_sizes) or None,
             list(input_split_sizes) or None))
 
     all_to_all_single = alltoall_base
 
     def barrier(self, opts=None):
-        return self._run(F._Barrier, _opts(dist.BarrierOptions, opts), [], lambda c, r: ())
+        return self._run(A.Barrier, _opts(dist.BarrierOptions, opts), [], lambda c, r: ())
 
     # torch's coalescing manager hands over the calls it gathered: they run one after the other (on
     # the worker, in order, when torch does not wait at once), one Work for all
