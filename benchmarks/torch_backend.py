@@ -11,7 +11,8 @@ Four tables (rank 0 prints; medians over ``--reps`` interleaved blocks, slowest 
 2. Python overhead per backend call: ``dist.all_reduce(t, group=mpicoll)``, the group's method without
    ``dist``'s wrapper (``group.allreduce([t], opts)``; from torch 2.14 the group is torch's
    ProcessGroup, which routes it through its dispatcher to the backend), the mpicoll call it makes
-   (``mpicoll.functional.all_reduce`` on the same memory), torch's floor (``dist.all_reduce`` on a
+   (``mpicoll.functional.all_reduce`` on the same memory), the same call with ``async_op=True`` and
+   its ``wait()`` (the handoff to the group's worker thread and back), torch's floor (``dist.all_reduce`` on a
    backend that only makes the MPI calls, :class:`_Floor`; with and without the header agreement's
    ``Allgather``) and the raw mpi4py ``Allreduce``, 8 B float32; each over raw.
 3. Overlap: ``dist.all_reduce(t, async_op=True)`` of 1-64 MiB float32, then the caller's own work
@@ -132,11 +133,13 @@ def overhead_table(mp, floor, reps) -> None:
     a = t.numpy()
     out = np.empty_like(a)
     opts = dist.AllreduceOptions()
+    opts.asyncOp = False                # (as dist.all_reduce without async_op sets it: the call runs inline)
 
     def floor_call(agree):
         _Floor.agree = agree
         dist.all_reduce(t, group=floor)
     fns = {"dist.all_reduce (mpicoll)": lambda: dist.all_reduce(t, group=mp),
+           "async_op=True, then wait()": lambda: dist.all_reduce(t, group=mp, async_op=True).wait(),
            "the group's allreduce([t])": lambda: mp.allreduce([t], opts),
            "mpicoll.functional.all_reduce": lambda: F.all_reduce(a),
            "torch's floor, agreement": lambda: floor_call(True),
