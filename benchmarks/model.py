@@ -33,16 +33,22 @@ class Machine:
     net_lat: float      # one message across hosts, inside an MPI collective
     net_byte: float     # a host's link (full duplex: each direction)
     net_gap: float      # each further message a rank has in flight at once (a scattered AllToAll)
+    net_hdr: float      # bytes a message adds on the link (TCP/IP and MPI headers, acknowledgements)
     shm_lat: float      # one message between ranks of a host, inside an MPI collective
     shm_byte: float     # an MPI transfer between ranks of a host
-    copy: float         # one core's memcpy (numpy copyto), per byte copied
+    copy: float         # one core's memcpy (numpy copyto), per byte copied, out of cache
     row32: float        # mpicoll's rank-order reduction (reduce_rows), per byte of each float32 row
     row16: float        # the same, bfloat16 rows accumulated in float32 (C kernel), per 16-bit byte
+    cache: float        # bytes a rank's step may touch and stay in its cache (then the next two apply)
+    copy_c: float       # copy, in cache
+    row16_c: float      # a bfloat16 row, in cache
     cast: float         # bfloat16 <-> float32 (C kernels), per 16-bit byte
     add: float          # MPI's own reduction of two operands, per byte
     call: float         # one MPI call from Python (mpi4py; a plan's MPI step)
+    coll: float         # a collective's own set-up inside MPI (its algorithm's choice, buffers)
     step: float         # one local step of an mpicoll plan (a reduction, a copy, a window sync)
-    cores: int          # cores per host (0: one per rank)
+    cores: float        # cores per host (0: one per rank; the bed's hosts share this machine's 2)
+    over_lat: float     # each message's extra wait while a host's ranks outnumber its cores
     node_byte: float    # the host's memory, per byte moved by all its ranks together
 
 
@@ -51,25 +57,34 @@ class Machine:
 #: on a quiet machine (medians; docs/scaling.md "Constants").
 BED = Machine(
     name="bed",
-    net_lat=60e-6,          # bed, 2 x 1: Sendrecv of 8 B / 2 and Allreduce of 8 B
-    net_byte=8.4e-9,        # bed, 2 x 1: Sendrecv of 4 MiB; 957 Mbit/s (docs/multihost.md)
-    net_gap=4e-6,           # bed, 4 x 1: a scattered Alltoall of 8 B beyond its latency, per peer
-    shm_lat=0.4e-6,         # np=2: raw Allreduce of 8 B less one mpi4py call
-    shm_byte=0.25e-9,       # np=2: Sendrecv of 4 MiB
-    copy=0.26e-9,           # np=1: copyto of 16 MiB
-    row32=0.64e-9,          # np=1: reduce_rows of 2, 4, 8 rows of 16 MiB
-    row16=0.42e-9,          # np=1: the same, bfloat16
-    cast=1.2e-9,            # np=1: to_f32 and from_f32 of 16 MiB
-    add=0.64e-9,            # taken as row32 (MPICH's own loop is as fast as numpy's add)
-    call=3.0e-6,            # np=2: raw Allreduce of 8 B less the C call (PERF.md: 3.4 vs 0.27 us)
-    step=1.0e-6,            # np=2: an mpicoll plan of an 8 B AllReduce less the raw call
+    net_lat=5e-6,           # bed 2 x 1: Sendrecv of 8 B (7.7 us) less one call
+    net_byte=8.36e-9,       # bed 2 x 1: Sendrecv of 4 MiB (35.1 ms): 957 Mbit/s, as docs/multihost.md
+    net_gap=1e-6,           # (assumed; the bed's hosts share 2 cores: not measurable there)
+    net_hdr=100,            # bed 2 x 1: tx bytes of a 16-byte Sendrecv, 115
+    shm_lat=0.3e-6,         # np=2: PERF.md's Allreduce of 8 B from C (0.27 us)
+    shm_byte=0.2e-9,        # fitted* (np=2 Sendrecv of 4 MiB: 0.135)
+    copy=0.05e-9,           # fitted* (np=1 copyto of 16 MiB: 0.078)
+    row32=0.04e-9,          # fitted* (np=1 reduce_rows of 2, 4 rows of 256 KiB: 0.08, 0.14 ns a byte out)
+    row16=0.12e-9,          # np=1: reduce_rows of 4, 8 bfloat16 rows of 16 MiB: 0.42, 0.95 ns a byte out
+    cache=2 * MiB,          # lscpu: 2 MiB of L2 a core
+    copy_c=0.03e-9,         # np=1: copyto of 256 KiB
+    row16_c=0.05e-9,        # np=1: reduce_rows of 2, 4 bfloat16 rows of 128 Ki elements: 0.12, 0.19 ns
+    cast=0.28e-9,           # np=1: to_f32, from_f32 of 8 Mi elements: 0.24, 0.32 ns a 16-bit byte
+    add=0.1e-9,             # fitted* (np=1 MPI.SUM.Reduce_local of 16 MiB float32: 0.17)
+    call=1.5e-6,            # np=2, bound: a raw Allreduce of 8 B (2.1 us) less coll and one message
+    coll=0.3e-6,            # (the rest of the 2.1 us)
+    step=3e-6,              # fitted* (np=2: a plan's MPI step: 0.2 us; a window step is Python + Win.Sync)
     cores=2,
-    node_byte=0.07e-9,      # PERF.md: two cores copy at 13.8 GB/s together
+    over_lat=11e-6,         # bed 2 x 2 (4 ranks on 2 cores): Sendrecv of 8 B, 18.4 us, less 2 x 1's 7.7
+    node_byte=0.036e-9,     # PERF.md: two copies at once, 13.8 GB/s (each byte read and written)
 )
+#: * fitted: the value that brings the model closest to the 30 measured one-host paths at 2 ranks from
+#: 64 KiB (benchmarks/scaling.py --check); the microbenchmark's value in brackets. The node's copies and
+#: reductions run partly in cache: the microbenchmarks bound them.
 
 #: Hosts like this machine's cores but one core per rank and a node's memory of 100 GB/s (assumed),
 #: on the bed's links: the profile of docs/scaling.md's table.
-CLUSTER = replace(BED, name="1 Gbit/s", cores=0, node_byte=0.01e-9)
+CLUSTER = replace(BED, name="1 Gbit/s", cores=0, node_byte=0.005e-9)
 #: The same hosts on a 100 Gbit/s network with 2 us latency (assumed, not measured: a sensitivity check).
 FAST = replace(CLUSTER, name="100 Gbit/s", net_lat=2e-6, net_byte=0.08e-9, net_gap=0.2e-6)
 
@@ -127,8 +142,14 @@ def _par(m: Machine, k: int) -> float:
 
 def local(m: Machine, g: Group, seconds: float, nbytes: float) -> float:
     """Every rank of a host busy ``seconds`` on its core, moving ``nbytes`` of memory: the slower of its
-    core (shared when the ranks outnumber the cores) and the host's memory."""
-    return max(seconds * _par(m, g.p * g.share), g.p * g.share * nbytes * m.node_byte)
+    core (shared when the ranks outnumber the cores) and the host's memory (unless it stays in cache)."""
+    mem = g.p * g.share * nbytes * m.node_byte if nbytes > m.cache else 0.0
+    return max(seconds * _par(m, g.p * g.share), mem)
+
+
+def _copy(m: Machine, g: Group, nbytes: float) -> float:
+    """One rank of each of a host's ranks copying ``nbytes``."""
+    return local(m, g, nbytes * (m.copy_c if nbytes <= m.cache else m.copy), 2 * nbytes)
 
 
 def exchange(m: Machine, g: Group, partner, nbytes: float, reduce: float = 0.0) -> Cost:
@@ -139,9 +160,10 @@ def exchange(m: Machine, g: Group, partner, nbytes: float, reduce: float = 0.0) 
 
 def _step(m: Machine, g: Group, c: int, nbytes: float, reduce: float = 0.0) -> Cost:
     """:func:`exchange` where ``c`` of a host's ranks talk across hosts."""
-    link = c * nbytes * g.share
-    net = m.net_lat + link * m.net_byte if c else 0.0
-    shm = m.shm_lat + local(m, g, nbytes * m.shm_byte, 2 * nbytes) if c < g.p else 0.0
+    link = c * (nbytes + m.net_hdr) * g.share
+    wait = m.over_lat if m.cores and g.p * g.share > m.cores else 0.0
+    net = wait + m.net_lat + link * m.net_byte if c else 0.0
+    shm = wait + m.shm_lat + local(m, g, nbytes * m.shm_byte, 2 * nbytes) if c < g.p else 0.0
     return Cost(max(net, shm) + local(m, g, reduce * m.add, 3 * reduce), link)
 
 
@@ -202,12 +224,13 @@ def mpi_node_bcast(m: Machine, g: Group, S: float) -> Cost:
 
 
 def mpi_allreduce(m: Machine, g: Group, S: float) -> Cost:
-    """MPI's own Allreduce as MPICH 5.0 picks it (float32 SUM): on several hosts with several ranks
-    each, up to 32 KiB node-aware, above it flat; flat: recursive doubling up to 8 B (and when the
-    count is below the power of two), else Rabenseifner."""
+    """MPI's own Allreduce as MPICH 5.0.2 picks it (float32 SUM): on several hosts with several ranks
+    each, node-aware at every size (measured on the bed: one message's worth per host in block and
+    round-robin placement; forced flat, MPIR_CVAR_DEVICE_COLLECTIVES=none, twice that round-robin);
+    flat: recursive doubling up to 8 B (and when the count is below the power of two), else Rabenseifner."""
     if g.n == 1:
         return Cost()
-    if g.h > 1 and g.p > 1 and S <= 32 * KiB:
+    if g.h > 1 and g.p > 1:
         return mpi_node_aware(m, g, S)
     if S <= 8 or S / 4 < _pof2(g.n):
         return mpi_recursive_doubling(m, g, S)
@@ -232,17 +255,16 @@ def mpi_reduce_scatter(m: Machine, g: Group, S: float) -> Cost:
 
 def _pairwise(m: Machine, g: Group, blk: float, reduce: float = 0.0) -> Cost:
     """n - 1 steps, rank r sending one block to r + i: the steps differ only in how many of a host's
-    ranks cross hosts (block: those within i of the host's edge; round-robin: all, unless h divides i)."""
-    n, p, h, counts = g.n, g.p, g.h, {}
-    for i in range(1, n):
-        if h == 1:
-            stay = p
-        elif g.layout == "block":
-            stay = max(0, p - i) + max(0, i - (n - p))
-        else:
-            stay = p if i % h == 0 else 0
-        counts[p - stay] = counts.get(p - stay, 0) + 1
-    return sum((_step(m, g, c, blk, reduce) * k for c, k in counts.items()), Cost())
+    ranks cross hosts. Block placement: i of them at steps i and n - i (i < p), all p at the n - 2p + 1
+    others; round-robin: none at the p - 1 steps where h divides i, all p at the others."""
+    n, p = g.n, g.p
+    if g.h == 1:
+        counts = {0: n - 1}
+    elif g.layout == "block":
+        counts = {p: n - 2 * p + 1, **{c: 2 for c in range(1, p)}}
+    else:
+        counts = {0: p - 1, p: n - p}
+    return sum((_step(m, g, c, blk, reduce) * k for c, k in counts.items() if k), Cost())
 
 
 def mpi_allgather(m: Machine, g: Group, T: float) -> Cost:
@@ -265,12 +287,12 @@ def mpi_alltoall(m: Machine, g: Group, S: float) -> Cost:
     to 256 B), scattered (every message at once, blocks up to 32 KiB), else pairwise."""
     n, blk = g.n, S / g.n
     if n == 1:
-        return Cost(local(m, g, S * m.copy, 2 * S))
+        return Cost(_copy(m, g, S))
     if n >= 8 and blk <= 256:
         return sum((exchange(m, g, lambda r, d=1 << k: r + d, S / 2) for k in range(_log2(n))), Cost())
     if blk <= 32 * KiB:
         remote = g.p * (n - g.p) if g.h > 1 else 0       # (messages a host's ranks send to other hosts)
-        link = remote * blk * g.share
+        link = remote * (blk + m.net_hdr) * g.share
         net = m.net_lat + max(link * m.net_byte, (n - 1) * m.net_gap) if remote else 0.0
         shm = m.shm_lat * min(n - 1, 8) + local(m, g, (g.p - 1) * blk * m.shm_byte, 2 * g.p * blk)
         return Cost(max(net, shm), link)
@@ -281,15 +303,17 @@ def mpi_alltoall(m: Machine, g: Group, S: float) -> Cost:
 
 def _rows(m: Machine, g: Group, k: int, nbytes: float, bf16: bool) -> float:
     """One rank reducing k rows of ``nbytes`` each (reduce_rows: k passes)."""
-    return local(m, g, k * nbytes * (m.row16 if bf16 else m.row32), (k + 1) * nbytes)
+    row = m.row32 if not bf16 else m.row16_c if (k + 1) * nbytes <= m.cache else m.row16
+    return local(m, g, nbytes * k * row, (k + 1) * nbytes)
 
 
 def _call(m: Machine, cost: Cost, calls: int = 1, steps: int = 0) -> Cost:
-    return cost + Cost(calls * m.call + steps * m.step)
+    """``cost`` made of ``calls`` MPI collectives from Python and ``steps`` local steps of a plan."""
+    return cost + Cost(calls * (m.call + m.coll) + steps * m.step)
 
 
 def _barrier(m: Machine, p: int) -> Cost:
-    return Cost(m.call + 2 * _log2(p) * m.shm_lat)
+    return Cost(m.call + m.coll + 2 * _log2(p) * m.shm_lat)
 
 
 def window_allreduce(m: Machine, p: int, S: float, bf16: bool = False, cores_of: Group | None = None) -> Cost:
@@ -297,12 +321,12 @@ def window_allreduce(m: Machine, p: int, S: float, bf16: bool = False, cores_of:
     rounds of 2 MiB (copy the others' parts in, Barrier, reduce this rank's block, Barrier, copy out)."""
     g = cores_of or Group(p, p)
     if S * p * (p - 1) <= 2 * MiB and S <= 2 * MiB:
-        work = local(m, g, S * m.copy, 2 * S) + _rows(m, g, p, S, bf16)
+        work = _copy(m, g, S) + _rows(m, g, p, S, bf16)
         return Cost(work + 4 * m.step) + _barrier(m, p)
     cost = Cost()
     for r in range(math.ceil(S / (2 * MiB))):
         s = min(2 * MiB, S - r * 2 * MiB)
-        work = local(m, g, 2 * s * (p - 1) / p * m.copy + s / p * m.copy, 4 * s) + _rows(m, g, p, s / p, bf16)
+        work = _copy(m, g, s * (p - 1) / p) * 2 + _copy(m, g, s / p) + _rows(m, g, p, s / p, bf16)
         cost += Cost(work + 4 * m.step) + _barrier(m, p) * 2
     return cost + Cost(m.step)
 
@@ -313,7 +337,7 @@ def window_reduce_scatter(m: Machine, p: int, S: float, bf16: bool = False, core
     cost = Cost(m.step)
     for r in range(max(math.ceil(S / (2 * MiB)), 1)):
         s = min(2 * MiB, S - r * 2 * MiB)
-        work = local(m, g, s * (p - 1) / p * m.copy, 2 * s) + _rows(m, g, p, s / p, bf16)
+        work = _copy(m, g, s * (p - 1) / p) + _rows(m, g, p, s / p, bf16)
         cost += Cost(work + 3 * m.step) + _barrier(m, p)
     return cost
 
@@ -342,7 +366,7 @@ def chained(m: Machine, g: Group, S: float) -> Cost:
     node, p = Group(g.p, g.p), g.p
     pieces = max(math.ceil(S / p / (256 * KiB)), 1)
     q = S / p / pieces                                  # (each rank's piece)
-    hop = _rows(m, g, p + 1, q, False) + m.net_lat + p * q * m.net_byte + m.call + m.step
+    hop = _rows(m, g, p + 1, q, False) + m.net_lat + p * q * m.net_byte + m.call + m.coll + m.step
     return _call(m, mpi_alltoall(m, node, S)) + Cost((pieces + 1) * hop, S) + _call(m, mpi_allgather(m, node, S))
 
 
@@ -410,21 +434,23 @@ def aligned(g: Group) -> bool:
     return g.h == 1 or g.p == 1 or (g.layout == "block" and g.p == _pof2(g.p))
 
 
-def tree_across(m: Machine, across: Group, S: float, bf16: bool, scatter: bool = False) -> Cost:
+def tree_across(m: Machine, across: Group, S: float, bf16: bool, scatter: bool = False, raw: bool = False) -> Cost:
     """An exact AllReduce (ReduceScatter: ``scatter``) of S among one rank per host, in the tree order of
-    the hosts (their partials travel in float32 for 16-bit floats, the result in 16 bits): the best of
-    an Allgather of every partial, an AllToAll + local reduction (+ Allgather), and recursive halving
-    (+ doubling) by mpicoll's own Sendrecv steps."""
-    h, w = across.n, 2 if bf16 else 1                   # (bytes of a partial per byte of the dtype)
+    the hosts: the best of an Allgather of every host's partial, an AllToAll + local reduction
+    (+ Allgather), and recursive halving (+ doubling) by mpicoll's own Sendrecv steps. 16-bit floats:
+    partials travel in float32 (``raw``: a host's partial is one rank's input, 16 bits), the result in
+    16 bits."""
+    h = across.n
     if h == 1:
         return Cost()
-    red = Cost(_rows(m, across, h, w * S / h, False))
+    w = 1 if raw or not bf16 else 2                     # (bytes of what a host sends, per byte of the dtype)
+    red = Cost(_rows(m, across, h, w * S / h, bf16 and raw))
     back = Cost() if scatter else _call(m, mpi_allgather(m, across, S))
     a2a = _call(m, mpi_alltoall(m, across, w * S), 1, 1) + red + back
     halving = Cost()
     for k in range(_log2(h)):
-        part = w * S / (2 << k)
-        halving += _call(m, exchange(m, across, lambda r, d=1 << k: r ^ d, part, 0), 1, 1) + Cost(
+        part = (w if k == 0 else 2 if bf16 else 1) * S / (2 << k)
+        halving += _call(m, exchange(m, across, lambda r, d=1 << k: r ^ d, part), 1, 1) + Cost(
             _rows(m, across, 2, part, False))
         if not scatter:
             halving += _call(m, exchange(m, across, lambda r, d=1 << k: r ^ d, S / (2 << k)))
@@ -451,9 +477,10 @@ def tree_allreduce(m: Machine, g: Group, S: float, bf16: bool) -> Cost:
     if aligned(g):                                      # (16-bit floats: float32 partials until the end)
         last = Cost(local(m, g, S / p * m.cast, 3 * S / p)) if bf16 else Cost()
         tiers = (window_reduce_scatter(m, p, S, bf16, g) if p > 1 else Cost()) + tree_across(
-            m, Group(h, 1, share=p), S / p, bf16) + last + (_call(m, mpi_allgather(m, node, S)) if p > 1 else Cost())
-        small = (window_allreduce(m, p, S, bf16, g) if p > 1 else Cost()) + tree_across(m, Group(h, 1), S, bf16) + (
-            _call(m, mpi_node_bcast(m, node, S)) if p > 1 else Cost())
+            m, Group(h, 1, share=p), S / p, bf16, raw=p == 1) + last + (
+            _call(m, mpi_allgather(m, node, S)) if p > 1 else Cost())
+        small = (window_allreduce(m, p, S, bf16, g) if p > 1 else Cost()) + tree_across(
+            m, Group(h, 1), S, bf16, raw=p == 1) + (_call(m, mpi_node_bcast(m, node, S)) if p > 1 else Cost())
         return min(flat_opts + [tiers, small], key=lambda c: c.t)
     across = Group(h, 1, share=p)                       # (other placements: raw inputs to their owners)
     a2a = alltoall_reduce(m, g, S, bf16) + _call(m, mpi_allgather(m, across, S / p)) + _call(
@@ -470,7 +497,7 @@ def tree_reduce_scatter(m: Machine, g: Group, S: float, bf16: bool) -> Cost:
         return mpicoll_reduce_scatter(m, g, S, bf16, True)
     last = Cost(local(m, g, S / g.n * m.cast, 3 * S / g.n)) if bf16 else Cost()
     rs = window_reduce_scatter(m, g.p, S, bf16, g) if g.p > 1 else Cost()
-    return rs + tree_across(m, Group(g.h, 1, share=g.p), S / g.p, bf16, scatter=True) + last
+    return rs + tree_across(m, Group(g.h, 1, share=g.p), S / g.p, bf16, scatter=True, raw=g.p == 1) + last
 
 
 # ---------------------------------------------------------------------------------- rank order's best

@@ -101,6 +101,8 @@ def calibrate() -> dict:
                     rows = [np.ones(count, dt.np) for _ in range(k)]
                     out = np.empty(count, dt.np)
                     c[f"reduce_{dt.name}_{k}_{label}"] = best(lambda: reduce_rows(rows, dt, add, out)) / nbytes
+            b2 = np.ones(nbytes // 4, np.float32)
+            c[f"mpi_add_{label}"] = best(lambda: MPI.SUM.Reduce_local(a, b2)) / nbytes   # (MPI's own loop)
             x16, acc = np.ones(nbytes // 2, bf16.np), np.empty(nbytes // 2, np.float32)
             c[f"to_f32_{label}"] = best(lambda: to_f32(x16, acc)) / (nbytes // 2)       # per 16-bit byte in
             c[f"from_f32_{label}"] = best(lambda: from_f32(acc, x16)) / (nbytes // 2)
@@ -113,6 +115,14 @@ def calibrate() -> dict:
             s, r = np.zeros(nbytes, np.uint8), np.empty(nbytes, np.uint8)
             c[f"sendrecv_{nbytes}"] = _pair_time(pair, lambda: pair.Sendrecv(s, other, 0, r, other, 0))
         c["barrier_pair"] = _pair_time(pair, pair.Barrier)
+        if os.path.exists(TX):                       # (the bed: bytes on the link of one 16-byte exchange)
+            s16, r16 = np.zeros(16, np.uint8), np.empty(16, np.uint8)
+            pair.Barrier()
+            before = _tx()
+            for _ in range(100):
+                pair.Sendrecv(s16, other, 0, r16, other, 0)
+            pair.Barrier()
+            c[f"tx_sendrecv_16_rank{W.rank}"] = (_tx() - before) / 100
         x, y = np.ones(2, np.float32), np.empty(2, np.float32)
         c["allreduce_8_pair"] = _pair_time(pair, lambda: pair.Allreduce(x, y, MPI.SUM))
         os.environ["MPICOLL_EXACT"] = "0"
@@ -121,6 +131,8 @@ def calibrate() -> dict:
     x, y = np.ones(2, np.float32), np.empty(2, np.float32)
     c["allreduce_8_all"] = timed(lambda: W.Allreduce(x, y, MPI.SUM), 2000)
     c["barrier_all"] = timed(W.Barrier, 2000)
+    s8, r8 = np.zeros(8 * W.size, np.uint8), np.empty(8 * W.size, np.uint8)
+    c["alltoall_8_all"] = timed(lambda: W.Alltoall(s8, r8), 1000)
     big = np.ones(4 << 18, np.float32)
     out = np.empty_like(big)
     c["allreduce_4MiB_all"] = statistics.median(timed(lambda: W.Allreduce(big, out, MPI.SUM), 5) for _ in range(5))
@@ -232,7 +244,7 @@ def measure(a) -> list[dict]:
                 for k, f in fns.items():
                     row = {"op": name, "dtype": dname, "bytes": count * dt.itemsize, "path": k, "ranks": n,
                            "hosts": h, "layout": layout, "time": statistics.median(times[k]),
-                           "times": times[k]}
+                           "times": times[k], "load": os.getloadavg()[0]}
                     if on_bed:
                         row["tx"] = sent_per_call(f, a.tx_calls if nbytes >= 1 << 20 else 20)
                     rows.append(row)

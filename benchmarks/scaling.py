@@ -1,0 +1,270 @@
+"""docs/scaling.md's figures from benchmarks/model.py: the scaling table, its plot, the model's check
+against measurement, the issue's targets and issue 45's slot size.
+
+    python benchmarks/scaling.py [--machine 1gbit|100gbit]   the compact table (docs/scaling.md)
+    python benchmarks/scaling.py --grid [--machine ...]      every point: AllReduce and ReduceScatter, float32
+                                   and bfloat16, 8 B - 1 GiB, 2 - 1024 hosts x 1 - 64 ranks, block and
+                                   round-robin, every column (time in us, link bytes over the message)
+    python benchmarks/scaling.py --worst                     over that grid: the largest time over MPI's
+    python benchmarks/scaling.py --plot docs/scaling.png     (matplotlib: pip install ".[plot]")
+    python benchmarks/scaling.py --check benchmarks/model_measured.jsonl   predicted / measured, per path and size
+    python benchmarks/scaling.py --targets                   the issue's targets, as the model sees them
+    python benchmarks/scaling.py --slot                      a validated small call: one Allgather of slots
+
+Columns: ``exact`` (mpicoll today, rank order), ``tree`` (a tree order, the design of docs/scaling.md),
+``fast`` (mpicoll with MPICOLL_EXACT=0), ``mpi`` (MPI's own call as MPICH picks it; for bfloat16, which
+MPI cannot reduce, its algorithm on a 16-bit wire, as NCCL does), ``mpi-best`` (the fastest of MPI's
+algorithms: ring, recursive doubling, Rabenseifner, node-aware).
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import sys
+from dataclasses import replace
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import model as M                              # noqa: E402  (benchmarks/model.py)
+
+KiB, MiB, GiB = 1 << 10, 1 << 20, 1 << 30
+MACHINES = {"1gbit": M.CLUSTER, "100gbit": M.FAST}
+HOSTS = [2 ** k for k in range(1, 11)]
+PER_HOST = [1, 2, 4, 8, 16, 32, 64]
+SIZES = [8 * 4 ** k for k in range(14)] + [GiB]               # 8 B, 32 B, ... 512 MiB, 1 GiB
+COLUMNS = ["exact", "tree", "fast", "mpi", "mpi-best"]
+#: the compact table's points
+KEY_HOSTS, KEY_SIZES = [2, 64, 1024], [8, 64 * KiB, 16 * MiB, GiB]
+
+
+def cell(m, op, dtype, h, p, layout, S, col) -> M.Cost:
+    return M.predict(col, op, m, M.Group(h * p, p, layout), S, dtype)
+
+
+def grid(m) -> None:
+    print(f"# {m.name}: op dtype hosts ranks/host layout bytes | per column: time us, link bytes / message")
+    print("# " + " ".join(COLUMNS))
+    for op in ("AllReduce", "ReduceScatter"):
+        for dtype in ("float32", "bfloat16"):
+            for layout in ("block", "rr"):
+                for h in HOSTS:
+                    for p in PER_HOST:
+                        if layout == "rr" and p == 1:
+                            continue
+                        for S in SIZES:
+                            cs = [cell(m, op, dtype, h, p, layout, S, c) for c in COLUMNS]
+                            print(f"{op} {dtype} {h} {p} {layout} {S} " + " ".join(
+                                f"{c.t * 1e6:.4g} {c.link / S:.3g}" for c in cs))
+
+
+def worst(m, in_c: bool = False) -> None:
+    """Over the grid: for each column, the largest time over MPI's own and where, and at how many points
+    it is within 1.1x. ``in_c``: every Python overhead (mpi4py's call, a plan's step) taken out of
+    mpicoll's paths and of MPI's: the algorithms alone, as if mpicoll's steps ran in C."""
+    if in_c:
+        m = replace(m, name=m.name + ", no Python overheads", call=0.0, step=0.0)
+    for op in ("AllReduce", "ReduceScatter"):
+        for dtype in ("float32", "bfloat16"):
+            for layout in ("block", "rr"):
+                stats = {c: [] for c in ("exact", "tree", "fast")}
+                for h in HOSTS:
+                    for p in PER_HOST:
+                        if layout == "rr" and p == 1:
+                            continue
+                        for S in SIZES:
+                            ref = cell(m, op, dtype, h, p, layout, S, "mpi").t
+                            for c in stats:
+                                stats[c].append((cell(m, op, dtype, h, p, layout, S, c).t / ref, h, p, S))
+                line = []
+                for c, v in stats.items():
+                    r, h, p, S = max(v)
+                    ok = sum(1 for x in v if x[0] <= 1.1)
+                    line.append(f"{c}: worst {r:.2f} ({h}x{p}, {M._size(S)}), <= 1.1 at {ok}/{len(v)}")
+                print(f"{m.name} {op} {dtype} {layout}: " + "; ".join(line), flush=True)
+
+
+def compact(m) -> None:
+    """docs/scaling.md's table: time over MPI's own, and link bytes over the message, at the key points."""
+    print(f"**{m.name}**, 8 ranks a host, block placement (round-robin: in brackets, where it differs); "
+          "time / MPI's own (bytes a host sends / the message)\n")
+    print("| op | dtype | hosts | size | MPI's own: time, bytes | exact (rank order) | tree order | "
+          "MPICOLL_EXACT=0 |")
+    print("|---|---|---|---|---|---|---|---|")
+    for op in ("AllReduce", "ReduceScatter"):
+        for dtype in ("float32", "bfloat16"):
+            for h in KEY_HOSTS:
+                for S in KEY_SIZES:
+                    cells = []
+                    ref = cell(m, op, dtype, h, 8, "block", S, "mpi")
+                    for col in ("exact", "tree", "fast"):
+                        b = cell(m, op, dtype, h, 8, "block", S, col)
+                        r = cell(m, op, dtype, h, 8, "rr", S, col)
+                        rref = cell(m, op, dtype, h, 8, "rr", S, "mpi")
+                        txt = f"{b.t / ref.t:.2f} ({b.link / S:.2g})"
+                        if abs(r.t / rref.t - b.t / ref.t) > 0.05 * b.t / ref.t:
+                            txt += f" [{r.t / rref.t:.2f} ({r.link / S:.2g})]"
+                        cells.append(txt)
+                    print(f"| {op} | {dtype} | {h} | {M._size(S)} | {_t(ref.t)}, {ref.link / S:.2g} | "
+                          + " | ".join(cells) + " |")
+
+
+def _t(s: float) -> str:
+    return f"{s * 1e6:.0f} us" if s < 1e-2 else f"{s * 1e3:.0f} ms" if s < 10 else f"{s:.0f} s"
+
+
+def plot(path: str) -> None:
+    import matplotlib
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    fig, axes = plt.subplots(2, 4, figsize=(17, 8), sharex=True)
+    styles = {"exact": ("tab:red", "-"), "tree": ("tab:green", "-"), "fast": ("tab:blue", "--"),
+              "mpi": ("black", ":")}
+    for row, m in enumerate((M.CLUSTER, M.FAST)):
+        for col, (op, dtype, layout) in enumerate((("AllReduce", "float32", "block"), ("AllReduce", "float32", "rr"),
+                                                   ("AllReduce", "bfloat16", "block"),
+                                                   ("ReduceScatter", "float32", "block"))):
+            ax = axes[row][col]
+            for h, width in ((2, 0.8), (64, 1.6), (1024, 2.6)):
+                for c, (color, ls) in styles.items():
+                    ref = [cell(m, op, dtype, h, 8, layout, S, "mpi").t for S in SIZES]
+                    ys = [cell(m, op, dtype, h, 8, layout, S, c).t / r for S, r in zip(SIZES, ref)]
+                    ax.plot(SIZES, ys, color=color, ls=ls, lw=width, label=f"{c}, {h} hosts" if col == 0 else None)
+            ax.set_xscale("log", base=2)
+            ax.set_yscale("log")
+            ax.axhline(1.1, color="grey", lw=0.5)
+            ax.set_title(f"{op} {dtype}, {'round-robin' if layout == 'rr' else 'block'}, {m.name}", fontsize=9)
+            ax.set_xticks([8, KiB, 64 * KiB, MiB, 16 * MiB, GiB])
+            ax.set_xticklabels(["8 B", "1 KiB", "64 KiB", "1 MiB", "16 MiB", "1 GiB"])
+            if col == 0:
+                ax.set_ylabel("time / MPI's own")
+    axes[0][0].legend(fontsize=6, ncol=2)
+    fig.suptitle("benchmarks/model.py: time over MPI's own, 8 ranks a host, 2 / 64 / 1024 hosts (thin to thick); "
+                 "grey line 1.1x", fontsize=10)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    print(f"wrote {path}")
+
+
+def check(files: list[str], min_bytes: int) -> None:
+    """Predicted / measured per (placement, op, dtype, path, size): the measured rows (model_check.py
+    measure) against BED, whose cores the bed's hosts share."""
+    rows = [json.loads(line) for f in files for line in open(f) if line.startswith("{")]
+    groups: dict = {}
+    for r in rows:
+        groups.setdefault((r["hosts"], r["ranks"], r["layout"], r["op"], r["dtype"], r["path"], r["bytes"]),
+                          []).append(r)
+    print("| hosts x ranks | layout | op | dtype | path | size | time: model / measured (ms) | ratio | "
+          "bytes a host sends: model / measured (/ the message) |")
+    print("|---|---|---|---|---|---|---|---|---|")
+    errs: dict = {}
+    for (h, n, layout, op, dtype, path, S), rs in sorted(groups.items()):
+        if path not in M.PATHS or S < min_bytes:
+            continue
+        p = n // h
+        g = M.Group(n, p, "block" if layout == "block" else "rr")
+        m = replace(M.BED, cores=M.BED.cores / h) if h > 1 else M.BED      # (the bed's hosts share 2 cores)
+        if path == "tree":
+            c = M.tree_allreduce(m, g, S, dtype == "bfloat16") if op == "AllReduce" else M.tree_reduce_scatter(
+                m, g, S, dtype == "bfloat16")
+        else:
+            c = M.predict(path, op, m, g, S, dtype)
+        t = statistics.median(r["time"] for r in rs)
+        tx = [r["tx"] for r in rs if "tx" in r]
+        ratio = c.t / t
+        errs.setdefault((h > 1, S >= 64 * KiB), []).append(ratio)
+        btxt = f"{c.link / S:.2f} / {statistics.median(tx) / S:.2f}" if tx else "-"
+        print(f"| {h} x {p} | {layout} | {op} | {dtype} | {path} | {M._size(S)} | {c.t * 1e3:.3g} / {t * 1e3:.3g} | "
+              f"{ratio:.2f} | {btxt} |")
+    for (multi, big), v in sorted(errs.items()):
+        v = sorted(v)
+        within = sum(1 for x in v if 1 / 1.25 <= x <= 1.25)
+        print(f"# {'bed' if multi else 'one host'}, {'>= 64 KiB' if big else '< 64 KiB'}: {len(v)} points, "
+              f"model/measured median {statistics.median(v):.2f}, range {v[0]:.2f}-{v[-1]:.2f}, "
+              f"within 25%: {within}")
+
+
+def targets() -> None:
+    """The issue's targets: on the bed (BED, 2 hosts x 2 ranks, 1 Gbit/s) and at 1024 hosts x 8 ranks."""
+    bed = replace(M.BED, cores=1)
+    for layout in ("block", "rr"):
+        g = M.Group(4, 2, layout)
+        for S in (MiB, 4 * MiB):
+            ref = M.predict("mpi", "AllReduce", bed, g, S, "float32").t
+            cols = {c: M.predict(c, "AllReduce", bed, g, S, "float32").t / ref for c in ("exact", "tree")}
+            best = M.rank_order_best(bed, g, S, False).t / ref
+            print(f"bed 2 x 2 {layout:5} float32 AllReduce {M._size(S):>6}: exact/MPI {cols['exact']:.2f}, "
+                  f"tree/MPI {cols['tree']:.2f}, the best rank-order path/MPI {best:.2f} (target <= 1.2)")
+    g = M.Group(4, 2)
+    for S in (MiB, 4 * MiB):
+        tiers = M.predict("fast", "AllReduce", bed, g, S, "bfloat16").t
+        ex = M.predict("exact", "AllReduce", bed, g, S, "bfloat16").t
+        tr = M.predict("tree", "AllReduce", bed, g, S, "bfloat16").t
+        print(f"bed 2 x 2 block bfloat16 AllReduce {M._size(S):>6}: exact/tiers {ex / tiers:.2f}, "
+              f"tree/tiers {tr / tiers:.2f} (target <= 1.3; the float32 partials' floor: 1.5x the bytes)")
+    for m in (M.CLUSTER, M.FAST):
+        g = M.Group(8192, 8)
+        S = 16 * MiB
+        ref = M.predict("mpi", "AllReduce", m, g, S, "float32").t
+        print(f"{m.name}: 1024 x 8, 16 MiB float32 AllReduce: exact/MPI "
+              f"{M.predict('exact', 'AllReduce', m, g, S, 'float32').t / ref:.2f}, tree/MPI "
+              f"{M.predict('tree', 'AllReduce', m, g, S, 'float32').t / ref:.2f}, the best rank-order path/MPI "
+              f"{M.rank_order_best(m, g, S, False).t / ref:.2f} (target <= 1.1)")
+
+
+def slot() -> None:
+    """Issue 45: a validated AllReduce of S <= slot bytes as one Allgather of (header + slot), against
+    today's two exchanges (the header's Allgather, then the data call), on one host and across hosts
+    (8 ranks a host). Per slot size: the time of an 8-byte call and of a slot-sized call, fused / today;
+    the best slot is the largest with neither above 1."""
+    sizes = [256, 512, KiB, 2 * KiB, 4 * KiB, 8 * KiB]
+    for m, label, shape in ((M.CLUSTER, "one host", lambda n: M.Group(n, n)),
+                            (M.CLUSTER, "1 Gbit/s, 8 a host", lambda n: M.Group(n, min(n, 8))),
+                            (M.FAST, "100 Gbit/s, 8 a host", lambda n: M.Group(n, min(n, 8)))):
+        print(f"\n{label}: time of a validated call fused / today, for an 8 B call and a call of s bytes\n")
+        print("| ranks | 8 B today (us) | " + " | ".join(f"s = {M._size(s)}" for s in sizes) + " | best s |")
+        print("|---" * (len(sizes) + 3) + "|")
+        for n in (2, 4, 8, 16, 32, 64):
+            g = shape(n)
+            sep8 = M.separate_call(m, g, 8).t
+            cells, best = [], None
+            for s in sizes:
+                r8, rs = M.slot_call(m, g, 8, s).t / sep8, M.slot_call(m, g, s, s).t / M.separate_call(m, g, s).t
+                cells.append(f"{r8:.2f}, {rs:.2f}")
+                if max(r8, rs) <= 1.0:
+                    best = s
+            print(f"| {n} | {sep8 * 1e6:.0f} | " + " | ".join(cells) + f" | {M._size(best) if best else '-'} |")
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--machine", default="1gbit", choices=list(MACHINES))
+    ap.add_argument("--grid", action="store_true")
+    ap.add_argument("--worst", action="store_true")
+    ap.add_argument("--plot")
+    ap.add_argument("--check", nargs="+")
+    ap.add_argument("--min-bytes", type=int, default=0, help="--check: only sizes from this many bytes")
+    ap.add_argument("--targets", action="store_true")
+    ap.add_argument("--slot", action="store_true")
+    a = ap.parse_args()
+    m = MACHINES[a.machine]
+    if a.grid:
+        grid(m)
+    elif a.worst:
+        for mm in MACHINES.values():
+            worst(mm)
+            worst(mm, in_c=True)
+    elif a.plot:
+        plot(a.plot)
+    elif a.check:
+        check(a.check, a.min_bytes)
+    elif a.targets:
+        targets()
+    elif a.slot:
+        slot()
+    else:
+        compact(m)
+
+
+if __name__ == "__main__":
+    main()
