@@ -223,6 +223,12 @@ def mpi_node_bcast(m: Machine, g: Group, S: float) -> Cost:
     return exchange(m, g, lambda r: r, S / g.n) * _log2(g.n) + mpi_allgather(m, g, S)
 
 
+def mpi_node_gather(m: Machine, g: Group, T: float) -> Cost:
+    """Gather of T bytes in all to one rank of a host (binomial: log2 p steps, the root receiving
+    (p - 1) / p of T)."""
+    return Cost(_log2(g.n) * m.shm_lat + local(m, g, T * (g.n - 1) / g.n * m.shm_byte, 2 * T))
+
+
 def mpi_allreduce(m: Machine, g: Group, S: float) -> Cost:
     """MPI's own Allreduce as MPICH 5.0.2 picks it (float32 SUM): on several hosts with several ranks
     each, node-aware at every size (measured on the bed: one message's worth per host in block and
@@ -437,7 +443,8 @@ def aligned(g: Group) -> bool:
 def tree_across(m: Machine, across: Group, S: float, bf16: bool, scatter: bool = False, raw: bool = False) -> Cost:
     """An exact AllReduce (ReduceScatter: ``scatter``) of S among one rank per host, in the tree order of
     the hosts: the best of an Allgather of every host's partial, an AllToAll + local reduction
-    (+ Allgather), and recursive halving (+ doubling) by mpicoll's own Sendrecv steps. 16-bit floats:
+    (+ Allgather), recursive halving (+ doubling) and (AllReduce) recursive doubling by mpicoll's own
+    Sendrecv steps, partners at host distance 1, 2, 4, ... (the lower hosts' partial on the left). 16-bit floats:
     partials travel in float32 (``raw``: a host's partial is one rank's input, 16 bits), the result in
     16 bits."""
     h = across.n
@@ -455,8 +462,14 @@ def tree_across(m: Machine, across: Group, S: float, bf16: bool, scatter: bool =
         if not scatter:
             halving += _call(m, exchange(m, across, lambda r, d=1 << k: r ^ d, S / (2 << k)))
     options = [a2a, halving]
-    if not scatter:
+    if not scatter:                                     # (an Allgather of every partial; recursive doubling)
         options.append(_call(m, mpi_allgather(m, across, h * w * S), 1, 1) + Cost(_rows(m, across, h, w * S, False)))
+        doubling = Cost()
+        for k in range(_log2(h)):
+            wk = w if k == 0 else 2 if bf16 else 1
+            doubling += _call(m, exchange(m, across, lambda r, d=1 << k: r ^ d, wk * S), 1, 1) + Cost(
+                _rows(m, across, 2, wk * S, False))
+        options.append(doubling)
     return min(options, key=lambda c: c.t)
 
 
@@ -481,7 +494,10 @@ def tree_allreduce(m: Machine, g: Group, S: float, bf16: bool) -> Cost:
             _call(m, mpi_allgather(m, node, S)) if p > 1 else Cost())
         small = (window_allreduce(m, p, S, bf16, g) if p > 1 else Cost()) + tree_across(
             m, Group(h, 1), S, bf16, raw=p == 1) + (_call(m, mpi_node_bcast(m, node, S)) if p > 1 else Cost())
-        return min(flat_opts + [tiers, small], key=lambda c: c.t)
+        leader = (_call(m, mpi_node_gather(m, node, p * S), 1, 1) + Cost(_rows(m, node, p, S, bf16))
+                  if p > 1 else Cost()) + tree_across(m, Group(h, 1), S, bf16, raw=p == 1) + (
+            _call(m, mpi_node_bcast(m, node, S)) if p > 1 else Cost())
+        return min(flat_opts + [tiers, small, leader], key=lambda c: c.t)
     across = Group(h, 1, share=p)                       # (other placements: raw inputs to their owners)
     a2a = alltoall_reduce(m, g, S, bf16) + _call(m, mpi_allgather(m, across, S / p)) + _call(
         m, mpi_allgather(m, node, S))
