@@ -36,17 +36,17 @@ class Machine:
     net_hdr: float      # bytes a message adds on the link (TCP/IP and MPI headers, acknowledgements)
     shm_lat: float      # one message between ranks of a host, inside an MPI collective
     shm_byte: float     # an MPI transfer between ranks of a host
-    copy: float         # one core's memcpy (numpy copyto), per byte copied, out of cache
+    copy: float         # one core's memcpy (numpy copyto), per byte copied
     row32: float        # mpicoll's rank-order reduction (reduce_rows), per byte of each float32 row
     row16: float        # the same, bfloat16 rows accumulated in float32 (C kernel), per 16-bit byte
-    cache: float        # bytes a rank's step may touch and stay in its cache (then the next two apply)
-    copy_c: float       # copy, in cache
+    cache: float        # bytes a rank's message and step may hold and stay in its cache (then row16_c)
     row16_c: float      # a bfloat16 row, in cache
     cast: float         # bfloat16 <-> float32 (C kernels), per 16-bit byte
     add: float          # MPI's own reduction of two operands, per byte
     call: float         # one MPI call from Python (mpi4py; a plan's MPI step)
     coll: float         # a collective's own set-up inside MPI (its algorithm's choice, buffers)
-    step: float         # one local step of an mpicoll plan (a reduction, a copy, a window sync)
+    step: float         # one local step of an mpicoll plan (a reduction, a cast)
+    win_step: float     # one step of the node window (Python and Win.Sync around its copy or reduction)
     cores: float        # cores per host (0: one per rank; the bed's hosts share this machine's 2)
     over_lat: float     # each message's extra wait while a host's ranks outnumber its cores
     node_byte: float    # the host's memory, per byte moved by all its ranks together
@@ -63,20 +63,20 @@ BED = Machine(
     net_hdr=100,            # bed 2 x 1: tx bytes of a 16-byte Sendrecv, 115
     shm_lat=0.3e-6,         # np=2: PERF.md's Allreduce of 8 B from C (0.27 us)
     shm_byte=0.2e-9,        # fitted* (np=2 Sendrecv of 4 MiB: 0.135)
-    copy=0.05e-9,           # fitted* (np=1 copyto of 16 MiB: 0.078)
-    row32=0.04e-9,          # fitted* (np=1 reduce_rows of 2, 4 rows of 256 KiB: 0.08, 0.14 ns a byte out)
+    copy=0.03e-9,           # fitted* (np=1 copyto of 256 KiB: 0.030, of 16 MiB: 0.078)
+    row32=0.06e-9,          # fitted* (np=1 reduce_rows of 2, 4 rows of 256 KiB: 0.08, 0.14 ns a byte out)
     row16=0.12e-9,          # np=1: reduce_rows of 4, 8 bfloat16 rows of 16 MiB: 0.42, 0.95 ns a byte out
     cache=2 * MiB,          # lscpu: 2 MiB of L2 a core
-    copy_c=0.03e-9,         # np=1: copyto of 256 KiB
     row16_c=0.05e-9,        # np=1: reduce_rows of 2, 4 bfloat16 rows of 128 Ki elements: 0.12, 0.19 ns
     cast=0.28e-9,           # np=1: to_f32, from_f32 of 8 Mi elements: 0.24, 0.32 ns a 16-bit byte
     add=0.1e-9,             # fitted* (np=1 MPI.SUM.Reduce_local of 16 MiB float32: 0.17)
     call=1.5e-6,            # np=2, bound: a raw Allreduce of 8 B (2.1 us) less coll and one message
     coll=0.3e-6,            # (the rest of the 2.1 us)
-    step=3e-6,              # fitted* (np=2: a plan's MPI step: 0.2 us; a window step is Python + Win.Sync)
+    step=1.2e-6,            # np=2: a bfloat16 AllReduce of 8 B, cast-Allreduce-cast: 4.6 us, two steps and a call
+    win_step=3e-6,          # fitted* (a plan's MPI step: 0.2 us over raw; a window step is Python + Win.Sync)
     cores=2,
     over_lat=11e-6,         # bed 2 x 2 (4 ranks on 2 cores): Sendrecv of 8 B, 18.4 us, less 2 x 1's 7.7
-    node_byte=0.036e-9,     # PERF.md: two copies at once, 13.8 GB/s (each byte read and written)
+    node_byte=0.02e-9,      # fitted* (PERF.md: two copies at once, 13.8 GB/s, each byte read and written: 0.036)
 )
 #: * fitted: the value that brings the model closest to the 30 measured one-host paths at 2 ranks from
 #: 64 KiB (benchmarks/scaling.py --check); the microbenchmark's value in brackets. The node's copies and
@@ -140,16 +140,22 @@ def _par(m: Machine, k: int) -> float:
     return max(1.0, k / m.cores) if m.cores else 1.0
 
 
+#: the bytes of each rank's message in the call being costed (set by :func:`predict`): a step streams
+#: from memory when the message does not fit in a rank's cache, however small the step
+_MESSAGE = [0.0]
+
+
 def local(m: Machine, g: Group, seconds: float, nbytes: float) -> float:
     """Every rank of a host busy ``seconds`` on its core, moving ``nbytes`` of memory: the slower of its
-    core (shared when the ranks outnumber the cores) and the host's memory (unless it stays in cache)."""
-    mem = g.p * g.share * nbytes * m.node_byte if nbytes > m.cache else 0.0
+    core (shared when the ranks outnumber the cores) and the host's memory (unless the step and the
+    message stay in cache)."""
+    mem = g.p * g.share * nbytes * m.node_byte if max(nbytes, _MESSAGE[0]) > m.cache else 0.0
     return max(seconds * _par(m, g.p * g.share), mem)
 
 
 def _copy(m: Machine, g: Group, nbytes: float) -> float:
-    """One rank of each of a host's ranks copying ``nbytes``."""
-    return local(m, g, nbytes * (m.copy_c if nbytes <= m.cache else m.copy), 2 * nbytes)
+    """Each of a host's ranks copying ``nbytes``."""
+    return local(m, g, nbytes * m.copy, 2 * nbytes)
 
 
 def exchange(m: Machine, g: Group, partner, nbytes: float, reduce: float = 0.0) -> Cost:
@@ -328,23 +334,23 @@ def window_allreduce(m: Machine, p: int, S: float, bf16: bool = False, cores_of:
     g = cores_of or Group(p, p)
     if S * p * (p - 1) <= 2 * MiB and S <= 2 * MiB:
         work = _copy(m, g, S) + _rows(m, g, p, S, bf16)
-        return Cost(work + 4 * m.step) + _barrier(m, p)
+        return Cost(work + 4 * m.win_step) + _barrier(m, p)
     cost = Cost()
     for r in range(math.ceil(S / (2 * MiB))):
         s = min(2 * MiB, S - r * 2 * MiB)
         work = _copy(m, g, s * (p - 1) / p) * 2 + _copy(m, g, s / p) + _rows(m, g, p, s / p, bf16)
-        cost += Cost(work + 4 * m.step) + _barrier(m, p) * 2
-    return cost + Cost(m.step)
+        cost += Cost(work + 4 * m.win_step) + _barrier(m, p) * 2
+    return cost + Cost(m.win_step)
 
 
 def window_reduce_scatter(m: Machine, p: int, S: float, bf16: bool = False, cores_of: Group | None = None) -> Cost:
     """_shm.reduce_scatter: rounds of 2 MiB (copy the others' blocks in, Barrier, reduce this rank's)."""
     g = cores_of or Group(p, p)
-    cost = Cost(m.step)
+    cost = Cost(m.win_step)
     for r in range(max(math.ceil(S / (2 * MiB)), 1)):
         s = min(2 * MiB, S - r * 2 * MiB)
         work = _copy(m, g, s * (p - 1) / p) + _rows(m, g, p, s / p, bf16)
-        cost += Cost(work + 3 * m.step) + _barrier(m, p)
+        cost += Cost(work + 3 * m.win_step) + _barrier(m, p)
     return cost
 
 
@@ -473,14 +479,15 @@ def tree_across(m: Machine, across: Group, S: float, bf16: bool, scatter: bool =
     return min(options, key=lambda c: c.t)
 
 
-def tree_allreduce(m: Machine, g: Group, S: float, bf16: bool) -> Cost:
+def tree_allreduce(m: Machine, g: Group, S: float, bf16: bool, raw16: bool = True) -> Cost:
     """An AllReduce in the tree order (docs/scaling.md): one host: the window from 4 KiB, else the
     Allgather path (both reduce in the tree's order instead of rank order: the same cost). Several
     hosts holding aligned blocks: node-first tiers, the best of (a) a ReduceScatter on each host, the
     exact AllReduce of each block across hosts (:func:`tree_across`), an Allgather on each host, and
     (b) for small messages, the window's one-shot reduction on each host, the exact AllReduce of the
     whole message among the hosts' first ranks and a broadcast on each host; or the flat paths.
-    Other placements: the owners gather raw inputs (an AllToAll), reduce, and gather back host-aware."""
+    Other placements: the owners gather raw inputs (an AllToAll), reduce, and gather back host-aware.
+    ``raw16`` False: one rank a host sends float32 too (benchmarks/model_check.py's prototype)."""
     n, p, h = g.n, g.p, g.h
     flat_opts = [gathered(m, g, S, bf16)] if n * S <= 64 * KiB else []
     if h == 1:
@@ -489,13 +496,14 @@ def tree_allreduce(m: Machine, g: Group, S: float, bf16: bool) -> Cost:
     node = Group(p, p)
     if aligned(g):                                      # (16-bit floats: float32 partials until the end)
         last = Cost(local(m, g, S / p * m.cast, 3 * S / p)) if bf16 else Cost()
-        tiers = (window_reduce_scatter(m, p, S, bf16, g) if p > 1 else Cost()) + tree_across(
-            m, Group(h, 1, share=p), S / p, bf16, raw=p == 1) + last + (
-            _call(m, mpi_allgather(m, node, S)) if p > 1 else Cost())
+        q = 2 * MiB if S >= 8 * MiB else S              # (in pieces from 8 MiB, as MPI's own from mpicoll)
+        tiers = ((window_reduce_scatter(m, p, q, bf16, g) if p > 1 else Cost()) + tree_across(
+            m, Group(h, 1, share=p), q / p, bf16, raw=raw16 and p == 1) + last * (q / S) + (
+            _call(m, mpi_allgather(m, node, q)) if p > 1 else Cost())) * (S / q)
         small = (window_allreduce(m, p, S, bf16, g) if p > 1 else Cost()) + tree_across(
-            m, Group(h, 1), S, bf16, raw=p == 1) + (_call(m, mpi_node_bcast(m, node, S)) if p > 1 else Cost())
+            m, Group(h, 1), S, bf16, raw=raw16 and p == 1) + (_call(m, mpi_node_bcast(m, node, S)) if p > 1 else Cost())
         leader = (_call(m, mpi_node_gather(m, node, p * S), 1, 1) + Cost(_rows(m, node, p, S, bf16))
-                  if p > 1 else Cost()) + tree_across(m, Group(h, 1), S, bf16, raw=p == 1) + (
+                  if p > 1 else Cost()) + tree_across(m, Group(h, 1), S, bf16, raw=raw16 and p == 1) + (
             _call(m, mpi_node_bcast(m, node, S)) if p > 1 else Cost())
         return min(flat_opts + [tiers, small, leader], key=lambda c: c.t)
     across = Group(h, 1, share=p)                       # (other placements: raw inputs to their owners)
@@ -504,7 +512,7 @@ def tree_allreduce(m: Machine, g: Group, S: float, bf16: bool) -> Cost:
     return min(flat_opts + [a2a], key=lambda c: c.t)
 
 
-def tree_reduce_scatter(m: Machine, g: Group, S: float, bf16: bool) -> Cost:
+def tree_reduce_scatter(m: Machine, g: Group, S: float, bf16: bool, raw16: bool = True) -> Cost:
     """A ReduceScatter in the tree order: one host, or placements that are not aligned, as today (the
     window, or alltoall_reduce, reducing in the tree's order); aligned hosts: a ReduceScatter on each
     host (member k gets the blocks bound for member k of every host) and the exact ReduceScatter of
@@ -513,7 +521,7 @@ def tree_reduce_scatter(m: Machine, g: Group, S: float, bf16: bool) -> Cost:
         return mpicoll_reduce_scatter(m, g, S, bf16, True)
     last = Cost(local(m, g, S / g.n * m.cast, 3 * S / g.n)) if bf16 else Cost()
     rs = window_reduce_scatter(m, g.p, S, bf16, g) if g.p > 1 else Cost()
-    return rs + tree_across(m, Group(g.h, 1, share=g.p), S / g.p, bf16, scatter=True, raw=g.p == 1) + last
+    return rs + tree_across(m, Group(g.h, 1, share=g.p), S / g.p, bf16, scatter=True, raw=raw16 and g.p == 1) + last
 
 
 # ---------------------------------------------------------------------------------- rank order's best
@@ -552,20 +560,22 @@ def rank_order_best(m: Machine, g: Group, S: float, bf16: bool) -> Cost:
 
 # ---------------------------------------------------------------------------------- issue 45's slot
 
-def header_bytes(n: int) -> int:
-    """The header row one rank sends to agree a call (``_validate.header``: H_LEN + 2n int64)."""
-    return 8 * (20 + 2 * n)
+def header_bytes(n: int, counts: bool = True) -> int:
+    """The header row one rank sends to agree a call (``_validate.header``: H_LEN + 2n int64; without
+    the 2n per-rank counts, which only the V operators need: H_LEN)."""
+    return 8 * (20 + (2 * n if counts else 0))
 
 
-def slot_call(m: Machine, g: Group, S: float, slot: int) -> Cost:
+def slot_call(m: Machine, g: Group, S: float, slot: int, counts: bool = True) -> Cost:
     """A validated AllReduce of S <= slot bytes: ONE Allgather of fixed slots (the header and the
     payload, padded to ``slot``), checked, then reduced locally (rank or tree order)."""
-    return _call(m, mpi_allgather(m, g, g.n * (header_bytes(g.n) + slot)) + Cost(_rows(m, g, g.n, S, False)), 1, 2)
+    return _call(m, mpi_allgather(m, g, g.n * (header_bytes(g.n, counts) + slot)) + Cost(
+        _rows(m, g, g.n, S, False)), 1, 1)
 
 
-def separate_call(m: Machine, g: Group, S: float, exact: bool = True) -> Cost:
-    """A validated AllReduce today: the header's Allgather, then the data call."""
-    return _call(m, mpi_allgather(m, g, g.n * header_bytes(g.n))) + mpicoll_allreduce(m, g, S, False, exact)
+def separate_call(m: Machine, g: Group, S: float, counts: bool = True) -> Cost:
+    """A validated AllReduce today: the header's Allgather, then the data call (rank order)."""
+    return _call(m, mpi_allgather(m, g, g.n * header_bytes(g.n, counts))) + mpicoll_allreduce(m, g, S, False, True)
 
 
 # ---------------------------------------------------------------------------------- the paths, by name
@@ -588,7 +598,11 @@ PATHS = {
 
 def predict(path: str, op: str, m: Machine, g: Group, S: float, dtype: str) -> Cost:
     """The model of one column: ``path`` in PATHS, ``op`` "AllReduce" or "ReduceScatter"."""
-    return PATHS[path][op == "ReduceScatter"](m, g, S, dtype == "bfloat16")
+    _MESSAGE[0] = S
+    try:
+        return PATHS[path][op == "ReduceScatter"](m, g, S, dtype == "bfloat16")
+    finally:
+        _MESSAGE[0] = 0.0
 
 
 def _size(b: float) -> str:

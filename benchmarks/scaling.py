@@ -9,6 +9,7 @@ against measurement, the issue's targets and issue 45's slot size.
     python benchmarks/scaling.py --plot docs/scaling.png     (matplotlib: pip install ".[plot]")
     python benchmarks/scaling.py --check benchmarks/model_measured.jsonl   predicted / measured, per path and size
     python benchmarks/scaling.py --targets                   the issue's targets, as the model sees them
+    python benchmarks/scaling.py --measured-targets benchmarks/model_measured.jsonl   and as measured
     python benchmarks/scaling.py --slot                      a validated small call: one Allgather of slots
 
 Columns: ``exact`` (mpicoll today, rank order), ``tree`` (a tree order, the design of docs/scaling.md),
@@ -63,11 +64,11 @@ def worst(m, in_c: bool = False) -> None:
     it is within 1.1x. ``in_c``: every Python overhead (mpi4py's call, a plan's step) taken out of
     mpicoll's paths and of MPI's: the algorithms alone, as if mpicoll's steps ran in C."""
     if in_c:
-        m = replace(m, name=m.name + ", no Python overheads", call=0.0, step=0.0)
+        m = replace(m, name=m.name + ", no Python overheads", call=0.0, step=0.0, win_step=0.0)
     for op in ("AllReduce", "ReduceScatter"):
         for dtype in ("float32", "bfloat16"):
             for layout in ("block", "rr"):
-                stats = {c: [] for c in ("exact", "tree", "fast")}
+                stats = {c: [] for c in ("exact", "tree", "fast", "tree/mpi-best")}
                 for h in HOSTS:
                     for p in PER_HOST:
                         if layout == "rr" and p == 1:
@@ -75,38 +76,47 @@ def worst(m, in_c: bool = False) -> None:
                         for S in SIZES:
                             ref = cell(m, op, dtype, h, p, layout, S, "mpi").t
                             for c in stats:
-                                stats[c].append((cell(m, op, dtype, h, p, layout, S, c).t / ref, h, p, S))
+                                if c == "tree/mpi-best":
+                                    r = stats["tree"][-1][0] * ref / cell(m, op, dtype, h, p, layout, S, "mpi-best").t
+                                else:
+                                    r = cell(m, op, dtype, h, p, layout, S, c).t / ref
+                                stats[c].append((r, h, p, S))
                 line = []
                 for c, v in stats.items():
                     r, h, p, S = max(v)
                     ok = sum(1 for x in v if x[0] <= 1.1)
-                    line.append(f"{c}: worst {r:.2f} ({h}x{p}, {M._size(S)}), <= 1.1 at {ok}/{len(v)}")
+                    above = [x[3] for x in v if x[0] > 1.1]
+                    start = min((z for z in SIZES if z > max(above)), default=None) if above else SIZES[0]
+                    line.append(f"{c}: worst {r:.2f} ({h}x{p}, {M._size(S)}), <= 1.1 at {ok}/{len(v)}"
+                                + (f", everywhere from {M._size(start)}" if start else ""))
                 print(f"{m.name} {op} {dtype} {layout}: " + "; ".join(line), flush=True)
 
 
-def compact(m) -> None:
-    """docs/scaling.md's table: time over MPI's own, and link bytes over the message, at the key points."""
-    print(f"**{m.name}**, 8 ranks a host, block placement (round-robin: in brackets, where it differs); "
-          "time / MPI's own (bytes a host sends / the message)\n")
-    print("| op | dtype | hosts | size | MPI's own: time, bytes | exact (rank order) | tree order | "
+def compact(m, ops=(("AllReduce", "float32"), ("AllReduce", "bfloat16"), ("ReduceScatter", "float32"))) -> None:
+    """docs/scaling.md's table: time over MPI's own, and bytes a host sends over the message, at the key
+    points, 8 ranks a host, block placement; round-robin in brackets where it differs by more than 5%."""
+    print(f"**{m.name}**, 8 ranks a host: time / MPI's own (bytes a host sends / the message); block "
+          "placement [round-robin, where it differs]\n")
+    print("| op | hosts | size | MPI's own | MPI's best algorithm | exact (rank order) | tree order | "
           "MPICOLL_EXACT=0 |")
     print("|---|---|---|---|---|---|---|---|")
-    for op in ("AllReduce", "ReduceScatter"):
-        for dtype in ("float32", "bfloat16"):
-            for h in KEY_HOSTS:
-                for S in KEY_SIZES:
-                    cells = []
-                    ref = cell(m, op, dtype, h, 8, "block", S, "mpi")
-                    for col in ("exact", "tree", "fast"):
-                        b = cell(m, op, dtype, h, 8, "block", S, col)
-                        r = cell(m, op, dtype, h, 8, "rr", S, col)
-                        rref = cell(m, op, dtype, h, 8, "rr", S, "mpi")
-                        txt = f"{b.t / ref.t:.2f} ({b.link / S:.2g})"
-                        if abs(r.t / rref.t - b.t / ref.t) > 0.05 * b.t / ref.t:
-                            txt += f" [{r.t / rref.t:.2f} ({r.link / S:.2g})]"
-                        cells.append(txt)
-                    print(f"| {op} | {dtype} | {h} | {M._size(S)} | {_t(ref.t)}, {ref.link / S:.2g} | "
-                          + " | ".join(cells) + " |")
+    for op, dtype in ops:
+        for h in KEY_HOSTS:
+            for S in KEY_SIZES:
+                cells = []
+                ref, rref = (cell(m, op, dtype, h, 8, lay, S, "mpi") for lay in ("block", "rr"))
+                for col in ("mpi-best", "exact", "tree", "fast"):
+                    b, r = (cell(m, op, dtype, h, 8, lay, S, col) for lay in ("block", "rr"))
+                    txt = f"{b.t / ref.t:.2f} ({_r(b.link / S)})"
+                    if abs(r.t / rref.t - b.t / ref.t) > 0.05 * b.t / ref.t:
+                        txt += f" [{r.t / rref.t:.2f} ({_r(r.link / S)})]"
+                    cells.append(txt)
+                print(f"| {op} {dtype} | {h} | {M._size(S)} | {_t(ref.t)} ({_r(ref.link / S)}) | " + " | ".join(cells)
+                      + " |")
+
+
+def _r(x: float) -> str:
+    return f"{x:.2g}" if x < 10 else f"{x:,.0f}"
 
 
 def _t(s: float) -> str:
@@ -164,9 +174,11 @@ def check(files: list[str], min_bytes: int) -> None:
         p = n // h
         g = M.Group(n, p, "block" if layout == "block" else "rr")
         m = replace(M.BED, cores=M.BED.cores / h) if h > 1 else M.BED      # (the bed's hosts share 2 cores)
-        if path == "tree":
-            c = M.tree_allreduce(m, g, S, dtype == "bfloat16") if op == "AllReduce" else M.tree_reduce_scatter(
-                m, g, S, dtype == "bfloat16")
+        if path == "tree":                   # (the prototype: float32 across hosts, even from one rank a host)
+            tree = M.tree_allreduce if op == "AllReduce" else M.tree_reduce_scatter
+            M._MESSAGE[0] = S
+            c = tree(m, g, S, dtype == "bfloat16", raw16=False)
+            M._MESSAGE[0] = 0.0
         else:
             c = M.predict(path, op, m, g, S, dtype)
         t = statistics.median(r["time"] for r in rs)
@@ -212,24 +224,44 @@ def targets() -> None:
               f"{M.rank_order_best(m, g, S, False).t / ref:.2f} (target <= 1.1)")
 
 
+def measured_targets(files: list[str]) -> None:
+    """The targets as measured (model_check.py measure on the bed, 2 hosts x 2 ranks): medians of the
+    time ratios paired within a repetition; float32 over MPI's own, bfloat16 over the tiers
+    (MPICOLL_EXACT=0)."""
+    rows = [json.loads(line) for f in files for line in open(f) if line.startswith("{")]
+    for layout in ("block", "round-robin"):
+        for dtype, ref in (("float32", "mpi"), ("bfloat16", "fast")):
+            for S in (MiB, 4 * MiB):
+                got = {r["path"]: r["times"] for r in rows if r["op"] == "AllReduce" and r["dtype"] == dtype and
+                       r["bytes"] == S and r["layout"] == layout and r["ranks"] == 4 and r["hosts"] == 2}
+                if ref not in got:
+                    continue
+                txt = [f"{k}/{ref} {statistics.median(a / b for a, b in zip(got[k], got[ref])):.2f}"
+                       for k in ("exact", "tree") if k in got]
+                print(f"measured, bed 2 x 2 {layout} {dtype} AllReduce {M._size(S)}: " + ", ".join(txt))
+
+
 def slot() -> None:
     """Issue 45: a validated AllReduce of S <= slot bytes as one Allgather of (header + slot), against
     today's two exchanges (the header's Allgather, then the data call), on one host and across hosts
-    (8 ranks a host). Per slot size: the time of an 8-byte call and of a slot-sized call, fused / today;
-    the best slot is the largest with neither above 1."""
+    (8 ranks a host), with today's header (160 + 16 n bytes) and with its fixed 160 bytes alone. Per slot
+    size: the time of an 8-byte call and of a slot-sized call, fused / today; the best slot is the
+    largest with neither above 1."""
     sizes = [256, 512, KiB, 2 * KiB, 4 * KiB, 8 * KiB]
-    for m, label, shape in ((M.CLUSTER, "one host", lambda n: M.Group(n, n)),
-                            (M.CLUSTER, "1 Gbit/s, 8 a host", lambda n: M.Group(n, min(n, 8))),
-                            (M.FAST, "100 Gbit/s, 8 a host", lambda n: M.Group(n, min(n, 8)))):
-        print(f"\n{label}: time of a validated call fused / today, for an 8 B call and a call of s bytes\n")
+    for m, label, shape, counts in ((M.CLUSTER, "one host", lambda n: M.Group(n, n), True),
+                                    (M.CLUSTER, "one host, a 160-byte header", lambda n: M.Group(n, n), False),
+                                    (M.CLUSTER, "1 Gbit/s, 8 a host", lambda n: M.Group(n, min(n, 8)), True),
+                                    (M.FAST, "100 Gbit/s, 8 a host", lambda n: M.Group(n, min(n, 8)), True)):
+        print(f"\n{label}: a validated call fused / today, for an 8 B call and a call of s bytes\n")
         print("| ranks | 8 B today (us) | " + " | ".join(f"s = {M._size(s)}" for s in sizes) + " | best s |")
         print("|---" * (len(sizes) + 3) + "|")
         for n in (2, 4, 8, 16, 32, 64):
             g = shape(n)
-            sep8 = M.separate_call(m, g, 8).t
+            sep8 = M.separate_call(m, g, 8, counts).t
             cells, best = [], None
             for s in sizes:
-                r8, rs = M.slot_call(m, g, 8, s).t / sep8, M.slot_call(m, g, s, s).t / M.separate_call(m, g, s).t
+                r8 = M.slot_call(m, g, 8, s, counts).t / sep8
+                rs = M.slot_call(m, g, s, s, counts).t / M.separate_call(m, g, s, counts).t
                 cells.append(f"{r8:.2f}, {rs:.2f}")
                 if max(r8, rs) <= 1.0:
                     best = s
@@ -245,6 +277,7 @@ def main() -> None:
     ap.add_argument("--check", nargs="+")
     ap.add_argument("--min-bytes", type=int, default=0, help="--check: only sizes from this many bytes")
     ap.add_argument("--targets", action="store_true")
+    ap.add_argument("--measured-targets", nargs="+", metavar="FILE", help="the targets from measured rows")
     ap.add_argument("--slot", action="store_true")
     a = ap.parse_args()
     m = MACHINES[a.machine]
@@ -260,10 +293,13 @@ def main() -> None:
         check(a.check, a.min_bytes)
     elif a.targets:
         targets()
+    elif a.measured_targets:
+        measured_targets(a.measured_targets)
     elif a.slot:
         slot()
     else:
-        compact(m)
+        compact(m, (("AllReduce", "float32"), ("AllReduce", "bfloat16"), ("ReduceScatter", "float32"))
+                if a.machine == "1gbit" else (("AllReduce", "float32"), ("ReduceScatter", "float32")))
 
 
 if __name__ == "__main__":
