@@ -158,7 +158,8 @@ def plot(path: str) -> None:
 
 def check(files: list[str], min_bytes: int) -> None:
     """Predicted / measured per (placement, op, dtype, path, size): the measured rows (model_check.py
-    measure) against BED, whose cores the bed's hosts share."""
+    measure) against BED, whose cores the bed's hosts share. Times only from rows measured on a quiet
+    machine (``timed``: false for the byte counts taken while it was busy or oversubscribed)."""
     rows = [json.loads(line) for f in files for line in open(f) if line.startswith("{")]
     groups: dict = {}
     for r in rows:
@@ -181,19 +182,24 @@ def check(files: list[str], min_bytes: int) -> None:
             M._MESSAGE[0] = 0.0
         else:
             c = M.predict(path, op, m, g, S, dtype)
-        t = statistics.median(r["time"] for r in rs)
+        timed = [r["time"] for r in rs if r.get("timed", True)]
         tx = [r["tx"] for r in rs if "tx" in r]
-        ratio = c.t / t
-        errs.setdefault((h > 1, S >= 64 * KiB), []).append(ratio)
         btxt = f"{c.link / S:.2f} / {statistics.median(tx) / S:.2f}" if tx else "-"
-        print(f"| {h} x {p} | {layout} | {op} | {dtype} | {path} | {M._size(S)} | {c.t * 1e3:.3g} / {t * 1e3:.3g} | "
-              f"{ratio:.2f} | {btxt} |")
-    for (multi, big), v in sorted(errs.items()):
+        if timed:
+            t = statistics.median(timed)
+            errs.setdefault((f"{h} x {p}", "MPI's own" if path == "mpi" else "mpicoll's paths", S >= 64 * KiB),
+                            []).append(c.t / t)
+            ttxt = f"{c.t * 1e3:.3g} / {t * 1e3:.3g} | {c.t / t:.2f}"
+        else:
+            ttxt = f"{c.t * 1e3:.3g} / - | -"
+        print(f"| {h} x {p} | {layout} | {op} | {dtype} | {path} | {M._size(S)} | {ttxt} | {btxt} |")
+    print("\n| hosts x ranks | paths | sizes | points | model / measured: median | range | within 25% |")
+    print("|---|---|---|---|---|---|---|")
+    for (where, paths, big), v in sorted(errs.items()):
         v = sorted(v)
         within = sum(1 for x in v if 1 / 1.25 <= x <= 1.25)
-        print(f"# {'bed' if multi else 'one host'}, {'>= 64 KiB' if big else '< 64 KiB'}: {len(v)} points, "
-              f"model/measured median {statistics.median(v):.2f}, range {v[0]:.2f}-{v[-1]:.2f}, "
-              f"within 25%: {within}")
+        print(f"| {where} | {paths} | {'from 64 KiB' if big else 'below 64 KiB'} | {len(v)} | "
+              f"{statistics.median(v):.2f} | {v[0]:.2f}-{v[-1]:.2f} | {within} |")
 
 
 def targets() -> None:
@@ -233,7 +239,8 @@ def measured_targets(files: list[str]) -> None:
         for dtype, ref in (("float32", "mpi"), ("bfloat16", "fast")):
             for S in (MiB, 4 * MiB):
                 got = {r["path"]: r["times"] for r in rows if r["op"] == "AllReduce" and r["dtype"] == dtype and
-                       r["bytes"] == S and r["layout"] == layout and r["ranks"] == 4 and r["hosts"] == 2}
+                       r["bytes"] == S and r["layout"] == layout and r["ranks"] == 4 and r["hosts"] == 2
+                       and r.get("timed", True)}
                 if ref not in got:
                     continue
                 txt = [f"{k}/{ref} {statistics.median(a / b for a, b in zip(got[k], got[ref])):.2f}"
