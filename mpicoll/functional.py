@@ -140,11 +140,26 @@ def _op(cls: type, group: Any, fn: str, root: tuple | None = None, reduce: str |
 
 def _reduce_name(op: Any) -> str | None:
     """mpicoll's name of a reduce op as given (the reduce-op table's names, or an enum member
-    with such a ``name``, as torch's ``ReduceOp.SUM``); None: not one."""
+    with such a ``name``, as torch's ``ReduceOp.SUM``); None: not one. Kept per op given (a torch
+    enum's ``name`` costs a microsecond and a half a call)."""
     try:
-        return reduce_op(op if type(op) is str else getattr(op, "name", op)).name
+        return _REDUCE_NAMES[op]
+    except (KeyError, TypeError):             # (not seen yet, or not hashable)
+        pass
+    try:
+        name = reduce_op(op if type(op) is str else getattr(op, "name", op)).name
     except CollectiveArgumentError:
-        return None
+        name = None
+    try:
+        if len(_REDUCE_NAMES) < 64:
+            _REDUCE_NAMES[op] = name
+    except TypeError:
+        pass
+    return name
+
+
+#: reduce ops as given -> their names (:func:`_reduce_name`)
+_REDUCE_NAMES: dict[Any, str | None] = {}
 
 
 #: ``_run``'s ``reduce`` for a function without a reduce op (None is a reduce op given, and refused)
