@@ -9,23 +9,29 @@ kernels, numpy) goes on while the call does.
 
 Order is the program's. A worker runs its communicator's calls one at a time in the order they were
 queued; a queued call waits in the communicator's ``pending`` queue (``LibComm.pending``, where a
-started plan waits too) until it is complete, and any later call on that communicator from another
-thread first waits for the calls queued ahead of it (:meth:`Job.issue_all`, through
-``LibComm.drain``). Every rank therefore makes its collectives on a communicator in its program's
-order, whichever thread makes them.
+started plan waits too) until it has finished and its callbacks have run, and any later call on that
+communicator from another thread first waits for the calls queued ahead of it (:meth:`Job.issue_all`,
+through ``LibComm.drain``); a call a worker's job makes (a graph replay's, a callback's) waits only
+for what was queued ahead of that job. A program whose threads make calls on one communicator in
+the same order on every rank therefore makes its collectives in that order, whichever thread runs
+them.
 
 A :class:`Job` tells the truth: ``is_completed()`` is True once the call has finished (well or
 not), ``wait()`` raises the call's error (the same ``CollectiveError`` on every rank, as a
 synchronous call would), ``wait(timeout)`` gives up waiting after that long and leaves the call
 running. Its callbacks (:meth:`Job.then`: a torch future's) run on the worker as the call
 completes; a call a callback makes on the same communicator runs there at once, before the calls
-queued after (so that its place in the order is the same on every rank).
+queued after. Its place in the order is then the same on every rank if the callback was attached
+before any later call on that communicator was made (``then`` on a finished call runs the callback
+at once, in the caller: after the calls queued meanwhile): attach callbacks that make calls right
+after the call they follow, as DDP's hooks do.
 """
 from __future__ import annotations
 
 import atexit
 import collections
 import threading
+import traceback
 from typing import Any, Callable
 
 from mpi4py import MPI
@@ -42,13 +48,14 @@ WORKERS: "set[Worker]" = set()
 class Job:
     """One call queued on a communicator's worker (or run at once: a worker's own call)."""
 
-    __slots__ = ("fn", "worker", "comms", "value", "error", "_done", "_then", "__weakref__")
+    __slots__ = ("fn", "worker", "comms", "value", "error", "_done", "_released", "_then", "__weakref__")
 
     def __init__(self, fn: Callable[[], Any], worker: "Worker | None", comms: tuple = ()) -> None:
         self.fn, self.worker, self.comms = fn, worker, comms
-        self.value: Any = None
+        self.value: Any = None                    # what the call returned (its outputs)
         self.error: BaseException | None = None
-        self._done = threading.Event()
+        self._done = threading.Event()            # the call has finished
+        self._released = threading.Event()        # ... and its callbacks have run: it left the queues
         self._then: list[Callable[["Job"], None]] = []
 
     def is_completed(self) -> bool:
@@ -90,10 +97,12 @@ class Job:
         fn(self)
 
     def issue_all(self) -> None:
-        """What ``LibComm.drain`` asks of the work queued ahead of a new call: this call complete.
-        Its own worker asks nothing (what is queued ahead of it there has finished)."""
+        """What ``LibComm.drain`` asks of the work queued ahead of a new call: this call finished
+        and its callbacks run (their calls keep their place, ahead of the new one). Its own worker
+        asks nothing (what is queued ahead of a worker's job there has finished; a worker's drain
+        stops at the job it runs)."""
         if getattr(_HERE, "worker", None) is not self.worker:
-            self._done.wait()
+            self._released.wait()
 
     def _run(self) -> None:
         try:
@@ -116,14 +125,18 @@ class Worker(threading.Thread):
         self.queue: collections.deque[Job] = collections.deque()
         self.cond = threading.Condition(threading.Lock())
 
-    def stop(self) -> None:
-        """End once the calls queued here have finished (its communicator is freed, or the job ends)."""
+    def stop(self, timeout: float | None = None) -> bool:
+        """End once the calls queued here have finished (its communicator is freed, or the job
+        ends), waiting at most ``timeout`` seconds (None: no limit); whether it ended."""
         if self.is_alive() and self is not getattr(_HERE, "worker", None):
             with self.cond:
                 self.queue.append(_STOP)
                 self.cond.notify()
-            self.join()
+            self.join(timeout)
+            if self.is_alive():
+                return False
         WORKERS.discard(self)
+        return True
 
     def run(self) -> None:
         _HERE.worker = self
@@ -134,17 +147,28 @@ class Worker(threading.Thread):
                 job = self.queue[0]
             if job is _STOP:
                 return
+            _comm.RUNNING.job = job
             job._run()
-            with _comm.LOCK:
-                for c in job.comms:
-                    c.pending.remove(job)
-                _comm.QUEUED -= 1
             with self.cond:
                 self.queue.popleft()
                 then, job._then = job._then, []
                 job._done.set()
-            for fn in then:
-                fn(job)
+            for fn in then:                 # (in the queues still: a callback's call keeps its place)
+                _callback(fn, job)
+            with _comm.LOCK:
+                for c in job.comms:
+                    c.pending.remove(job)
+                _comm.QUEUED -= 1
+            _comm.RUNNING.job = None
+            job._released.set()
+
+
+def _callback(fn: Callable[[Job], None], job: Job) -> None:
+    """Run a job's callback on the worker; one that raises is reported, and the worker goes on."""
+    try:
+        fn(job)
+    except Exception:  # noqa: BLE001 - a callback's failure must not end the communicator's worker
+        traceback.print_exc()
 
 
 _STOP = Job(lambda: None, None)
@@ -160,6 +184,7 @@ def submit(comms: tuple, fn: Callable[[], Any]) -> Job:
         job = Job(fn, None)
         job._run()
         job._done.set()
+        job._released.set()
         return job
     for c in comms:                     # (plans started before it start their collectives here, first)
         for work in list(c.pending):

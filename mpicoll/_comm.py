@@ -51,6 +51,9 @@ _OPEN: list["LibComm"] = []        # communicators holding a window (arrival, no
 #: how many started runs wait in some communicator's ``pending`` queue (a plan's run() drains its
 #: communicators only when this is not 0)
 QUEUED = 0
+#: the job a worker thread is running (``RUNNING.job``, set by :mod:`mpicoll._async`): a call it makes
+#: drains only what was queued ahead of that job
+RUNNING = threading.local()
 #: how many communicators :meth:`LibComm.free` freed (0: :func:`check_live` has nothing to look at)
 FREED = 0
 
@@ -336,9 +339,12 @@ class LibComm:
                        lambda: self._lost(timeout, name, where), raises=self.timeout is not None)
 
     def drain(self, by: Any) -> None:
-        """Drive the started work queued here ahead of ``by`` (all of it when ``by`` is None) until it
-        has started every collective it has here: then a new collective starts after them, on
-        every rank alike (see the module docstring)."""
+        """Drive the started work queued here ahead of ``by`` (None: the job this thread runs, on a
+        worker thread, :mod:`mpicoll._async`; else all of it) until it has started every collective
+        it has here: then a new collective starts after them, on every rank alike (see the module
+        docstring). What was queued after a worker's job waits for it, never the other way round."""
+        if by is None:
+            by = getattr(RUNNING, "job", None)
         for work in list(self.pending):
             if work is by:
                 return

@@ -16,8 +16,10 @@ MPI calls) and so that ``is_completed()``, callbacks (a torch future's) and the 
 """
 from __future__ import annotations
 
+import atexit
 import threading
 import time
+import traceback
 from typing import Any, Callable
 
 import numpy as np
@@ -26,7 +28,7 @@ from mpi4py import MPI
 from . import _env
 from . import _validate as V
 from ._domains import group_fields, resolve
-from ._errors import CollectiveError, CollectiveTimeout
+from ._errors import CollectiveError, CollectiveTimeout, as_collective_error
 from ._plan import CAPTURING
 from ._watchdog import abort
 from ._watchdog import wait as watched_wait
@@ -40,7 +42,7 @@ class Message:
     a receive is complete, ``source`` is its sender's rank in the communicator."""
 
     __slots__ = ("fn", "req", "status", "lib", "peer", "tag", "nbytes", "timeout", "deadline", "source", "error",
-                 "_lock", "_done", "_then")
+                 "_lock", "_done", "_then", "_due")
 
     def __init__(self, fn: str, lib: Any, peer: int, tag: int, data: np.ndarray) -> None:
         self.fn, self.lib, self.peer, self.tag, self.nbytes = fn, lib, peer, tag, data.size
@@ -49,6 +51,7 @@ class Message:
         self._lock = threading.Lock()     # (held by the thread that calls MPI on the request)
         self._done = threading.Event()
         self._then: list[Callable[["Message"], None]] = []
+        self._due: list[Callable[["Message"], None]] = []    # (callbacks of its end, run once unlocked)
         self.req = lib.message(fn.endswith("send"), data, peer, tag)
         _PROGRESS.add(self)
 
@@ -57,10 +60,17 @@ class Message:
         """Complete the message here; raise its error. ``timeout`` (seconds; None: none): False
         once that long has passed with the message still posted (it stays posted)."""
         if not self._done.is_set():
-            with self._lock:
+            end = None if timeout is None else time.monotonic() + timeout
+            if not self._lock.acquire(timeout=-1 if timeout is None else timeout):
                 if not self._done.is_set():
-                    if not self._complete(timeout):
+                    return False            # (another thread completes it, and took longer)
+            else:
+                try:
+                    if not self._done.is_set() and \
+                            not self._complete(None if end is None else max(end - time.monotonic(), 0.0)):
                         return False
+                finally:
+                    self._unlock()
         if self.error is not None:
             raise self.error
         return True
@@ -74,7 +84,7 @@ class Message:
             except CollectiveError as exc:
                 self._end(exc)
             finally:
-                self._lock.release()
+                self._unlock()
         return self._done.is_set()
 
     def exception(self) -> BaseException | None:
@@ -83,12 +93,13 @@ class Message:
     def cancel(self) -> None:
         """Withdraw a receive ``wait(timeout)`` gave up on: its buffer is the caller's again (one that
         arrived meanwhile is received, as ``wait()`` would)."""
-        with self._lock:
+        self._lock.acquire()
+        try:
             if not self._done.is_set():
-                self.req.Cancel()
-                self.req.Wait(self.status)
-                self._end(CollectiveError(f"{self.fn}: withdrawn (cancelled)", op=self.fn, rank=self.lib.rank)
-                          if self.status.Is_cancelled() else None)
+                self._end(CollectiveError(f"{self.fn}: withdrawn (cancelled)", op=self.fn, rank=self.lib.rank),
+                          cancel=True)
+        finally:
+            self._unlock()
 
     def then(self, fn: Callable[["Message"], None]) -> None:
         """Run ``fn(message)`` once it is complete (here at once if it is)."""
@@ -147,22 +158,40 @@ class Message:
                            "and dtype")
 
     def _end(self, error: BaseException | None, cancel: bool = False) -> None:
-        """Complete: check a receive's size, keep its source or the error, run the callbacks."""
-        if error is None and not self.fn.endswith("send"):
+        """Complete (under ``_lock``): a receive that failed with ``cancel`` is withdrawn first (a
+        late message must not land in a buffer given back to the caller; one that arrived after all
+        is received); check a receive's size, keep its source or the error. Its callbacks run once
+        the lock is released (:meth:`_unlock`)."""
+        receives = not self.fn.endswith("send")
+        if error is not None and cancel and receives:
+            self.req.Cancel()
+            try:
+                self._mpi(self.req.Wait)
+                if not self.status.Is_cancelled():
+                    error = None
+            except CollectiveError as exc:
+                error = exc
+        if error is None and receives:
             got = self.status.Get_count(MPI.BYTE)
             if got != self.nbytes:
                 error = self._size_error(f"has {got} bytes")
         if error is None:
             self.source = self.status.Get_source() if self.peer == MPI.ANY_SOURCE else self.peer
-        elif cancel and not self.fn.endswith("send"):
-            self.req.Cancel()              # (a late message must not land in a buffer given back to the caller)
-            self.req.Wait()
         self.error = error
         with _PROGRESS.cond:
             self._done.set()
-            then, self._then = self._then, []
-        for fn in then:
-            fn(self)
+            self._due, self._then = self._then, []
+
+    def _unlock(self) -> None:
+        """Release ``_lock``, then run the callbacks of the end this thread made (never under the
+        lock: a callback may wait on another message)."""
+        due, self._due = self._due, []
+        self._lock.release()
+        for fn in due:
+            try:
+                fn(self)
+            except Exception:  # noqa: BLE001 - a callback's failure must not end the message thread
+                traceback.print_exc()
 
     def _peer(self) -> str:
         if self.peer == MPI.ANY_SOURCE:
@@ -185,20 +214,33 @@ class _Progress:
         self.cond = threading.Condition()
         self.inflight: list[Message] = []
         self.thread: threading.Thread | None = None
+        self.stopped = False
 
     def add(self, message: Message) -> None:
         with self.cond:
             self.inflight.append(message)
             if self.thread is None or not self.thread.is_alive():
+                if self.thread is None:
+                    atexit.register(self.stop)      # (before mpi4py's finalizer: atexit is LIFO)
                 self.thread = threading.Thread(target=self._run, name="mpicoll messages", daemon=True)
                 self.thread.start()
             self.cond.notify()
+
+    def stop(self) -> None:
+        """End the thread (the process exits: no MPI call of its may run into MPI_Finalize)."""
+        with self.cond:
+            self.stopped = True
+            self.cond.notify()
+        if self.thread is not None:
+            self.thread.join(1.0)
 
     def _run(self) -> None:
         pause = 0.0
         while True:
             with self.cond:
                 self.inflight = [m for m in self.inflight if not m._done.is_set()]
+                if self.stopped:
+                    return
                 if not self.inflight:
                     pause = 0.0
                     self.cond.wait()
@@ -206,7 +248,7 @@ class _Progress:
                 if pause:
                     self.cond.wait(pause)       # (a new message wakes it)
                 messages = list(self.inflight)
-            if MPI.Is_finalized():
+            if self.stopped or MPI.Is_finalized():
                 return
             moved = False
             for m in messages:
@@ -224,10 +266,11 @@ class _Progress:
                             abort(f"mpicoll watchdog: {error}; aborting the job (MPICOLL_TIMEOUT_ACTION=raise only "
                                   "raises)")
                         m._end(error, cancel=True)
-                except CollectiveError as exc:
-                    m._end(exc)
+                except Exception as exc:  # noqa: BLE001 - the message's error; the thread goes on
+                    if not m._done.is_set():
+                        m._end(as_collective_error(exc, m.fn, m.lib.rank))
                 finally:
-                    m._lock.release()
+                    m._unlock()
             pause = 0.0 if moved else min(max(2 * pause, 2e-5), MAX_PAUSE)
 
 

@@ -595,18 +595,20 @@ class Handle:
             return
         steps = self._plan._steps
         self._queued = tuple(dict.fromkeys(s.comm for s in steps[first:self._last + 1] if s.comm is not None))
-        for c in self._queued:
-            c.pending.append(self)
-        _comm.QUEUED += 1
+        with _comm.LOCK:                  # (a worker thread changes these too)
+            for c in self._queued:
+                c.pending.append(self)
+            _comm.QUEUED += 1
 
     def _unqueue(self) -> None:
         if not self._queued:
             return
-        for c in self._queued:
-            if self in c.pending:
-                c.pending.remove(self)
+        with _comm.LOCK:
+            for c in self._queued:
+                if self in c.pending:
+                    c.pending.remove(self)
+            _comm.QUEUED -= 1
         self._queued = ()
-        _comm.QUEUED -= 1
 
     def _advance(self, block: bool, upto: int | None = None) -> bool:
         """Run the released steps in order; False when one is not complete yet (not blocking), or

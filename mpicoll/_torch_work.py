@@ -8,6 +8,7 @@ communicator's worker (:mod:`mpicoll._async`) and a message is in flight
 """
 from __future__ import annotations
 
+import time
 from typing import Any
 
 import torch
@@ -37,8 +38,9 @@ class Work(dist.Work):
 
     def wait(self, timeout: Any = None) -> bool:
         seconds = wait_seconds(timeout)
-        for h in self._handles:
-            if not h.wait(seconds):
+        end = None if seconds is None else time.monotonic() + seconds
+        for h in self._handles:             # (one limit for all of them)
+            if not h.wait(None if end is None else max(end - time.monotonic(), 0.0)):
                 raise CollectiveTimeout(f"{self._call}: wait(timeout={seconds:g} s) timed out with the call still in "
                                         "flight (it goes on: wait() again to complete it)", op=self._call,
                                         param="timeout")

@@ -168,7 +168,7 @@ NO_OP = object()
 
 def run(cls: type, group: Any, args: tuple, async_op: bool, outputs: Any, root: tuple | None = None,
          reduce: Any = NO_OP, failed: CollectiveError | None = None) -> Work | None:
-    """Run (or start, or, inside a capture, capture) one call of the function ``cls`` adapts;
+    """Run (or queue on its worker, or, inside a capture, capture) one call of the function ``cls`` adapts;
     torch's return value. ``root``: a rooted function's ``(name, src/dst, group_src/group_dst)``;
     ``reduce``: a reducing function's op, as given; ``outputs``: what the Work's result() gives (a
     list, or the one output array); ``failed``: an argument the caller could not map on this rank

@@ -91,10 +91,8 @@ class _Capture:
 
 
 class _Captured:
-    """What a captured ``async_op=True`` call gets: its Work completes with the replay."""
-
-    def __init__(self, result: Any) -> None:
-        self.result = result
+    """What a captured ``async_op=True`` call's Work holds: nothing runs until the replay (whose
+    own Work, with ``async_op``, says when it has finished), so it is complete at once."""
 
     def wait(self, timeout: float | None = None) -> bool:
         return True
@@ -104,6 +102,9 @@ class _Captured:
 
     def exception(self) -> None:
         return None
+
+
+_CAPTURED = _Captured()
 
 
 class Graph:
@@ -120,6 +121,7 @@ class Graph:
         self._entries: list[tuple[Operation, Any, BaseException | None]] = []
         self._plan: Plan | None = None
         self._results: tuple = ()
+        self._replays: list = []                # its async replays (Jobs) not known to be finished
         self._mpi_calls = 0
         self._groups: list[list[int]] = []
 
@@ -132,9 +134,9 @@ class Graph:
                             "a capture (the graph is itself the plan of its calls)")
         return _Sink(self, mode is ASYNC)
 
-    def add(self, op: Operation, call: Call | None, err: BaseException | None, started: bool = False) -> Any:
-        """Take one described call of ``op`` into the graph (its execute, or one-shot start, while
-        capturing); returns its outputs, filled at each replay."""
+    def add(self, op: Operation, call: Call | None, err: BaseException | None, async_op: bool = False) -> Any:
+        """Take one described call of ``op`` into the graph (made while capturing, with or without
+        ``async_op``); returns its outputs, filled at each replay (an async call: a complete handle)."""
         if self._plan is not None or self._entries is None:
             raise CollectiveError("graph: a call added after the capture ended", op="graph", param="capture")
         if err is not None:
@@ -142,7 +144,7 @@ class Graph:
                             param=getattr(err, "param", None), rank=getattr(err, "rank", None))
         self._entries.append((op, call, err))
         result = None if call is None else call.result
-        return _Captured(result) if started else result
+        return _CAPTURED if async_op else result
 
     def _rank(self) -> int:
         try:
@@ -213,7 +215,8 @@ class Graph:
 
         With ``async_op`` the replay runs on the group's worker thread while the caller goes on
         (as any ``async_op=True`` call: :mod:`mpicoll._async`); a call or replay made after it on
-        the same communicators runs after it.
+        the same communicators runs after it, and :meth:`free` (the end of a ``with`` block) waits
+        for it.
 
         Raises:
             CollectiveError: the graph is freed.
@@ -221,12 +224,19 @@ class Graph:
         plan = self._ready("replay")
         if async_op:
             comms = plan._used or (resolve_group("graph", self.group),)
-            return Work(submit(comms, plan.run), list(self._results), "graph.replay")
+            self._replays = [job for job in self._replays if not job.is_completed()]
+            job = submit(comms, plan.run)
+            self._replays.append(job)
+            return Work(job, list(self._results), "graph.replay")
         plan.run()
         return self._results
 
     def free(self) -> None:
-        """Release the graph's plan (its persistent requests); freeing twice is fine."""
+        """Release the graph's plan (its persistent requests), after its async replays have
+        finished; freeing twice is fine."""
+        for job in self._replays:
+            job.issue_all()                 # (waits for it: the same on every rank)
+        self._replays = []
         if self._plan is not None:
             self._plan.free()
 
@@ -251,6 +261,9 @@ class Graph:
         return self
 
     def __exit__(self, exc_type, exc, tb) -> None:
+        for job in self._replays:
+            job.issue_all()
+        self._replays = []
         if exc_type is not None and self._plan is not None and not self._plan.idle:
             self._plan._abandon()
             return
@@ -264,11 +277,11 @@ class _Sink:
     remembers = counts = agrees = rides = False
     defers = True
 
-    def __init__(self, graph: Graph, started: bool) -> None:
-        self.graph, self.started = graph, started
+    def __init__(self, graph: Graph, async_op: bool) -> None:
+        self.graph, self.async_op = graph, async_op
 
     def take(self, op: Operation, call: Call | None, err: BaseException | None) -> Any:
-        return self.graph.add(op, call, err, self.started)
+        return self.graph.add(op, call, err, self.async_op)
 
 
 def buffers(call: Call) -> list[np.ndarray]:

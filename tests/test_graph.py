@@ -299,3 +299,42 @@ def test_a_bad_timeout_on_one_rank_is_agreed(bad):
     op = mpicoll.AllReduceOperation(timeout=bad if RANK == last else None)
     raises_everywhere(lambda: op.execute(np.ones(2)), mpicoll.CollectiveArgumentError, "AllReduce: timeout=",
                       f"on rank {last}", "must be a finite number of seconds")
+
+
+@pytest.mark.mpi(min_size=2)
+def test_an_async_replay_over_two_groups_queued_behind_a_call_and_before_another_finishes():
+    """A graph over the world and [0, 1], replayed with async_op behind an async world call (rank 1
+    comes late), then an async call on [0, 1]: the replay's own calls on [0, 1] wait only for what
+    was queued before it there (it deadlocked with the later call's worker); free() waits for it."""
+    import time
+    a, b, c, big = np.ones(4), np.ones(4), np.ones(4), np.ones(1 << 16)
+    pair = [0, 1]
+    F.all_reduce(c, group=pair)
+    with graph.capture() as g:
+        F.all_reduce(a)
+        F.all_reduce(b, group=pair)
+    if RANK == 1:
+        time.sleep(0.3)
+    w0 = F.all_reduce(big, async_op=True)
+    w1 = g.replay(async_op=True)
+    w2 = F.all_reduce(c, group=pair, async_op=True)
+    g.free()                                   # (waits for the replay, on every rank)
+    assert w1.is_completed() and w0.wait() and w1.wait()
+    assert (w2 is None or w2.wait()) and a.tolist() == [SIZE] * 4 and big[0] == SIZE
+    if RANK in pair:
+        assert b.tolist() == [2.0] * 4 and c.tolist() == [4.0] * 4
+
+
+@pytest.mark.mpi(min_size=2)
+def test_a_callback_s_call_keeps_its_place_before_the_callers_next_call():
+    """A call made by a callback of an async call (a torch future's ``then``, on the worker) runs
+    before the caller's next call on that communicator, on every rank (the caller's call used to
+    meet the callback's inside the communicator: 'another thread ... is inside a call')."""
+    a, b, c = np.ones(8), np.ones(1 << 12), np.ones(8)
+    seen: list = []
+    for _ in range(30):
+        w = F.all_reduce(a, async_op=True)
+        w._handle.then(lambda job: seen.append(F.all_reduce(b, async_op=True).exception()))
+        w.wait()
+        F.all_reduce(c)
+    assert seen == [None] * 30
