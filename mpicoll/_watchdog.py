@@ -104,19 +104,21 @@ def wait(requests: list[MPI.Request], timeout: float, expired: Callable[[], Any]
 
 
 class _Backstop:
-    """One daemon thread per process, armed by every timed wait (see the module docstring)."""
+    """One daemon thread per process, armed by every timed wait (see the module docstring); it
+    watches the earliest deadline of the waits in progress (several threads may wait at once: a
+    caller, workers, the message thread)."""
 
     def __init__(self) -> None:
         self._cond = threading.Condition()
         self._ticket = 0
-        self._armed: tuple[int, float, Callable[[], str]] | None = None
+        self._armed: dict[int, tuple[float, Callable[[], str]]] = {}
         self._thread: threading.Thread | None = None
         self._wake = float("inf")       # when the thread next looks (inf: it waits to be notified)
 
     def arm(self, at: float, lost: Callable[[], str]) -> int:
         with self._cond:
             self._ticket += 1
-            self._armed = (self._ticket, at, lost)
+            self._armed[self._ticket] = (at, lost)
             if self._thread is None:
                 self._thread = threading.Thread(target=self._run, name="mpicoll-watchdog", daemon=True)
                 self._thread.start()
@@ -126,17 +128,16 @@ class _Backstop:
 
     def disarm(self, ticket: int) -> None:
         with self._cond:
-            if self._armed is not None and self._armed[0] == ticket:
-                self._armed = None
+            self._armed.pop(ticket, None)
 
     def _run(self) -> None:
         with self._cond:
             while True:
-                if self._armed is None:
+                if not self._armed:
                     self._wake = float("inf")
                     self._cond.wait()
                     continue
-                ticket, at, lost = self._armed
+                at, lost = min(self._armed.values(), key=lambda armed: armed[0])
                 left = at - time.monotonic()
                 if left > 0:
                     self._wake = at
