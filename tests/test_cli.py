@@ -209,7 +209,8 @@ def test_info_names_each_item_without_mpirun_and_once_per_job():
     from mpicoll import _env
     plain = subprocess.run([sys.executable, "-m", "mpicoll.run", "--info"], capture_output=True, text=True,
                            timeout=120, env=launch_env(MPICOLL_TIMEOUT="30", MPICOLL_NOT_A_SETTING="1"))
-    assert plain.returncode == 0 and plain.stderr == "", plain.stderr
+    # (nothing of mpicoll's on stderr; an MPI may print its own notes there: Open MPI's UCX in a singleton)
+    assert plain.returncode == 0 and "mpicoll" not in plain.stderr and "Traceback" not in plain.stderr, plain.stderr
     for item in ("mpicoll ", "python ", "numpy ", "ml_dtypes ", "mpi4py ", "MPI library ", "thread level MPI_THREAD_",
                  "C kernels ", "torch ", "ranks          1 on 1 node(s), 1 per node", "shared window ", "packages ",
                  "mpi4py 4.", "not settings (ignored): "):
