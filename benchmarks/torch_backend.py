@@ -61,6 +61,19 @@ def label(n: int) -> str:
     return str(n)
 
 
+def mpicoll_beside_gloo() -> dict:
+    """The process group of gloo (the world, from a TCP store on 127.0.0.1 at a free port) and an
+    mpicoll group over the same ranks: ``{"mpicoll": ..., "gloo": ...}``."""
+    port = None
+    if RANK == 0:
+        with socket.socket() as s:
+            s.bind(("127.0.0.1", 0))
+            port = s.getsockname()[1]
+    port = W.bcast(port, root=0)
+    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=RANK, world_size=SIZE)
+    return {"mpicoll": dist.new_group(backend="mpicoll"), "gloo": dist.group.WORLD}
+
+
 def block(fn, iters: int) -> float:
     """Slowest rank's seconds per call over ``iters`` calls."""
     W.Barrier()
@@ -245,15 +258,8 @@ def main() -> None:
     ap.add_argument("--work", default="sleep", choices=("sleep", "matmul"), help="the caller's own work (overlap)")
     ap.add_argument("--no-overlap", action="store_true")
     args = ap.parse_args()
-    port = None
-    if RANK == 0:
-        with socket.socket() as s:
-            s.bind(("127.0.0.1", 0))
-            port = s.getsockname()[1]
-    port = W.bcast(port, root=0)
-    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=RANK, world_size=SIZE)
+    groups = mpicoll_beside_gloo()
     dist.Backend.register_backend("floor", _floor, extended_api=True, devices=["cpu"])
-    groups = {"mpicoll": dist.new_group(backend="mpicoll"), "gloo": dist.group.WORLD}
     floor = dist.new_group(backend="floor")
     with threadpool_limits(limits=1, user_api="blas"):
         torch.set_num_threads(1)

@@ -15,20 +15,14 @@ group is ``dist.new_group(backend="mpicoll")`` over the same ranks. BLAS runs on
 from __future__ import annotations
 
 import argparse
-import socket
 import statistics
-import time
 
 import torch
 import torch.distributed as dist
-from mpi4py import MPI
 from threadpoolctl import threadpool_limits
 from torch.distributed.device_mesh import DeviceMesh
 
-import mpicoll.torch  # noqa: F401 - registers the backend
-
-W = MPI.COMM_WORLD
-RANK, SIZE = W.Get_rank(), W.Get_size()
+from torch_backend import RANK, SIZE, block, mpicoll_beside_gloo   # (this folder's: the groups, the timing)
 
 
 def mlp(width: int, layers: int = 4) -> torch.nn.Sequential:
@@ -39,6 +33,18 @@ def mlp(width: int, layers: int = 4) -> torch.nn.Sequential:
     return torch.nn.Sequential(*mods[:-1])
 
 
+def _training(model: torch.nn.Module, width: int):
+    """One SGD step of ``model`` on a fixed batch of 32 (an MSE loss)."""
+    opt = torch.optim.SGD(model.parameters(), lr=1e-3)
+    x, y = torch.randn(32, width), torch.randn(32, width)
+
+    def step():
+        opt.zero_grad()
+        torch.nn.functional.mse_loss(model(x), y).backward()
+        opt.step()
+    return step
+
+
 def fsdp2(group, width: int):
     from torch.distributed.fsdp import fully_shard
     mesh = DeviceMesh.from_group(group, "cpu")
@@ -47,14 +53,7 @@ def fsdp2(group, width: int):
         if isinstance(m, torch.nn.Linear):
             fully_shard(m, mesh=mesh)
     fully_shard(model, mesh=mesh)
-    opt = torch.optim.SGD(model.parameters(), lr=1e-3)
-    x, y = torch.randn(32, width), torch.randn(32, width)
-
-    def step():
-        opt.zero_grad()
-        torch.nn.functional.mse_loss(model(x), y).backward()
-        opt.step()
-    return step
+    return _training(model, width)
 
 
 def tensor_parallel(group, width: int):
@@ -63,14 +62,7 @@ def tensor_parallel(group, width: int):
     model = mlp(width)
     plan = {str(k): (ColwiseParallel() if (k // 2) % 2 == 0 else RowwiseParallel()) for k in range(0, len(model), 2)}
     parallelize_module(model, mesh, plan)
-    opt = torch.optim.SGD(model.parameters(), lr=1e-3)
-    x, y = torch.randn(32, width), torch.randn(32, width)
-
-    def step():
-        opt.zero_grad()
-        torch.nn.functional.mse_loss(model(x), y).backward()
-        opt.step()
-    return step
+    return _training(model, width)
 
 
 def pipeline(group, width: int, schedule: str):
@@ -96,14 +88,6 @@ def pipeline(group, width: int, schedule: str):
     return step
 
 
-def block(fn, steps: int) -> float:
-    W.Barrier()
-    t0 = time.perf_counter()
-    for _ in range(steps):
-        fn()
-    return W.allreduce((time.perf_counter() - t0) / steps, op=MPI.MAX)
-
-
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--width", type=int, default=1024)
@@ -111,14 +95,7 @@ def main() -> None:
     ap.add_argument("--reps", type=int, default=5)
     ap.add_argument("--clients", default="FSDP2,TP,GPipe,1F1B")
     args = ap.parse_args()
-    port = None
-    if RANK == 0:
-        with socket.socket() as s:
-            s.bind(("127.0.0.1", 0))
-            port = s.getsockname()[1]
-    port = W.bcast(port, root=0)
-    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=RANK, world_size=SIZE)
-    groups = {"mpicoll": dist.new_group(backend="mpicoll"), "gloo": dist.group.WORLD}
+    groups = mpicoll_beside_gloo()
     makers = {"FSDP2": fsdp2, "TP": tensor_parallel, "GPipe": lambda g, w: pipeline(g, w, "GPipe"),
               "1F1B": lambda g, w: pipeline(g, w, "1F1B")}
     with threadpool_limits(limits=1, user_api="blas"):

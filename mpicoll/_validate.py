@@ -27,7 +27,7 @@ from mpi4py import MPI
 from . import _env
 from ._comm import OP_NAMES, op_code, ordinal
 from ._dtypes import ALL_DTYPES, DType, by_code, of_array, reduce_by_code
-from ._errors import CollectiveError, CollectiveMismatchError, agreed, arg_error, mismatch_error, settle
+from ._errors import CollectiveError, CollectiveMismatchError, agreed, arg_error, mismatch_error
 
 H_FLAG, H_OP, H_DTYPE, H_REDUCE, H_ROOT, H_PARAMS, H_SEQ, H_MODE, H_SIZE, H_NDIM, H_DIMS = range(11)
 MAX_DIMS = 8
@@ -109,30 +109,6 @@ def plan_row(n: int, serial: int, round_: int = 0) -> np.ndarray:
     row = np.zeros(row_width(n), dtype=np.int64)
     row[H_OP], row[H_PARAMS], row[H_MODE], row[H_RIDE] = op_code(PLAN_RUN), serial << 16 | round_, 1, -1
     return row
-
-
-def exchange_rows(lib, rows: np.ndarray, error: BaseException | None, timeout: float | None,
-                  where: tuple) -> tuple[np.ndarray, np.ndarray]:
-    """Gather every rank's ``rows`` (``(k, width)`` int64; ``k`` may differ by rank) over ``lib``:
-    how many each rank has (``Allgather``), then the rows (``Allgatherv``). A rank's local
-    ``error`` is raised on every rank first (the lowest failing rank's, :func:`settle`).
-
-    Returns:
-        ``(every, counts)``: all ranks' rows, rank 0's first, and how many each rank sent.
-    """
-    n, width = lib.size, rows.shape[1]
-    mine = np.array([1 if error is not None else 0, rows.shape[0]], dtype=np.int64)
-    heads = np.empty((n, 2), dtype=np.int64)
-    lib.call("Allgather", ([mine, MPI.INT64_T], [heads, MPI.INT64_T]), timeout, where)
-    if heads[:, 0].any():
-        settle(lib, error, timeout, where)
-    counts = heads[:, 1]
-    every = np.empty((int(counts.sum()), width), dtype=np.int64)
-    sizes = counts * width
-    lib.call("Allgatherv", ([np.ascontiguousarray(rows).reshape(-1), MPI.INT64_T],
-                            [every, (sizes, np.concatenate(([0], np.cumsum(sizes)[:-1]))), MPI.INT64_T]),
-             timeout, where)
-    return every, counts
 
 
 def sent(table: np.ndarray) -> np.ndarray:

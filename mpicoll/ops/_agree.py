@@ -22,6 +22,7 @@ from mpi4py import MPI
 from .. import _validate as V
 from .._comm import OP_NAMES, LibComm, op_code
 from .._errors import CollectiveError, CollectiveMismatchError, agree, agreed, arg_error
+from .._numeric import prefix
 from .._plan import Call
 
 if TYPE_CHECKING:
@@ -170,7 +171,7 @@ def exchange_rows(lib: LibComm, rows: np.ndarray, error: BaseException | None, t
     every = np.empty((int(counts.sum()), width), dtype=np.int64)
     sizes = counts * width
     lib.call("Allgatherv", ([np.ascontiguousarray(rows).reshape(-1), MPI.INT64_T],
-                            [every, (sizes, np.concatenate(([0], np.cumsum(sizes)[:-1]))), MPI.INT64_T]),
+                            [every, (sizes, prefix(sizes)), MPI.INT64_T]),
              timeout, where)
     return every, counts
 
