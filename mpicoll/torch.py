@@ -28,6 +28,9 @@ unwraps a functional collective's result (:func:`mpicoll._torch_views.unwrapped`
 """
 from __future__ import annotations
 
+import importlib.abc
+import importlib.util
+import sys
 import time
 import urllib.parse
 from datetime import timedelta
@@ -76,11 +79,55 @@ def _eager_under_compile(cls: type) -> type:
     """Wrap the group's methods torch calls (``torch.compiler.disable``, ~0.2 us a call): torch's C++
     side (DDP's reducer, a compiled graph's collectives) calls them while torch.compile runs, and
     dynamo must run them as they are, not trace into a group it sees as an opaque object (a hard
-    ``InternalTorchDynamoError`` for a compiled DDP model otherwise)."""
-    for name, fn in list(vars(cls).items()):
-        if callable(fn) and (not name.startswith("_") or name in ("_allgather_base", "_reduce_scatter_base")):
-            setattr(cls, name, torch.compiler.disable(fn))
+    ``InternalTorchDynamoError`` for a compiled DDP model otherwise).
+
+    ``torch.compiler.disable`` imports dynamo (2.4 s of every process's start here), and nothing can
+    compile before dynamo is imported: so the methods are wrapped at once if it is, else right after
+    its import (a one-shot import hook on ``torch._dynamo``)."""
+    def wrap() -> None:
+        for name, fn in list(vars(cls).items()):
+            if callable(fn) and (not name.startswith("_") or name in ("_allgather_base", "_reduce_scatter_base")):
+                setattr(cls, name, torch.compiler.disable(fn))
+
+    if "torch._dynamo" in sys.modules:
+        wrap()
+    else:
+        sys.meta_path.insert(0, _AfterImport("torch._dynamo", wrap))
     return cls
+
+
+class _AfterImport(importlib.abc.MetaPathFinder):
+    """Runs ``then()`` once, right after module ``name`` has been imported (wherever from)."""
+
+    def __init__(self, name: str, then: Callable[[], None]) -> None:
+        self.name, self.then = name, then
+
+    def find_spec(self, name, path, target=None):
+        if name != self.name:
+            return None
+        sys.meta_path.remove(self)
+        spec = importlib.util.find_spec(name)
+        if spec is not None and spec.loader is not None:
+            run, then = spec.loader.exec_module, self.then
+
+            def exec_module(module):
+                run(module)
+                then()
+            spec.loader = _Loader(spec.loader, exec_module)
+        return spec
+
+
+class _Loader(importlib.abc.Loader):
+    """``loader`` with its ``exec_module`` replaced (:class:`_AfterImport`)."""
+
+    def __init__(self, loader, exec_module) -> None:
+        self._loader, self.exec_module = loader, exec_module
+
+    def create_module(self, spec):
+        return self._loader.create_module(spec)
+
+    def __getattr__(self, name):
+        return getattr(self._loader, name)
 
 
 @_eager_under_compile

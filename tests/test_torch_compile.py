@@ -111,3 +111,26 @@ def test_torch_compiled_ddp_trains_like_eager_ddp():
         ends.append([p.detach().clone() for p in ddp.module.parameters()])
     for a, b in zip(*ends):
         torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-6)
+
+
+@pytest.mark.mpi(min_size=1)
+def test_the_group_is_wrapped_for_dynamo_when_dynamo_comes_not_before():
+    """mpicoll.torch does not import dynamo (2.4 s of every process's start): its group's methods
+    are wrapped by ``torch.compiler.disable`` right after dynamo's import, or at once if it came
+    first. Checked in fresh interpreters (this one imported dynamo long ago)."""
+    import subprocess
+    import sys
+
+    from _mpi import launch_env
+    check = ("import sys, mpicoll.torch as m; late = 'torch._dynamo' not in sys.modules; "
+             "import torch._dynamo; f = m.ProcessGroupMpicoll.allreduce; "
+             "print(late, getattr(f, '_torchdynamo_disable', False))")
+    first = ("import torch._dynamo, mpicoll.torch as m; "
+             "print(getattr(m.ProcessGroupMpicoll.allreduce, '_torchdynamo_disable', False))")
+    if RANK == 0:
+        late = subprocess.run([sys.executable, "-c", check], capture_output=True, text=True, timeout=120,
+                              env=launch_env())
+        assert late.stdout.split() == ["True", "True"], late.stderr[-2000:]
+        early = subprocess.run([sys.executable, "-c", first], capture_output=True, text=True, timeout=120,
+                              env=launch_env())
+        assert early.stdout.split() == ["True"], early.stderr[-2000:]
