@@ -84,15 +84,16 @@ class LibComm:
             none takes it (:meth:`call_timeout`); its own timeout only raises, never aborts.
         local: every member runs on one node and ``MPICOLL_SHM`` is on (agreed): large reductions
             may use the node window (:func:`mpicoll._shm.node_window`).
-        exact: ``MPICOLL_EXACT`` (agreed, on by default): float reductions reduce in rank order on
-            every path (``ops._base.ordered``, docs/reproducibility.md), never in MPI's own
+        exact: ``MPICOLL_EXACT`` (agreed, on by default): float reductions reduce in the tree order on
+            every path (``ops._reduce.ordered``, docs/reproducibility.md), never in MPI's own
             reduction, whose order depends on the size and the MPI library.
         buffers: its node buffers (:func:`mpicoll._shm.node_buffer`), freed with it.
         per_node: the members span several nodes, each holding this many (more than one) of them,
             and ``MPICOLL_SHM`` is on (agreed; else 0): a large AllReduce may go in tiers
             (:meth:`tiers`).
         blocks: with ``per_node``, each node holds consecutive ranks, the nodes in rank order (block
-            placement, agreed): a rank-order sum can go node after node.
+            placement, agreed): with a power of two on each, a tree-order sum can go in tiers
+            (``ops._reduce.aligned``).
         calls: operator name -> how many calls of it this rank has made on it (as the user counts).
         seq: how many collectives mpicoll has started on it (kept where it is read: with arrival
             marks or in debug mode).

@@ -117,7 +117,7 @@ SETTINGS: dict[str, Setting] = {s.name: s for s in (
             "the same results)", "docs/index.md"),
     Setting("MPICOLL_SHM", FLAG, "1", ALIKE, "reductions through a shared window on one node, AllReduce in tiers "
             "across nodes (0: off)", "docs/shm.md"),
-    Setting("MPICOLL_EXACT", FLAG, "1", ALIKE, "float reductions in rank order, the same bits on every path (0: "
+    Setting("MPICOLL_EXACT", FLAG, "1", ALIKE, "float reductions in the tree order, the same bits on every path (0: "
             "MPI's order, which changes with the message size and the MPI)", "docs/reproducibility.md"),
     Setting("MPICOLL_STORE_HOST", TEXT, "", OWN, "the torch backend's mpi://: the address of world rank 0 at which "
             "the other ranks reach its store (unset: its IPv4 addresses, tried in turn)", "docs/torch.md"),

@@ -37,19 +37,26 @@ def rank_data(seed: int, key: str, rank: int, shape: tuple | int, dt: DType, kin
     return g.integers(lo, hi, size=shape).astype(dt.np)
 
 
+def golden_tree(leaves: list, op):
+    """The tree order of every float reduction (docs/reproducibility.md, "The order"), written
+    independently of the library's one-pass kernels: ``T(lo, hi) = op(T(lo, mid), T(mid, hi))``,
+    ``mid = lo +`` the largest power of two below ``hi - lo``; ``T(r, r + 1) = leaves[r]``."""
+    def t(lo: int, hi: int):
+        if hi - lo == 1:
+            return leaves[lo]
+        mid = lo + (1 << ((hi - lo - 1).bit_length() - 1))
+        return op(t(lo, mid), t(mid, hi))
+    return t(0, len(leaves))
+
+
 def golden_reduce(arrays: list[np.ndarray], dt: DType, rop: ReduceOp) -> np.ndarray:
-    """Reduce in rank order: in the dtype itself (integers wrap, as MPI does; bool: or / and),
-    float16/bfloat16 in float32 then rounded once; AVG: that sum divided by the number of ranks in
-    the dtype."""
+    """Reduce in the tree order (:func:`golden_tree`): in the dtype itself (integers wrap, as MPI
+    does; bool: or / and), float16/bfloat16 in float32 then rounded once; AVG: that sum divided by
+    the number of ranks in the dtype."""
     if dt.reduce == "float32":
-        acc = arrays[0].astype(np.float32)
-        for a in arrays[1:]:
-            acc = rop.ufunc(acc, a.astype(np.float32))
-        acc = acc.astype(dt.np)
+        acc = golden_tree([a.astype(np.float32) for a in arrays], rop.ufunc).astype(dt.np)
     else:
-        acc = arrays[0].copy()
-        for a in arrays[1:]:
-            acc = rop.ufunc(acc, a).astype(dt.np)
+        acc = golden_tree([a.copy() for a in arrays], lambda a, b: rop.ufunc(a, b).astype(dt.np))
     if rop.average:
         acc = np.divide(acc, len(arrays)).astype(dt.np)
     return acc

@@ -7,10 +7,11 @@
  *
  *   reduce_f16(rows, out, op)          out[i] = float16(op-reduce over r of float32(rows[r][i])): rows is a
  *                                      sequence of buffers (anywhere: a private array, a shared window),
- *                                      reduced in order, accumulated in float32; op 0 sum 1 prod 2 max 3 min
+ *                                      reduced in the tree's order (TREE, below), accumulated in float32;
+ *                                      op 0 sum 1 prod 2 max 3 min
  *   reduce_bf16(rows, out, op)         the same for bfloat16
  *   reduce_f32(rows, out, op), reduce_f64(rows, out, op)   float32 / float64 rows summed or multiplied in
- *                                      order, in their own precision (no floating-point state to set)
+ *                                      the tree's order, in their own precision (no floating-point state to set)
  *   f16_to_f32(src, dst), f32_to_f16(src, dst), bf16_to_f32(src, dst), f32_to_bf16(src, dst)
  *   stream_copy(src, dst)              a copy with non-temporal stores (data another process reads next)
  *   use_avx512(on) -> previous          switch the AVX-512 reductions off (tests of the AVX2 ones)
@@ -30,6 +31,65 @@
 static inline float maxf_nan(float a, float b) { return (a > b || a != a) ? a : b; }
 static inline float minf_nan(float a, float b) { return (a < b || a != a) ? a : b; }
 
+/* THE order of every float reduction here (docs/reproducibility.md, "The order"): rows 0 .. n-1
+ * combine as the tree T(lo, hi) = T(lo, mid) op T(mid, hi), mid = lo + the largest power of two
+ * below hi - lo: n = 4 is (x0 op x1) op (x2 op x3), n = 5 ((x0 op x1) op (x2 op x3)) op x4. In one
+ * pass over the rows it is a binary counter: row r goes onto a stack of partials, whose top two
+ * then combine ctz(r + 1) times, the lower ranks the left operand; at the end the stack folds from
+ * the right. At most bit_length(n) partials are live (TREE_SLOTS: any n). */
+#define TREE_SLOTS 64
+#define TREE_MERGES(r) __builtin_ctzll((unsigned long long)(r) + 1ull)
+
+/* RESULT = the tree over rows 0 .. ROWS - 1 of LOAD (an expression of r_, of type V) under OP(a, b):
+ * for one vector of lanes, the partials in registers (or L1) */
+#define TREE(V, ROWS, LOAD, OP, RESULT)                                                            \
+    do {                                                                                           \
+        V st_[TREE_SLOTS];                                                                         \
+        int sp_ = 0;                                                                               \
+        for (Py_ssize_t r_ = 0; r_ < (ROWS); r_++) {                                               \
+            V v_ = LOAD;                                                                           \
+            for (int k_ = TREE_MERGES(r_); k_ > 0; k_--) { sp_--; v_ = OP(st_[sp_], v_); }         \
+            st_[sp_++] = v_;                                                                       \
+        }                                                                                          \
+        V a_ = st_[--sp_];                                                                         \
+        while (sp_ > 0) { sp_--; a_ = OP(st_[sp_], a_); }                                          \
+        RESULT = a_;                                                                               \
+    } while (0)
+
+/* The same tree over tiles: S[j] is partial j's tile (S[0] may be the output). PUSH(d, r) writes
+ * row r's tile into d; FOLD(d, r) combines it into d (d = d op row r: an odd row meets its
+ * left neighbour, straight from the row); COMBINE(a, b) is a = a op b. */
+#define TREE_TILES(S, ROWS, PUSH, FOLD, COMBINE)                                                   \
+    do {                                                                                           \
+        int sp_ = 0;                                                                               \
+        for (Py_ssize_t r_ = 0; r_ < (ROWS); r_++) {                                               \
+            int k_ = TREE_MERGES(r_);                                                              \
+            if (k_ == 0) { PUSH(S[sp_], r_); sp_++; continue; }                                    \
+            FOLD(S[sp_ - 1], r_);                                                                  \
+            while (--k_ > 0) { sp_--; COMBINE(S[sp_ - 1], S[sp_]); }                               \
+        }                                                                                          \
+        while (sp_ > 1) { sp_--; COMBINE(S[sp_ - 1], S[sp_]); }                                    \
+    } while (0)
+
+/* the partials a tree over rows needs (bit_length(rows), at least 1) */
+static int tree_depth(Py_ssize_t rows) { int d = 1; while (d < TREE_SLOTS && ((Py_ssize_t)1 << d) <= rows) d++; return d; }
+
+/* float32 tiles: a[i] = a[i] op b[i], numpy's rules */
+static inline void tile_op(float *a, const float *b, Py_ssize_t m, int op) {
+    switch (op) {
+    case 0: for (Py_ssize_t i = 0; i < m; i++) a[i] += b[i]; break;
+    case 1: for (Py_ssize_t i = 0; i < m; i++) a[i] *= b[i]; break;
+    case 2: for (Py_ssize_t i = 0; i < m; i++) a[i] = maxf_nan(a[i], b[i]); break;
+    default: for (Py_ssize_t i = 0; i < m; i++) a[i] = minf_nan(a[i], b[i]); break;
+    }
+}
+
+/* the 16-bit portable loops: tile by tile, the partials in float32 tiles (slots: tree_depth(rows) + 1
+ * of TILE floats), rounded once */
+#define H_PUSH(d, r) do { const _Float16 *q_ = p[r] + s; for (Py_ssize_t i = 0; i < m; i++) (d)[i] = (float)q_[i]; } while (0)
+#define H_FOLD(d, r) do { H_PUSH(tmp, r); tile_op((d), tmp, m, op); } while (0)
+#define T_COMBINE(a, b) tile_op((a), (b), m, op)
+
 #define DEFINE_KERNELS(SUFFIX, ATTR)                                                              \
     ATTR static void h2f_##SUFFIX(const _Float16 *s, float *d, Py_ssize_t n) {                      \
         for (Py_ssize_t i = 0; i < n; i++) d[i] = (float)s[i];                                      \
@@ -38,22 +98,13 @@ static inline float minf_nan(float a, float b) { return (a < b || a != a) ? a : 
         for (Py_ssize_t i = 0; i < n; i++) d[i] = (_Float16)s[i];                                   \
     }                                                                                              \
     ATTR static void reduce_##SUFFIX(const _Float16 *const *p, _Float16 *out, Py_ssize_t rows,       \
-                                     Py_ssize_t c, int op) {                                       \
-        float acc[TILE];                                                                           \
+                                     Py_ssize_t c, int op, float *slots) {                         \
+        float *S[TREE_SLOTS], *tmp = slots;                                                        \
+        for (int j = 0; j < tree_depth(rows); j++) S[j] = slots + (Py_ssize_t)(j + 1) * TILE;      \
         for (Py_ssize_t s = 0; s < c; s += TILE) {                                                  \
             Py_ssize_t m = c - s < TILE ? c - s : TILE;                                            \
-            const _Float16 *r0 = p[0] + s;                                                         \
-            for (Py_ssize_t i = 0; i < m; i++) acc[i] = (float)r0[i];                              \
-            for (Py_ssize_t r = 1; r < rows; r++) {                                                \
-                const _Float16 *q = p[r] + s;                                                      \
-                switch (op) {                                                                      \
-                case 0: for (Py_ssize_t i = 0; i < m; i++) acc[i] += (float)q[i]; break;           \
-                case 1: for (Py_ssize_t i = 0; i < m; i++) acc[i] *= (float)q[i]; break;           \
-                case 2: for (Py_ssize_t i = 0; i < m; i++) acc[i] = maxf_nan(acc[i], (float)q[i]); break; \
-                default: for (Py_ssize_t i = 0; i < m; i++) acc[i] = minf_nan(acc[i], (float)q[i]); break; \
-                }                                                                                  \
-            }                                                                                      \
-            for (Py_ssize_t i = 0; i < m; i++) out[s + i] = (_Float16)acc[i];                      \
+            TREE_TILES(S, rows, H_PUSH, H_FOLD, T_COMBINE);                                        \
+            for (Py_ssize_t i = 0; i < m; i++) out[s + i] = (_Float16)S[0][i];                     \
         }                                                                                          \
     }
 
@@ -86,15 +137,15 @@ F16C_ATTR static inline __m256 vop(__m256 a, __m256 b, int op) {
     }
 }
 
-/* 8 lanes at a time, the rows in order, the sum in a register; returns how many elements it did (the
- * tail, < 8, is left to the portable loop: reduce_rows) */
+/* 8 lanes at a time, the rows in the tree's order, the partials in registers; returns how many
+ * elements it did (the tail, < 8, is left to the portable loop: reduce_rows) */
 F16C_ATTR static Py_ssize_t reduce_f16c(const _Float16 *const *p, _Float16 *out, Py_ssize_t rows, Py_ssize_t c,
                                         int op) {
     Py_ssize_t i = 0;
+#define VOP8(a, b) vop((a), (b), op)
     for (; i + 8 <= c; i += 8) {
-        __m256 acc = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(p[0] + i)));
-        for (Py_ssize_t r = 1; r < rows; r++)
-            acc = vop(acc, _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(p[r] + i))), op);
+        __m256 acc;
+        TREE(__m256, rows, _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(p[r_] + i))), VOP8, acc);
         _mm_storeu_si128((__m128i *)(out + i), _mm256_cvtps_ph(acc, _MM_FROUND_TO_NEAREST_INT));
     }
     return i;
@@ -112,23 +163,18 @@ static inline uint16_t f2bf(float f) {
     return (uint16_t)((b + 0x7fffu + ((b >> 16) & 1u)) >> 16);
 }
 
+#define B_PUSH(d, r) do { const uint16_t *q_ = p[r] + s; for (Py_ssize_t i = 0; i < m; i++) (d)[i] = bf2f(q_[i]); } while (0)
+#define B_FOLD(d, r) do { B_PUSH(tmp, r); tile_op((d), tmp, m, op); } while (0)
+
 #define DEFINE_BF16(SUFFIX, ATTR)                                                                 \
     ATTR static void reduce_bf16_##SUFFIX(const uint16_t *const *p, uint16_t *out, Py_ssize_t rows,  \
-                                          Py_ssize_t c, int op) {                                  \
-        float acc[TILE];                                                                           \
+                                          Py_ssize_t c, int op, float *slots) {                    \
+        float *S[TREE_SLOTS], *tmp = slots;                                                        \
+        for (int j = 0; j < tree_depth(rows); j++) S[j] = slots + (Py_ssize_t)(j + 1) * TILE;      \
         for (Py_ssize_t s = 0; s < c; s += TILE) {                                                  \
             Py_ssize_t m = c - s < TILE ? c - s : TILE;                                            \
-            for (Py_ssize_t i = 0; i < m; i++) acc[i] = bf2f(p[0][s + i]);                         \
-            for (Py_ssize_t r = 1; r < rows; r++) {                                                \
-                const uint16_t *q = p[r] + s;                                                      \
-                switch (op) {                                                                      \
-                case 0: for (Py_ssize_t i = 0; i < m; i++) acc[i] += bf2f(q[i]); break;            \
-                case 1: for (Py_ssize_t i = 0; i < m; i++) acc[i] *= bf2f(q[i]); break;            \
-                case 2: for (Py_ssize_t i = 0; i < m; i++) acc[i] = maxf_nan(acc[i], bf2f(q[i])); break; \
-                default: for (Py_ssize_t i = 0; i < m; i++) acc[i] = minf_nan(acc[i], bf2f(q[i])); break; \
-                }                                                                                  \
-            }                                                                                      \
-            for (Py_ssize_t i = 0; i < m; i++) out[s + i] = f2bf(acc[i]);                          \
+            TREE_TILES(S, rows, B_PUSH, B_FOLD, T_COMBINE);                                        \
+            for (Py_ssize_t i = 0; i < m; i++) out[s + i] = f2bf(S[0][i]);                         \
         }                                                                                          \
     }
 
@@ -158,19 +204,27 @@ F16C_ATTR static Py_ssize_t f2bf_avx2(const float *s, uint16_t *d, Py_ssize_t n)
     return i;
 }
 
+/* two vectors of 8 lanes (16 bfloat16 lanes, in-lane order) as one value of the tree */
+typedef struct { __m256 lo, hi; } f32x16;
+F16C_ATTR static inline f32x16 bf16x16_load(const uint16_t *q) {
+    __m256i x = _mm256_loadu_si256((const __m256i *)q);
+    f32x16 v = {bf16x8_lo(x), bf16x8_hi(x)};
+    return v;
+}
+F16C_ATTR static inline f32x16 vop16x2(f32x16 a, f32x16 b, int op) {
+    f32x16 v = {vop(a.lo, b.lo, op), vop(a.hi, b.hi, op)};
+    return v;
+}
+
 /* the same for bfloat16: the bulk 16 lanes at a time, returns how many it did */
 F16C_ATTR static Py_ssize_t reduce_bf16_avx2(const uint16_t *const *p, uint16_t *out, Py_ssize_t rows,
                                              Py_ssize_t c, int op) {
     Py_ssize_t i = 0;
+#define VOP16X2(a, b) vop16x2((a), (b), op)
     for (; i + 16 <= c; i += 16) {
-        __m256i x = _mm256_loadu_si256((const __m256i *)(p[0] + i));
-        __m256 lo = bf16x8_lo(x), hi = bf16x8_hi(x);
-        for (Py_ssize_t r = 1; r < rows; r++) {
-            x = _mm256_loadu_si256((const __m256i *)(p[r] + i));
-            lo = vop(lo, bf16x8_lo(x), op);
-            hi = vop(hi, bf16x8_hi(x), op);
-        }
-        _mm256_storeu_si256((__m256i *)(out + i), _mm256_packus_epi32(bf16x8_round(lo), bf16x8_round(hi)));
+        f32x16 acc;
+        TREE(f32x16, rows, bf16x16_load(p[r_] + i), VOP16X2, acc);
+        _mm256_storeu_si256((__m256i *)(out + i), _mm256_packus_epi32(bf16x8_round(acc.lo), bf16x8_round(acc.hi)));
     }
     return i;
 }
@@ -206,19 +260,26 @@ AVX512_ATTR static inline __m512i bf16_round(__m512 v) {
                                 _mm512_and_si512(t, _mm512_set1_epi32(0x8000)), _mm512_set1_epi32(0x7fc0));
 }
 
-/* 32 lanes at a time, the rows in order; returns how many it did (the rest: the narrower loops) */
+typedef struct { __m512 lo, hi; } f32x32;
+AVX512_ATTR static inline f32x32 bf16x32_load(const uint16_t *q) {
+    __m512i x = _mm512_loadu_si512(q);
+    f32x32 v = {bf16_lo(x), bf16_hi(x)};
+    return v;
+}
+AVX512_ATTR static inline f32x32 vop32x2(f32x32 a, f32x32 b, int op) {
+    f32x32 v = {vop16(a.lo, b.lo, op), vop16(a.hi, b.hi, op)};
+    return v;
+}
+
+/* 32 lanes at a time, the rows in the tree's order; returns how many it did (the rest: the narrower loops) */
 AVX512_ATTR static Py_ssize_t reduce_bf16_avx512(const uint16_t *const *p, uint16_t *out, Py_ssize_t rows,
                                                  Py_ssize_t c, int op) {
     Py_ssize_t i = 0;
+#define VOP32X2(a, b) vop32x2((a), (b), op)
     for (; i + 32 <= c; i += 32) {
-        __m512i x = _mm512_loadu_si512(p[0] + i);
-        __m512 lo = bf16_lo(x), hi = bf16_hi(x);
-        for (Py_ssize_t r = 1; r < rows; r++) {
-            x = _mm512_loadu_si512(p[r] + i);
-            lo = vop16(lo, bf16_lo(x), op);
-            hi = vop16(hi, bf16_hi(x), op);
-        }
-        _mm512_storeu_si512(out + i, _mm512_packus_epi32(bf16_round(lo), bf16_round(hi)));
+        f32x32 acc;
+        TREE(f32x32, rows, bf16x32_load(p[r_] + i), VOP32X2, acc);
+        _mm512_storeu_si512(out + i, _mm512_packus_epi32(bf16_round(acc.lo), bf16_round(acc.hi)));
     }
     return i;
 }
@@ -226,10 +287,10 @@ AVX512_ATTR static Py_ssize_t reduce_bf16_avx512(const uint16_t *const *p, uint1
 AVX512_ATTR static Py_ssize_t reduce_f16_avx512(const _Float16 *const *p, _Float16 *out, Py_ssize_t rows,
                                                 Py_ssize_t c, int op) {
     Py_ssize_t i = 0;
+#define VOP512(a, b) vop16((a), (b), op)
     for (; i + 16 <= c; i += 16) {
-        __m512 acc = _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)(p[0] + i)));
-        for (Py_ssize_t r = 1; r < rows; r++)
-            acc = vop16(acc, _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)(p[r] + i))), op);
+        __m512 acc;
+        TREE(__m512, rows, _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)(p[r_] + i))), VOP512, acc);
         _mm256_storeu_si256((__m256i *)(out + i), _mm512_cvtps_ph(acc, _MM_FROUND_TO_NEAREST_INT));
     }
     return i;
@@ -296,8 +357,9 @@ static PyObject *reduce_rows(PyObject *args, int bf16) {
     Py_ssize_t rows = PySequence_Fast_GET_SIZE(fast), got = 0;
     Py_buffer *bufs = PyMem_Calloc(rows ? rows : 1, sizeof(Py_buffer));
     const void **ptrs = PyMem_Calloc(rows ? rows : 1, sizeof(void *));
+    float *slots = PyMem_Malloc((size_t)(tree_depth(rows) + 1) * TILE * sizeof(float));   /* the portable loops' partials */
     PyObject *result = NULL;
-    if (!bufs || !ptrs) { PyErr_NoMemory(); goto done; }
+    if (!bufs || !ptrs || !slots) { PyErr_NoMemory(); goto done; }
     if (rows < 1 || op < 0 || op > 3) {
         PyErr_Format(PyExc_ValueError, "reduce: bad rows or op (rows=%zd, op=%d)", rows, op);
         goto done;
@@ -327,9 +389,9 @@ static PyObject *reduce_rows(PyObject *args, int bf16) {
                                                     c - done, op));
 #endif
     if (bf16)
-        reduce_bf16_generic((const uint16_t *const *)rp, (uint16_t *)d.buf + done, rows, c - done, op);
+        reduce_bf16_generic((const uint16_t *const *)rp, (uint16_t *)d.buf + done, rows, c - done, op, slots);
     else
-        reduce_generic((const _Float16 *const *)rp, (_Float16 *)d.buf + done, rows, c - done, op);
+        reduce_generic((const _Float16 *const *)rp, (_Float16 *)d.buf + done, rows, c - done, op, slots);
     Py_END_ALLOW_THREADS
     result = Py_None;
     Py_INCREF(result);
@@ -337,6 +399,7 @@ done:
     for (Py_ssize_t i = 0; i < got; i++) PyBuffer_Release(&bufs[i]);
     PyMem_Free(bufs);
     PyMem_Free(ptrs);
+    PyMem_Free(slots);
     Py_DECREF(fast);
     PyBuffer_Release(&d);
     return result;
@@ -345,12 +408,20 @@ done:
 static PyObject *py_reduce_f16(PyObject *self, PyObject *args) { return reduce_rows(args, 0); }
 static PyObject *py_reduce_bf16(PyObject *self, PyObject *args) { return reduce_rows(args, 1); }
 
-/* reduce_f32 / reduce_f64(rows, out, op): out[i] = ((rows[0][i] op rows[1][i]) op rows[2][i]) ..., in
+#define N_ROW(r) ((const elem_ *)bufs[r].buf + s)
+#define N_PUSH(d, r) do { if ((d) != N_ROW(r)) memcpy((d), N_ROW(r), (size_t)m * sizeof(elem_)); } while (0)
+#define N_APPLY(a, b) do { elem_ *a_ = (a); const elem_ *b_ = (b);                                            \
+        if (op == 0) for (Py_ssize_t i = 0; i < m; i++) a_[i] += b_[i];                                 \
+        else for (Py_ssize_t i = 0; i < m; i++) a_[i] *= b_[i]; } while (0)
+#define N_FOLD(d, r) N_APPLY((d), N_ROW(r))
+#define N_COMBINE(a, b) N_APPLY((a), (b))
+/* reduce_f32 / reduce_f64(rows, out, op): out[i] = the tree over rows r of rows[r][i] (TREE), in
  * the rows' own precision, one IEEE operation per step as numpy's np.add / np.multiply do it (op 0 sum,
  * 1 prod; MAX and MIN stay with numpy, whose NaN and signed-zero rules they would have to copy), tile
  * by tile. No floating-point state to set: IEEE gives inf and NaN, as MPI does. out may be rows[0]. */
 #define DEFINE_NATIVE_REDUCE(NAME, T)                                                                   \
     static PyObject *NAME(PyObject *self, PyObject *args) {                                             \
+        typedef T elem_;                       /* (the element type, for the N_ macros) */             \
         PyObject *seq, *fast;                                                                          \
         Py_buffer d;                                                                                   \
         int op;                                                                                        \
@@ -362,8 +433,9 @@ static PyObject *py_reduce_bf16(PyObject *self, PyObject *args) { return reduce_
         }                                                                                              \
         Py_ssize_t rows = PySequence_Fast_GET_SIZE(fast), got = 0;                                     \
         Py_buffer *bufs = PyMem_Calloc(rows ? rows : 1, sizeof(Py_buffer));                            \
+        T *slots = PyMem_Malloc((size_t)tree_depth(rows) * TILE * sizeof(T));  /* partials 1.. */       \
         PyObject *result = NULL;                                                                       \
-        if (!bufs) { PyErr_NoMemory(); goto done; }                                                    \
+        if (!bufs || !slots) { PyErr_NoMemory(); goto done; }                                          \
         if (rows < 1 || op < 0 || op > 1) {                                                            \
             PyErr_Format(PyExc_ValueError, #NAME ": bad rows or op (rows=%zd, op=%d)", rows, op);       \
             goto done;                                                                                 \
@@ -379,17 +451,12 @@ static PyObject *py_reduce_bf16(PyObject *self, PyObject *args) { return reduce_
             }                                                                                          \
         }                                                                                              \
         Py_BEGIN_ALLOW_THREADS                                                                         \
-        T *out = (T *)d.buf;                                                                           \
+        T *out = (T *)d.buf, *S[TREE_SLOTS];                                                           \
         for (Py_ssize_t s = 0; s < c; s += TILE) {                                                      \
             Py_ssize_t m = c - s < TILE ? c - s : TILE;                                                \
-            const T *r0 = (const T *)bufs[0].buf + s;                                                  \
-            T *o = out + s;                                                                            \
-            if (o != r0) memcpy(o, r0, (size_t)m * sizeof(T));                                         \
-            for (Py_ssize_t r = 1; r < rows; r++) {                                                    \
-                const T *q = (const T *)bufs[r].buf + s;                                               \
-                if (op == 0) for (Py_ssize_t i = 0; i < m; i++) o[i] += q[i];                          \
-                else for (Py_ssize_t i = 0; i < m; i++) o[i] *= q[i];                                  \
-            }                                                                                          \
+            S[0] = out + s;                    /* partial 0 is the output's tile (out may be rows[0]) */ \
+            for (int j = 1; j < tree_depth(rows); j++) S[j] = slots + (Py_ssize_t)(j - 1) * TILE;      \
+            TREE_TILES(S, rows, N_PUSH, N_FOLD, N_COMBINE);                                            \
         }                                                                                              \
         Py_END_ALLOW_THREADS                                                                           \
         result = Py_None;                                                                              \
@@ -397,6 +464,7 @@ static PyObject *py_reduce_bf16(PyObject *self, PyObject *args) { return reduce_
     done:                                                                                              \
         for (Py_ssize_t i = 0; i < got; i++) PyBuffer_Release(&bufs[i]);                               \
         PyMem_Free(bufs);                                                                              \
+        PyMem_Free(slots);                                                                             \
         Py_DECREF(fast);                                                                               \
         PyBuffer_Release(&d);                                                                          \
         return result;                                                                                 \
@@ -409,8 +477,8 @@ DEFINE_NATIVE_REDUCE(py_reduce_f64, double)
  * int8 quantization kernels (mpicoll._numeric), bit-identical to its numpy path:
  *
  *   dequant_sum(q, scales, out, rows, block, out_itemsize)
- *       out[i] = float16 or float32 of  sum over rows r, in row order, of float32(q[r][i]) * s(r, i),
- *       accumulated in float32 and rounded once; s(r, i) = scales[r * nsc + i // block], or
+ *       out[i] = float16 or float32 of  sum over rows r, in the tree's order (TREE), of
+ *       float32(q[r][i]) * s(r, i), accumulated in float32 and rounded once; s(r, i) = scales[r * nsc + i // block], or
  *       scales[r] when block is 0 (nsc = ceil(c / block), or 1). Every product is rounded to
  *       float32 before it is added (no fused multiply-add), as numpy does.
  *   dequant_sum_quantize(q, scales, qout, sout, rows, block, qblock)
@@ -447,28 +515,36 @@ static inline float run_scale(const float *sr, Py_ssize_t block, Py_ssize_t gi, 
     return sr[b];
 }
 
-/* acc[0..m) = sum over rows r, in order, of float32(q[r * stride + s0 + i]) * s(r, s0 + i) */
-NO_CONTRACT static void dqs_tile_generic(const int8_t *q, Py_ssize_t stride, const float *sc, Py_ssize_t nsc,
-                                         Py_ssize_t rows, Py_ssize_t block, Py_ssize_t s0, Py_ssize_t m, float *acc) {
-    for (Py_ssize_t r = 0; r < rows; r++) {
-        const int8_t *qr = q + r * stride + s0;
-        for (Py_ssize_t i = 0, end; i < m; i = end) {
-            float f = run_scale(sc + r * nsc, block, s0 + i, s0 + m, &end);
-            end -= s0;
-            if (r == 0) for (Py_ssize_t k = i; k < end; k++) acc[k] = (float)qr[k] * f;
-            else for (Py_ssize_t k = i; k < end; k++) { float p = (float)qr[k] * f; acc[k] = acc[k] + p; }
-        }
+/* d[0..m) = float32(q[r * stride + s0 + i]) * s(r, s0 + i) (add: d + that, the product rounded first) */
+NO_CONTRACT static void dqs_row_generic(const int8_t *q, Py_ssize_t stride, const float *sc, Py_ssize_t nsc,
+                                        Py_ssize_t r, Py_ssize_t block, Py_ssize_t s0, Py_ssize_t m, float *d, int add) {
+    const int8_t *qr = q + r * stride + s0;
+    for (Py_ssize_t i = 0, end; i < m; i = end) {
+        float f = run_scale(sc + r * nsc, block, s0 + i, s0 + m, &end);
+        end -= s0;
+        if (!add) for (Py_ssize_t k = i; k < end; k++) d[k] = (float)qr[k] * f;
+        else for (Py_ssize_t k = i; k < end; k++) { float p = (float)qr[k] * f; d[k] = d[k] + p; }
     }
 }
 
+#define DQ_PUSH_generic(d, r) dqs_row_generic(q, stride, sc, nsc, r, block, s0, m, (d), 0)
+#define DQ_FOLD_generic(d, r) dqs_row_generic(q, stride, sc, nsc, r, block, s0, m, (d), 1)
+#define DQ_COMBINE(a, b) tile_op((a), (b), m, 0)
+
+/* S[0][0..m) = the tree over rows r (TREE_TILES) of the rows' products; S[1..]: tiles of m floats */
+static void dqs_tile_generic(const int8_t *q, Py_ssize_t stride, const float *sc, Py_ssize_t nsc,
+                             Py_ssize_t rows, Py_ssize_t block, Py_ssize_t s0, Py_ssize_t m, float *const *S) {
+    TREE_TILES(S, rows, DQ_PUSH_generic, DQ_FOLD_generic, DQ_COMBINE);
+}
+
+/* S: tree_depth(rows) tiles of QTILE floats (the partials) */
 static void dequant_sum_generic(const int8_t *q, const float *sc, void *out, Py_ssize_t rows, Py_ssize_t c,
-                                Py_ssize_t nsc, Py_ssize_t block, int f16) {
-    float acc[QTILE];
+                                Py_ssize_t nsc, Py_ssize_t block, int f16, float *const *S) {
     for (Py_ssize_t s0 = 0; s0 < c; s0 += QTILE) {
         Py_ssize_t m = c - s0 < QTILE ? c - s0 : QTILE;
-        dqs_tile_generic(q, c, sc, nsc, rows, block, s0, m, acc);
-        if (f16) { _Float16 *o = (_Float16 *)out + s0; for (Py_ssize_t i = 0; i < m; i++) o[i] = (_Float16)acc[i]; }
-        else memcpy((float *)out + s0, acc, (size_t)m * 4);
+        dqs_tile_generic(q, c, sc, nsc, rows, block, s0, m, S);
+        if (f16) { _Float16 *o = (_Float16 *)out + s0; for (Py_ssize_t i = 0; i < m; i++) o[i] = (_Float16)S[0][i]; }
+        else memcpy((float *)out + s0, S[0], (size_t)m * 4);
     }
 }
 
@@ -500,35 +576,41 @@ F16C_ATTR static inline __m256 load8(const void *src, int f16, Py_ssize_t i) {
                : _mm256_loadu_ps((const float *)src + i);
 }
 
-F16C_ATTR NO_CONTRACT static void dqs_tile_avx2(const int8_t *q, Py_ssize_t stride, const float *sc, Py_ssize_t nsc,
-                                                Py_ssize_t rows, Py_ssize_t block, Py_ssize_t s0, Py_ssize_t m, float *acc) {
-    for (Py_ssize_t r = 0; r < rows; r++) {
-        const int8_t *qr = q + r * stride + s0;
-        for (Py_ssize_t i = 0, end; i < m; i = end) {
-            float f = run_scale(sc + r * nsc, block, s0 + i, s0 + m, &end);
-            end -= s0;
-            __m256 vf = _mm256_set1_ps(f);
-            Py_ssize_t k = i;
-            if (r == 0) {
-                for (; k + 8 <= end; k += 8) _mm256_storeu_ps(acc + k, _mm256_mul_ps(i8x8_to_ps(qr + k), vf));
-                for (; k < end; k++) acc[k] = (float)qr[k] * f;
-            } else {
-                for (; k + 8 <= end; k += 8)
-                    _mm256_storeu_ps(acc + k, _mm256_add_ps(_mm256_loadu_ps(acc + k), _mm256_mul_ps(i8x8_to_ps(qr + k), vf)));
-                for (; k < end; k++) { float p = (float)qr[k] * f; acc[k] = acc[k] + p; }
-            }
+F16C_ATTR NO_CONTRACT static void dqs_row_avx2(const int8_t *q, Py_ssize_t stride, const float *sc, Py_ssize_t nsc,
+                                               Py_ssize_t r, Py_ssize_t block, Py_ssize_t s0, Py_ssize_t m, float *d,
+                                               int add) {
+    const int8_t *qr = q + r * stride + s0;
+    for (Py_ssize_t i = 0, end; i < m; i = end) {
+        float f = run_scale(sc + r * nsc, block, s0 + i, s0 + m, &end);
+        end -= s0;
+        __m256 vf = _mm256_set1_ps(f);
+        Py_ssize_t k = i;
+        if (!add) {
+            for (; k + 8 <= end; k += 8) _mm256_storeu_ps(d + k, _mm256_mul_ps(i8x8_to_ps(qr + k), vf));
+            for (; k < end; k++) d[k] = (float)qr[k] * f;
+        } else {
+            for (; k + 8 <= end; k += 8)
+                _mm256_storeu_ps(d + k, _mm256_add_ps(_mm256_loadu_ps(d + k), _mm256_mul_ps(i8x8_to_ps(qr + k), vf)));
+            for (; k < end; k++) { float p = (float)qr[k] * f; d[k] = d[k] + p; }
         }
     }
 }
 
+#define DQ_PUSH_avx2(d, r) dqs_row_avx2(q, stride, sc, nsc, r, block, s0, m, (d), 0)
+#define DQ_FOLD_avx2(d, r) dqs_row_avx2(q, stride, sc, nsc, r, block, s0, m, (d), 1)
+
+F16C_ATTR static void dqs_tile_avx2(const int8_t *q, Py_ssize_t stride, const float *sc, Py_ssize_t nsc,
+                                    Py_ssize_t rows, Py_ssize_t block, Py_ssize_t s0, Py_ssize_t m, float *const *S) {
+    TREE_TILES(S, rows, DQ_PUSH_avx2, DQ_FOLD_avx2, DQ_COMBINE);
+}
+
 F16C_ATTR static void dequant_sum_avx2(const int8_t *q, const float *sc, void *out, Py_ssize_t rows, Py_ssize_t c,
-                                       Py_ssize_t nsc, Py_ssize_t block, int f16) {
-    float acc[QTILE];
+                                       Py_ssize_t nsc, Py_ssize_t block, int f16, float *const *S) {
     for (Py_ssize_t s0 = 0; s0 < c; s0 += QTILE) {
         Py_ssize_t m = c - s0 < QTILE ? c - s0 : QTILE;
-        dqs_tile_avx2(q, c, sc, nsc, rows, block, s0, m, acc);
-        if (f16) f2h_f16c(acc, (_Float16 *)out + s0, m);
-        else memcpy((float *)out + s0, acc, (size_t)m * 4);
+        dqs_tile_avx2(q, c, sc, nsc, rows, block, s0, m, S);
+        if (f16) f2h_f16c(S[0], (_Float16 *)out + s0, m);
+        else memcpy((float *)out + s0, S[0], (size_t)m * 4);
     }
 }
 
@@ -608,12 +690,16 @@ static PyObject *py_dequant_sum(PyObject *self, PyObject *args) {
         return PyErr_Format(PyExc_ValueError, "dequant_sum: bad sizes (rows=%zd, block=%zd, out_itemsize=%d, "
                             "q %zd bytes, scales %zd bytes, out %zd bytes)", rows, block, osize, qb.len, sb.len, ob.len);
     }
+    float *slots = PyMem_Malloc((size_t)tree_depth(rows) * QTILE * sizeof(float)), *S[TREE_SLOTS];
+    if (!slots) { PyBuffer_Release(&qb); PyBuffer_Release(&sb); PyBuffer_Release(&ob); return PyErr_NoMemory(); }
+    for (int j = 0; j < tree_depth(rows); j++) S[j] = slots + (Py_ssize_t)j * QTILE;
     Py_BEGIN_ALLOW_THREADS
 #ifdef HAVE_F16C_VARIANT
-    if (use_f16c) dequant_sum_avx2(qb.buf, sb.buf, ob.buf, rows, c, nsc, block, osize == 2); else
+    if (use_f16c) dequant_sum_avx2(qb.buf, sb.buf, ob.buf, rows, c, nsc, block, osize == 2, S); else
 #endif
-    dequant_sum_generic(qb.buf, sb.buf, ob.buf, rows, c, nsc, block, osize == 2);
+    dequant_sum_generic(qb.buf, sb.buf, ob.buf, rows, c, nsc, block, osize == 2, S);
     Py_END_ALLOW_THREADS
+    PyMem_Free(slots);
     PyBuffer_Release(&qb); PyBuffer_Release(&sb); PyBuffer_Release(&ob);
     Py_RETURN_NONE;
 }
@@ -622,23 +708,23 @@ static PyObject *py_dequant_sum(PyObject *self, PyObject *args) {
  * blocks per tile), so that the float32 sums stay in cache instead of making a round trip to memory */
 static int dequant_sum_quantize(const int8_t *q, const float *sc, int8_t *qout, float *sout, Py_ssize_t rows,
                                 Py_ssize_t c, Py_ssize_t nsc, Py_ssize_t block, Py_ssize_t qblock) {
-    float stack[QTILE];
     Py_ssize_t tile = (QTILE / qblock > 1 ? QTILE / qblock : 1) * qblock;
-    float *acc = tile <= QTILE ? stack : (float *)malloc((size_t)tile * sizeof(float));
-    if (!acc) return -1;
+    float *slots = (float *)malloc((size_t)tree_depth(rows) * (size_t)tile * sizeof(float)), *S[TREE_SLOTS];
+    if (!slots) return -1;
+    for (int j = 0; j < tree_depth(rows); j++) S[j] = slots + (Py_ssize_t)j * tile;
     for (Py_ssize_t s0 = 0; s0 < c; s0 += tile) {
         Py_ssize_t m = c - s0 < tile ? c - s0 : tile;
 #ifdef HAVE_F16C_VARIANT
         if (use_f16c) {
-            dqs_tile_avx2(q, c, sc, nsc, rows, block, s0, m, acc);
-            quantize_avx2(acc, 0, qout + s0, sout + s0 / qblock, m, qblock);
+            dqs_tile_avx2(q, c, sc, nsc, rows, block, s0, m, S);
+            quantize_avx2(S[0], 0, qout + s0, sout + s0 / qblock, m, qblock);
             continue;
         }
 #endif
-        dqs_tile_generic(q, c, sc, nsc, rows, block, s0, m, acc);
-        quantize_generic(acc, 0, qout + s0, sout + s0 / qblock, m, qblock);
+        dqs_tile_generic(q, c, sc, nsc, rows, block, s0, m, S);
+        quantize_generic(S[0], 0, qout + s0, sout + s0 / qblock, m, qblock);
     }
-    if (acc != stack) free(acc);
+    free(slots);
     return 0;
 }
 
@@ -750,9 +836,9 @@ static PyMethodDef methods[] = {
     {"f32_to_bf16", py_f32_to_bf16, METH_VARARGS,
      "f32_to_bf16(src, dst): float32 -> bfloat16, round to nearest even, NaN -> the quiet NaN (as ml_dtypes)"},
     {"reduce_f32", py_reduce_f32, METH_VARARGS,
-     "reduce_f32(rows, out, op): float32 rows (buffers) summed (op 0) or multiplied (op 1) in row order"},
+     "reduce_f32(rows, out, op): float32 rows (buffers) summed (op 0) or multiplied (op 1) in the tree order"},
     {"reduce_f64", py_reduce_f64, METH_VARARGS,
-     "reduce_f64(rows, out, op): float64 rows (buffers) summed (op 0) or multiplied (op 1) in row order"},
+     "reduce_f64(rows, out, op): float64 rows (buffers) summed (op 0) or multiplied (op 1) in the tree order"},
     {"reduce_f16", py_reduce_f16, METH_VARARGS,
      "reduce_f16(rows, out, op): float32-accumulated reduction of float16 rows (buffers), rounded once"},
     {"dequant_sum", py_dequant_sum, METH_VARARGS,

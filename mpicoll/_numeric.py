@@ -1,4 +1,4 @@
-"""The numeric kernels: float16/bfloat16 conversion and rank-order reduction, int8 quantization.
+"""The numeric kernels: float16/bfloat16 conversion and reduction in the tree order, int8 quantization.
 
 Each runs in C (``mpicoll/_kernels.c``, built at install when a compiler is there) or, when the
 extension is not built or ``MPICOLL_KERNELS=0``, in numpy: the two give the same bits (tests check
@@ -97,69 +97,100 @@ def average(out: np.ndarray, n: int) -> None:
 
 
 def reduce_chunks(parts: np.ndarray, dt: DType, rop: ReduceOp, out: np.ndarray) -> np.ndarray:
-    """Reduce ``parts[i]`` (one row per source rank) in rank order into ``out``: :func:`reduce_rows`
-    of the rows of a 2-D array."""
+    """Reduce ``parts[i]`` (one row per source rank) into ``out``: :func:`reduce_rows` of the rows
+    of a 2-D array."""
     return reduce_rows(list(parts), dt, rop, out)
 
 
+def tree_order(n: int, push, fold, combine) -> None:
+    """THE order of every float reduction (docs/reproducibility.md, "The order"), over rows 0 .. n-1:
+    the tree ``T(lo, hi) = T(lo, mid) op T(mid, hi)``, ``mid = lo +`` the largest power of two below
+    ``hi - lo`` (n = 4: ``(x0 op x1) op (x2 op x3)``). In one pass over the rows, as a binary counter
+    (the C kernels' ``TREE``): row r goes onto a stack of partials, whose top two then combine
+    ``ctz(r + 1)`` times, the lower ranks the left operand; at the end the stack folds from the right.
+    ``push(j, r)``: partial j = row r; ``fold(j, r)``: partial j = partial j op row r (an odd row meets
+    its left neighbour straight from the row); ``combine(j, k)``: partial j = partial j op partial k.
+    Partial 0 ends as the result; at most ``n.bit_length()`` are live."""
+    sp = 0
+    for r in range(n):
+        k = ((r + 1) & -(r + 1)).bit_length() - 1             # ctz(r + 1)
+        if k == 0:
+            push(sp, r)
+            sp += 1
+            continue
+        fold(sp - 1, r)
+        for _ in range(k - 1):
+            sp -= 1
+            combine(sp - 1, sp)
+    while sp > 1:
+        sp -= 1
+        combine(sp - 1, sp)
+
+
 def _fold(rows: list[np.ndarray], ufunc: np.ufunc, out: np.ndarray, n: int, c: int) -> None:
-    """``((r0 op r1) op r2) ...`` into ``out``, tile by tile (:func:`reduce_rows`' native path)."""
-    if n == 1:
-        np.copyto(out, rows[0])
-    elif n == 2 or c <= TILE:                   # (one tile: no slicing)
-        ufunc(rows[0], rows[1], out=out)
-        for r in rows[2:]:
-            ufunc(out, r, out=out)
-    else:
-        for s in range(0, c, TILE):
-            e = min(s + TILE, c)
-            o = out[s:e]
-            ufunc(rows[0][s:e], rows[1][s:e], out=o)
-            for r in rows[2:]:
-                ufunc(o, r[s:e], out=o)
+    """``((r0 op r1) op r2) ...`` into ``out`` (:func:`reduce_rows`' integers and bools: exact in any
+    order, and the fewest numpy calls)."""
+    np.copyto(out, rows[0])
+    for r in rows[1:]:
+        ufunc(out, r, out=out)
 
 
-_fold_quiet = np.errstate(over="ignore", invalid="ignore")(_fold)
+def _tree_tiles(rows: list[np.ndarray], ufunc: np.ufunc, out: np.ndarray, n: int, c: int, acc_dtype) -> None:
+    """:func:`tree_order` over ``rows`` into ``out``, tile by tile (the partials stay in cache while
+    the rows stream by), the partials in ``acc_dtype`` (float32 for 16-bit floats: rounded once)."""
+    m = min(c, TILE)
+    direct = acc_dtype == out.dtype                  # (partial 0 is out's tile itself)
+    scratch = np.empty((max(n.bit_length(), 1) + 1 - direct, m), dtype=acc_dtype)
+    for s in range(0, c, TILE):
+        e = min(s + TILE, c)
+        slots = ([out[s:e]] if direct else []) + [t[:e - s] for t in scratch]
+        tmp = slots[-1]                              # (a row widened before it is folded in)
+
+        def push(j, r):
+            np.copyto(slots[j], rows[r][s:e])
+
+        def fold(j, r):
+            if direct:
+                ufunc(slots[j], rows[r][s:e], out=slots[j])
+            else:
+                np.copyto(tmp, rows[r][s:e])
+                ufunc(slots[j], tmp, out=slots[j])
+        tree_order(n, push, fold, lambda j, k: ufunc(slots[j], slots[k], out=slots[j]))
+        if not direct:
+            np.copyto(out[s:e], slots[0], casting="unsafe")
 
 
 def reduce_rows(rows: list[np.ndarray], dt: DType, rop: ReduceOp, out: np.ndarray) -> np.ndarray:
     """Reduce the contiguous 1-D arrays ``rows`` (one per source rank, each as long as ``out``,
-    wherever they live: a private array, a shared window) in their order into ``out``, in one pass
-    over the data: integers in their own dtype (wrapping, as MPI does), 16-bit floats accumulated
-    in float32 and rounded once, other floats as ``((r0 op r1) op r2) ...``. ``out`` may be one
-    of the rows only if it is the first.
+    wherever they live: a private array, a shared window) into ``out``, in one pass over the data:
+    integers in their own dtype (wrapping, as MPI does: any order gives the same bits), floats in
+    the tree order (:func:`tree_order`), 16-bit floats accumulated in float32 and rounded once.
+    ``out`` may be one of the rows only if it is the first.
 
-    With the C kernels, 16-bit floats take one vectorised pass, bit-identical to numpy. Otherwise
-    numpy works tile by tile, so that the accumulator stays in cache while the rows stream by.
+    With the C kernels, float32/float64 SUM and PROD and every 16-bit float op take one pass in C,
+    bit-identical to numpy. Otherwise numpy works tile by tile, so that the partials stay in cache
+    while the rows stream by.
     """
     if out.ndim != 1:
         out = out.reshape(-1)
     n, c = len(rows), out.size
     if not n or not c:
         return out
-    if dt.reduce != "float32":
-        if KERNELS is not None and dt.floating and rop.kernel < 2:    # (float32/float64 SUM, PROD: in C)
+    if not dt.floating:                      # (integers and bool raise no floating-point error)
+        _fold(rows, rop.ufunc, out, n, c)
+        return out
+    if KERNELS is not None and (dt.reduce == "float32" or rop.kernel < 2):   # (float32/float64 MAX, MIN: numpy)
+        if dt.reduce == "float32":
+            kernel = KERNELS.reduce_f16 if dt.name == "float16" else KERNELS.reduce_bf16
+            kernel([r.view(np.uint16) for r in rows], out.view(np.uint16), rop.kernel)
+        else:
             (KERNELS.reduce_f32 if dt.itemsize == 4 else KERNELS.reduce_f64)(rows, out, rop.kernel)
-            return out
-        # (floats: overflow to inf / NaN are the IEEE answers, as MPI's, whatever numpy's error state;
-        # integers and bool raise no floating-point error: no state to set)
-        (_fold_quiet if dt.floating else _fold)(rows, rop.ufunc, out, n, c)
         return out
-    if KERNELS is not None:
-        kernel = KERNELS.reduce_f16 if dt.name == "float16" else KERNELS.reduce_bf16
-        kernel([r.view(np.uint16) for r in rows], out.view(np.uint16), rop.kernel)
+    if n == 1:
+        np.copyto(out, rows[0])
         return out
-    acc = np.empty(min(c, TILE), dtype=np.float32)
-    tmp = np.empty_like(acc)
-    with np.errstate(over="ignore", invalid="ignore"):   # overflow to inf / NaN are the IEEE answers
-        for s in range(0, c, TILE):  # each step is vectorised over a tile
-            e = min(s + TILE, c)
-            a, t = acc[:e - s], tmp[:e - s]
-            np.copyto(a, rows[0][s:e])
-            for r in rows[1:]:
-                np.copyto(t, r[s:e])
-                rop.ufunc(a, t, out=a)
-            np.copyto(out[s:e], a, casting="unsafe")
+    with np.errstate(over="ignore", invalid="ignore"):   # overflow to inf / NaN are the IEEE answers, as MPI's
+        _tree_tiles(rows, rop.ufunc, out, n, c, np.float32 if dt.reduce == "float32" else dt.np)
     return out
 
 
@@ -213,8 +244,8 @@ def _quantize_tile(x: np.ndarray, q: np.ndarray, scales: np.ndarray, work: np.nd
 
 
 def dequant_sum(q: np.ndarray, scales: np.ndarray, block: int, out: np.ndarray) -> np.ndarray:
-    """``out[i] = sum over rows r, in row order, of float32(q[r, i]) * scale(r, i)``, accumulated in
-    float32 and rounded once into ``out`` (float16 or float32, contiguous, ``q.shape[1]`` elements).
+    """``out[i] = sum over rows r, in the tree order (:func:`tree_order`), of float32(q[r, i]) *
+    scale(r, i)``, accumulated in float32 and rounded once into ``out`` (float16 or float32, contiguous, ``q.shape[1]`` elements).
 
     ``q``: (rows, c) int8, C-contiguous. ``scales``: (rows, ceil(c / block)) float32, or (rows, 1)
     with ``block=0``; scale(r, i) is ``scales[r, i // block]`` (``scales[r, 0]`` for block 0).
@@ -269,13 +300,13 @@ def dequant_sum_quantize(q: np.ndarray, scales: np.ndarray, block: int, qblock: 
 
 
 def _sum_rows(t: np.ndarray, out: np.ndarray, acc: np.ndarray) -> None:
-    """``out = ((t[0] + t[1]) + t[2]) + ...`` in row order, float32, rounded once. One add per row:
-    ``np.add.reduce(t, axis=0)`` sums a one-column tile pairwise, whose order would then depend on
-    where the tiles fall (the message size)."""
+    """``out`` = the rows of ``t`` summed in the tree order (:func:`tree_order`), float32, rounded
+    once. Never ``np.add.reduce(t, axis=0)``: numpy sums a one-column tile pairwise, in an order
+    that would depend on where the tiles fall (the message size)."""
     total = out if out.dtype == np.float32 else acc[:t.shape[1]]
-    np.copyto(total, t[0])
-    for row in t[1:]:
-        np.add(total, row, out=total)
+    slots = [total] + list(np.empty((max(len(t).bit_length() - 1, 0), t.shape[1]), dtype=np.float32))
+    tree_order(len(t), lambda j, r: np.copyto(slots[j], t[r]), lambda j, r: np.add(slots[j], t[r], out=slots[j]),
+               lambda j, k: np.add(slots[j], slots[k], out=slots[j]))
     if total is not out:
         from_f32(total, out)
 

@@ -8,7 +8,7 @@ run through a window of MPI shared memory (``MPI.Win.Allocate_shared``) instead 
 * each rank copies the blocks the other ranks reduce into its own slot of the window;
 * the ranks synchronise (``Win.Sync`` + ``Barrier`` + ``Win.Sync``: the MPI memory model's rule for
   shared windows; the ``Barrier`` is an ordinary mpicoll collective, timed by the watchdog);
-* each rank reduces its own block in one pass over every rank's copy, in rank order
+* each rank reduces its own block in one pass over every rank's copy, in the tree order
   (:func:`~mpicoll._numeric.reduce_rows`: its own block straight from its input, float16/bfloat16
   accumulated in float32), writing the result where it is needed (ReduceScatter: the output);
 * AllReduce: the ranks synchronise again and each copies the reduced blocks of the others out
@@ -72,7 +72,7 @@ ALLREDUCE_BYTES = 16 * 1024
 #: float32 and back (measured with --no-threshold: the window took 0.30-0.38x that path's time at
 #: 8 KiB, 2 ranks, 0.50-0.55x at 4 ranks; at 1-4 KiB 0.6-1.2x)
 ALLREDUCE_16BIT_BYTES = 8 * 1024
-#: A rank-order reduction (a float reduction over more than 2 ranks, ``ops._base.ordered``) uses the
+#: A tree-order reduction (a float reduction over more than 2 ranks, ``ops._reduce.ordered``) uses the
 #: window from this size, where it breaks even with an Allgather of every input plus a reduction on
 #: every rank, and wins from 8 KiB (AllReduce, one node, time with the window / with the Allgather,
 #: float32: 3 ranks 1.05-1.07x at 64 B-2 KiB, 1.02x at 4 KiB, 0.62x at 8 KiB; 4 ranks 1.39x at 64 B-2
@@ -449,9 +449,9 @@ def allreduce(go, comm: LibComm, x: np.ndarray, out: np.ndarray | None, dt: DTyp
               in_place: bool, inputs: tuple[NodeBuffer, list] | None = None) -> None:
     """AllReduce (or Reduce) of ``x`` into ``out`` (``in_place``: ``out`` is ``x``; None: a Reduce's other ranks)
     through the node window. Up to ``ONE_SHOT_BYTES / (n (n - 1))``, in one shot (each rank with an ``out``
-    reduces the whole message from every slot, in rank order); else in rounds of at most
+    reduces the whole message from every slot, in the tree order); else in rounds of at most
     ``SLOT_BYTES``: each rank reduces one block of the round (``split_even``: the first ranks get one
-    element more), in rank order, and places it in its slot; then every rank with an ``out`` copies
+    element more), in the tree order, and places it in its slot; then every rank with an ``out`` copies
     the blocks out. ``inputs`` (:func:`resident`): every rank's input is in a node buffer, read
     there instead of copied in (in one shot, a last Barrier keeps the inputs until every peer has
     read them; an in-place result waits for it in a private array)."""

@@ -7,7 +7,7 @@ import shutil
 import numpy as np
 import pytest
 
-from mpicoll._golden import CHECKS, SEED, count_wrong
+from mpicoll._golden import CHECKS, SEED, count_wrong, golden_tree
 from mpicoll import CollectiveArgumentError
 from mpicoll._numeric import KERNELS
 from mpicoll import _env, _numeric
@@ -31,7 +31,7 @@ def simd(request):
 
 
 @half
-@pytest.mark.parametrize("rows,cols", [(1, 7), (2, 4099), (3, 13), (4, 1000), (5, 8), (2, 47)])
+@pytest.mark.parametrize("rows,cols", [(1, 7), (2, 4099), (3, 13), (4, 1000), (5, 8), (2, 47), (6, 37), (8, 129)])
 @pytest.mark.parametrize("op", range(4))
 def test_reduce_is_bit_identical_to_numpy(rows, cols, op, simd):
     rng = np.random.default_rng(rows * 100 + cols + op)
@@ -40,11 +40,8 @@ def test_reduce_is_bit_identical_to_numpy(rows, cols, op, simd):
     out = np.empty(cols, np.float16)
     KERNELS.reduce_f16(list(parts), out, op)
     ufunc = (np.add, np.multiply, np.maximum, np.minimum)[op]
-    acc = parts[0].astype(np.float32)
-    with np.errstate(all="ignore"):
-        for r in range(1, rows):
-            acc = ufunc(acc, parts[r].astype(np.float32))
-        expected = acc.astype(np.float16)
+    with np.errstate(all="ignore"):                           # (the tree order, in float32, rounded once)
+        expected = golden_tree([p.astype(np.float32) for p in parts], ufunc).astype(np.float16)
     same = (out.view(np.uint16) == expected.view(np.uint16)) | (np.isnan(out) & np.isnan(expected))
     assert same.all()
 
@@ -61,10 +58,7 @@ def test_bfloat16_reduce_is_bit_identical_to_ml_dtypes(op, simd):
     KERNELS.reduce_bf16(list(parts.view(np.uint16)), out.view(np.uint16), op)
     ufunc = (np.add, np.multiply, np.maximum, np.minimum)[op]
     with np.errstate(all="ignore"):
-        acc = parts[0].astype(np.float32)
-        for r in range(1, 3):
-            acc = ufunc(acc, parts[r].astype(np.float32))
-        expected = acc.astype(ml_dtypes.bfloat16)
+        expected = golden_tree([p.astype(np.float32) for p in parts], ufunc).astype(ml_dtypes.bfloat16)
     # bit for bit, except which NaN a NaN-producing step returns (x86 keeps an operand's payload)
     nan = np.isnan(out.astype(np.float32)) & np.isnan(expected.astype(np.float32))
     assert np.array_equal(out.view(np.uint16)[~nan], expected.view(np.uint16)[~nan])
@@ -73,9 +67,9 @@ def test_bfloat16_reduce_is_bit_identical_to_ml_dtypes(op, simd):
 @half
 @pytest.mark.parametrize("dtype", ["float32", "float64"])
 @pytest.mark.parametrize("op", range(2))
-@pytest.mark.parametrize("rows,cols", [(1, 7), (2, 4099), (4, 1000), (3, 2049)])
+@pytest.mark.parametrize("rows,cols", [(1, 7), (2, 4099), (4, 1000), (3, 2049), (7, 1025), (8, 3000)])
 def test_native_float_reduce_is_bit_identical_to_numpy(dtype, op, rows, cols):
-    """float32 / float64 SUM and PROD in C: the rows in order, in their own precision, infinities and
+    """float32 / float64 SUM and PROD in C: the rows in the tree order, in their own precision, infinities and
     NaNs included, out-of-place and in place (out is row 0), as numpy's ufuncs give them."""
     rng = np.random.default_rng(rows * 10 + cols + op)
     special = np.array([np.nan, 0, -0.0, np.inf, -np.inf, 3e38, -3e38, 1e-40], dtype)
@@ -83,9 +77,7 @@ def test_native_float_reduce_is_bit_identical_to_numpy(dtype, op, rows, cols):
                      rng.standard_normal((rows, cols)) * 100).astype(dtype)
     ufunc = (np.add, np.multiply)[op]
     with np.errstate(all="ignore"):
-        expected = parts[0].copy()
-        for r in range(1, rows):
-            expected = ufunc(expected, parts[r])
+        expected = golden_tree(list(parts), ufunc)
     kernel = KERNELS.reduce_f32 if dtype == "float32" else KERNELS.reduce_f64
     out = np.empty(cols, dtype)
     kernel(list(parts), out, op)
@@ -198,3 +190,31 @@ def test_stream_copy_equals_a_copy(length, offset):
     stream_copy(dst[offset:offset + length], src)
     assert np.array_equal(dst[offset:offset + length], src)
     assert not dst[:offset].any() and not dst[offset + length:].any()
+
+
+@pytest.mark.parametrize("kernels", ["C", "numpy"])
+@pytest.mark.parametrize("dtype", ["float16", "bfloat16", "float32", "float64"])
+def test_reduce_rows_is_the_tree_order_for_any_row_count(kernels, dtype, monkeypatch):
+    """``reduce_rows`` (one pass, a binary counter) equals the recursive definition of the tree order
+    (``golden_reduce``) at 1-17 rows, every op, across tiles (numpy's 65536, C's 1024) and SIMD tails,
+    out of place and in place."""
+    from mpicoll._dtypes import DTYPES, REDUCE_OPS
+    from mpicoll._golden import golden_reduce
+    if kernels == "C" and KERNELS is None:
+        pytest.skip("the optional _kernels extension is not built")
+    monkeypatch.setattr(_numeric, "KERNELS", KERNELS if kernels == "C" else None)
+    dt = DTYPES[dtype]
+    rng = np.random.default_rng(17)
+    for rows in range(1, 18):
+        for name in ("sum", "prod", "max", "min"):
+            rop = REDUCE_OPS[name].on(dt)
+            for cols in (5, 1037) if rows > 4 else (5, 1037, 70_001):
+                spread = 1 + 0.01 * rng.standard_normal((rows, cols)) if name == "prod" else \
+                    rng.standard_normal((rows, cols)) * 10.0 ** rng.integers(-4, 5, (rows, cols))
+                parts = list(spread.astype(dt.np))
+                want = golden_reduce(parts, dt, rop)
+                got = _numeric.reduce_rows(parts, dt, rop, np.empty(cols, dt.np))
+                assert got.tobytes() == want.tobytes(), (rows, name, cols)
+                first = parts[0].copy()
+                _numeric.reduce_rows([first, *parts[1:]], dt, rop, first)
+                assert first.tobytes() == want.tobytes(), (rows, name, cols, "in place")

@@ -8,7 +8,7 @@ import pytest
 
 import mpicoll
 from mpicoll import CollectiveArgumentError, QuantAllReduceOperation, QuantAllReduceParam, dequantize, quantize
-from mpicoll._golden import CHECKS, SEED, count_wrong
+from mpicoll._golden import CHECKS, SEED, count_wrong, golden_tree
 from mpicoll import _numeric as N
 from mpicoll.ops.quant import bytes_per_rank, plan_chunks
 
@@ -168,17 +168,16 @@ def _same_bits(a, b):
 
 
 def _reference_sum(q, scales, block):
-    """The definition, row by row: sum_r float32(q[r]) * scale, in rank order, in float32."""
-    acc = None
+    """The definition, row by row: sum_r float32(q[r]) * scale, in the tree order, in float32."""
+    terms = []
     for r in range(q.shape[0]):
         per = np.repeat(scales[r], block)[:q.shape[1]] if block else np.full(q.shape[1], scales[r, 0], np.float32)
-        term = q[r].astype(np.float32) * per
-        acc = term if acc is None else acc + term
-    return acc
+        terms.append(q[r].astype(np.float32) * per)
+    return golden_tree(terms, np.add)
 
 
 @pytest.mark.parametrize("path", PATHS, indirect=True)
-@pytest.mark.parametrize("rows", [1, 2, 3, 4])
+@pytest.mark.parametrize("rows", [1, 2, 3, 4, 5, 7])
 @pytest.mark.parametrize("block", [0, 1, 3, 8, 100, 128, 5000])
 def test_dequant_sum_is_bit_identical_to_the_definition(path, rows, block):
     rng = np.random.default_rng(rows * 10_000 + block)

@@ -1,10 +1,10 @@
 """Reproducible reductions (docs/reproducibility.md): element i of a float SUM or PROD result is the
-rank-order reduction of the n inputs of element i (16-bit floats in float32, rounded once), bit for
+tree-order reduction of the n inputs of element i (16-bit floats in float32, rounded once), bit for
 bit, whatever the message size, the offset of the element in it, the path (the node window in one or
 two shots, the Allgather, the AllToAll path, pieces; each forced by its threshold), the communicator
 (the world, a sub-domain, one made without the window: the paths several hosts take), the root,
-validation, in place or not. MAX and MIN likewise. The golden is computed per element in rank order,
-so it cannot depend on the size: a result equal to it is invariant.
+validation, in place or not. MAX and MIN likewise. The golden (``_golden.golden_reduce``) is computed
+per element in the tree order, so it cannot depend on the size: a result equal to it is invariant.
 
 Hypothesis runs derandomized (the same examples on every rank) and each verdict is agreed across ranks
 (``_mpi.agreed``), as in test_fuzz; ``MPICOLL_FUZZ_EXAMPLES`` sets the examples per property (here 60).
@@ -241,7 +241,7 @@ def test_functional_calls_eager_and_merged_in_a_graph_give_the_same_bits(seed, d
                            "(docs/reproducibility.md, 'Check it')")
 def test_the_same_bits_on_mpich_and_open_mpi():
     """The same inputs give the same bits of every float reduction on this MPI and on the other one
-    (MPICH and Open MPI wheels), each equal to the rank-order golden."""
+    (MPICH and Open MPI wheels), each equal to the tree-order golden."""
     here, there = digest_job(sys.executable), digest_job(os.environ["MPICOLL_OTHER_MPI_PYTHON"])
     assert {here["mpi"].split()[0], there["mpi"].split()[0]} == {"MPICH", "Open"}, (here["mpi"], there["mpi"])
     assert here["wrong"] == there["wrong"] == 0, (here, there)
@@ -274,7 +274,7 @@ def test_quant_allreduce_sums_in_rank_order_at_any_size(seed, count, block):
        st.integers(1, 4), st.sampled_from(["sum", "max"]))
 def test_hccl_rounds_give_the_rank_order_bits(seed, dtype, count, repeat, rname):
     """The Hccl client's AllReduce and strided ReduceScatter, ``repeat`` rounds of ``count``: every
-    element the rank-order golden's, whatever the round size."""
+    element the tree-order golden's, whatever the round size."""
     from mpicoll import Hccl, HcclDataType, HcclReduceOp
     dt, kind = DTYPES[dtype], {"float16": HcclDataType.FP16, "bfloat16": HcclDataType.BFP16,
                                "float32": HcclDataType.FP32}[dtype]

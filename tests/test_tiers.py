@@ -5,11 +5,11 @@ each node.
 One machine is one node, so each test launches its own job (from the 1-rank run) with MPICH's
 ``MPIR_CVAR_NUM_CLIQUES=K``: MPICH then places its ranks on K nodes, round robin (its own setting
 for testing node-aware code: ``Split_type`` and shared memory follow it). The job checks, bit for
-bit, the 16-bit floats in every reduce op and large 8-bit integers against a numpy golden of the
-tiers (each node's members reduced in rank order in float32 and rounded to the dtype, then the
-nodes' partial results the same way; a float SUM or PROD over more than 2 ranks never goes in tiers:
-the rank-order golden, docs/reproducibility.md); that the dtypes MPI reduces itself, and smaller messages,
-stay flat (MPICH's own AllReduce is node-aware); sizes at the threshold and across the window's
+bit, large 8-bit integers against a numpy golden of the tiers (each node's members reduced in
+rank order, then the nodes' partial results the same way), every float reduction against the
+tree-order golden (docs/reproducibility.md: float32/float64 in tiers where the nodes are aligned
+with the tree, consecutive ranks and a power of two on each; else flat); that the integer dtypes
+MPI reduces itself, and smaller messages, stay flat (MPICH's own AllReduce is node-aware); sizes at the threshold and across the window's
 rounds; in place; plans, started plans with collectives in between, the functional API; uneven
 layouts (no tiers); ``MPICOLL_SHM=0``; freeing a communicator that has tiers; a rank that never
 arrives. The bytes each host sends, against the model, are measured on the test bed
@@ -41,11 +41,10 @@ from mpicoll import _shm
 from mpicoll.ops import allreduce
 from mpicoll._domains import user_comm
 from mpicoll._dtypes import DTYPES, REDUCE_OPS
-from mpicoll._golden import rank_data
+from mpicoll._golden import golden_reduce, rank_data
 
 _shm.SLOT_BYTES = 4096                       # (small rounds: the node tier's ReduceScatter takes many)
 allreduce.TIERED_BYTES = 2048
-allreduce.CHAIN_PIECE_BYTES = 1000           # (node after node: many pieces, a short last one)
 allreduce.BYTE_ALLTOALL_BYTES = 8192
 W = MPI.COMM_WORLD
 n, me = W.size, W.rank
@@ -58,20 +57,23 @@ nodes = [[r for r in range(n) if first[r] == f] for f in sorted(set(first))]
 regular = len({len(m) for m in nodes}) == 1 and len(nodes[0]) > 1 and len(nodes) > 1
 window = os.environ.get("MPICOLL_SHM", "1") != "0"          # MPICOLL_SHM=0: no window, so no tiers
 tiered = regular and window
-# 2 nodes holding consecutive ranks: a float32/float64 sum goes node after node (allreduce._chained)
-chained = tiered and len(nodes) == 2 and all(m == list(range(m[0], m[0] + len(m))) for m in nodes)
+# nodes aligned with the tree order (consecutive ranks, a power of two on each): a float32/float64
+# reduction in the tree order goes in tiers (ops._reduce.aligned)
+L = len(nodes[0])
+aligned = tiered and L & (L - 1) == 0 and all(m == list(range(m[0], m[0] + len(m))) for m in nodes)
 
 
 def tiered_golden(inputs, dt, rop):
-    """Each node's members reduced in rank order in float32 (integers: in their dtype), rounded to
-    the dtype; then the nodes' results the same way, node index k's member of each node in order."""
+    """Integers: each node's members reduced in rank order, then the nodes' results the same way,
+    node index k's member of each node in order. Floats: the tree order, on every path."""
     def reduce(rows):
-        wide = np.float32 if dt.reduce == "float32" else dt.np      # (16-bit floats in float32)
-        acc = rows[0].astype(wide)
+        acc = rows[0].copy()
         for r in rows[1:]:
-            acc = rop.ufunc(acc, r.astype(wide))
-        return acc.astype(dt.np)
-    if not tiered or dt.floating:                # (a float reduction: rank order, never in tiers)
+            acc = rop.ufunc(acc, r).astype(dt.np)
+        return acc
+    if dt.floating:
+        return golden_reduce(inputs, dt, rop)
+    if not tiered:
         return reduce(inputs)
     L = len(nodes[0])
     counts = [len(inputs[0].reshape(-1)) // L + (k < len(inputs[0].reshape(-1)) % L) for k in range(L)]
@@ -109,9 +111,9 @@ for name, count in [("bfloat16", 1023), ("float32", 50_000), ("int32", 50_000), 
     for x in xs[1:]:
         want = want + x if dt.np.kind == "f" else (want + x).astype(dt.np)
     check(f"flat {name} {count}", got, want.astype(dt.np))
-assert (lib._tiers is not None) == chained, "a flat call made tiers"
+assert (lib._tiers is not None) == aligned, "a flat call made tiers"
 
-# float32/float64 in rank order (node after node where chained), above the threshold, in place too
+# float32/float64 in the tree order (in tiers where aligned), above the threshold, in place too
 for name in ["float32", "float64"]:
     dt = DTYPES[name]
     for rname in ("sum", "prod", "max"):
@@ -142,7 +144,7 @@ for name in ["float16", "bfloat16", "int8"]:
 assert (lib._tiers is not None) == tiered
 
 # plans, a started plan with collectives in between, the functional API (int8: in tiers; float32:
-# node after node where chained)
+# in tiers where aligned)
 for name, count, kind in (("int8", 3 * 8192, "int"), ("float32", 3 * 1001, "random")):
     dt = DTYPES[name]
     xs = [rank_data(9, "plan", r, (3, count // 3), dt, kind) for r in range(n)]
@@ -187,7 +189,7 @@ if os.environ.get("TIMEOUT_CASE") and tiered:
     print(f"rank {me}: no timeout", flush=True)
     sys.exit(4)
 print(f"rank {me}: tiers ok ({len(nodes)} nodes: {nodes}; {'in tiers' if tiered else 'flat'}"
-      f"{', chained' if chained else ''})", flush=True)
+      f"{', aligned' if aligned else ''})", flush=True)
 '''
 
 
@@ -202,15 +204,18 @@ def _job(tmp_path, np_: int, cliques: int, **env: str) -> subprocess.CompletedPr
 
 @pytest.mark.timeout_s(260)
 @pytest.mark.parametrize("np_,cliques,blocks", [(4, 2, False), (6, 2, False), (6, 3, False), (3, 2, False),
-                                                 (4, 2, True), (6, 2, True)],
-                         ids=["2x2", "2x3", "3x2", "uneven-2+1", "2x2-blocks", "2x3-blocks"])
+                                                 (4, 2, True), (6, 2, True), (8, 4, True)],
+                         ids=["2x2", "2x3", "3x2", "uneven-2+1", "2x2-blocks", "2x3-blocks", "4x2-blocks"])
 def test_tiered_allreduce_bit_for_bit(tmp_path, np_, cliques, blocks):
-    """Round-robin placement (MPICH's cliques), and in blocks (``MPIR_CVAR_CLIQUES_BY_BLOCK``: 2 nodes
-    holding consecutive ranks, where a float32/float64 sum goes node after node)."""
+    """Round-robin placement (MPICH's cliques), and in blocks (``MPIR_CVAR_CLIQUES_BY_BLOCK``: nodes
+    holding consecutive ranks, where float32/float64 go in tiers when each holds a power of two:
+    2 x 2 and 4 x 2, not 2 x 3)."""
     res = _job(tmp_path, np_, cliques, **({"MPIR_CVAR_CLIQUES_BY_BLOCK": "1"} if blocks else {}))
     assert res.returncode == 0, res.stdout[-3000:] + res.stderr[-3000:]
     assert res.stdout.count("tiers ok") == np_, res.stdout
-    verdict = ("; in tiers, chained)" if blocks else "; in tiers)") if np_ % cliques == 0 else "; flat)"
+    power_of_two = (np_ // cliques) & (np_ // cliques - 1) == 0
+    verdict = ("; in tiers, aligned)" if blocks and power_of_two else "; in tiers)") if np_ % cliques == 0 else \
+        "; flat)"
     assert res.stdout.count(verdict) == np_, res.stdout
 
 

@@ -14,10 +14,10 @@ from .._dtypes import DType, ReduceOp
 from .._errors import arg_error
 from .._numeric import prefix, reduce_chunks, reduce_rows
 
-#: A rank-order reduction (:func:`ordered`) that the node window does not take, of at most
+#: A tree-order reduction (:func:`ordered`) that the node window does not take, of at most
 #: this many bytes over all ranks' inputs (n x its size): an Allgather (a Reduce: Gather) of every
-#: input, then a rank-order reduction on every rank (the root; a ReduceScatter: of its own block);
-#: above it, AllToAll + rank-order reduction + AllGather (bandwidth-optimal: the Allgather moves
+#: input, then a reduction in the tree order on every rank (the root; a ReduceScatter: of its own
+#: block); above it, AllToAll + that reduction + AllGather (bandwidth-optimal: the Allgather moves
 #: (n - 1) / 2 times its bytes).
 #: Measured without the window (MPICOLL_SHM=0, one node, float32 and bfloat16, 3 and 4 ranks), per
 #: rank's input: the Allgather took 0.55-0.77x the AllToAll path's time up to 4 KiB, 0.95-1.2x at
@@ -37,14 +37,24 @@ def reduction(rop: ReduceOp, dt: DType, op: str, param: str, rank: int) -> Reduc
 
 def ordered(comm: LibComm, dt: DType, rop: ReduceOp) -> bool:
     """THE reproducibility rule (docs/reproducibility.md): whether a reduction on ``comm`` must
-    run on mpicoll's rank-order paths only (the shared window, :func:`alltoall_reduce`, a gather
-    and :func:`~mpicoll._numeric.reduce_rows`), never in MPI's own reduction, whose order changes
-    with the message size, the MPI library, even the rank: every float reduction over more than 1
-    member, with ``MPICOLL_EXACT`` on (``comm.exact``, agreed), but a SUM or PROD over 2 (one
-    commutative operation per element: the same bits on any path). Integers are exact anyway;
-    a float MAX or MIN is not (MPI's ``a > b ? a : b`` drops a NaN or picks a signed zero by its
-    operands' order, which MPI varies; numpy's maximum in rank order propagates NaN)."""
+    run on mpicoll's paths in the tree order (the shared window, :func:`alltoall_reduce`, a gather
+    and :func:`~mpicoll._numeric.reduce_rows`; tiers on :func:`aligned` nodes), never in MPI's own
+    reduction, whose order changes with the message size, the MPI library, even the rank: every
+    float reduction over more than 1 member, with ``MPICOLL_EXACT`` on (``comm.exact``, agreed),
+    but a SUM or PROD over 2 (one commutative operation per element: the same bits on any path).
+    Integers are exact anyway; a float MAX or MIN is not (MPI's ``a > b ? a : b`` drops a NaN or
+    picks a signed zero by its operands' order, which MPI varies; numpy's maximum in the tree order
+    propagates NaN)."""
     return comm.exact and dt.floating and (comm.size > 2 or (comm.size == 2 and not rop.rounds))
+
+
+def aligned(comm: LibComm) -> bool:
+    """Whether ``comm``'s nodes are aligned with the tree order: several nodes (``per_node``), each
+    holding consecutive ranks (``blocks``), the same power of two of them. Then every node's ranks
+    form a subtree of the order (``[k 2^a, (k + 1) 2^a)``) and the tree over the nodes' partials is
+    the rest of it: a tiered reduction computes the order's bits (both facts agreed at set-up)."""
+    p = comm.per_node
+    return comm.blocks and p > 1 and p & (p - 1) == 0
 
 
 def invariant(comm: LibComm, dt: DType, rop: ReduceOp) -> bool:
@@ -58,7 +68,7 @@ def alltoall_reduce(go: Any, comm: LibComm, flat: np.ndarray, dt: DType, rop: Re
                     displs: np.ndarray | None, out: np.ndarray, recv: np.ndarray | None = None,
                     block_type: MPI.Datatype | None = None) -> None:
     """Reduce-scatter as an AllToAll of the blocks plus a local reduction of this rank's block from
-    every rank (``reduce_chunks``, rank order): 16-bit floats travel as 16 bits and accumulate in
+    every rank (``reduce_chunks``, the tree order): 16-bit floats travel as 16 bits and accumulate in
     float32; 8-bit integers reduce in numpy, faster than MPICH's own byte loop for large blocks.
 
     Block j (``counts[j]`` elements at ``displs[j]`` of ``flat``) goes to rank j; ``out`` receives
@@ -91,9 +101,9 @@ def reduce_scatter(go: Any, comm: LibComm, blocks: np.ndarray, counts: list[int]
     go through the node's shared window (:mod:`mpicoll._shm`). Otherwise MPI's own reduction runs
     for the dtypes it reduces natively when every rank's blocks are packed and the order cannot
     change the bits (not :func:`ordered`): ``Reduce_scatter_block`` for equal counts, else
-    ``Reduce_scatter``; a rank-order reduction of every input at most ``GATHERED_BYTES`` an
+    ``Reduce_scatter``; a tree-order reduction of every input at most ``GATHERED_BYTES`` an
     Allgather of every rank's blocks and a reduction of this rank's; otherwise an AllToAll of the
-    blocks and a rank-order reduction (:func:`alltoall_reduce`: float16/bfloat16 accumulated in
+    blocks and a reduction in the tree order (:func:`alltoall_reduce`: float16/bfloat16 accumulated in
     float32). ``inputs``: every rank's
     ``blocks`` in a node buffer (:func:`_shm.resident`), read there by the window path.
     """
@@ -111,7 +121,7 @@ def reduce_scatter(go: Any, comm: LibComm, blocks: np.ndarray, counts: list[int]
         return
     total, n = sum(counts), comm.size
     if order and packed_everywhere and block_type is None and n * total * dt.itemsize <= GATHERED_BYTES:
-        rows = np.empty((n, total), dtype=dt.np)       # (every rank's blocks, then this rank's reduced in rank order)
+        rows = np.empty((n, total), dtype=dt.np)       # (every rank's blocks, then this rank's reduced in the tree order)
         a = sum(counts[:comm.rank])
         go.mpi(comm, "Allgather", [blocks, dt.mpi], [rows, dt.mpi])
         go.local(reduce_rows, [r[a:a + counts[comm.rank]] for r in rows], dt, rop, out)

@@ -14,7 +14,7 @@ from .._params import ReduceTypeParam
 from .._plan import Call, Plan
 from .._numeric import average, copy_pairs, from_f32, pack, prefix, reduce_chunks, reduce_rows, scatter_pairs, split_even, to_f32
 from ._base import PREPARE, RUN, ReduceTypeOperation
-from ._reduce import GATHERED_BYTES, alltoall_reduce, invariant, ordered, reduce_scatter
+from ._reduce import GATHERED_BYTES, aligned, alltoall_reduce, invariant, ordered, reduce_scatter
 
 #: float16/bfloat16 AllReduce of at most this many bytes: cast to float32, one native float32
 #: Allreduce, cast back (one collective beats two at small sizes); above: the AllToAll path.
@@ -39,13 +39,12 @@ PIECED_BYTES = 4 * PIECE_BYTES
 #: Measured there: bfloat16 at 128 KiB 1.27x the flat path's time (the middle tier then goes as
 #: float32 too), 256 KiB 0.87x and 0.51x at 1 Gbit/s.
 TIERED_BYTES = 256 * 1024
-#: A rank-order AllReduce of float32/float64 over 2 nodes holding consecutive ranks goes node after
-#: node (:func:`_chained`) from this size, in pieces of CHAIN_PIECE_BYTES (each piece's transfer one
-#: way overlaps the previous piece's result the other). Measured on the test bed, 2 hosts x 2 ranks
-#: at 1 Gbit/s, time over MPI's own (node-aware) Allreduce: 0.73-0.82 at 1-8 KiB, 1.00 at 16-128 KiB,
-#: 1.01-1.14 at 256 KiB-16 MiB (the flat AllToAll path: 1.75-2.0 from 64 KiB).
-CHAINED_BYTES = 1024
-CHAIN_PIECE_BYTES = 256 * 1024
+#: A float32/float64 AllReduce in the tree order (:func:`~._reduce.ordered`) over nodes aligned with
+#: the tree (:func:`~._reduce.aligned`: consecutive ranks, a power of two on each) goes in tiers from
+#: this size on: each node's partial is a subtree of the order, so the tiers compute its bits with
+#: MPI's bytes across nodes, ``2 (N - 1) / N`` of the message a node, where the flat AllToAll path
+#: sends 1.75x that at 2 x 2 (docs/scaling.md). Below it, the flat path's one Allgather.
+ALIGNED_TIERED_BYTES = 1024
 
 
 __all__ = ["AllReduceOperation", "AllReduceParam"]
@@ -61,9 +60,9 @@ class AllReduceParam(ReduceTypeParam):
 class AllReduceOperation(ReduceTypeOperation):
     """Element-wise reduction over all ranks; every rank gets the result.
 
-    Integers reduce in their own dtype and wrap on overflow, as MPI does; floats reduce in rank
-    order, the same bits on every path (docs/reproducibility.md); float16/bfloat16 accumulate in
-    float32 and round once.
+    Integers reduce in their own dtype and wrap on overflow, as MPI does; floats reduce in the
+    tree order, the same bits on every path (docs/reproducibility.md); float16/bfloat16 accumulate
+    in float32 and round once.
 
     Example (4 ranks, ``x = np.array([[rank]], np.float32)``)::
 
@@ -109,7 +108,7 @@ class AllReduceOperation(ReduceTypeOperation):
         return call.x
 
     def land(self, call, rows, table, go) -> None:
-        go.local(reduce_rows, rows, call.dt, call.reduce, call.out)    # (rank order: the rule of every path)
+        go.local(reduce_rows, rows, call.dt, call.reduce, call.out)    # (the tree order: the rule of every path)
 
     def coalesce_key(self, call, exact=True) -> tuple | None:
         """``exact``: only where the result cannot depend on the size of the message
@@ -134,17 +133,18 @@ def reduce_pieces(go, comm, x: np.ndarray, out: np.ndarray | None, dt, rop, root
     """The MPI calls of AllReduce (``root`` None: every rank gets ``out``) or Reduce (only rank
     ``root`` gets it; ``out`` None elsewhere), chosen from the dtype and the size alone (the same on
     every rank): on one node from ``_shm.ALLREDUCE_BYTES`` on (16-bit floats:
-    ``ALLREDUCE_16BIT_BYTES``; a rank-order reduction: ``ORDERED_BYTES``), the node's shared window
+    ``ALLREDUCE_16BIT_BYTES``; a tree-order reduction: ``ORDERED_BYTES``), the node's shared window
     (:mod:`mpicoll._shm`); over several nodes with more than one member each, an AllReduce that MPI
     does not reduce itself, from TIERED_BYTES on, in tiers (:func:`_tiered`); else MPI's own
     reduction in one call; 16-bit floats up to SMALL_F32_BYTES as one float32 reduction; else, and
-    from PIECED_BYTES on in PIECE_BYTES pieces, AllToAll + a local reduction in rank order +
-    AllGather (or Gather). A reduction that must run in rank order (:func:`~._base.ordered`: float
-    reduction over more than 2 ranks, or a MAX/MIN over 2) never takes MPI's reduction or tiers:
-    float32/float64 on 2 nodes holding consecutive ranks, from CHAINED_BYTES on, node after node
-    (:func:`_chained`); else up to GATHERED_BYTES over all inputs an Allgather (Gather) and a
-    rank-order reduction, else the AllToAll path. ``out`` may be ``x`` (in
-    place). ``inputs``: every rank's ``x`` in a node buffer (:func:`_shm.resident`)."""
+    from PIECED_BYTES on in PIECE_BYTES pieces, AllToAll + a local reduction in the tree order +
+    AllGather (or Gather). A reduction that must run in the tree order (:func:`~._reduce.ordered`:
+    float reduction over more than 2 ranks, or a MAX/MIN over 2) never takes MPI's reduction:
+    float32/float64 over nodes aligned with the tree (:func:`~._reduce.aligned`), from
+    ALIGNED_TIERED_BYTES on, in tiers (each node's partial is a subtree of the order); else up to
+    GATHERED_BYTES over all inputs an Allgather (Gather) and a reduction in the tree order, else
+    the AllToAll path. ``out`` may be ``x`` (in place). ``inputs``: every rank's ``x`` in a node
+    buffer (:func:`_shm.resident`)."""
     n, in_place, order = comm.size, out is x, ordered(comm, dt, rop)
     window = _shm.ORDERED_BYTES if order else _shm.ALLREDUCE_BYTES if dt.reduce != "float32" else \
         _shm.ALLREDUCE_16BIT_BYTES
@@ -153,13 +153,10 @@ def reduce_pieces(go, comm, x: np.ndarray, out: np.ndarray | None, dt, rop, root
         return
     mpi_reduces = _mpi_reduces(dt, x.size, n, order)
     if root is None and comm.per_node and not mpi_reduces:
-        # several nodes, and the flat path would be our own (blind to nodes): in rank order, node
-        # after node on 2 nodes holding consecutive ranks; else in tiers, which regroup a sum by
-        # node (never a rank-order one); else the flat path
-        if order and comm.blocks and n == 2 * comm.per_node and dt.reduce == "native" and x.nbytes >= CHAINED_BYTES:
-            _chained(go, *comm.tiers(), x, out, dt, rop)
-            return
-        if not order and x.nbytes >= TIERED_BYTES:
+        # several nodes, and the flat path would be our own (blind to nodes): in tiers, which
+        # group a sum by node: in the tree order only where each node holds a subtree of it
+        if (x.nbytes >= ALIGNED_TIERED_BYTES and dt.reduce == "native" and aligned(comm)) if order else \
+                x.nbytes >= TIERED_BYTES:
             _tiered(go, comm, x, out, dt, rop)
             return
     pieced = x.nbytes >= PIECED_BYTES and n > 1
@@ -179,7 +176,10 @@ def _tiered(go, comm, x: np.ndarray, out: np.ndarray, dt, rop) -> None:
     members on each node (through its shared window: block k, in node rank order, to the node's
     k-th member), an AllReduce of block k among the k-th members of every node (each node's link
     carries ``2 (N - 1) / N`` of the message for N nodes, spread over its members), then an
-    AllGather among the members on each node. 16-bit floats round to their dtype between the tiers."""
+    AllGather among the members on each node. In the tree order (nodes :func:`~._reduce.aligned`)
+    each tier reduces in it: a node's partial is the subtree of its ranks, and the tree over nodes
+    is the rest. Otherwise (integers, ``MPICOLL_EXACT=0``) 16-bit floats round to their dtype
+    between the tiers."""
     node, across = comm.tiers()
     flat, oflat = x.reshape(-1), out.reshape(-1)
     counts = split_even(flat.size, node.size)
@@ -189,43 +189,10 @@ def _tiered(go, comm, x: np.ndarray, out: np.ndarray, dt, rop) -> None:
     go.mpi(node, "Allgatherv", [mine, dt.mpi], [oflat, (counts, prefix(counts)), dt.mpi])
 
 
-def _chained(go, node, across, x: np.ndarray, out: np.ndarray, dt, rop) -> None:
-    """A rank-order AllReduce of a dtype MPI reduces (float32, float64) over 2 nodes whose members
-    hold consecutive ranks (``node``: this rank's node's members, ``across``: the members with its
-    node index, :meth:`LibComm.tiers`). Block k of the message goes to each node's k-th member (an
-    AllToAll on the node). Then, piece by piece (CHAIN_PIECE_BYTES), the first node's k-th member
-    folds its node's blocks k in rank order and passes the running result to the second node's
-    k-th member, which folds on from it: a piece of the result, passed back. One Alltoallv between
-    the two per piece carries piece j one way and the result of piece j - 1 the other, so both
-    directions of the link work at once. Last, an AllGather on each node. Each node's link carries
-    the message once each way, the optimum for 2 nodes, where the flat path carries 1.75 times it
-    (16-bit floats would carry their running float32 sum: twice the message, so they stay flat)."""
-    flat, oflat, p = x.reshape(-1), out.reshape(-1), node.size
-    counts = split_even(flat.size, p)
-    displs = prefix(counts)
-    c, lo = int(counts[node.rank]), displs[node.rank]
-    rows = go.scratch(_rows, p + 1, c, dt.np)           # every member's block k, and the running result
-    m, mine, acc = dt.mpi, oflat[lo:lo + c], rows[p]
-    go.mpi(node, "Alltoallv", [flat, (counts, displs), m], [rows[:p], (np.full(p, c), np.arange(p) * c), m])
-    step = max(CHAIN_PIECE_BYTES // dt.itemsize, 1)
-    cuts = list(range(0, c, step)) + [c]
-    first = across.rank == 0
-    for j in range(len(cuts)):              # (piece j one way, the result of piece j - 1 the other)
-        s, e = (cuts[j], cuts[j + 1]) if j + 1 < len(cuts) else (c, c)
-        ps, pe = (cuts[j - 1], cuts[j]) if j else (0, 0)
-        if first:                           # fold piece j, send it; receive the result of piece j - 1
-            go.local(reduce_rows, [r[s:e] for r in rows[:p]], dt, rop, acc[s:e])
-            go.mpi(across, "Alltoallv", [acc, ([0, e - s], [0, s]), m], [mine, ([0, pe - ps], [0, ps]), m])
-        else:                               # receive piece j, send the result of piece j - 1; fold piece j
-            go.mpi(across, "Alltoallv", [mine, ([pe - ps, 0], [ps, 0]), m], [acc, ([e - s, 0], [s, 0]), m])
-            go.local(reduce_rows, [acc[s:e], *(r[s:e] for r in rows[:p])], dt, rop, mine[s:e])
-    go.mpi(node, "Allgatherv", MPI.IN_PLACE, [oflat, (counts, displs), m])
-
-
 def _mpi_reduces(dt, size: int, n: int, order: bool) -> bool:
     """Whether MPI's own reduction serves a (piece of an) AllReduce or Reduce: the dtypes MPI
     reduces natively, but not 8-bit integers from BYTE_ALLTOALL_BYTES on (MPICH's byte loop), and
-    never a reduction that must run in rank order (``order``: :func:`~._base.ordered`)."""
+    never a reduction that must run in the tree order (``order``: :func:`~._reduce.ordered`)."""
     return dt.reduce != "float32" and not order and (dt.itemsize > 1 or size < BYTE_ALLTOALL_BYTES or n == 1)
 
 
@@ -239,12 +206,12 @@ def _native(go, comm, x, out, dt, rop, root, in_place) -> None:
 
 
 def _piece(go, comm, x, out, dt, rop, root, in_place, scratch, order) -> None:
-    """One flat piece of :func:`reduce_pieces` (``order``: it must reduce in rank order)."""
+    """One flat piece of :func:`reduce_pieces` (``order``: it must reduce in the tree order)."""
     n, mine, m = comm.size, out is not None, dt.mpi
     if _mpi_reduces(dt, x.size, n, order):
         _native(go, comm, x, out, dt, rop, root, in_place)
         return
-    if order and n * x.nbytes <= GATHERED_BYTES:       # every input to every rank (the root), rank order there
+    if order and n * x.nbytes <= GATHERED_BYTES:       # every input to every rank (the root), the tree order there
         rows = go.scratch(_rows, n, x.size, dt.np)
         if root is None:
             go.mpi(comm, "Allgather", [x, m], [rows, m])
@@ -304,7 +271,7 @@ def _case(case, dtype, comm_domain, rank, n, seed, validate=True) -> Case:
     op = AllReduceOperation(AllReduceParam(comm_domain=comm_domain, rank_size=n, reduce_type=rname),
                             validate=validate)
     x = inputs[rank].copy()
-    # (bit for bit: integers are exact; floats reduce in the golden's rank order with MPICOLL_EXACT on)
+    # (bit for bit: integers are exact; floats reduce in the golden's tree order with MPICOLL_EXACT on)
     return Case(op, (x,), {"out": x} if family == "inplace" else {}, golden_reduce(inputs, dt, rop),
                 kind == "int" or _env.value("MPICOLL_EXACT"))
 

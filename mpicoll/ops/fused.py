@@ -28,7 +28,7 @@ import numpy as np
 
 from .. import _validate as V
 from .._dtypes import DTYPES, REDUCE_OPS
-from .._golden import BenchRun, BenchSpec, Case, CheckSpec, rank_data, register_bench, register_check
+from .._golden import BenchRun, BenchSpec, Case, CheckSpec, golden_tree, rank_data, register_bench, register_check
 from .._numeric import from_f32, to_f32
 from .._params import CommParam
 from .._plan import Call, Plan
@@ -685,7 +685,7 @@ register_bench(BenchSpec("AlltoAllAllGatherBatchMatMul", _bench,
 
 def reverse_golden(xs: dict, ws: dict, bs: dict, where, s: int, t: int, ep: int, tp: int, shard: int, dt):
     """y of mesh rank (s, t) by the reverse's formula: partial products rounded, summed over tp in
-    float32 in tp-rank order and rounded, the bias added in float32 and rounded."""
+    float32 in the tree order over tp ranks and rounded, the bias added in float32 and rounded."""
     Ee, rows, _ = next(iter(xs.values())).shape
     C = rows // ep
     H = next(iter(ws.values())).shape[2]
@@ -693,14 +693,13 @@ def reverse_golden(xs: dict, ws: dict, bs: dict, where, s: int, t: int, ep: int,
     y = np.zeros((Ee * ep, C, hs) if shard == 0 else (Ee * ep, cs, H), dt.np)
     for j in range(ep):
         for e in range(Ee):
-            acc = None
+            parts = []
             for t2 in range(tp):
                 r = where(j, t2)
                 p = (xs[r][e].astype(np.float32) @ ws[r][e].astype(np.float32)).astype(dt.np).astype(np.float32)
-                part = p[s * C:(s + 1) * C, t * hs:(t + 1) * hs] if shard == 0 else \
-                    p[(s * tp + t) * cs:(s * tp + t + 1) * cs, :]
-                acc = part if acc is None else acc + part
-            v = acc.astype(dt.np).astype(np.float32)
+                parts.append(p[s * C:(s + 1) * C, t * hs:(t + 1) * hs] if shard == 0 else
+                             p[(s * tp + t) * cs:(s * tp + t + 1) * cs, :])
+            v = golden_tree(parts, np.add).astype(dt.np).astype(np.float32)
             b = bs[where(j, t)]
             if b is not None:
                 v = v + b.astype(np.float32).reshape(Ee, -1)[e]

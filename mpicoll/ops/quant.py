@@ -19,7 +19,8 @@ from mpi4py import MPI
 from .. import _validate as V
 from .._dtypes import DTYPES
 from .._errors import CollectiveArgumentError, arg_error
-from .._golden import BenchRun, BenchSpec, Case, CheckSpec, bench_data, rank_data, register_bench, register_check, rng_for
+from .._golden import (BenchRun, BenchSpec, Case, CheckSpec, bench_data, golden_tree, rank_data, register_bench,
+                       register_check, rng_for)
 from .._numeric import dequant_sum, dequant_sum_quantize, quantize_into
 from .._params import CommParam
 from .._plan import Call, Plan
@@ -184,7 +185,8 @@ class _Chunks:
 class QuantAllReduceOperation(Operation):
     """int8 AllToAll -> float32 dequantize-and-sum -> float16 AllGather.
 
-    Every rank gets ``float16(sum_r float32(x_r) * scale_r)``, summed in rank order.
+    Every rank gets ``float16(sum_r float32(x_r) * scale_r)``, summed in the tree order
+    (docs/reproducibility.md).
 
     Example (2 ranks, rank r: ``x = np.full(4, r + 1, np.int8)``, ``scale = 0.5``)::
 
@@ -280,7 +282,7 @@ class QuantAllReduceOperation(Operation):
         else:
             go.mpi(comm, "Alltoallv", [s, (p.bcounts, p.bdispls), _F32], [rscales, p.recv_bcounts, _F32])
         if allq is None:
-            # 2. dequantize and sum in float32, rank order, rounded once to float16 straight into
+            # 2. dequantize and sum in float32, the tree order, rounded once to float16 straight into
             # this rank's slot of out; 3. gather the float16 chunks in place
             go.local(dequant_sum, recv, rscales, block, oflat[start:start + c])
             o16 = oflat.view(np.uint16)
@@ -349,13 +351,13 @@ _CASES = {"scalar-even": (0, lambda n: 64 * n), "scalar-uneven": (0, lambda n: 3
 
 
 def golden_f32(xs: list[np.ndarray], scales: list[np.ndarray], block: int) -> np.ndarray:
-    """``sum_r float32(x_r) * scale_r`` in float32, rank order (independent of the chunking), flat."""
-    acc = None
+    """``sum_r float32(x_r) * scale_r`` in float32, in the tree order (independent of the chunking), flat."""
+    products = []
     for x, s in zip(xs, scales):
         v = x.reshape(-1).astype(np.float32)
         per = np.repeat(s, block)[:v.size] if block else np.full(v.size, s[0], np.float32)
-        acc = v * per if acc is None else acc + v * per
-    return acc
+        products.append(v * per)
+    return golden_tree(products, np.add)
 
 
 def golden(xs: list[np.ndarray], scales: list[np.ndarray], block: int) -> np.ndarray:

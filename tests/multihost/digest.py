@@ -7,7 +7,7 @@ Every rank builds every rank's inputs from fixed seeds (normal values over 8 dec
 order of a sum rounds differently), runs AllReduce, Reduce (root: the last rank), ReduceScatter and
 ReduceScatterV (uneven blocks) of float16, bfloat16, float32 and float64, SUM and PROD, at sizes that
 take every path (the Allgather, the node window in one and two shots, the AllToAll path, pieces), and
-compares each result with the rank-order golden. Rank 0 prints one JSON line: the library, the rank
+compares each result with the tree-order golden (``_golden.golden_reduce``). Rank 0 prints one JSON line: the library, the rank
 count, a SHA-256 of every rank's results' bytes (in rank order) and how many results differ from the
 golden.
 """
