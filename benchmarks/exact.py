@@ -1,4 +1,4 @@
-"""What reproducible reductions cost: rank order (``MPICOLL_EXACT=1``, the default) against MPI's own
+"""What reproducible reductions cost: the tree order (``MPICOLL_EXACT=1``, the default) against MPI's own
 reduction order (``MPICOLL_EXACT=0``, the default before) and raw mpi4py, same run, interleaved.
 
     mpirun -bind-to core -np 4 python benchmarks/exact.py [--sizes 8,1024,65536] [--dtypes float32,bfloat16]
@@ -14,7 +14,7 @@ median of the ratios paired within a repetition (SUM). At 1 or 2 ranks both sett
 calls for a SUM (one operation per element: any order gives the same bits), so the ratio is 1 there.
 Plans run with validation off: the loop a user writes for speed. ``--validated`` times the default
 instead: ``execute`` with validation on, whose small calls (at most ``RIDE_BYTES`` a rank) move their
-data in their agreement and reduce it in rank order under either setting.
+data in their agreement and reduce it in the tree order under either setting.
 """
 from __future__ import annotations
 

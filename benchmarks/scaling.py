@@ -12,7 +12,8 @@ against measurement, the issue's targets and issue 45's slot size.
     python benchmarks/scaling.py --measured-targets benchmarks/model_measured.jsonl   and as measured
     python benchmarks/scaling.py --slot                      a validated small call: one Allgather of slots
 
-Columns: ``exact`` (mpicoll today, rank order), ``tree`` (a tree order, the design of docs/scaling.md),
+Columns: ``exact`` (rank order: mpicoll's paths of the release before the move), ``tree`` (the tree order's
+algorithms, the design of docs/scaling.md, now the guarantee),
 ``fast`` (mpicoll with MPICOLL_EXACT=0), ``mpi`` (MPI's own call as MPICH picks it; for bfloat16, which
 MPI cannot reduce, its algorithm on a 16-bit wire, as NCCL does), ``mpi-best`` (the fastest of MPI's
 algorithms: ring, recursive doubling, Rabenseifner, node-aware).

@@ -41,16 +41,23 @@ static inline float minf_nan(float a, float b) { return (a < b || a != a) ? a : 
 #define TREE_MERGES(r) __builtin_ctzll((unsigned long long)(r) + 1ull)
 
 /* RESULT = the tree over rows 0 .. ROWS - 1 of LOAD (an expression of r_, of type V) under OP(a, b):
- * for one vector of lanes, the partials in registers (or L1) */
+ * for one vector of lanes, the partials in registers (or L1). The leaves' pairs (rows 2j, 2j + 1)
+ * combine first, then pair j goes onto the stack and meets ctz(j + 1) partials; an odd last row
+ * goes on alone: the same tree, with half the stack traffic. */
 #define TREE(V, ROWS, LOAD, OP, RESULT)                                                            \
     do {                                                                                           \
         V st_[TREE_SLOTS];                                                                         \
         int sp_ = 0;                                                                               \
-        for (Py_ssize_t r_ = 0; r_ < (ROWS); r_++) {                                               \
+        Py_ssize_t r_ = 0;                                                                         \
+        for (; r_ + 1 < (ROWS); r_ += 2) {                                                         \
             V v_ = LOAD;                                                                           \
-            for (int k_ = TREE_MERGES(r_); k_ > 0; k_--) { sp_--; v_ = OP(st_[sp_], v_); }         \
+            r_++;                                                                                  \
+            v_ = OP(v_, LOAD);                                                                     \
+            r_--;                                                                                  \
+            for (int k_ = TREE_MERGES(r_ >> 1); k_ > 0; k_--) { sp_--; v_ = OP(st_[sp_], v_); }    \
             st_[sp_++] = v_;                                                                       \
         }                                                                                          \
+        if (r_ < (ROWS)) st_[sp_++] = LOAD;                                                        \
         V a_ = st_[--sp_];                                                                         \
         while (sp_ > 0) { sp_--; a_ = OP(st_[sp_], a_); }                                          \
         RESULT = a_;                                                                               \
@@ -284,18 +291,75 @@ AVX512_ATTR static Py_ssize_t reduce_bf16_avx512(const uint16_t *const *p, uint1
     return i;
 }
 
+AVX512_ATTR static inline f32x32 f16x32_load(const _Float16 *q) {
+    f32x32 v = {_mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)q)),
+                _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)(q + 16)))};
+    return v;
+}
+
+/* float16: 32 lanes a step as two vectors (the tree's bookkeeping spread over more lanes) */
 AVX512_ATTR static Py_ssize_t reduce_f16_avx512(const _Float16 *const *p, _Float16 *out, Py_ssize_t rows,
                                                 Py_ssize_t c, int op) {
     Py_ssize_t i = 0;
-#define VOP512(a, b) vop16((a), (b), op)
+    for (; i + 32 <= c; i += 32) {
+        f32x32 acc;
+        TREE(f32x32, rows, f16x32_load(p[r_] + i), VOP32X2, acc);
+        _mm256_storeu_si256((__m256i *)(out + i), _mm512_cvtps_ph(acc.lo, _MM_FROUND_TO_NEAREST_INT));
+        _mm256_storeu_si256((__m256i *)(out + i + 16), _mm512_cvtps_ph(acc.hi, _MM_FROUND_TO_NEAREST_INT));
+    }
+    return i;
+}
+
+/* float32 SUM / PROD (op 0 / 1), 32 lanes a step in registers (out may be p[0]: a step reads every
+ * row's lanes before it stores); returns how many it did */
+AVX512_ATTR static inline f32x32 f32x32_load(const float *q) {
+    f32x32 v = {_mm512_loadu_ps(q), _mm512_loadu_ps(q + 16)};
+    return v;
+}
+AVX512_ATTR static Py_ssize_t reduce_f32_avx512(const float *const *p, float *out, Py_ssize_t rows, Py_ssize_t c,
+                                                int op) {
+    Py_ssize_t i = 0;
+    for (; i + 32 <= c; i += 32) {
+        f32x32 acc;
+        TREE(f32x32, rows, f32x32_load(p[r_] + i), VOP32X2, acc);
+        _mm512_storeu_ps(out + i, acc.lo);
+        _mm512_storeu_ps(out + i + 16, acc.hi);
+    }
+    return i;
+}
+
+/* the same, 16 lanes a step (AVX2) */
+F16C_ATTR static inline f32x16 f32x16_load(const float *q) {
+    f32x16 v = {_mm256_loadu_ps(q), _mm256_loadu_ps(q + 8)};
+    return v;
+}
+F16C_ATTR static Py_ssize_t reduce_f32_avx2(const float *const *p, float *out, Py_ssize_t rows, Py_ssize_t c, int op) {
+    Py_ssize_t i = 0;
     for (; i + 16 <= c; i += 16) {
-        __m512 acc;
-        TREE(__m512, rows, _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)(p[r_] + i))), VOP512, acc);
-        _mm256_storeu_si256((__m256i *)(out + i), _mm512_cvtps_ph(acc, _MM_FROUND_TO_NEAREST_INT));
+        f32x16 acc;
+        TREE(f32x16, rows, f32x16_load(p[r_] + i), VOP16X2, acc);
+        _mm256_storeu_ps(out + i, acc.lo);
+        _mm256_storeu_ps(out + i + 8, acc.hi);
     }
     return i;
 }
 #endif
+
+/* the widest float32 loop the CPU has, over the first elements; returns how many it did (the rest:
+ * the tile loop of DEFINE_NATIVE_REDUCE) */
+static Py_ssize_t reduce_f32_simd(const void *const *p, float *out, Py_ssize_t rows, Py_ssize_t c, int op) {
+#ifdef HAVE_F16C_VARIANT
+    if (use_f16c && use_avx512) return reduce_f32_avx512((const float *const *)p, out, rows, c, op);
+    if (use_f16c) return reduce_f32_avx2((const float *const *)p, out, rows, c, op);
+#endif
+    (void)p; (void)out; (void)rows; (void)c; (void)op;
+    return 0;
+}
+
+static Py_ssize_t reduce_f64_simd(const void *const *p, double *out, Py_ssize_t rows, Py_ssize_t c, int op) {
+    (void)p; (void)out; (void)rows; (void)c; (void)op;
+    return 0;                                 /* (float64: the tile loop, which the compiler vectorises) */
+}
 
 static void bf2f_loop(const uint16_t *s, float *d, Py_ssize_t n) { for (Py_ssize_t i = 0; i < n; i++) d[i] = bf2f(s[i]); }
 static void f2bf_loop(const float *s, uint16_t *d, Py_ssize_t n) { for (Py_ssize_t i = 0; i < n; i++) d[i] = f2bf(s[i]); }
@@ -419,7 +483,7 @@ static PyObject *py_reduce_bf16(PyObject *self, PyObject *args) { return reduce_
  * the rows' own precision, one IEEE operation per step as numpy's np.add / np.multiply do it (op 0 sum,
  * 1 prod; MAX and MIN stay with numpy, whose NaN and signed-zero rules they would have to copy), tile
  * by tile. No floating-point state to set: IEEE gives inf and NaN, as MPI does. out may be rows[0]. */
-#define DEFINE_NATIVE_REDUCE(NAME, T)                                                                   \
+#define DEFINE_NATIVE_REDUCE(NAME, T, SIMD)                                                                 \
     static PyObject *NAME(PyObject *self, PyObject *args) {                                             \
         typedef T elem_;                       /* (the element type, for the N_ macros) */             \
         PyObject *seq, *fast;                                                                          \
@@ -433,9 +497,10 @@ static PyObject *py_reduce_bf16(PyObject *self, PyObject *args) { return reduce_
         }                                                                                              \
         Py_ssize_t rows = PySequence_Fast_GET_SIZE(fast), got = 0;                                     \
         Py_buffer *bufs = PyMem_Calloc(rows ? rows : 1, sizeof(Py_buffer));                            \
+        const void **ptrs = PyMem_Calloc(rows ? rows : 1, sizeof(void *));                             \
         T *slots = PyMem_Malloc((size_t)tree_depth(rows) * TILE * sizeof(T));  /* partials 1.. */       \
         PyObject *result = NULL;                                                                       \
-        if (!bufs || !slots) { PyErr_NoMemory(); goto done; }                                          \
+        if (!bufs || !ptrs || !slots) { PyErr_NoMemory(); goto done; }                                 \
         if (rows < 1 || op < 0 || op > 1) {                                                            \
             PyErr_Format(PyExc_ValueError, #NAME ": bad rows or op (rows=%zd, op=%d)", rows, op);       \
             goto done;                                                                                 \
@@ -449,10 +514,11 @@ static PyObject *py_reduce_bf16(PyObject *self, PyObject *args) { return reduce_
                 got++;                                                                                 \
                 goto done;                                                                             \
             }                                                                                          \
+            ptrs[got] = bufs[got].buf;                                                                 \
         }                                                                                              \
         Py_BEGIN_ALLOW_THREADS                                                                         \
         T *out = (T *)d.buf, *S[TREE_SLOTS];                                                           \
-        for (Py_ssize_t s = 0; s < c; s += TILE) {                                                      \
+        for (Py_ssize_t s = SIMD(ptrs, out, rows, c, op); s < c; s += TILE) {                          \
             Py_ssize_t m = c - s < TILE ? c - s : TILE;                                                \
             S[0] = out + s;                    /* partial 0 is the output's tile (out may be rows[0]) */ \
             for (int j = 1; j < tree_depth(rows); j++) S[j] = slots + (Py_ssize_t)(j - 1) * TILE;      \
@@ -464,14 +530,15 @@ static PyObject *py_reduce_bf16(PyObject *self, PyObject *args) { return reduce_
     done:                                                                                              \
         for (Py_ssize_t i = 0; i < got; i++) PyBuffer_Release(&bufs[i]);                               \
         PyMem_Free(bufs);                                                                              \
+        PyMem_Free(ptrs);                                                                              \
         PyMem_Free(slots);                                                                             \
         Py_DECREF(fast);                                                                               \
         PyBuffer_Release(&d);                                                                          \
         return result;                                                                                 \
     }
 
-DEFINE_NATIVE_REDUCE(py_reduce_f32, float)
-DEFINE_NATIVE_REDUCE(py_reduce_f64, double)
+DEFINE_NATIVE_REDUCE(py_reduce_f32, float, reduce_f32_simd)
+DEFINE_NATIVE_REDUCE(py_reduce_f64, double, reduce_f64_simd)
 
 /* ------------------------------------------------------------------------------------------------
  * int8 quantization kernels (mpicoll._numeric), bit-identical to its numpy path:

@@ -68,7 +68,7 @@ def test_bfloat16_reduce_is_bit_identical_to_ml_dtypes(op, simd):
 @pytest.mark.parametrize("dtype", ["float32", "float64"])
 @pytest.mark.parametrize("op", range(2))
 @pytest.mark.parametrize("rows,cols", [(1, 7), (2, 4099), (4, 1000), (3, 2049), (7, 1025), (8, 3000)])
-def test_native_float_reduce_is_bit_identical_to_numpy(dtype, op, rows, cols):
+def test_native_float_reduce_is_bit_identical_to_numpy(dtype, op, rows, cols, simd):
     """float32 / float64 SUM and PROD in C: the rows in the tree order, in their own precision, infinities and
     NaNs included, out-of-place and in place (out is row 0), as numpy's ufuncs give them."""
     rng = np.random.default_rng(rows * 10 + cols + op)

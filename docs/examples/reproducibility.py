@@ -1,5 +1,5 @@
 """Reproducible reductions: the same values give the same bits alone, inside a large message, merged
-in a graph, through ReduceScatter, and equal numpy's rank-order sum (docs/reproducibility.md).
+in a graph, through ReduceScatter, and equal numpy's sum in the tree order (docs/reproducibility.md).
 
     mpirun -np 4 python docs/examples/reproducibility.py      (any rank count works)
 """
@@ -16,9 +16,18 @@ rank, n = world.Get_rank(), world.Get_size()
 g = [np.random.default_rng(r) for r in range(n)]
 every = [(x.standard_normal(1000) * 10.0 ** x.integers(-4, 4, 1000)).astype(np.float32) for x in g]
 mine = every[rank]
-golden = every[0].copy()
-for x in every[1:]:
-    golden += x                                    # rank order: ((x0 + x1) + x2) + ...
+
+
+def tree(lo, hi):
+    """The tree order: T(lo, hi) = T(lo, mid) + T(mid, hi), mid = lo + the largest power of two below
+    hi - lo (4 ranks: (x0 + x1) + (x2 + x3))."""
+    if hi - lo == 1:
+        return every[lo]
+    mid = lo + (1 << ((hi - lo - 1).bit_length() - 1))
+    return tree(lo, mid) + tree(mid, hi)
+
+
+golden = tree(0, n)
 
 allreduce = mpicoll.AllReduceOperation(mpicoll.AllReduceParam(reduce_type="sum"))
 alone = allreduce.execute(mine)
@@ -47,4 +56,4 @@ for name, got in (("alone", alone), ("inside 12 MB", inside), ("merged in a grap
     assert got.tobytes() == golden.tobytes(), name
 if rank == 0:
     print(f"{n} ranks: 1000 float32 sums, alone, inside 12 MB, merged in a graph, through ReduceScatter: "
-          "the same bits, numpy's rank-order sum")
+          "the same bits, numpy's sum in the tree order")

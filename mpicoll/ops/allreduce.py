@@ -39,17 +39,22 @@ PIECED_BYTES = 4 * PIECE_BYTES
 #: Measured there: bfloat16 at 128 KiB 1.27x the flat path's time (the middle tier then goes as
 #: float32 too), 256 KiB 0.87x and 0.51x at 1 Gbit/s.
 TIERED_BYTES = 256 * 1024
-#: A float32/float64 AllReduce in the tree order (:func:`~._reduce.ordered`) over nodes aligned with
-#: the tree (:func:`~._reduce.aligned`: consecutive ranks, a power of two on each) goes in tiers from
-#: this size on: each node's partial is a subtree of the order, so the tiers compute its bits with
-#: MPI's bytes across nodes, ``2 (N - 1) / N`` of the message a node, where the flat AllToAll path
-#: sends 1.75x that at 2 x 2 (docs/scaling.md). Below it, the flat path's one Allgather.
-ALIGNED_TIERED_BYTES = 1024
+#: A float AllReduce in the tree order (:func:`~._reduce.ordered`) over nodes aligned with the tree
+#: (:func:`~._reduce.aligned`: consecutive ranks, a power of two on each) goes in tiers from this
+#: size on: each node's partial is a subtree of the order, so the tiers compute its bits, float32
+#: and float64 with MPI's bytes across nodes, ``2 (N - 1) / N`` of the message a node, 16-bit floats
+#: with 1.5x that (float32 partials: :func:`_tiered_wide`), where the flat AllToAll path sends
+#: ``p`` times MPI's bytes for ``p`` ranks a node (docs/scaling.md). Measured on the test bed, 2 hosts
+#: x 2 ranks at 1 Gbit/s, float32, tiers / the flat path: 1.62 at 1 KiB, 1.33 at 4 KiB (the flat
+#: path's one Allgather), 0.41 at 16 KiB, 0.50 at 64 KiB, 0.56 at 1 MiB; bfloat16: 1.83, 1.10,
+#: 0.39, 0.73, and 0.87-1.02 at 1-8 MiB.
+ALIGNED_TIERED_BYTES = 8 * 1024
 
 
 __all__ = ["AllReduceOperation", "AllReduceParam"]
 
-_F32 = DTYPES["float32"].mpi
+_F32DT = DTYPES["float32"]
+_F32 = _F32DT.mpi
 
 
 @dataclass
@@ -140,8 +145,8 @@ def reduce_pieces(go, comm, x: np.ndarray, out: np.ndarray | None, dt, rop, root
     from PIECED_BYTES on in PIECE_BYTES pieces, AllToAll + a local reduction in the tree order +
     AllGather (or Gather). A reduction that must run in the tree order (:func:`~._reduce.ordered`:
     float reduction over more than 2 ranks, or a MAX/MIN over 2) never takes MPI's reduction:
-    float32/float64 over nodes aligned with the tree (:func:`~._reduce.aligned`), from
-    ALIGNED_TIERED_BYTES on, in tiers (each node's partial is a subtree of the order); else up to
+    over nodes aligned with the tree (:func:`~._reduce.aligned`), from ALIGNED_TIERED_BYTES on, in
+    tiers (each node's partial is a subtree of the order); else up to
     GATHERED_BYTES over all inputs an Allgather (Gather) and a reduction in the tree order, else
     the AllToAll path. ``out`` may be ``x`` (in place). ``inputs``: every rank's ``x`` in a node
     buffer (:func:`_shm.resident`)."""
@@ -155,8 +160,7 @@ def reduce_pieces(go, comm, x: np.ndarray, out: np.ndarray | None, dt, rop, root
     if root is None and comm.per_node and not mpi_reduces:
         # several nodes, and the flat path would be our own (blind to nodes): in tiers, which
         # group a sum by node: in the tree order only where each node holds a subtree of it
-        if (x.nbytes >= ALIGNED_TIERED_BYTES and dt.reduce == "native" and aligned(comm)) if order else \
-                x.nbytes >= TIERED_BYTES:
+        if (x.nbytes >= ALIGNED_TIERED_BYTES and aligned(comm)) if order else x.nbytes >= TIERED_BYTES:
             _tiered(go, comm, x, out, dt, rop)
             return
     pieced = x.nbytes >= PIECED_BYTES and n > 1
@@ -178,8 +182,11 @@ def _tiered(go, comm, x: np.ndarray, out: np.ndarray, dt, rop) -> None:
     carries ``2 (N - 1) / N`` of the message for N nodes, spread over its members), then an
     AllGather among the members on each node. In the tree order (nodes :func:`~._reduce.aligned`)
     each tier reduces in it: a node's partial is the subtree of its ranks, and the tree over nodes
-    is the rest. Otherwise (integers, ``MPICOLL_EXACT=0``) 16-bit floats round to their dtype
-    between the tiers."""
+    is the rest; 16-bit floats then reduce in float32 until the end (:func:`_tiered_wide`).
+    Otherwise (integers, ``MPICOLL_EXACT=0``) 16-bit floats round to their dtype between the tiers."""
+    if dt.reduce == "float32" and ordered(comm, dt, rop):
+        _tiered_wide(go, comm, x, out, dt, rop)
+        return
     node, across = comm.tiers()
     flat, oflat = x.reshape(-1), out.reshape(-1)
     counts = split_even(flat.size, node.size)
@@ -187,6 +194,31 @@ def _tiered(go, comm, x: np.ndarray, out: np.ndarray, dt, rop) -> None:
     reduce_scatter(go, node, flat, [int(c) for c in counts], dt, rop, mine)
     reduce_pieces(go, across, mine, mine, dt, rop)
     go.mpi(node, "Allgatherv", [mine, dt.mpi], [oflat, (counts, prefix(counts)), dt.mpi])
+
+
+def _tiered_wide(go, comm, x: np.ndarray, out: np.ndarray, dt, rop) -> None:
+    """:func:`_tiered` of 16-bit floats in the tree order, rounded once: the message widened to
+    float32, its ReduceScatter on each node in float32 (a node's partial), the ReduceScatter of
+    block k among the k-th members of every node in float32 (the tree over the nodes), each piece
+    rounded to the dtype once, then gathered in 16 bits: among those members, then on each node.
+    Each node's link carries 1.5 times MPI's bytes (float32 one way, 16 bits back): the floor of
+    "rounded once" (docs/scaling.md)."""
+    node, across = comm.tiers()
+    flat, oflat = x.reshape(-1), out.reshape(-1)
+    counts, hosts = split_even(flat.size, node.size), across.size
+    displs = prefix(counts)
+    c, lo = int(counts[node.rank]), displs[node.rank]
+    pieces = split_even(c, hosts)
+    k, at = int(pieces[across.rank]), prefix(pieces)[across.rank]
+    buf = go.scratch(np.empty, flat.size + c + k, np.float32)
+    wide, mine, piece = buf[:flat.size], buf[flat.size:flat.size + c], buf[flat.size + c:]
+    go.local(to_f32, flat, wide)
+    reduce_scatter(go, node, wide, [int(v) for v in counts], _F32DT, rop, mine)
+    reduce_scatter(go, across, mine, [int(v) for v in pieces], _F32DT, rop, piece)
+    block = oflat[lo:lo + c]
+    go.local(from_f32, piece, block[at:at + k])
+    go.mpi(across, "Allgatherv", MPI.IN_PLACE, [block, (pieces, prefix(pieces)), dt.mpi])
+    go.mpi(node, "Allgatherv", MPI.IN_PLACE, [oflat, (counts, displs), dt.mpi])
 
 
 def _mpi_reduces(dt, size: int, n: int, order: bool) -> bool:
