@@ -405,7 +405,8 @@ def tiered(m: Machine, g: Group, S: float, bf16: bool = True) -> Cost:
 # ---------------------------------------------------------------------------------- today's choices
 
 def mpicoll_allreduce(m: Machine, g: Group, S: float, bf16: bool, exact: bool) -> Cost:
-    """reduce_pieces at HEAD (SUM): ``exact`` is MPICOLL_EXACT (rank order over more than 2 ranks)."""
+    """reduce_pieces in the release before the tree order (SUM): ``exact`` is MPICOLL_EXACT (rank order over
+    more than 2 ranks; what the tree order runs now: ``tree_allreduce``)."""
     n = g.n
     order = exact and n > 2
     if g.h == 1:
@@ -431,7 +432,7 @@ def mpicoll_allreduce(m: Machine, g: Group, S: float, bf16: bool, exact: bool) -
 
 
 def mpicoll_reduce_scatter(m: Machine, g: Group, S: float, bf16: bool, exact: bool) -> Cost:
-    """_base.reduce_scatter at HEAD (S: all blocks of a rank)."""
+    """_base.reduce_scatter in the release before the tree order (S: all blocks of a rank)."""
     if g.h == 1 and g.n > 1 and S >= 64 * KiB:
         return window_reduce_scatter(m, g.n, S, bf16)
     if not bf16 and not (exact and g.n > 2):

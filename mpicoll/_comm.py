@@ -227,7 +227,7 @@ class LibComm:
                 _OPEN.append(self)
 
     def tiers(self) -> tuple["LibComm", "LibComm"]:
-        """The two communicators of a tiered or host-after-host AllReduce (``per_node`` > 0), made
+        """The two communicators of a tiered AllReduce (``per_node`` > 0), made
         on first use like :func:`mpicoll._shm.node_window`: this rank's node's members (``local``:
         they share a node window), and the members with this rank's index on its node, one per node
         (rank order kept in both)."""

@@ -127,7 +127,7 @@ def tree_order(n: int, push, fold, combine) -> None:
         combine(sp - 1, sp)
 
 
-def _fold(rows: list[np.ndarray], ufunc: np.ufunc, out: np.ndarray, n: int, c: int) -> None:
+def _fold(rows: list[np.ndarray], ufunc: np.ufunc, out: np.ndarray) -> None:
     """``((r0 op r1) op r2) ...`` into ``out`` (:func:`reduce_rows`' integers and bools: exact in any
     order, and the fewest numpy calls)."""
     np.copyto(out, rows[0])
@@ -177,7 +177,7 @@ def reduce_rows(rows: list[np.ndarray], dt: DType, rop: ReduceOp, out: np.ndarra
     if not n or not c:
         return out
     if not dt.floating:                      # (integers and bool raise no floating-point error)
-        _fold(rows, rop.ufunc, out, n, c)
+        _fold(rows, rop.ufunc, out)
         return out
     if KERNELS is not None and (dt.reduce == "float32" or rop.kernel < 2):   # (float32/float64 MAX, MIN: numpy)
         if dt.reduce == "float32":
@@ -186,7 +186,7 @@ def reduce_rows(rows: list[np.ndarray], dt: DType, rop: ReduceOp, out: np.ndarra
         else:
             (KERNELS.reduce_f32 if dt.itemsize == 4 else KERNELS.reduce_f64)(rows, out, rop.kernel)
         return out
-    if n == 1:
+    if n == 1 and dt.reduce != "float32":     # (16-bit floats go through float32: a NaN comes out quiet)
         np.copyto(out, rows[0])
         return out
     with np.errstate(over="ignore", invalid="ignore"):   # overflow to inf / NaN are the IEEE answers, as MPI's

@@ -29,10 +29,11 @@ unwraps a functional collective's result (:func:`mpicoll._torch_views.unwrapped`
 from __future__ import annotations
 
 import importlib.abc
-import importlib.util
+import importlib.machinery
 import sys
 import time
 import urllib.parse
+import warnings
 from datetime import timedelta
 from typing import Any, Callable
 
@@ -97,23 +98,32 @@ def _eager_under_compile(cls: type) -> type:
 
 
 class _AfterImport(importlib.abc.MetaPathFinder):
-    """Runs ``then()`` once, right after module ``name`` has been imported (wherever from)."""
+    """Runs ``then()`` once, right after module ``name`` has been imported (wherever from). It stays
+    in ``sys.meta_path`` (changing that list could trip another thread's import), disarmed once
+    ``then`` has run; a lookup that imports nothing (``importlib.util.find_spec``) leaves it armed.
+    An error in ``then`` is a warning: the module's own import must not fail for it."""
 
     def __init__(self, name: str, then: Callable[[], None]) -> None:
-        self.name, self.then = name, then
+        self.name, self.then, self.done = name, then, False
 
     def find_spec(self, name, path, target=None):
-        if name != self.name:
+        if name != self.name or self.done:
             return None
-        sys.meta_path.remove(self)
-        spec = importlib.util.find_spec(name)
-        if spec is not None and spec.loader is not None:
-            run, then = spec.loader.exec_module, self.then
+        spec = importlib.machinery.PathFinder.find_spec(name, path, target)
+        if spec is None or spec.loader is None:
+            return None
+        run = spec.loader.exec_module
 
-            def exec_module(module):
-                run(module)
-                then()
-            spec.loader = _Loader(spec.loader, exec_module)
+        def exec_module(module):
+            run(module)
+            if not self.done:
+                self.done = True
+                try:
+                    self.then()
+                except Exception as exc:     # (torch's own import goes on; the group then runs unwrapped)
+                    warnings.warn(f"mpicoll.torch: could not mark the group's methods for torch.compile "
+                                  f"({type(exc).__name__}: {exc}); a compiled DDP model may fail", stacklevel=2)
+        spec.loader = _Loader(spec.loader, exec_module)
         return spec
 
 

@@ -116,13 +116,15 @@ def test_torch_compiled_ddp_trains_like_eager_ddp():
 @pytest.mark.mpi(min_size=1)
 def test_the_group_is_wrapped_for_dynamo_when_dynamo_comes_not_before():
     """mpicoll.torch does not import dynamo (2.4 s of every process's start): its group's methods
-    are wrapped by ``torch.compiler.disable`` right after dynamo's import, or at once if it came
-    first. Checked in fresh interpreters (this one imported dynamo long ago)."""
+    are wrapped by ``torch.compiler.disable`` right after dynamo's import (a lookup before it does
+    not use the hook up), or at once if it came first. Checked in fresh interpreters (this one
+    imported dynamo long ago)."""
     import subprocess
     import sys
 
     from _mpi import launch_env
-    check = ("import sys, mpicoll.torch as m; late = 'torch._dynamo' not in sys.modules; "
+    check = ("import sys, importlib.util, mpicoll.torch as m; late = 'torch._dynamo' not in sys.modules; "
+             "importlib.util.find_spec('torch._dynamo'); "            # (a lookup that imports nothing)
              "import torch._dynamo; f = m.ProcessGroupMpicoll.allreduce; "
              "print(late, getattr(f, '_torchdynamo_disable', False))")
     first = ("import torch._dynamo, mpicoll.torch as m; "

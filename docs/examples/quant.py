@@ -37,14 +37,25 @@ assert q.dtype == np.int8 and scales.dtype == np.float32 and scales.shape == (3,
 assert np.allclose(scales, [2.0 * (rank + 1) / 127, 0, 3.0 * (rank + 1) / 127])
 op = QuantAllReduceOperation(QuantAllReduceParam(block_size=block))
 out = op.execute(q, scales)
-# The result is float16(sum over ranks, in rank order, of float32(q_r) * scale_r): exactly what
-# dequantize() gives on every rank's (q, scales), summed in float32.
-everyone = world.allgather((q, scales))
-exact32 = sum(dequantize(qr, sr, block, dtype=np.float32) for qr, sr in everyone)
+# The result is float16(sum over ranks, in the tree order, of float32(q_r) * scale_r): exactly what
+# dequantize() gives on every rank's (q, scales), summed in float32 in that order
+# (docs/reproducibility.md: 4 ranks sum as (x0 + x1) + (x2 + x3)).
+pairs = world.allgather((q, scales))
+everyone = [dequantize(qr, sr, block, dtype=np.float32) for qr, sr in pairs]
+
+
+def tree(lo, hi):
+    if hi - lo == 1:
+        return everyone[lo]
+    mid = lo + (1 << ((hi - lo - 1).bit_length() - 1))
+    return tree(lo, mid) + tree(mid, hi)
+
+
+exact32 = tree(0, len(everyone))
 assert np.array_equal(out, exact32.astype(np.float16))
 # ... and close to the sum of the original floats: each rank's error is at most half a scale step.
 original = v / (rank + 1) * sum(r + 1 for r in range(n))
-assert np.all(np.abs(out.astype(np.float32) - original) <= sum(sr for _, sr in everyone)[np.arange(10) // block] / 2
+assert np.all(np.abs(out.astype(np.float32) - original) <= sum(sr for _, sr in pairs)[np.arange(10) // block] / 2
               + np.abs(original) * 2 ** -10)
 show("per-block scales", out.tolist())
 

@@ -1,8 +1,8 @@
 """Run inside the test bed (scripts/cluster run N NP -- python tests/multihost/probe.py): which host
 each rank runs on, and the bytes each host's link sent during one 16 MiB AllReduce (mpicoll) of
 int32 (MPI's own, node-aware reduction), int8 (in tiers where each host runs several ranks), and
-float32 and bfloat16 SUM (in the tree order, docs/reproducibility.md: float32 in tiers where the
-hosts hold aligned blocks of consecutive ranks, else, and bfloat16 always, the flat AllToAll + AllGather).
+float32 and bfloat16 SUM (in the tree order, docs/reproducibility.md: in tiers where the hosts hold
+aligned blocks of consecutive ranks, bfloat16 with float32 partials; else the flat AllToAll + AllGather).
 Rank 0 prints one JSON line: {"hosts": [...per rank...], "tx": {dtype: {host: bytes}}, "nbytes": S,
 "tiers": whether the int8 AllReduce went in tiers}."""
 import json
