@@ -143,6 +143,29 @@ for name in ["float16", "bfloat16", "int8"]:
             check(f"{name} {rname} {count} in place", y, want)
 assert (lib._tiers is not None) == tiered
 
+# ReduceScatter(V) in the tree order: node first where aligned (the tiers), else flat; every float
+# against the tree golden, blocks of every size (a zero one too) and in place
+for name in ["float32", "float64", "bfloat16"]:
+    dt = DTYPES[name]
+    for rname in ("sum", "max"):
+        rop = REDUCE_OPS[rname]
+        k = 6000 // dt.itemsize                                           # (above the tiers' threshold)
+        xs = [rank_data(11, f"rs/{name}/{rname}", r, (n * k,), dt, "random") for r in range(n)]
+        want = golden_reduce(xs, dt, rop)
+        op = mpicoll.ReduceScatterOperation(mpicoll.ReduceScatterParam(comm=comm, reduce_type=rname))
+        check(f"ReduceScatter {name} {rname}", op.execute(xs[me]), want[me * k:(me + 1) * k])
+        y = xs[me].copy()
+        op.execute(y, out=y[me * k:(me + 1) * k])
+        check(f"ReduceScatter {name} {rname} in place", y[me * k:(me + 1) * k], want[me * k:(me + 1) * k])
+        counts = np.array([(3 * r + 1) * 700 if r != 1 else 0 for r in range(n)])     # (rank 1: nothing)
+        total = int(counts.sum())
+        vs = [rank_data(12, f"rsv/{name}/{rname}", r, (total,), dt, "random") for r in range(n)]
+        wantv = golden_reduce(vs, dt, rop)
+        displs = np.concatenate(([0], np.cumsum(counts)[:-1]))
+        opv = mpicoll.ReduceScatterVOperation(mpicoll.ReduceScatterVParam(comm=comm, reduce_type=rname))
+        got = opv.execute(vs[me], counts, displs, int(counts[me]))
+        check(f"ReduceScatterV {name} {rname}", got, wantv[displs[me]:displs[me] + counts[me]])
+
 # plans, a started plan with collectives in between, the functional API (int8: in tiers; float32:
 # in tiers where aligned)
 for name, count, kind in (("int8", 3 * 8192, "int"), ("float32", 3 * 1001, "random")):

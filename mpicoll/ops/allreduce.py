@@ -14,7 +14,8 @@ from .._params import ReduceTypeParam
 from .._plan import Call, Plan
 from .._numeric import average, copy_pairs, from_f32, pack, prefix, reduce_chunks, reduce_rows, scatter_pairs, split_even, to_f32
 from ._base import PREPARE, RUN, ReduceTypeOperation
-from ._reduce import GATHERED_BYTES, aligned, alltoall_reduce, invariant, ordered, reduce_scatter
+from ._reduce import (ALIGNED_TIERED_BYTES, GATHERED_BYTES, aligned, alltoall_reduce, invariant, ordered,
+                      reduce_scatter)
 
 #: float16/bfloat16 AllReduce of at most this many bytes: cast to float32, one native float32
 #: Allreduce, cast back (one collective beats two at small sizes); above: the AllToAll path.
@@ -39,16 +40,6 @@ PIECED_BYTES = 4 * PIECE_BYTES
 #: Measured there: bfloat16 at 128 KiB 1.27x the flat path's time (the middle tier then goes as
 #: float32 too), 256 KiB 0.87x and 0.51x at 1 Gbit/s.
 TIERED_BYTES = 256 * 1024
-#: A float AllReduce in the tree order (:func:`~._reduce.ordered`) over nodes aligned with the tree
-#: (:func:`~._reduce.aligned`: consecutive ranks, a power of two on each) goes in tiers from this
-#: size on: each node's partial is a subtree of the order, so the tiers compute its bits, float32
-#: and float64 with MPI's bytes across nodes, ``2 (N - 1) / N`` of the message a node, 16-bit floats
-#: with 1.5x that (float32 partials: :func:`_tiered_wide`), where the flat AllToAll path sends
-#: ``p`` times MPI's bytes for ``p`` ranks a node (docs/scaling.md). Measured on the test bed, 2 hosts
-#: x 2 ranks at 1 Gbit/s, float32, tiers / the flat path: 1.62 at 1 KiB, 1.33 at 4 KiB (the flat
-#: path's one Allgather), 0.41 at 16 KiB, 0.50 at 64 KiB, 0.56 at 1 MiB; bfloat16: 1.83, 1.10,
-#: 0.39, 0.73, and 0.87-1.02 at 1-8 MiB.
-ALIGNED_TIERED_BYTES = 8 * 1024
 
 
 __all__ = ["AllReduceOperation", "AllReduceParam"]
@@ -145,7 +136,7 @@ def reduce_pieces(go, comm, x: np.ndarray, out: np.ndarray | None, dt, rop, root
     from PIECED_BYTES on in PIECE_BYTES pieces, AllToAll + a local reduction in the tree order +
     AllGather (or Gather). A reduction that must run in the tree order (:func:`~._reduce.ordered`:
     float reduction over more than 2 ranks, or a MAX/MIN over 2) never takes MPI's reduction:
-    over nodes aligned with the tree (:func:`~._reduce.aligned`), from ALIGNED_TIERED_BYTES on, in
+    over nodes aligned with the tree (:func:`~._reduce.aligned`), from ``_reduce.ALIGNED_TIERED_BYTES`` on, in
     tiers (each node's partial is a subtree of the order); else up to
     GATHERED_BYTES over all inputs an Allgather (Gather) and a reduction in the tree order, else
     the AllToAll path. ``out`` may be ``x`` (in place). ``inputs``: every rank's ``x`` in a node
