@@ -14,6 +14,9 @@ from mpicoll import _env, _numeric
 
 from _mpi import RANK, SIZE
 
+#: pure functions (no MPI): checked once, in the 1-rank run
+once = pytest.mark.skipif(SIZE != 1, reason="pure function: check it once")
+
 half = pytest.mark.skipif(KERNELS is None, reason="the optional _kernels extension is not built")
 SPECIAL = np.array([np.nan, 0, -0.0, 1, -1, np.inf, -np.inf, 2, 6e-8, 65504, -3.5, 1e-3], np.float16)
 
@@ -30,6 +33,7 @@ def simd(request):
     KERNELS.use_avx512(avx512)
 
 
+@once
 @half
 @pytest.mark.parametrize("rows,cols", [(1, 7), (2, 4099), (3, 13), (4, 1000), (5, 8), (2, 47), (6, 37), (8, 129)])
 @pytest.mark.parametrize("op", range(4))
@@ -46,6 +50,7 @@ def test_reduce_is_bit_identical_to_numpy(rows, cols, op, simd):
     assert same.all()
 
 
+@once
 @half
 @pytest.mark.parametrize("op", range(4))
 def test_bfloat16_reduce_is_bit_identical_to_ml_dtypes(op, simd):
@@ -64,6 +69,7 @@ def test_bfloat16_reduce_is_bit_identical_to_ml_dtypes(op, simd):
     assert np.array_equal(out.view(np.uint16)[~nan], expected.view(np.uint16)[~nan])
 
 
+@once
 @half
 @pytest.mark.parametrize("dtype", ["float32", "float64"])
 @pytest.mark.parametrize("op", range(2))
@@ -88,6 +94,7 @@ def test_native_float_reduce_is_bit_identical_to_numpy(dtype, op, rows, cols, si
     assert np.array_equal(np.isnan(first), np.isnan(expected)) and np.array_equal(first[~nan], expected[~nan])
 
 
+@once
 @half
 def test_conversions_are_bit_identical_to_numpy():
     rng = np.random.default_rng(3)
@@ -105,6 +112,7 @@ def test_conversions_are_bit_identical_to_numpy():
     assert same.all()
 
 
+@once
 @half
 def test_bfloat16_conversions_are_bit_identical_to_ml_dtypes(simd):
     """Every bfloat16 to float32; float32 of every class (random bits: NaNs with payloads,
@@ -138,6 +146,7 @@ def test_numpy_fallback_path(monkeypatch, name):
             assert count_wrong(c.execute(), c.expected, exact=c.exact, n=SIZE) == 0, (dtype, case)
 
 
+@once
 @half
 def test_portable_loops_are_bit_identical_too():
     """The conversions used where the CPU lacks F16C/AVX2 (switched on here with use_simd(False))."""
@@ -150,6 +159,7 @@ def test_portable_loops_are_bit_identical_too():
     assert KERNELS.use_simd(before) == bool(before and KERNELS.F16C)
 
 
+@once
 def test_only_the_dtype_table_is_supported():
     """Every numpy type code in every byte order, ml_dtypes types, structured, union and
     metadata-carrying dtypes: an array is taken exactly when its dtype equals a table row's (a
@@ -181,6 +191,7 @@ def test_the_kernels_run_where_the_readme_runs():
     assert _numeric.kernels_in_use() == "C (mpicoll._kernels)", (_numeric.__file__, _numeric.kernels_in_use())
 
 
+@once
 @pytest.mark.parametrize("length", [0, 1, 31, 32, 33, 127, 128, 129, 4099])
 @pytest.mark.parametrize("offset", [0, 1, 7, 31])
 def test_stream_copy_equals_a_copy(length, offset):
@@ -192,6 +203,7 @@ def test_stream_copy_equals_a_copy(length, offset):
     assert not dst[:offset].any() and not dst[offset + length:].any()
 
 
+@once
 @pytest.mark.parametrize("kernels", ["C", "numpy"])
 @pytest.mark.parametrize("dtype", ["float16", "bfloat16", "float32", "float64"])
 def test_reduce_rows_is_the_tree_order_for_any_row_count(kernels, dtype, monkeypatch):

@@ -14,9 +14,13 @@ from mpicoll.ops.quant import bytes_per_rank, plan_chunks
 
 from _mpi import RANK, SIZE, raises_everywhere
 
+#: pure functions (no MPI): checked once, in the 1-rank run
+once = pytest.mark.skipif(SIZE != 1, reason="pure function: check it once")
+
 mpi1 = pytest.mark.mpi(min_size=1)
 
 
+@once
 @pytest.mark.parametrize("dtype", [np.float16, ml_dtypes.bfloat16, np.float32, np.float64])
 @pytest.mark.parametrize("block", [1, 7, 32, 4096])
 def test_quantize_round_trip_within_half_a_step(dtype, block):
@@ -176,6 +180,7 @@ def _reference_sum(q, scales, block):
     return golden_tree(terms, np.add)
 
 
+@once
 @pytest.mark.parametrize("path", PATHS, indirect=True)
 @pytest.mark.parametrize("rows", [1, 2, 3, 4, 5, 7])
 @pytest.mark.parametrize("block", [0, 1, 3, 8, 100, 128, 5000])
@@ -193,6 +198,7 @@ def test_dequant_sum_is_bit_identical_to_the_definition(path, rows, block):
                 assert _same_bits(got, expected.astype(dtype)), (c, dtype)
 
 
+@once
 @pytest.mark.parametrize("path", PATHS, indirect=True)
 @pytest.mark.parametrize("block,qblock", [(0, 1), (0, 4097), (0, 70_001), (3, 3), (128, 128), (100, 100),
                                           (8, 5000), (0, 8)])
@@ -210,6 +216,7 @@ def test_fused_dequant_sum_quantize_equals_the_two_steps(path, block, qblock):
         assert np.array_equal(qout, rq) and _same_bits(sout, rs), (rows, c)
 
 
+@once
 @pytest.mark.parametrize("path", PATHS, indirect=True)
 def test_dequant_sum_keeps_the_sign_of_an_all_negative_zero_sum(path):
     q = np.array([[-3, 2, 0, -1]] * 3, np.int8)          # q * 0.0 is -0.0 where q < 0
@@ -231,6 +238,7 @@ def _quantize_reference(x, block):
     return np.concatenate(qs), np.array(ss, np.float32)
 
 
+@once
 @pytest.mark.parametrize("path", PATHS, indirect=True)
 @pytest.mark.parametrize("dtype", [np.float16, np.float32])
 @pytest.mark.parametrize("block", [1, 3, 8, 32, 100, 128, 4096])
@@ -250,6 +258,7 @@ def test_quantize_kernel_is_bit_identical_to_the_definition(path, dtype, block):
         assert np.array_equal(q, rq) and _same_bits(s, rs), size
 
 
+@once
 @pytest.mark.parametrize("path", PATHS, indirect=True)
 def test_subnormal_scales_round_trip_within_half_a_step(path):
     x = np.zeros(96, np.float32)

@@ -138,7 +138,7 @@ each_float = pytest.mark.parametrize("dtype", FLOATS)
 @each_float
 @settings(PROPERTY, max_examples=max(EXAMPLES // 4, 5))
 @given(cases)
-def test_allreduce_and_reduce_give_the_rank_order_bits(path, dtype, c):
+def test_allreduce_and_reduce_give_the_tree_order_bits(path, dtype, c):
     ranks = members(c["comm"])
     xs = inputs(c["seed"], dtype, c["count"], ranks, c["special"])
     dt, rop = DTYPES[dtype], reduce_op(c["rname"])
@@ -168,7 +168,7 @@ def test_allreduce_and_reduce_give_the_rank_order_bits(path, dtype, c):
 @each_float
 @settings(PROPERTY, max_examples=max(EXAMPLES // 4, 5))
 @given(cases, st.lists(st.integers(0, 300), min_size=64, max_size=64))
-def test_reduce_scatter_and_v_give_the_rank_order_bits(path, dtype, c, spread):
+def test_reduce_scatter_and_v_give_the_tree_order_bits(path, dtype, c, spread):
     ranks = members(c["comm"])
     n = len(ranks)
     per = c["count"] // max(n, 1)
@@ -251,7 +251,7 @@ def test_the_same_bits_on_mpich_and_open_mpi():
 @mpi1
 @PROPERTY
 @given(st.integers(0, 2 ** 31), st.one_of(st.integers(0, 50), st.integers(51, 70_000)), st.sampled_from([0, 1, 7, 32]))
-def test_quant_allreduce_sums_in_rank_order_at_any_size(seed, count, block):
+def test_quant_allreduce_sums_in_the_tree_order_at_any_size(seed, count, block):
     """QuantAllReduce (float16 gather): every element is float16(sum_r float32(q_r) * scale_r), summed
     in rank order, whatever the size and its chunks (the operator's numpy golden, bit for bit)."""
     from mpicoll.ops.quant import QuantAllReduceOperation, QuantAllReduceParam, golden
@@ -272,7 +272,7 @@ def test_quant_allreduce_sums_in_rank_order_at_any_size(seed, count, block):
 @PROPERTY
 @given(st.integers(0, 2 ** 31), st.sampled_from(["float16", "bfloat16", "float32"]), st.integers(1, 3000),
        st.integers(1, 4), st.sampled_from(["sum", "max"]))
-def test_hccl_rounds_give_the_rank_order_bits(seed, dtype, count, repeat, rname):
+def test_hccl_rounds_give_the_tree_order_bits(seed, dtype, count, repeat, rname):
     """The Hccl client's AllReduce and strided ReduceScatter, ``repeat`` rounds of ``count``: every
     element the tree-order golden's, whatever the round size."""
     from mpicoll import Hccl, HcclDataType, HcclReduceOp
