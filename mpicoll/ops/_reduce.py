@@ -107,7 +107,9 @@ def reduce_scatter(go: Any, comm: LibComm, blocks: np.ndarray, counts: list[int]
     with ``block_type``, one block per rank in that datatype. ``counts``: the blocks' sizes, the
     same list on every rank. ``packed_everywhere``: every rank's blocks are packed (agreed: a
     rank's layout is its own). On one node, packed blocks from ``_shm.REDUCE_SCATTER_BYTES`` on
-    go through the node's shared window (:mod:`mpicoll._shm`). Otherwise MPI's own reduction runs
+    go through the node's shared window (:mod:`mpicoll._shm`). On nodes :func:`aligned` with the tree
+    order, a reduction in it of at least ``ALIGNED_TIERED_BYTES`` of a rank's packed blocks goes node
+    first (:func:`_tiered_reduce_scatter`). Otherwise MPI's own reduction runs
     for the dtypes it reduces natively when every rank's blocks are packed and the order cannot
     change the bits (not :func:`ordered`): ``Reduce_scatter_block`` for equal counts, else
     ``Reduce_scatter``; a tree-order reduction of every input at most ``GATHERED_BYTES`` an
