@@ -12,7 +12,7 @@ from .. import _shm
 from .._comm import LibComm
 from .._dtypes import DTYPES, DType, ReduceOp
 from .._errors import arg_error
-from .._numeric import from_f32, prefix, reduce_chunks, reduce_rows
+from .._numeric import from_f32, pack, prefix, reduce_chunks, reduce_rows
 
 #: A tree-order reduction (:func:`ordered`) that the node window does not take, of at most
 #: this many bytes over all ranks' inputs (n x its size): an Allgather (a Reduce: Gather) of every
@@ -157,7 +157,7 @@ def _tiered_reduce_scatter(go: Any, comm: LibComm, blocks: np.ndarray, counts: l
     float32 and are rounded once at the end (2x the bytes across nodes)."""
     node, across = comm.tiers()
     p, h, k = node.size, across.size, node.rank
-    starts = [int(v) for v in np.cumsum([0, *counts[:-1]])]
+    starts = prefix(counts)
     order = [a * p + j for j in range(p) for a in range(h)]         # member j of node a is rank a * p + j
     wide = _F32 if dt.reduce == "float32" else dt
     per_member = [sum(counts[a * p + j] for a in range(h)) for j in range(p)]
@@ -165,19 +165,10 @@ def _tiered_reduce_scatter(go: Any, comm: LibComm, blocks: np.ndarray, counts: l
     total, c, q = sum(counts), per_member[k], mine_counts[across.rank]
     buf = go.scratch(np.empty, total + c + (q if wide is not dt else 0), wide.np)
     packed, mine, piece = buf[:total], buf[total:total + c], buf[total + c:]
-    go.local(_pack_blocks, blocks, [(starts[r], counts[r]) for r in order], packed)
+    go.local(pack, [blocks[starts[r]:starts[r] + counts[r]] for r in order], packed)   # (16-bit: widened, exactly)
     reduce_scatter(go, node, packed, per_member, wide, rop, mine)
     if wide is dt:
         reduce_scatter(go, across, mine, mine_counts, dt, rop, out.reshape(-1))
     else:
         reduce_scatter(go, across, mine, mine_counts, wide, rop, piece)
         go.local(from_f32, piece, out.reshape(-1))
-
-
-def _pack_blocks(blocks: np.ndarray, spans: list[tuple[int, int]], packed: np.ndarray) -> None:
-    """Copy ``blocks[start:start + count]`` for each span, one after the other, into ``packed``
-    (widened to its dtype: 16-bit floats to float32, exactly)."""
-    pos = 0
-    for start, count in spans:
-        np.copyto(packed[pos:pos + count], blocks[start:start + count])
-        pos += count
