@@ -9,8 +9,13 @@ ranks, same run, interleaved.
 
 Each prints ms per step (forward, backward, SGD step; medians over ``--reps`` interleaved blocks of
 ``--steps`` steps, the slowest rank per block) for the mpicoll group and the gloo group, and their
-ratio (< 1: mpicoll faster). gloo's group comes from a TCP store on 127.0.0.1 (one host); the mpicoll
-group is ``dist.new_group(backend="mpicoll")`` over the same ranks. BLAS runs one thread per rank.
+ratio (< 1: mpicoll faster), and the same step on torch's fake group (``no data moved``: collectives
+and messages that return at once, moving nothing), the least any backend's step can take, with its
+ratio to gloo's: no backend's ratio can go below it (for a pipeline it still leaves out the
+bubble: a later stage then never waits for an earlier one). Pipeline stages are given their
+micro-batches' shapes (no shape inference, which the fake group cannot make). gloo's group comes
+from a TCP store on 127.0.0.1 (one host); the mpicoll group is ``dist.new_group(backend="mpicoll")``
+over the same ranks. BLAS runs one thread per rank.
 """
 from __future__ import annotations
 
@@ -70,7 +75,9 @@ def pipeline(group, width: int, schedule: str):
     model = mlp(width, layers=2 * SIZE)
     per = len(model) // SIZE + 1
     stage_mod = torch.nn.Sequential(*list(model)[RANK * per:(RANK + 1) * per])
-    stage = PipelineStage(stage_mod, RANK, SIZE, torch.device("cpu"), group=group)
+    mb = torch.empty(32 // 4, width)        # (a micro-batch's shape, in and out of every stage: no shape inference)
+    stage = PipelineStage(stage_mod, RANK, SIZE, torch.device("cpu"), input_args=mb, output_args=mb,
+                          input_grads=mb, output_grads=mb, group=group)
     kind = ScheduleGPipe if schedule == "GPipe" else Schedule1F1B
     sched = kind(stage, n_microbatches=4, loss_fn=torch.nn.functional.mse_loss)
     opt = torch.optim.SGD(stage_mod.parameters(), lr=1e-3)
@@ -96,6 +103,8 @@ def main() -> None:
     ap.add_argument("--clients", default="FSDP2,TP,GPipe,1F1B")
     args = ap.parse_args()
     groups = mpicoll_beside_gloo()
+    import torch.testing._internal.distributed.fake_pg  # noqa: F401 - registers "fake": calls that move no data
+    groups["no data moved"] = dist.new_group(backend="fake")
     makers = {"FSDP2": fsdp2, "TP": tensor_parallel, "GPipe": lambda g, w: pipeline(g, w, "GPipe"),
               "1F1B": lambda g, w: pipeline(g, w, "1F1B")}
     with threadpool_limits(limits=1, user_api="blas"):
@@ -103,7 +112,8 @@ def main() -> None:
         if RANK == 0:
             print(f"# torch's clients, one training step, {SIZE} ranks, MLP width {args.width}, batch 32 "
                   f"(ms per step, median of {args.reps} interleaved blocks of {args.steps})", flush=True)
-            print(f"{'client':<8}{'mpicoll':>10}{'gloo':>10}{'ratio':>8}", flush=True)
+            print(f"{'client':<8}{'mpicoll':>10}{'gloo':>10}{'ratio':>8}{'no data moved':>15}{'/ gloo':>8}",
+                  flush=True)
         for name in args.clients.split(","):
             steps = {k: makers[name](g, args.width) for k, g in groups.items()}
             for fn in steps.values():
@@ -114,9 +124,11 @@ def main() -> None:
                 for k in order:
                     got[k].append(block(steps[k], args.steps))
             med = {k: statistics.median(v) for k, v in got.items()}
-            ratios = statistics.median(a / b for a, b in zip(got["mpicoll"], got["gloo"]))
+            ratios = {k: statistics.median(a / b for a, b in zip(got[k], got["gloo"]))
+                      for k in ("mpicoll", "no data moved")}
             if RANK == 0:
-                print(f"{name:<8}{med['mpicoll'] * 1e3:>10.1f}{med['gloo'] * 1e3:>10.1f}{ratios:>8.2f}", flush=True)
+                print(f"{name:<8}{med['mpicoll'] * 1e3:>10.1f}{med['gloo'] * 1e3:>10.1f}{ratios['mpicoll']:>8.2f}"
+                      f"{med['no data moved'] * 1e3:>15.1f}{ratios['no data moved']:>8.2f}", flush=True)
     dist.destroy_process_group()
 
 

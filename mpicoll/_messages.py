@@ -8,7 +8,8 @@ bytes; they are not collectives, so they neither wait for the calls queued on th
 worker nor count as its calls.
 
 A posted :class:`Message` completes in one of two ways. A thread that waits on it (``wait()``)
-completes it there and then (MPI's own wait: the fastest, what a blocking ``send``/``recv`` pays).
+completes it there and then (MPI's own wait: the fastest, what a blocking ``send``/``recv`` pays; on
+a node with more ranks than cores, polls between sleeps: ``MPICOLL_WAIT``, :mod:`mpicoll._watchdog`).
 Until someone does, the process's message thread (one per process, made at the first message)
 polls it now and then, so that it moves while the caller computes (MPI moves a message only inside
 MPI calls) and so that ``is_completed()``, callbacks (a torch future's) and the watchdog's limit
@@ -30,7 +31,7 @@ from . import _validate as V
 from ._domains import group_fields, resolve
 from ._errors import CollectiveError, CollectiveTimeout, as_collective_error
 from ._plan import CAPTURING
-from ._watchdog import abort
+from ._watchdog import abort, poll, sleeps
 from ._watchdog import wait as watched_wait
 
 #: the longest the message thread sleeps between two looks at the messages in flight, seconds
@@ -120,11 +121,13 @@ class Message:
         own = limit is not None and limit == mine
         expired = (lambda: CollectiveTimeout(f"{self.fn}: wait(timeout)", param="timeout")) if own else self._expired
         try:
-            if limit is None:
+            if limit is None and sleeps():
+                poll(lambda: self._mpi(self.req.Test))
+            elif limit is None:
                 self._mpi(self.req.Wait)
             else:
                 watched_wait([self], max(limit - time.monotonic(), 0.0), expired, lambda: str(expired()),
-                             raises=own or self.lib.timeout is not None)
+                             raises=own or self.lib.timeout is not None, polite=sleeps())
         except CollectiveTimeout:
             if own:
                 return False               # (the caller's own limit: the message stays posted)

@@ -370,3 +370,44 @@ def test_a_message_inside_a_capture_is_refused_on_every_rank():
                 F.isend(np.ones(2), dst=1)
     raises_everywhere(capture, CollectiveArgumentError, "point-to-point messages are not captured", "on rank 0")
     assert t.tolist() == [1.0, 1.0]
+
+
+@pytest.mark.skipif(SIZE != 1, reason="pure function: check it once")
+def test_a_node_is_crowded_when_the_launcher_s_ranks_outnumber_its_cores(monkeypatch):
+    """MPICOLL_WAIT=auto sleeps between polls where the node's ranks (MPICH's MPI_LOCALNRANKS, Open
+    MPI's OMPI_COMM_WORLD_LOCAL_SIZE; none: one) outnumber os.cpu_count()."""
+    import os
+    from mpicoll._watchdog import crowded
+    cores = os.cpu_count() or 1
+    for name in ("MPI_LOCALNRANKS", "OMPI_COMM_WORLD_LOCAL_SIZE"):
+        monkeypatch.delenv(name, raising=False)
+    assert crowded() is False
+    for name in ("MPI_LOCALNRANKS", "OMPI_COMM_WORLD_LOCAL_SIZE"):
+        monkeypatch.setenv(name, str(cores))
+        assert crowded() is False
+        monkeypatch.setenv(name, str(cores + 1))
+        assert crowded() is True
+        monkeypatch.delenv(name)
+
+
+@mpi2
+@pytest.mark.parametrize("timed", [False, True], ids=["untimed", "timed"])
+def test_messages_waited_for_between_sleeps_arrive_whole(monkeypatch, timed):
+    """A rank that sleeps between polls (MPICOLL_WAIT=sleep, as on a crowded node) gets its messages
+    whole, in order, from a sender that is late (it sleeps 50 ms first), with and without a wait
+    timeout (the timed wait then has no spinning phase either)."""
+    import time
+    from mpicoll import _messages
+    monkeypatch.setattr(_messages, "sleeps", lambda: True)
+    to, frm = (RANK + 1) % SIZE, (RANK - 1) % SIZE
+    sent = [_data(f"sleeping/{k}", (5 + 3 * k,), "float64") for k in range(3)]
+    want = [_data(f"sleeping/{k}", (5 + 3 * k,), "float64", frm) for k in range(3)]
+    got = [np.empty_like(w) for w in want]
+    works = [F.irecv(g, src=frm) for g in got]
+    if RANK == 0:
+        time.sleep(0.05)
+    sends = [F.isend(s, dst=to) for s in sent]
+    for w in works + sends:
+        assert w.wait(timeout=30.0 if timed else None) is True and w.is_completed()
+    assert all(_same(g, w) for g, w in zip(got, want))
+    assert F.source(works[0]) == frm

@@ -14,7 +14,7 @@ mark and how many calls each rank has), then every call's header in one ``Allgat
 """
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
+from typing import Protocol
 
 import numpy as np
 from mpi4py import MPI
@@ -25,9 +25,6 @@ from .._errors import CollectiveError, CollectiveMismatchError, agree, agreed, a
 from .._numeric import prefix
 from .._plan import Call
 
-if TYPE_CHECKING:
-    from ._base import Operation
-
 #: the operation a captured graph's agreement names (its first row), registered so that a peer making
 #: another call names it
 GRAPH = "graph capture"
@@ -35,6 +32,19 @@ OP_NAMES[op_code(GRAPH)] = GRAPH
 #: operator code -> Operation class, for every named operation (filled by ``Operation``'s subclasses):
 #: how a graph's agreement names a peer's calls and their count pairs
 CLASSES: dict[int, type] = {}
+
+
+class Agreeing(Protocol):
+    """What an agreement reads of the operation whose call it agrees (an ``ops._base.Operation``,
+    which sits above this module), and marks on it (``_agreed_once``)."""
+
+    NAME: str
+    CODE: int
+    PAIR_NAMES: tuple[str, str] | None
+    timeout: float | None
+    _lib: LibComm
+    _validate: bool
+    _agreed_once: bool
 
 
 class Slots:
@@ -68,7 +78,7 @@ class Slots:
         return [flat[r, at:at + int(table[r, V.H_RIDE])].view(dtype) for r in range(lib.size)]
 
 
-def header_row(lib: LibComm, op: "Operation", call: Call | None, err: BaseException | None
+def header_row(lib: LibComm, op: Agreeing, call: Call | None, err: BaseException | None
                ) -> tuple[np.ndarray, BaseException | None]:
     """The header of one call, and its local error (a value that cannot travel is one). Work queued
     on the communicator starts its collectives first: the sequence number in the row must count them
@@ -83,7 +93,7 @@ def header_row(lib: LibComm, op: "Operation", call: Call | None, err: BaseExcept
             op.NAME, what, value, lib.rank, "must fit in a signed 64-bit integer")
 
 
-def agree_call(lib: LibComm, op: "Operation", call: Call | None, err: BaseException | None, number: int,
+def agree_call(lib: LibComm, op: Agreeing, call: Call | None, err: BaseException | None, number: int,
                payload: np.ndarray | None, slots: Slots | None = None,
                last: bytes | None = None) -> tuple[np.ndarray, bool, bytes | None]:
     """Agree one call over ``lib``: one ``Allgather`` of every rank's row, ``payload`` (a C-contiguous
@@ -121,7 +131,7 @@ def agree_call(lib: LibComm, op: "Operation", call: Call | None, err: BaseExcept
     return table, rode, headers
 
 
-def agree_calls(lib: LibComm, entries: list[tuple["Operation", Call | None, BaseException | None]],
+def agree_calls(lib: LibComm, entries: list[tuple[Agreeing, Call | None, BaseException | None]],
                 timeout: float | None, joins: list[bool]) -> list[tuple[np.ndarray, bool]]:
     """Agree the calls of a captured graph, at once, over ``lib`` (the graph's group): every rank
     sends one row per call (the call's communicator, its rank and size there, a local ``joins``
