@@ -22,6 +22,7 @@ from ._cli import by_rank
 from ._domains import world as lib_world
 from ._errors import CollectiveArgumentError
 from ._numeric import kernels_in_use
+from ._watchdog import crowded, sleeps
 
 _THREADS = {MPI.THREAD_SINGLE: "MPI_THREAD_SINGLE", MPI.THREAD_FUNNELED: "MPI_THREAD_FUNNELED",
             MPI.THREAD_SERIALIZED: "MPI_THREAD_SERIALIZED", MPI.THREAD_MULTIPLE: "MPI_THREAD_MULTIPLE"}
@@ -39,6 +40,13 @@ def _shown(r: _env.Reading) -> str:
     else:
         text = "unset" if v is None else str(v)
     return f"{text}, {r.source}"
+
+
+def _waits() -> str:
+    """How this rank waits for its point-to-point messages (``MPICOLL_WAIT``) and why."""
+    node = f"{'more' if crowded() else 'no more'} ranks on this node than its {os.cpu_count()} cores"
+    how = "sleep between polls" if sleeps() else "MPI's own wait (spins)"
+    return f"{how} (MPICOLL_WAIT={_env.value('MPICOLL_WAIT')}; {node})"
 
 
 def _packages() -> str:
@@ -101,6 +109,7 @@ def run_info(world: MPI.Comm = MPI.COMM_WORLD) -> int:
     readings = _env.readings()
     seen = world.allgather([_shown(r) for r in readings])       # (seen[rank][setting])
     kernels = by_rank(world.allgather(kernels_in_use()))
+    waits = by_rank(world.allgather(_waits()))
     nodes = _nodes(world)
     window, error = _window()
     if world.Get_rank() == 0:
@@ -118,6 +127,7 @@ def run_info(world: MPI.Comm = MPI.COMM_WORLD) -> int:
             ("torch", _torch()),
             ("ranks", nodes),
             ("shared window", window),
+            ("message waits", waits),
             ("packages", _packages()),
         ]
         lines = [f"{name:<15}{text}" for name, text in rows]

@@ -208,7 +208,8 @@ def test_info_names_each_item_without_mpirun_and_once_per_job():
     per node, the shared window, the packages, every setting with its default."""
     from mpicoll import _env
     plain = subprocess.run([sys.executable, "-m", "mpicoll.run", "--info"], capture_output=True, text=True,
-                           timeout=120, env=launch_env(MPICOLL_TIMEOUT="30", MPICOLL_NOT_A_SETTING="1"))
+                           timeout=120, env=launch_env(MPICOLL_TIMEOUT="30", MPICOLL_NOT_A_SETTING="1",
+                                                       MPICOLL_WAIT="Sleep"))
     # (nothing of mpicoll's on stderr; an MPI may print its own notes there: Open MPI's UCX in a singleton)
     assert plain.returncode == 0 and "mpicoll" not in plain.stderr and "Traceback" not in plain.stderr, plain.stderr
     for item in ("mpicoll ", "python ", "numpy ", "ml_dtypes ", "mpi4py ", "MPI library ", "thread level MPI_THREAD_",
@@ -225,9 +226,16 @@ def test_info_names_each_item_without_mpirun_and_once_per_job():
     for name, s in _env.SETTINGS.items():
         assert rows[name].split(None, 1)[1].startswith(s.shown_default), rows[name]
     assert rows["MPICOLL_TIMEOUT"].endswith("30 s, environment") and rows["MPICOLL_SHM"].endswith("on, default")
+    assert "\nmessage waits  sleep between polls (MPICOLL_WAIT=sleep; no more ranks on this node than its" \
+        in plain.stdout, plain.stdout
     res = run(3, "-m", "mpicoll.run", "--info")
     assert res.returncode == 0 and res.stdout.count("mpicoll ") == 1, res.stdout + res.stderr
     assert "ranks          3 on 1 node(s), 3 per node" in res.stdout and "shared window  used" in res.stdout
+    crowded = 3 > (os.cpu_count() or 1)                 # (MPICOLL_WAIT=auto: sleeps where ranks outnumber cores)
+    how = "sleep between polls" if crowded else "MPI's own wait (spins)"
+    assert (f"\nmessage waits  {how} "
+            f"(MPICOLL_WAIT=auto; {'more' if crowded else 'no more'} ranks on this node than its ") in res.stdout, \
+        res.stdout
 
 
 def test_info_says_which_setting_is_refused_and_exits_2():
