@@ -24,8 +24,8 @@ Four tables (rank 0 prints; medians over ``--reps`` interleaved blocks, slowest 
 4. A DDP training step (forward, backward with the gradient all-reduces, SGD step) of 5-layer MLPs
    (``--widths``: 1.6 M, 5.2 M and 12.6 M parameters), mpicoll / gloo, with the time of the same step
    without DDP and of DDP moving no data (a communication hook that hands each bucket back at once:
-   DDP's own work, buckets and copies, the least any backend's step can take: no backend's ratio to
-   gloo can go below this one's); ``--compile BACKEND`` adds the same models under ``torch.compile``.
+   DDP's own work, buckets and copies: with one rank per core, the least any backend's step can
+   take); ``--compile BACKEND`` adds the same models under ``torch.compile``.
 
 gloo's group comes from a TCP store on 127.0.0.1 (one host); the mpicoll group is
 ``dist.new_group(backend="mpicoll")`` over the same ranks. BLAS runs one thread per rank.

@@ -10,9 +10,10 @@ ranks, same run, interleaved.
 Each prints ms per step (forward, backward, SGD step; medians over ``--reps`` interleaved blocks of
 ``--steps`` steps, the slowest rank per block) for the mpicoll group and the gloo group, and their
 ratio (< 1: mpicoll faster), and the same step on torch's fake group (``no data moved``: collectives
-and messages that return at once, moving nothing), the least any backend's step can take, with its
-ratio to gloo's: no backend's ratio can go below it (for a pipeline it still leaves out the
-bubble: a later stage then never waits for an earlier one). Pipeline stages are given their
+and messages that return at once, moving nothing), with its ratio to gloo's: with one rank per
+core, the least any backend's step can take (a pipeline moving nothing also loses its bubble: a
+later stage never waits for an earlier one); with more ranks than cores no bound (every rank then
+computes at once). Pipeline stages are given their
 micro-batches' shapes (no shape inference, which the fake group cannot make). gloo's group comes
 from a TCP store on 127.0.0.1 (one host); the mpicoll group is ``dist.new_group(backend="mpicoll")``
 over the same ranks. BLAS runs one thread per rank.

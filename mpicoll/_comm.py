@@ -94,6 +94,9 @@ class LibComm:
         blocks: with ``per_node``, each node holds consecutive ranks, the nodes in rank order (block
             placement, agreed): with a power of two on each, a tree-order sum can go in tiers
             (``ops._reduce.aligned``).
+        crowded: this rank's node runs more ranks than it has cores (:func:`mpicoll._watchdog.crowded`,
+            from its members' CPU sets there and the launcher's count): with ``MPICOLL_WAIT=auto`` its
+            messages are waited for by polling between sleeps (:mod:`mpicoll._messages`).
         calls: operator name -> how many calls of it this rank has made on it (as the user counts).
         seq: how many collectives mpicoll has started on it (kept where it is read: with arrival
             marks or in debug mode).
@@ -106,12 +109,13 @@ class LibComm:
 
     __slots__ = ("mpi", "label", "rank", "size", "world_ranks", "ident", "validate", "debug", "local", "exact",
                  "timeout", "busy", "worker",
-                 "calls", "seq", "pending", "plain", "freed", "per_node", "blocks", "buffers", "_win", "_mark", "_node",
+                 "calls", "seq", "pending", "plain", "freed", "per_node", "blocks", "crowded", "buffers", "_win",
+                 "_mark", "_node",
                  "_split", "_tiers", "__weakref__")
 
     def __init__(self, mpi: MPI.Comm, label: str, validate: bool, debug: bool, watched: bool,
                  local: bool = False, split: MPI.Comm | None = None, exact: bool = True,
-                 blocks: bool = False, timeout: float | None = None) -> None:
+                 blocks: bool = False, timeout: float | None = None, crowded: bool = False) -> None:
         self.mpi, self.label = mpi, label
         self.rank, self.size = mpi.Get_rank(), mpi.Get_size()
         self.world_ranks = world_ranks(mpi)
@@ -121,7 +125,7 @@ class LibComm:
         self.buffers: list = []            # its node buffers (mpicoll._shm.node_buffer), in allocation order
         self._split = split                # (this rank's node's members, kept for tiers(); None: no tiers)
         self.per_node = 0 if split is None else split.Get_size()
-        self.blocks = blocks
+        self.blocks, self.crowded = blocks, crowded
         self.calls: dict[str, int] = {}
         self.seq = 0
         self.pending: list = []
@@ -145,7 +149,8 @@ class LibComm:
     def make(cls, mpi: MPI.Comm, label: str, timeout: float | None = None,
              set_up: float | None = None) -> "LibComm":
         """Wrap a communicator mpicoll has just created (collective over its members): check and
-        agree the settings (``mpicoll._env``), and whether all members share one node, and make the
+        agree the settings (``mpicoll._env``), and whether all members share one node, see whether
+        this rank's node is crowded (more ranks than cores: ``crowded``), and make the
         arrival window if any member runs a watchdog (``MPICOLL_TIMEOUT``, or ``timeout``: its own,
         see the class docstring). ``set_up``: how long these steps may wait for a member (default:
         its timeout).
@@ -184,6 +189,7 @@ class LibComm:
                 raise CollectiveMismatchError(
                     f"{label}: {name} differs across ranks: on for ranks {on}, off for ranks {off}: set it alike "
                     "on every rank (it decides which MPI calls a rank makes)", param=name, rank=off[0])
+        crowded = _watchdog.crowded(node_affinities(mpi)[0])     # (every member is here: its settings agreed)
         one_node, split = False, None
         if agreed["MPICOLL_SHM"]:  # (every member splits, or none: the setting is agreed)
             split = mpi.Split_type(MPI.COMM_TYPE_SHARED)
@@ -204,7 +210,8 @@ class LibComm:
                 split.Free()
                 split = None
         return cls(mpi, label, bool(agreed["MPICOLL_VALIDATE"]), bool(agreed["MPICOLL_DEBUG"]), bool(table[:, 1].any()),
-                   one_node, split, bool(agreed["MPICOLL_EXACT"]), split is not None and span[2] == -1, timeout)
+                   one_node, split, bool(agreed["MPICOLL_EXACT"]), split is not None and span[2] == -1, timeout,
+                   crowded)
 
     def meet(self, what: str) -> None:
         """A Barrier under the watchdog before a collective set-up step that is not timed itself

@@ -120,8 +120,8 @@ SETTINGS: dict[str, Setting] = {s.name: s for s in (
     Setting("MPICOLL_EXACT", FLAG, "1", ALIKE, "float reductions in the tree order, the same bits on every path (0: "
             "MPI's order, which changes with the message size and the MPI)", "docs/reproducibility.md"),
     Setting("MPICOLL_WAIT", CHOICE, "auto", OWN, "how a rank waits for a point-to-point message: spin (MPI's own "
-            "wait, polling without pause), sleep (polls between short sleeps: the core goes to the ranks that compute), "
-            "auto (sleep where the node runs more ranks than it has cores)", "docs/reliability.md",
+            "wait, polling without pause), sleep (polls between short sleeps: the core goes to the ranks that "
+            "compute), auto (sleep where the node runs more ranks than it has cores)", "docs/reliability.md",
             ("auto", "spin", "sleep")),
     Setting("MPICOLL_STORE_HOST", TEXT, "", OWN, "the torch backend's mpi://: the address of world rank 0 at which "
             "the other ranks reach its store (unset: its IPv4 addresses, tried in turn)", "docs/torch.md"),

@@ -113,7 +113,8 @@ class Message:
     # -- completing it (under ``_lock``) ---------------------------------------------------------
     def _complete(self, timeout: float | None) -> bool:
         """Wait for the request: under the watchdog (its limit, and the caller's ``timeout`` if
-        sooner), or MPI's own wait. False: the caller's ``timeout`` passed first."""
+        sooner), or untimed: MPI's own wait, or polls between sleeps (``MPICOLL_WAIT``,
+        :func:`~mpicoll._watchdog.sleeps`). False: the caller's ``timeout`` passed first."""
         limit, mine = self.deadline, None
         if timeout is not None:
             mine = time.monotonic() + timeout
@@ -121,13 +122,13 @@ class Message:
         own = limit is not None and limit == mine
         expired = (lambda: CollectiveTimeout(f"{self.fn}: wait(timeout)", param="timeout")) if own else self._expired
         try:
-            if limit is None and sleeps():
-                poll(lambda: self._mpi(self.req.Test))
+            if limit is None and sleeps(self.lib.crowded):
+                poll(self._test)
             elif limit is None:
                 self._mpi(self.req.Wait)
             else:
                 watched_wait([self], max(limit - time.monotonic(), 0.0), expired, lambda: str(expired()),
-                             raises=own or self.lib.timeout is not None, polite=sleeps())
+                             raises=own or self.lib.timeout is not None, polite=sleeps(self.lib.crowded))
         except CollectiveTimeout:
             if own:
                 return False               # (the caller's own limit: the message stays posted)

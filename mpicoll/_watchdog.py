@@ -30,16 +30,15 @@ status 1, after giving ``MPI_Abort`` a moment to end the job.
 How a rank waits for a point-to-point message (``MPICOLL_WAIT``, :func:`sleeps`; the messages of
 :mod:`mpicoll._messages`), with or without a timeout: MPI's own wait polls without pause, which
 costs nothing while each rank has a core of its own; where a node runs more ranks than it has cores
-(``auto``: the launcher's count of the node's ranks against ``os.cpu_count()``), a rank waiting for
-its neighbour's message (a pipeline stage) then spins on the core that neighbour computes it on.
-Such a rank polls between sleeps instead (:func:`poll`: from ``FIRST_PAUSE``, doubling up to
+(``auto``: :func:`crowded`, decided for each library communicator when it is made), a rank waiting
+for its neighbour's message (a pipeline stage) then spins on the core that neighbour computes it
+on. Such a rank polls between sleeps instead (:func:`poll`: from ``FIRST_PAUSE``, doubling up to
 ``POLL_PAUSE``; no spinning phase in a timed wait). Collectives keep MPI's own wait: every member
-is in the call, and a member that sleeps delays them all (measured: DDP and FSDP2 at 4 ranks on 2
-cores took 1.3-1.8x as long).
+is in the call, and a member that sleeps delays them all (measured at 4 ranks on 2 cores: DDP's
+step took 1.6-1.9x as long, FSDP2's 1.8x).
 """
 from __future__ import annotations
 
-import functools
 import glob
 import math
 import os
@@ -57,28 +56,31 @@ from ._errors import CollectiveArgumentError, CollectiveTimeout
 
 SPIN_SECONDS = 1.0  # poll continuously this long (capped at timeout / 10): full progress, full speed
 MAX_PAUSE = 5e-3    # longest sleep between polls afterwards, seconds
-#: a rank that sleeps between polls (:func:`sleeps`): its first pause and its longest, seconds. Measured
-#: (torch pipelining, 1F1B, 4 ranks on 2 cores, step time): MPI's own wait 129-137 ms, yielding between
-#: polls 150-189 ms, sleeping from 20 us 82-84 ms (gloo's 67 ms)
+#: a rank that sleeps between polls (:func:`sleeps`): its first pause and its longest, seconds (the
+#: kernel's timer slack adds ~50 us to each). Measured (torch pipelining, 1F1B, 4 ranks on 2 cores, step
+#: time): MPI's own wait 129-137 ms, yielding between polls 150-189 ms, sleeping from 20 us 82-84 ms
+#: (gloo's 67 ms)
 FIRST_PAUSE, POLL_PAUSE = 2e-5, 1e-3
 BACKSTOP = 3.0      # seconds past a wait's deadline before the backstop thread ends the process
 
 
-def crowded() -> bool:
-    """Whether this node runs more ranks than it has cores: the launcher's count of the node's
-    ranks (MPICH's ``MPI_LOCALNRANKS``, Open MPI's ``OMPI_COMM_WORLD_LOCAL_SIZE``; none: one)
-    against ``os.cpu_count()``."""
-    ranks = max(int(os.environ.get(name) or 1) for name in ("MPI_LOCALNRANKS", "OMPI_COMM_WORLD_LOCAL_SIZE"))
-    return ranks > (os.cpu_count() or 1)
+def crowded(sets: list[set[int]]) -> bool:
+    """Whether a node runs more ranks than it has cores: ``sets``, the CPU sets of a communicator's
+    members on this node (``_comm.node_affinities``: taskset, cpusets and binding count), their
+    union the cores; the ranks, the larger of their count and the launcher's count of the job's
+    ranks on the node (MPICH's ``MPI_LOCALNRANKS``, Open MPI's ``OMPI_COMM_WORLD_LOCAL_SIZE``: the
+    job's other ranks there compete for the cores too)."""
+    told = [os.environ.get(name, "") for name in ("MPI_LOCALNRANKS", "OMPI_COMM_WORLD_LOCAL_SIZE")]
+    ranks = max([len(sets), *(int(v) for v in told if v.isdigit())])
+    return ranks > len(set().union(*sets))
 
 
-@functools.cache
-def sleeps() -> bool:
-    """Whether this rank waits for MPI by polling between sleeps (see the module docstring):
-    ``MPICOLL_WAIT=sleep``, or ``auto`` (the default) on a :func:`crowded` node. Decided once (a
-    setting is read once)."""
+def sleeps(crowded: bool) -> bool:
+    """Whether a rank waits for its messages by polling between sleeps (see the module docstring):
+    ``MPICOLL_WAIT=sleep``, or ``auto`` (the default) where its communicator is ``crowded``
+    (``LibComm.crowded``)."""
     how = _env.value("MPICOLL_WAIT")
-    return how == "sleep" or (how == "auto" and crowded())
+    return how == "sleep" or (how == "auto" and crowded)
 
 
 def poll(test: Callable[[], bool]) -> None:

@@ -22,7 +22,7 @@ from ._cli import by_rank
 from ._domains import world as lib_world
 from ._errors import CollectiveArgumentError
 from ._numeric import kernels_in_use
-from ._watchdog import crowded, sleeps
+from ._watchdog import sleeps
 
 _THREADS = {MPI.THREAD_SINGLE: "MPI_THREAD_SINGLE", MPI.THREAD_FUNNELED: "MPI_THREAD_FUNNELED",
             MPI.THREAD_SERIALIZED: "MPI_THREAD_SERIALIZED", MPI.THREAD_MULTIPLE: "MPI_THREAD_MULTIPLE"}
@@ -43,9 +43,11 @@ def _shown(r: _env.Reading) -> str:
 
 
 def _waits() -> str:
-    """How this rank waits for its point-to-point messages (``MPICOLL_WAIT``) and why."""
-    node = f"{'more' if crowded() else 'no more'} ranks on this node than its {os.cpu_count()} cores"
-    how = "sleep between polls" if sleeps() else "MPI's own wait (spins)"
+    """How this rank waits for its point-to-point messages (``MPICOLL_WAIT``) and why: whether its
+    node runs more ranks than cores (as mpicoll's world, made by :func:`_window`, found it)."""
+    crowded = lib_world().crowded
+    how = "sleep between polls" if sleeps(crowded) else "MPI's own wait (spins)"
+    node = "more ranks on this node than cores" if crowded else "no more ranks on this node than cores"
     return f"{how} (MPICOLL_WAIT={_env.value('MPICOLL_WAIT')}; {node})"
 
 
@@ -109,9 +111,9 @@ def run_info(world: MPI.Comm = MPI.COMM_WORLD) -> int:
     readings = _env.readings()
     seen = world.allgather([_shown(r) for r in readings])       # (seen[rank][setting])
     kernels = by_rank(world.allgather(kernels_in_use()))
-    waits = by_rank(world.allgather(_waits()))
     nodes = _nodes(world)
     window, error = _window()
+    waits = by_rank(world.allgather("unknown (a setting is refused: below)" if error is not None else _waits()))
     if world.Get_rank() == 0:
         vendor, numbers = MPI.get_vendor()
         built = importlib.util.find_spec("mpicoll._kernels") is not None

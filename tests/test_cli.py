@@ -205,7 +205,8 @@ def test_kernels_in_use_in_the_headers_help_and_version():
 def test_info_names_each_item_without_mpirun_and_once_per_job():
     """``--info``: plain ``python`` (no launcher: an MPI singleton) and under mpirun (rank 0 prints,
     once), each item named: versions, the MPI library and its thread level, the kernels, torch, ranks
-    per node, the shared window, the packages, every setting with its default."""
+    per node, the shared window, how messages are waited for, the packages, every setting with its
+    default."""
     from mpicoll import _env
     plain = subprocess.run([sys.executable, "-m", "mpicoll.run", "--info"], capture_output=True, text=True,
                            timeout=120, env=launch_env(MPICOLL_TIMEOUT="30", MPICOLL_NOT_A_SETTING="1",
@@ -226,16 +227,16 @@ def test_info_names_each_item_without_mpirun_and_once_per_job():
     for name, s in _env.SETTINGS.items():
         assert rows[name].split(None, 1)[1].startswith(s.shown_default), rows[name]
     assert rows["MPICOLL_TIMEOUT"].endswith("30 s, environment") and rows["MPICOLL_SHM"].endswith("on, default")
-    assert "\nmessage waits  sleep between polls (MPICOLL_WAIT=sleep; no more ranks on this node than its" \
+    assert "\nmessage waits  sleep between polls (MPICOLL_WAIT=sleep; no more ranks on this node than cores)\n" \
         in plain.stdout, plain.stdout
-    res = run(3, "-m", "mpicoll.run", "--info")
+    res = subprocess.run(mpirun(3, sys.executable, "-m", "mpicoll.run", "--info"), capture_output=True, text=True,
+                         timeout=120, env=launch_env(MPICOLL_WAIT="auto"))
     assert res.returncode == 0 and res.stdout.count("mpicoll ") == 1, res.stdout + res.stderr
     assert "ranks          3 on 1 node(s), 3 per node" in res.stdout and "shared window  used" in res.stdout
-    crowded = 3 > (os.cpu_count() or 1)                 # (MPICOLL_WAIT=auto: sleeps where ranks outnumber cores)
+    crowded = 3 > len(os.sched_getaffinity(0))          # (auto: sleeps where the ranks outnumber their cores)
     how = "sleep between polls" if crowded else "MPI's own wait (spins)"
-    assert (f"\nmessage waits  {how} "
-            f"(MPICOLL_WAIT=auto; {'more' if crowded else 'no more'} ranks on this node than its ") in res.stdout, \
-        res.stdout
+    assert (f"\nmessage waits  {how} (MPICOLL_WAIT=auto; {'more' if crowded else 'no more'} ranks on this node "
+            "than cores)\n") in res.stdout, res.stdout
 
 
 def test_info_says_which_setting_is_refused_and_exits_2():

@@ -373,21 +373,26 @@ def test_a_message_inside_a_capture_is_refused_on_every_rank():
 
 
 @pytest.mark.skipif(SIZE != 1, reason="pure function: check it once")
-def test_a_node_is_crowded_when_the_launcher_s_ranks_outnumber_its_cores(monkeypatch):
-    """MPICOLL_WAIT=auto sleeps between polls where the node's ranks (MPICH's MPI_LOCALNRANKS, Open
-    MPI's OMPI_COMM_WORLD_LOCAL_SIZE; none: one) outnumber os.cpu_count()."""
-    import os
-    from mpicoll._watchdog import crowded
-    cores = os.cpu_count() or 1
+def test_a_node_is_crowded_when_its_ranks_outnumber_their_cores(monkeypatch):
+    """MPICOLL_WAIT=auto sleeps between polls where a node runs more ranks than cores: the members'
+    CPU sets there (their union: the cores) against the larger of their count and the launcher's
+    count of the node's ranks (MPICH's MPI_LOCALNRANKS, Open MPI's OMPI_COMM_WORLD_LOCAL_SIZE)."""
+    from mpicoll._watchdog import crowded, sleeps
     for name in ("MPI_LOCALNRANKS", "OMPI_COMM_WORLD_LOCAL_SIZE"):
         monkeypatch.delenv(name, raising=False)
-    assert crowded() is False
+    assert not crowded([{0, 1}, {0, 1}]) and not crowded([{0}, {1}]) and not crowded([{3}])
+    assert crowded([{0}, {0}]) and crowded([{0, 1}, {0, 1}, {0, 1}])       # (taskset -c 0; 3 ranks, 2 cores)
     for name in ("MPI_LOCALNRANKS", "OMPI_COMM_WORLD_LOCAL_SIZE"):
-        monkeypatch.setenv(name, str(cores))
-        assert crowded() is False
-        monkeypatch.setenv(name, str(cores + 1))
-        assert crowded() is True
+        monkeypatch.setenv(name, "2")
+        assert not crowded([{0, 1}])
+        monkeypatch.setenv(name, "3")                   # (the job's other ranks on the node compete too)
+        assert crowded([{0, 1}])
+        monkeypatch.setenv(name, "junk")
+        assert not crowded([{0, 1}])
         monkeypatch.delenv(name)
+    for how, on_crowded, elsewhere in (("auto", True, False), ("spin", False, False), ("sleep", True, True)):
+        setting(monkeypatch, "MPICOLL_WAIT", how)
+        assert (sleeps(True), sleeps(False)) == (on_crowded, elsewhere), how
 
 
 @mpi2
@@ -395,10 +400,20 @@ def test_a_node_is_crowded_when_the_launcher_s_ranks_outnumber_its_cores(monkeyp
 def test_messages_waited_for_between_sleeps_arrive_whole(monkeypatch, timed):
     """A rank that sleeps between polls (MPICOLL_WAIT=sleep, as on a crowded node) gets its messages
     whole, in order, from a sender that is late (it sleeps 50 ms first), with and without a wait
-    timeout (the timed wait then has no spinning phase either)."""
+    timeout; its waits take that path (untimed: the sleeping poll; timed: the watchdog's wait with
+    no spinning phase)."""
     import time
     from mpicoll import _messages
-    monkeypatch.setattr(_messages, "sleeps", lambda: True)
+    setting(monkeypatch, "MPICOLL_WAIT", "sleep")
+    taken = []
+
+    def spy(name, fn):
+        def call(*args, **kwargs):
+            taken.append((name, kwargs.get("polite")))
+            return fn(*args, **kwargs)
+        monkeypatch.setattr(_messages, name, call)
+    spy("poll", _messages.poll)
+    spy("watched_wait", _messages.watched_wait)
     to, frm = (RANK + 1) % SIZE, (RANK - 1) % SIZE
     sent = [_data(f"sleeping/{k}", (5 + 3 * k,), "float64") for k in range(3)]
     want = [_data(f"sleeping/{k}", (5 + 3 * k,), "float64", frm) for k in range(3)]
@@ -411,3 +426,5 @@ def test_messages_waited_for_between_sleeps_arrive_whole(monkeypatch, timed):
         assert w.wait(timeout=30.0 if timed else None) is True and w.is_completed()
     assert all(_same(g, w) for g, w in zip(got, want))
     assert F.source(works[0]) == frm
+    if RANK == 1:                       # (its first receive waited for rank 0's late send: not complete at once)
+        assert taken and set(taken) == ({("watched_wait", True)} if timed else {("poll", None)}), taken

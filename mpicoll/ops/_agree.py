@@ -14,7 +14,7 @@ mark and how many calls each rank has), then every call's header in one ``Allgat
 """
 from __future__ import annotations
 
-from typing import Protocol
+from typing import ClassVar, Protocol
 
 import numpy as np
 from mpi4py import MPI
@@ -38,11 +38,11 @@ class Agreeing(Protocol):
     """What an agreement reads of the operation whose call it agrees (an ``ops._base.Operation``,
     which sits above this module), and marks on it (``_agreed_once``)."""
 
-    NAME: str
-    CODE: int
-    PAIR_NAMES: tuple[str, str] | None
+    NAME: ClassVar[str]
+    CODE: ClassVar[int]
+    PAIR_NAMES: ClassVar[tuple[str, str] | None]
     timeout: float | None
-    _lib: LibComm
+    _lib: LibComm | None            # (bound: a call's operation has its communicator)
     _validate: bool
     _agreed_once: bool
 
@@ -148,6 +148,7 @@ def agree_calls(lib: LibComm, entries: list[tuple[Agreeing, Call | None, BaseExc
     rows, err = np.zeros((len(entries), width), dtype=np.int64), None
     for i, (op, call, e) in enumerate(entries):
         ol = op._lib
+        assert ol is not None               # (a captured call's operation was bound when it was captured)
         row, e = header_row(ol, op, call, e)
         rows[i, :4] = (ol.ident, ol.rank, ol.size, joins[i])
         rows[i, 4:4 + row.size] = row
