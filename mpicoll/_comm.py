@@ -189,10 +189,13 @@ class LibComm:
                 raise CollectiveMismatchError(
                     f"{label}: {name} differs across ranks: on for ranks {on}, off for ranks {off}: set it alike "
                     "on every rank (it decides which MPI calls a rank makes)", param=name, rank=off[0])
-        crowded = _watchdog.crowded(node_affinities(mpi)[0])     # (every member is here: its settings agreed)
-        one_node, split = False, None
-        if agreed["MPICOLL_SHM"]:  # (every member splits, or none: the setting is agreed)
-            split = mpi.Split_type(MPI.COMM_TYPE_SHARED)
+        split = mpi.Split_type(MPI.COMM_TYPE_SHARED)      # (every member is here: its settings agreed)
+        crowded = _watchdog.crowded(cpu_sets(split)[0])
+        one_node = False
+        if not agreed["MPICOLL_SHM"]:  # (no node window, no tiers: agreed, every member alike)
+            split.Free()
+            split = None
+        else:
             here = split.Get_size()
             one_node = here == mpi.Get_size()   # (all on one node: the whole comm everywhere, else smaller
             if not one_node:                    # everywhere: the same verdict on every member)
@@ -473,13 +476,19 @@ def world_ranks(mpi: MPI.Comm) -> tuple[int, ...]:
 
 def node_affinities(mpi: MPI.Comm) -> tuple[list[set[int]], set[int]]:
     """The CPU sets (affinities: taskset, cpusets and ``mpirun -bind-to`` count) of the members of
-    ``mpi`` on this rank's node, in their rank order there, and this rank's (the one place that
-    reads them; collective over ``mpi``, on a node communicator made and freed here)."""
+    ``mpi`` on this rank's node, in their rank order there, and this rank's (read by :func:`cpu_sets`,
+    the one place that reads them; collective over ``mpi``, on a node communicator made and freed here)."""
     local = mpi.Split_type(MPI.COMM_TYPE_SHARED)
+    try:
+        return cpu_sets(local)
+    finally:
+        local.Free()
+
+
+def cpu_sets(node: MPI.Comm) -> tuple[list[set[int]], set[int]]:
+    """:func:`node_affinities` on ``node``, a communicator of one node's members (collective)."""
     mine = sorted(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else list(range(os.cpu_count() or 1))
-    sets = [set(s) for s in local.allgather(mine)]
-    local.Free()
-    return sets, set(mine)
+    return [set(s) for s in node.allgather(mine)], set(mine)
 
 
 def finalized(op: str, what: str) -> CollectiveError:
