@@ -159,7 +159,7 @@ class ReduceScatterTensor(ReduceScatterOperation):
 
 class AllToAllSingle(AllToAllVV2Operation):
     NAME, PUBLIC = "all_to_all_single", False
-    VALUES = ("output_split_sizes", "input_split_sizes")
+    VALUES = SLOTS = ("output_split_sizes", "input_split_sizes")
     PAIR_NAMES = ("input_split_sizes[{j}]", "output_split_sizes[{i}]")
 
     def execute(self, output, input, output_split_sizes=None, input_split_sizes=None):  # noqa: A002

@@ -254,6 +254,30 @@ def count_call(comms: tuple[LibComm, ...], op: str) -> int:
     return number
 
 
+def bind_steps(steps: list[Step], timeout: float | None, where: list, tokens: int) -> tuple[Callable[[], None], ...]:
+    """Recorded steps as callables that run them, blocking, in order (a plan's run, a compiled
+    call's): each collective bound once (:meth:`LibComm.bind`: straight to MPI where nothing
+    watches it), each collective kept in flight started into and waited for from its token's slot
+    (``tokens`` of them), each local step a ``partial``. ``where[part]`` names a step's call."""
+    slots: list = [None] * tokens
+    bound = []
+    for s in steps:
+        if s.kind == COUNT:
+            bound.append(partial(count_call, *s.args))
+        elif s.kind == MPI_CALL:
+            bound.append(s.comm.bind(s.name, s.args, timeout, where[s.part]))
+        elif s.kind == START:
+            bound.append(partial(_start_into, slots, s.token, s.comm, s.name, s.args, where[s.part]))
+        elif s.kind == WAIT:
+            first = next(t for t in steps if t.kind == START and t.token == s.token)
+            bound.append(partial(_wait_from, slots, s.token, first.comm, timeout, first.name, where[s.part]))
+        elif s.kind == TEST:
+            bound.append(partial(_test_in, slots, s.token))
+        else:
+            bound.append(partial(s.fn, *s.args))
+    return tuple(bound)
+
+
 # ----------------------------------------------------------------------------- plans
 
 _IDLE, _STARTED, _FREED = 0, 1, 2
@@ -363,26 +387,10 @@ class Plan:
 
     def _bind(self) -> Callable[[], None]:
         """The steps as one callable (made at the first run)."""
-        timeout, slots, where = self._timeout, [None] * self._tokens, self._where
-        steps = self._steps
-        bound = []
-        for s in steps:
-            if s.kind == COUNT:
-                bound.append(partial(count_call, *s.args))
-            elif s.kind == MPI_CALL:
-                bound.append(s.comm.bind(s.name, s.args, timeout, where[s.part]))
-            elif s.kind == START:
-                bound.append(partial(_start_into, slots, s.token, s.comm, s.name, s.args, where[s.part]))
-            elif s.kind == WAIT:
-                first = next(t for t in self._steps if t.kind == START and t.token == s.token)
-                bound.append(partial(_wait_from, slots, s.token, first.comm, timeout, first.name, where[s.part]))
-            elif s.kind == TEST:
-                bound.append(partial(_test_in, slots, s.token))
-            else:
-                bound.append(partial(s.fn, *s.args))
+        bound = bind_steps(self._steps, self._timeout, self._where, self._tokens)
         if not bound:
             return _nothing
-        return bound[0] if len(bound) == 1 else partial(_each, tuple(bound))
+        return bound[0] if len(bound) == 1 else partial(_each, bound)
 
     def start(self, end: int | None = None) -> "Handle":
         """Start the calls non-blocking (MPI persistent requests); returns their :class:`Handle`.

@@ -294,7 +294,12 @@ def check_dim0(op: str, x: np.ndarray, n: int, rank: int, size_name: str = "rank
 def counts(op: str, name: str, values: object, n: int, rank: int) -> list[int]:
     """A length-n vector of non-negative integers (list, tuple, integer array or any iterable,
     read once) as a list of ints."""
-    if isinstance(values, np.ndarray):
+    t = type(values)
+    if t is np.ndarray and values.ndim == 1 and values.size == n and values.dtype.kind in "iu":
+        lst = values.tolist()                       # (the common cases first, in few tests)
+    elif t is list and len(values) == n and set(map(type, values)) <= _INT:
+        lst = values[:]
+    elif isinstance(values, np.ndarray):
         if values.ndim != 1 or values.size != n:
             raise arg_error(op, name, _short(values), rank, f"must hold exactly rank_size={n} entries")
         if values.size and values.dtype.kind not in "iu":
@@ -316,6 +321,9 @@ def counts(op: str, name: str, values: object, n: int, rank: int) -> list[int]:
         i, v = next((i, v) for i, v in enumerate(lst) if not 0 <= v < 1 << 62)
         raise arg_error(op, f"{name}[{i}]", v, rank, "must be >= 0" if v < 0 else "must be < 2**62")
     return lst
+
+
+_INT = {int}
 
 
 def scalar_count(op: str, name: str, value: object, rank: int) -> int:
@@ -350,9 +358,15 @@ def check_layout(op: str, counts_name: str, c: list[int], displs_name: str, d: l
                  limit_desc: str, rank: int, receive: bool = False) -> bool:
     """Every block ``[d[i], d[i] + c[i])`` lies inside ``[0, limit)`` and, for a receive layout, no two
     overlap. Returns whether the blocks are packed in rank order (then only their total needs a
-    check: the cheap common case)."""
-    if packed(c, d) and sum(c) <= limit:
-        return True
+    check: the cheap common case, in one pass)."""
+    pos = 0
+    for ci, di in zip(c, d):
+        if di != pos:
+            break
+        pos += ci
+    else:
+        if pos <= limit:
+            return True
     check_regions(op, counts_name, c, displs_name, d, limit, limit_desc, rank)
     if receive:
         check_no_overlap(op, counts_name, c, displs_name, d, rank)

@@ -109,31 +109,36 @@ def _group(group: Any, fn: str) -> tuple[Any, dict] | None:
     return ("comm", id(group)) if "comm" in fields else fields.get("comm_domain", ""), fields
 
 
-def _op(cls: type, group: Any, fn: str, root: tuple | None = None, reduce: str | None = None) -> Operation | None:
-    """The cached operation of ``cls`` on ``group`` (None: this rank is not in a list ``group``).
-    ``root``: ``(name, world rank, group rank)`` of a rooted function's src/dst (one of the two
-    ranks given, or neither: group rank 0); ``reduce``: its reduce op's name."""
+def _op(cls: type, group: Any, fn: str, root: tuple | None = None, reduce: str | None = None,
+        ops: dict | None = None) -> Operation | None:
+    """The operation of ``cls`` on ``group`` (None: this rank is not in a list ``group``), kept in
+    ``ops`` (a torch group's own: one group, its operations for as long as it lives) or else in the
+    module's cache of the latest ``MAX_CACHED``. ``root``: ``(name, world rank, group rank)`` of a
+    rooted function's src/dst (one of the two ranks given, or neither: group rank 0); ``reduce``: its
+    reduce op's name."""
     kind = type(group)
+    cache = _OPS if ops is None else ops
     if group is None or kind is str or kind is MPI.Intracomm:      # (the common cases: one dict lookup)
         key = (cls, ("comm", id(group)) if kind is MPI.Intracomm else group or "", root, reduce)
-        op = _OPS.get(key)
+        op = cache.get(key)
         if op is not None:
-            _OPS.move_to_end(key)
+            if ops is None:
+                _OPS.move_to_end(key)
             return op
     g = _group(group, fn)
     if g is None:
         return None
     key = (cls, g[0], root, reduce)
-    op = _OPS.get(key)
+    op = cache.get(key)
     if op is None:
         fields = {} if reduce is None else {"reduce_type": reduce}
         op = cls(cls.PARAM(**g[1], **fields))
         if root is not None:
             op._root_given = root
-        _OPS[key] = op
-        if len(_OPS) > MAX_CACHED:
+        cache[key] = op
+        if ops is None and len(_OPS) > MAX_CACHED:
             _OPS.popitem(last=False)
-    else:
+    elif ops is None:
         _OPS.move_to_end(key)
     return op
 
@@ -167,7 +172,7 @@ NO_OP = object()
 
 
 def run(cls: type, group: Any, args: tuple, async_op: bool, outputs: Any, root: tuple | None = None,
-         reduce: Any = NO_OP, failed: CollectiveError | None = None) -> Work | None:
+        reduce: Any = NO_OP, failed: CollectiveError | None = None, ops: dict | None = None) -> Work | None:
     """Run (or queue on its worker, or, inside a capture, capture) one call of the function ``cls`` adapts;
     torch's return value. ``root``: a rooted function's ``(name, src/dst, group_src/group_dst)``;
     ``reduce``: a reducing function's op, as given; ``outputs``: what the Work's result() gives (a
@@ -199,7 +204,7 @@ def run(cls: type, group: Any, args: tuple, async_op: bool, outputs: Any, root: 
                 refused = refused or (f"group_{name}", group_root, "must be a rank in the group")
             root = (name, None, None)
     try:
-        op = _op(cls, group, fn, root, reduce)
+        op = _op(cls, group, fn, root, reduce, ops)
     except CollectiveArgumentError as exc:
         refused = refused or exc
         op = _op(cls, None, fn, root, reduce)

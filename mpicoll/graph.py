@@ -43,7 +43,7 @@ from ._plan import CAPTURING, Call, Plan, Recorder
 from ._domains import resolve_group
 from .functional import Work
 from .ops._agree import agree_calls
-from .ops._base import ASYNC, PREPARE, Operation
+from .ops._base import ASYNC, PREPARE, Mode, Operation
 
 __all__ = ["Graph", "capture"]
 
@@ -270,11 +270,11 @@ class Graph:
         self.free()
 
 
-class _Sink:
+class _Sink(Mode):
     """The last stage of a call's pipeline while capturing: the described call goes into the graph
     (not counted, not agreed now: the graph agrees all its calls at its end)."""
 
-    remembers = counts = agrees = rides = False
+    compiles = rides = False
     defers = True
 
     def __init__(self, graph: Graph, async_op: bool) -> None:

@@ -155,6 +155,7 @@ class ProcessGroupMpicoll(dist.ProcessGroup):
         self._timeout = timeout or default_pg_timeout
         self._name, self._desc = "", ""
         self._barriers = 0                  # monitored_barrier calls so far (their tokens carry it)
+        self._ops: dict = {}                # its operations (functional's, one per call kind), compiled calls and all
 
     # --------------------------------------------------------------- what torch asks of a group
     def getBackendName(self) -> str:  # noqa: N802 - torch's names
@@ -217,7 +218,7 @@ class ProcessGroupMpicoll(dist.ProcessGroup):
         except CollectiveError as exc:
             args, failed = (), exc
         work = F.run(cls, self._group, args, opts.asyncOp, None, None if root is None else (root, None, opts.rootRank),
-                      F.NO_OP if op is None else op, failed)
+                     F.NO_OP if op is None else op, failed, self._ops)
         return Work(() if work is None else (work._handle,), result, call)
 
     def allreduce(self, tensors, opts=None):
@@ -240,7 +241,7 @@ class ProcessGroupMpicoll(dist.ProcessGroup):
         if op != dist.ReduceOp.RedOpType.SUM:
             failed = arg_error(call, "op", str(op), r, "a sparse tensor is reduced with SUM only")
         F.run(A.AllGatherIntoTensor, self._group, (array(counts, call, r), np.array([indices.shape[0]], np.int64)),
-               False, None, failed=failed)
+              False, None, failed=failed, ops=self._ops)
         n = counts.tolist()
         all_indices = torch.empty((sum(n), indices.shape[1]), dtype=indices.dtype)
         all_values = torch.empty((sum(n), *values.shape[1:]), dtype=values.dtype)

@@ -74,26 +74,30 @@ def test_a_remembered_call_keys_its_data_by_identity(tmp_path, np_):
 
 
 @SIZES
-def test_a_call_with_a_new_view_each_time_is_never_remembered(tmp_path, np_):
-    """A view made and freed on every call often lands at the address of the last one: its key
-    (the array's identity) must not come back, so the call makes no entry and no plan (it used to
-    make one every other call, with its own agreement buffers); the same view again is remembered."""
+def test_a_call_with_a_new_view_each_time_fills_one_compiled_call(tmp_path, np_):
+    """A view made and freed on every call often lands at the address of the last one: its layout,
+    not its identity, finds the compiled call, which the new view fills (one compiled layout, not
+    one per view); the same view again repeats it; and AllToAllVV2, whose counts come with every
+    call, is never compiled."""
     lines = _job(tmp_path, """
         import numpy as np, mpicoll
         from mpi4py import MPI
         r, n = MPI.COMM_WORLD.Get_rank(), MPI.COMM_WORLD.Get_size()
         counts, displs = [2] * n, [2 * i for i in range(n)]
-        op = mpicoll.AllToAllVV2Operation(validate=False)
-        x, o = np.arange(2 * n, dtype=np.float32), np.empty((1, 2 * n), np.float32)
-        for _ in range(20):
-            op.execute(x, counts, displs, counts, displs, out=o.reshape(1, -1))
-        fresh = len(op._calls)
-        view = o.reshape(1, -1)
+        op = mpicoll.AllToAllOperation(validate=False)
+        v2 = mpicoll.AllToAllVV2Operation(validate=False)
+        x, o = np.arange(2 * n, dtype=np.float32), np.empty(2 * n, np.float32)
+        for k in range(20):
+            x[:] = np.arange(2 * n) + k
+            op.execute(x, out=o.reshape(-1))
+            v2.execute(x, counts, displs, counts, displs, out=o.reshape(1, -1))
+        fresh = len(op._compiled)
+        view = o.reshape(-1)
         for _ in range(3):
-            op.execute(x, counts, displs, counts, displs, out=view)
-        say(f"{fresh} {len(op._calls)} {o[0, 2 * r:2 * r + 2].tolist() == [2.0 * r, 2.0 * r + 1]}")
+            op.execute(x, out=view)
+        say(f"{fresh} {len(op._compiled)} {len(v2._compiled)} {o[2 * r:2 * r + 2].tolist() == [2.0 * r + 19, 2.0 * r + 20]}")
     """, np_)
-    assert lines == [f"rank {r}: 0 1 True" for r in range(np_)]
+    assert lines == [f"rank {r}: 1 1 0 True" for r in range(np_)]
 
 
 @SIZES
@@ -205,7 +209,7 @@ def test_quant_caches_are_bounded(tmp_path):
         op = mpicoll.QuantAllReduceOperation(validate=False)
         for size in range(1, 3 * quant.CHUNK_PLANS):
             op.execute(np.ones(size, np.int8), 1.0)
-        say(f"{len(op._chunks) <= quant.CHUNK_PLANS} {len(op._calls) <= 8}")
+        say(f"{len(op._chunks) <= quant.CHUNK_PLANS} {len(op._compiled) <= 8}")
     """, 2)
     assert lines == [f"rank {r}: True True" for r in range(2)]
 
@@ -228,8 +232,7 @@ def test_a_validated_call_that_comes_back_still_agrees(tmp_path, np_):
             x[:] = r + k
             op.execute(x, out)
             got.append(float(out[0]))
-        entry = next(iter(op._calls.values()))
-        say(f"sums {got} plan {entry._plan is not None}")
+        say(f"sums {got} plan {op._last is not None and op._last.args[0] is x}")
         bad, bad_out = np.ones(4, np.float32), np.empty(4, np.float32)
         try:
             op.execute(*((bad, bad_out) if r == n - 1 else (x, out)))

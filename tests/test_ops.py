@@ -376,10 +376,11 @@ def test_v_operators_make_the_same_mpi_call_on_every_rank(equal, validate, monke
 
 
 @pytest.mark.mpi(min_size=1)
-def test_uniform_v_counts_take_alltoall_validated_or_not(monkeypatch):
-    """AllToAllV/VV2 with uniform packed counts run Alltoall, validation on or off (whether the counts
-    are uniform on every rank is a fact the operators always agree: ``validate=False`` never changes
-    which MPI calls carry the data), and so do their plans. (Blocks larger than an agreement's slot:
+def test_uniform_v_counts_take_alltoall_where_agreed(monkeypatch):
+    """Uniform packed counts run Alltoall where every rank's counts are agreed: AllToAllVV2 validated
+    (its counts come with each call: with validation off it makes the Alltoallv its arguments
+    describe, as raw code does, and no exchange of facts), AllToAllV validated or not (its Param's
+    counts, agreed by its first call), and their plans. (Blocks larger than an agreement's slot:
     the data moves by its own call.)"""
     log = _spy_calls(monkeypatch)
     n, c = SIZE, 300
@@ -391,7 +392,9 @@ def test_uniform_v_counts_take_alltoall_validated_or_not(monkeypatch):
         op = mpicoll.AllToAllVV2Operation(validate=validate)
         for k in range(2):
             assert np.array_equal(op.execute(x, *plan).reshape(-1), want)
-            assert log[-1] == "Alltoall", (validate, log)
+            assert log[-1] == ("Alltoall" if validate or k == 0 else "Alltoallv"), (validate, log)
+        if not validate:                    # (its first call agreed, as an operation's first call does)
+            assert log == ["Allgather", "Alltoall", "Alltoallv"], log
         v = mpicoll.AllToAllVOperation(mpicoll.AllToAllVParam(
             send_counts=plan[0], sdispls=plan[1], recv_counts=plan[2], rdispls=plan[3]), validate=validate)
         for k in range(2):
@@ -413,8 +416,10 @@ def test_uniform_v_counts_take_alltoall_validated_or_not(monkeypatch):
 def test_validation_never_changes_the_calls_that_carry_the_data(name, monkeypatch):
     """Every registered operator, every golden case whose data does not ride its agreement: the MPI
     calls a repeat makes besides its agreement are the same with validation on and off (the facts
-    an operator needs about the other ranks are exchanged either way). A validated call whose every
-    rank's payload fits its agreement's slot makes that one exchange only."""
+    an operator needs about the other ranks are agreed either way), but where the choice needs every
+    rank's counts of this call (AllToAllVV2's uniform counts: Alltoall where agreed, else the
+    Alltoallv its arguments describe). A validated call whose every rank's payload fits its
+    agreement's slot makes that one exchange only."""
     spec = CHECKS[name]
     dtype = "float32" if "float32" in spec.dtypes else spec.dtypes[0]
     cases = spec.cases_for(SIZE, dtype)
@@ -431,6 +436,8 @@ def test_validation_never_changes_the_calls_that_carry_the_data(name, monkeypatc
             c.execute()                             # (a repeat: set-up done, the call remembered where it can be)
             seen[validate] = list(log)
         if seen[True]:                              # (else it rode: its agreement carried the data)
+            if mpicoll.OPERATIONS[name].SLOTS and seen[True] == ["Alltoall"]:
+                seen[True] = ["Alltoallv"]          # (uniform counts, agreed only where validated)
             assert seen[True] == seen[False], (case, seen)
             compared += 1
     if not compared:

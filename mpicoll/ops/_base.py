@@ -2,26 +2,28 @@
 
 Every call, in every mode, is one straight line of small stages over one record (docs/design.md)::
 
-    bind -> remembered? -> count -> describe -> agree -> sink
+    lookup -> describe -> must it agree? -> agree -> take
 
 * **bind** (the first call, :meth:`Operation._bind`): resolve the communicator, check the Param,
   decide the timeout (once: ``Operation.timeout``). Then the call runs here, or is captured into a
   graph, or is queued on the communicator's worker (:data:`ASYNC`, ``async_op=True``: the rest of
-  the pipeline runs there while the caller goes on, :mod:`mpicoll._async`).
-* **remembered?** (:class:`Remembered`, one cache, one key rule): the very same call again (its
-  data arrays by identity, its values by contents) skips describe and reuses its record, its
-  agreement's header and buffers, and its plan.
-* **count** (:func:`~mpicoll._plan.count_call`): the watchdog names calls as the user counts them.
+  the pipeline runs there, in :data:`WORKER`, while the caller goes on, :mod:`mpicoll._async`).
+* **lookup** (:mod:`~._compiled`): the call's layout compiled already (its arrays' dtypes, shapes
+  and strides, its values): the very arguments of the last call run its bound steps again
+  (:meth:`~._compiled.Compiled.repeat`); other arrays of that layout fill its slots and run it. Its
+  validation is a step of it: one exchange, compared with the headers of its compilation.
 * **describe** (the operator's own, local and pure): its arguments -> a :class:`~mpicoll._plan.Call`;
   a failure is kept, to be raised through the agreement on every rank.
-* **agree** (:func:`~._agree.agree_call`): with validation on, for the first call of an
-  operation, for ``prepare``, and whenever the operator needs facts about the other ranks to pick
-  its MPI calls (:meth:`Operation.needs_facts`, whatever ``validate`` says): one ``Allgather`` of
-  agreement rows, which carries the payload too where every rank's fits its slot (then the data
-  has moved: :meth:`Operation.land` finishes the call locally).
-* **sink**, the only part that differs by mode: :data:`RUN` (``execute``: land, run the remembered
-  plan, or issue the MPI calls at once), :data:`PREPARE` (record a :class:`~mpicoll._plan.Plan`), or a graph being captured
-  (:mod:`mpicoll.graph`: described only, agreed with the whole graph at its end).
+* **must it agree?** (:meth:`Operation._agrees`): with validation on, for the first call of an
+  operation, for ``prepare``, and where the operator reads where every rank's input lies
+  (``RESIDES``, a communicator with node buffers).
+* **agree** (:func:`~._agree.agree_call`): one ``Allgather`` of agreement rows, which carries the
+  payload too where every rank's fits its slot (then the data has moved: :meth:`Operation.land`
+  finishes the call locally).
+* **take**, the only stage that differs by mode: :data:`RUN` compiles the call (small calls of a
+  layout it can tell apart, :class:`~._compiled.Compiled`) and runs it, or runs it at once with the
+  operation's :class:`~mpicoll._plan.Runner`; :data:`PREPARE` records a :class:`~mpicoll._plan.Plan`;
+  a graph being captured (:mod:`mpicoll.graph`) takes it described, agreed with the whole graph at its end.
 
 An operator subclass supplies ``describe``, ``issue`` (the only place that picks its MPI calls, from
 the call and, when agreed, the table), ``ride``/``land`` where its data can travel in the agreement,
@@ -46,6 +48,7 @@ from .._dtypes import BY_NP, DType, ReduceOp, reduce_op
 from .._errors import CollectiveArgumentError, CollectiveError, arg_error, as_collective_error
 from .._params import CommParam
 from .._plan import CAPTURING, Call, Plan, Recorder, Runner, count_call, epilogue, prologue
+from ._compiled import COMPILED, COMPILED_BYTES, MISS, Compiled, layout
 from .._ranktable import rank_table
 from ._agree import CLASSES, Slots, agree_call
 from ._reduce import reduction
@@ -92,12 +95,17 @@ class Operation:
     #: argument is data, read or written on every run (keyed by identity). The operator's own
     #: declaration, checked against its ``execute`` signature at import.
     VALUES: ClassVar[tuple[str, ...]] = ()
+    #: the value arguments among ``VALUES`` that change with (almost) every call (AllToAllVV2's
+    #: counts, a MoE layer's routing): slots of the call, described with every call, never part
+    #: of a compiled layout (such a call runs with the operation's Runner)
+    SLOTS: ClassVar[tuple[str, ...]] = ()
     #: ``describe`` has a rule on the contents of a data argument (finite scales): its calls are
-    #: described every time, never remembered (a remembered call is not described again)
+    #: described every time, never compiled (a compiled call is not described again)
     RULES_ON_DATA: ClassVar[bool] = False
     #: (from the signature) the position of ``out``, and the value arguments' positions
     _OUT_AT: ClassVar[int | None] = None
     _VALUES_AT: ClassVar[frozenset] = frozenset()
+    _SLOTS_AT: ClassVar[frozenset] = frozenset()
 
     def __init_subclass__(cls, **kw: Any) -> None:
         super().__init_subclass__(**kw)
@@ -114,6 +122,7 @@ class Operation:
                 raise TypeError(f"{cls.__name__}.VALUES names {unknown}: not arguments of its execute {names}")
             cls._OUT_AT = names.index("out") if "out" in names else None
             cls._VALUES_AT = frozenset(i for i, n in enumerate(names) if n in cls.VALUES)
+            cls._SLOTS_AT = frozenset(i for i, n in enumerate(names) if n in cls.SLOTS)
 
     def __init__(self, param: CommParam | None = None, *, validate: bool | None = None,
                  timeout: float | None = None) -> None:
@@ -135,9 +144,9 @@ class Operation:
         self._comms: tuple[LibComm, ...] = ()
         self._param_error: BaseException | None = None
         self._agreed_once = False
-        self._fresh = False               # (describe allocated an output or copied a list: _out, _data)
         self._runner = Runner(self)
-        self._calls = Remembered()
+        self._compiled: OrderedDict[tuple, Compiled] = OrderedDict()    # its compiled layouts
+        self._last: Compiled | None = None                              # the one its last call ran
         self._slots: Slots | None = None
 
     @property
@@ -151,7 +160,7 @@ class Operation:
     @validate.setter
     def validate(self, on: bool) -> None:
         self._validate, self._validate_given = bool(on), True
-        self._calls = Remembered()                     # (their headers carry the old flag)
+        self._compiled, self._last = OrderedDict(), None     # (they agree, or not, by the old flag)
 
     # -- binding -------------------------------------------------------------------------------------
     def _bind(self) -> LibComm:
@@ -201,67 +210,85 @@ class Operation:
     def _call(self, args: tuple, mode: "Mode", failed: CollectiveError | None = None) -> Any:
         """THE door of every call: where its pipeline runs. Captured into a graph being captured (its
         sink), queued on the communicator's worker (:data:`ASYNC`: the call runs there, in
-        :data:`RUN`, while the caller goes on; :mod:`mpicoll._async`), or here, now. ``failed``: a
-        failure the caller found on this rank before it could make the call (a reduce op, a group,
-        a tensor it cannot read: :mod:`mpicoll.functional`, the torch backend), raised through the
-        call's agreement like an error of ``describe``, so that no peer waits."""
-        if CAPTURING:
+        :data:`WORKER`, while the caller goes on; :mod:`mpicoll._async`), or here, now: one thread at
+        a time per communicator (:meth:`~mpicoll._comm.LibComm.enter`), after the calls queued ahead
+        of it there by another thread. ``failed``: a failure the caller found on this rank before it
+        could make the call (a reduce op, a group, a tensor it cannot read: :mod:`mpicoll.functional`,
+        the torch backend), raised through the call's agreement like an error of ``describe``, so
+        that no peer waits."""
+        if CAPTURING and mode is not WORKER:
             mode = CAPTURING[-1].sink(mode)
         lib = self._lib
         if lib is None or _comm.FREED or MPI.Is_finalized():
             lib = self._live()
+        if mode.defers:
+            return mode.take(self, *self._described(args, failed))
         if mode is ASYNC:
-            return submit(self._comms, partial(self._pipeline, lib, args, RUN, failed))
-        return self._pipeline(lib, args, mode, failed)
-
-    def _pipeline(self, lib: LibComm, args: tuple, mode: "Mode", failed: CollectiveError | None = None) -> Any:
-        """THE pipeline of a call (see the module docstring): remembered? -> count -> describe ->
-        agree -> ``mode.take``. Calls queued ahead of it on the communicator by another thread
-        finish first; then one thread at a time per communicator (:meth:`~mpicoll._comm.LibComm.enter`)."""
+            return submit(self._comms, partial(self._call, args, WORKER, failed))
         if lib.pending:
             lib.drain(None)
         if not lib.busy.acquire(False):
             lib.enter(self.NAME)                        # (raises: another thread is inside a call on it)
         try:
-            key = entry = None
-            at = self._OUT_AT
-            if mode.remembers and failed is None and (at is None or (len(args) > at and args[at] is not None)):
-                key = _key(args, self._VALUES_AT)       # (it fills arrays it was given: it may come back)
-                entry = self._calls.get(key)
-            number = count_call(self._comms, self.NAME) if mode.counts else 0
-            if entry is not None:
-                call, err = entry.call, None
-            else:
-                call, err = self._described(args, failed)
-            if mode.defers:
-                return mode.take(self, call, err)
-            if not (mode.agrees or self._validate or not self._agreed_once or (err is None and self.needs_facts(call))):
-                if err is not None:
-                    raise err
-                if entry is None and self._calls.keeps(key, args, self):
-                    entry = self._calls.keep(key, args, call, None)
-                return mode.take(self, call, None, False, entry)
-            payload = None
-            if mode.rides and err is None:
-                payload = entry.payload if entry is not None and entry.slots is not None else self._payload(call)
-                if payload is not None and (call.src is not None or call.before):
-                    prologue(call)                      # (its payload is read now, into the agreement)
-            if entry is not None and entry.slots is not None:
-                # (its row as last time, unless its headers carry a sequence number: built anew)
-                table, rode, headers = agree_call(lib, self, call, None, number, payload, entry.slots,
-                                                  entry.last if lib.plain else None)
-            else:
-                kept = err is None and self._calls.keeps(key, args, self)
-                slots = Slots(lib) if kept else self._scratch_slots(lib)
-                table, rode, headers = agree_call(lib, self, call, err, number, payload, slots)
-                if kept:
-                    entry = self._calls.keep(key, args, call, slots)
-                    entry.payload = payload if mode.rides else self._payload(call)
-            if entry is not None and headers is not None:
-                entry.agreed(headers)
-            return mode.take(self, call, table, rode, entry)
+            last = self._last
+            if last is not None and mode.compiles and failed is None:
+                result = last.repeat(args)              # (the very arguments of the last call)
+                if result is not MISS:
+                    return result
+            return self._pipeline(lib, args, mode, failed)
         finally:
             lib.busy.release()
+
+    def _pipeline(self, lib: LibComm, args: tuple, mode: "Mode", failed: CollectiveError | None) -> Any:
+        """THE pipeline of a call (see the module docstring): lookup -> describe -> must it agree?
+        -> agree -> ``mode.take``."""
+        key = mine = None
+        if mode.compiles and failed is None and not self._SLOTS_AT and not self.RULES_ON_DATA:
+            key, mine = layout(args, self._VALUES_AT, self._SLOTS_AT)
+            found = None if key is None else self._compiled.get(key)
+            if found is not None and found.fill(args, mine):
+                self._last = found
+                return found.run()
+        call, err = self._described(args, failed)
+        number = count_call(self._comms, self.NAME) if self._counted(lib) else 0
+        if not self._agrees(mode, lib):
+            if err is not None:
+                raise err
+            return mode.take(self, call, None, False, None, None, key, args, mine)
+        payload = self._payload(call) if mode.rides and err is None else None
+        if payload is not None and (call.src is not None or call.before):
+            prologue(call)                              # (its payload is read now, into the agreement)
+        compiles = key is not None and mode.compiles and sum(a.nbytes for a in mine) <= COMPILED_BYTES
+        slots = Slots(lib) if compiles and self._checks(lib) else self._scratch_slots(lib)
+        table, rode, _ = agree_call(lib, self, call, err, number, payload, slots)
+        return mode.take(self, call, table, rode, slots, payload, key if compiles else None, args, mine)
+
+    def _agrees(self, mode: "Mode", lib: LibComm) -> bool:
+        """Whether a call agrees (the one place this is decided): in a mode that always does
+        (``prepare``), for the operation's first call, and wherever its calls agree
+        (:meth:`_checks`)."""
+        return mode.agrees or not self._agreed_once or self._checks(lib)
+
+    def _checks(self, lib: LibComm) -> bool:
+        """Whether its calls agree, every one: with validation on, and where its issue reads where
+        every rank's input lies (``RESIDES``, on a communicator with node buffers: a fact of the
+        other ranks it needs, agreed validation on or off)."""
+        return self._validate or (self.RESIDES and bool(lib.buffers))
+
+    def _counted(self, lib: LibComm) -> bool:
+        """Whether its calls are counted (the one place this is decided): where the count is read,
+        a watchdog on the communicator or a timeout on the operation (it names a call in a timeout
+        as the user counts them)."""
+        return not lib.plain or self.timeout is not None
+
+    def _keep(self, c: Compiled) -> None:
+        """Keep a compiled call (its layout's; the last run)."""
+        kept = self._compiled
+        kept[c.key] = c
+        kept.move_to_end(c.key)
+        if len(kept) > COMPILED:
+            kept.popitem(last=False)
+        self._last = c
 
     def _scratch_slots(self, lib: LibComm) -> Slots:
         """The agreement buffers of its calls that are not remembered (one set, reused: a call's
@@ -279,7 +306,6 @@ class Operation:
                    ) -> tuple[Call | None, BaseException | None]:
         """``describe(*args)``, or the error it (or the Param, at binding, or the caller: ``failed``)
         raised on this rank."""
-        self._fresh = False
         failed = self._param_error or failed
         if failed is not None:
             return None, failed
@@ -316,15 +342,8 @@ class Operation:
     def issue(self, call: Call, table: np.ndarray | None, go: Any) -> None:
         """The MPI calls (``go.mpi``, ``go.start``/``go.wait``) and local work (``go.local``) of
         one call, in order. ``table`` is the agreed table, or None (not agreed): choices that depend
-        on other ranks' values may only be made from it (:meth:`needs_facts` says when it is there)."""
+        on other ranks' values may only be made from it (:meth:`_agrees` says when it is there)."""
         raise NotImplementedError
-
-    def needs_facts(self, call: Call) -> bool:
-        """Whether ``issue`` needs the agreed table to pick this call's MPI calls (then the call
-        agrees, validation on or off: ``validate=False`` never changes which MPI calls carry the
-        data). Decided from what every rank holds alike for a valid call. Default: node buffers on
-        the communicator, for an operator that reads them (``RESIDES``)."""
-        return self.RESIDES and bool(self._lib.buffers)
 
     def ride(self, call: Call) -> np.ndarray | None:
         """This rank's payload, if the call's data can travel in its agreement (every rank's of at
@@ -360,20 +379,16 @@ class Operation:
         shape that the call refreshes from ``src`` (x) before it runs."""
         if type(x) is np.ndarray and x.flags.c_contiguous and (dt := BY_NP.get(x.dtype)) is not None:
             return x, dt, None                 # (the common case, in one test)
-        given = x
-        x, dt = V.array(self.NAME, name, x, self.rank)
-        if x is not given:                  # (a list's contents copied now: a repeat must read them again)
-            self._fresh = True
-        if x.flags.c_contiguous:
+        x, dt = V.array(self.NAME, name, x, self.rank)   # (a list's contents copied: never compiled, a
+        if x.flags.c_contiguous:                         # list of numbers has no layout)
             return x, dt, None
         return np.empty(x.shape, dtype=x.dtype), dt, x
 
     def _out(self, out: Any, shape: tuple, dtype: np.dtype, x: np.ndarray | None = None,
              in_place_ok: bool = False, name: str = "out") -> np.ndarray:
-        """``out`` checked against the output's shape and dtype, or a fresh array (then the call is
-        not remembered: a repeat must get a new output, as the first did)."""
+        """``out`` checked against the output's shape and dtype, or a new array (a compiled call
+        allocates a new one on every call, as the first did)."""
         if out is None:
-            self._fresh = True
             return np.empty(shape, dtype=dtype)
         return V.check_out(self.NAME, out, shape, dtype, self.rank, x, in_place_ok, name)
 
@@ -381,28 +396,37 @@ class Operation:
 # ----------------------------------------------------------------------------- the sinks
 
 class Mode:
-    """What a mode does with an agreed call (:meth:`take`), and which stages it takes: ``remembers``
-    (look the call up, keep it), ``counts`` (count it now), ``agrees`` (always agree), ``rides``
-    (offer its payload to the agreement), ``defers`` (take it described, unagreed: a capture)."""
+    """What a mode does with an agreed call (:meth:`take`), and which stages it takes: ``compiles``
+    (look the call up among the compiled ones, compile it), ``rides`` (offer its payload to the
+    agreement), ``agrees`` (always agree), ``defers`` (take it described, unagreed: a capture)."""
 
-    remembers = counts = rides = True
+    compiles = rides = True
     agrees = defers = False
 
-    def take(self, op: Operation, call: Call, table: np.ndarray | None, rode: bool, entry: "Entry | None") -> Any:
+    def take(self, op: Operation, call: Call, table: np.ndarray | None, rode: bool, slots: Slots | None,
+             payload: np.ndarray | None, key: tuple | None, args: tuple, mine: list | None) -> Any:
         raise NotImplementedError
 
 
 class _Run(Mode):
-    """``execute``: run a remembered call's plan (its landing, if it rode), else land or issue at once."""
+    """``execute``: compile the call (``key``: a small call of a layout it can tell apart) and run
+    it, or run it at once with the operation's Runner."""
 
-    def take(self, op, call, table, rode, entry):
-        plan = entry.plan(op, table, rode) if entry is not None else None
-        if plan is not None:
-            return plan.run()
+    def take(self, op, call, table, rode, slots, payload, key, args, mine):
+        if key is not None:
+            agrees = op._checks(op._lib)                # (its later calls: their agreement is a step of it)
+            c = Compiled(op, op._lib, key, args, mine, call, table, rode and agrees, slots if agrees else None,
+                         payload if agrees else None)
+            if c.repeats:
+                op._keep(c)
+                if agrees or not rode:
+                    return c.run_data()
+            # (not kept: described every time; or its later calls make the MPI calls its issue
+            # records, and this one rode its first agreement: landed here)
         if rode:
             op.land(call, Slots.rows_of(op._lib, table, call), table, op._runner)
         else:
-            if call.src is not None or call.before:
+            if payload is None and (call.src is not None or call.before):
                 prologue(call)
             op.issue(call, table, op._runner)
         if call.after:
@@ -412,159 +436,25 @@ class _Run(Mode):
 
 class _Async(Mode):
     """``async_op=True``: the call queued on its communicator's worker, which runs its pipeline in
-    :data:`RUN` (:meth:`Operation._call`; a graph being captured takes it as an async call)."""
+    :data:`WORKER` (:meth:`Operation._call`; a graph being captured takes it as an async call)."""
 
 
 class _Prepare(Mode):
     """``prepare``: a Plan, each of whose runs counts as a call."""
 
-    remembers = rides = False
+    compiles = rides = False
     agrees = True
 
-    def take(self, op, call, table, rode, entry):
-        rec = Recorder()
+    def take(self, op, call, table, rode, slots, payload, key, args, mine):
+        rec = Recorder(counts=op._counted(op._lib))
         op._record(call, table, rec)
         return Plan(rec, op, rounds=call.rounds > 1)
 
 
-RUN, ASYNC, PREPARE = _Run(), _Async(), _Prepare()
-
-
-# ----------------------------------------------------------------------------- the remembered calls
-
-#: calls an operation remembers
-REMEMBERED = 8
-#: a call is remembered only when its arrays hold at most this many bytes together: the describe
-#: and checks it skips cost microseconds, which matter for small calls only, and a remembered call
-#: keeps its arrays alive (a fresh view of a large tensor each call must not)
-REMEMBERED_BYTES = 1 << 16
-
-
-class Entry:
-    """One remembered call: its arguments (kept alive: the key's identities stay theirs), its
-    record, its agreement's buffers (``slots``: its row stays there from one call to the next), the
-    headers every rank sent last time (``last``), its landing rows, its plan (recorded at its
-    first repeat, for the table it was agreed with)."""
-
-    __slots__ = ("args", "call", "slots", "payload", "last", "_plan", "_seen")
-
-    def __init__(self, args: tuple, call: Call, slots: Slots | None) -> None:
-        self.args, self.call, self.slots = args, call, slots
-        self.payload = self.last = self._plan = None      # (payload: its ride, where it fits)
-        self._seen = False
-
-    def agreed(self, headers: bytes) -> None:
-        """The call was agreed with headers that are new (a peer's call changed, or this is its
-        first agreement): keep what a repeat compares, and drop the plan made for the old ones (it
-        may land other rows, or pick other MPI calls)."""
-        self.last, self._plan, self._seen = headers, None, False
-
-    def plan(self, op: Operation, table: np.ndarray | None, rode: bool) -> Plan | None:
-        """Its plan (its landing, if it ``rode``: the same on every repeat while the headers are),
-        recorded at its first repeat; None at its first use, or while a start of the plan is in
-        flight (the call then runs afresh)."""
-        if not self._seen:
-            self._seen = True
-            return None
-        if self._plan is None:
-            rec = Recorder(counts=False)              # (the pipeline counts each repeat)
-            op._record(self.call, table, rec, Slots.rows_of(op._lib, table, self.call) if rode else None)
-            self._plan = Plan(rec, op, persistent=False)
-        return self._plan if self._plan.idle else None
-
-
-class Remembered(OrderedDict):
-    """An operation's last ``REMEMBERED`` calls, by key (:func:`_key`: the one key rule), oldest first;
-    a call is remembered when it comes back (the last calls seen once are kept too, with their
-    arguments, so that a call made with a new view each time costs no entry: a view freed and
-    another made at its address would otherwise come back under the same key)."""
-
-    def __init__(self) -> None:
-        super().__init__()
-        self.seen: OrderedDict = OrderedDict()
-
-    def keeps(self, key: tuple | None, args: tuple, op: Operation) -> bool:
-        """Whether a call just described is remembered: its second time (not when it must be
-        described again every time: its key cannot tell it apart, it allocated its output or copied
-        a list, its arrays are large, or its rules read data)."""
-        if key is None or op._fresh or op.RULES_ON_DATA or not _small(args):
-            return False
-        if key in self.seen:
-            return True
-        self.seen[key] = args           # (held: an identity in a key stays its array's, never reused)
-        if len(self.seen) > REMEMBERED:
-            self.seen.popitem(last=False)
-        return False
-
-    def keep(self, key: tuple, args: tuple, call: Call, slots: Slots | None) -> Entry:
-        """Remember a call (:meth:`keeps`)."""
-        entry = self[key] = Entry(args, call, slots)
-        if len(self) > REMEMBERED:
-            self.popitem(last=False)
-        return entry
-
-
-_SCALARS = (int, float, bool, str, type(None))
-
-
-def _key(args: tuple, values: frozenset) -> tuple | None:
-    """What identifies a call: its data arrays by identity, shape, strides, dtype and flags
-    (writeable, contiguous: what ``describe`` checks; their contents are read on every run; the
-    remembered call keeps them referenced, so an identity stays theirs), its values
-    (``Operation.VALUES``) by their contents. None when an argument is neither (an object the key
-    cannot tell apart): such a call is not remembered."""
-    key = []
-    try:
-        for i, a in enumerate(args):
-            if i in values:
-                key.append(_value(a))
-            elif type(a) is np.ndarray:     # (the common case, inline)
-                key.append((id(a), a.shape, a.strides, a.dtype, a.flags.num))
-            else:
-                key.append(_data(a))
-    except TypeError:
-        return None
-    return tuple(key)
-
-
-def _data(a: Any) -> Any:
-    """A data argument's part of :func:`_key` (TypeError: none)."""
-    t = type(a)
-    if t is np.ndarray:
-        return (id(a), a.shape, a.strides, a.dtype, a.flags.num)
-    if t in _SCALARS:
-        return (t, a)                 # (2, 2.0 and True are equal, but not the same argument)
-    if t is list or t is tuple:
-        return tuple([_data(v) for v in a])
-    raise TypeError(t)
-
-
-def _value(a: Any) -> Any:
-    """A value's contents, hashable and copied (a memoryview or an array may change later)."""
-    t = type(a)
-    if t is np.ndarray:
-        return (a.dtype, a.shape, a.tobytes())
-    if t in _SCALARS:
-        return (t, a)
-    if (t is list or t is tuple) and all(type(v) is int for v in a):
-        return tuple(a)
-    if t is list or t is tuple:
-        return tuple([_value(v) for v in a])
-    v = np.asarray(a)                          # (an array, a memoryview, a numpy scalar, ...)
-    if v.dtype.hasobject:
-        raise TypeError(t)
-    return (v.dtype, v.shape, v.tobytes())
-
-
-def _small(args: tuple) -> bool:
-    """Whether the arrays among ``args`` (in lists too) hold at most ``REMEMBERED_BYTES``."""
-    total = 0
-    for a in args:
-        if type(a) is np.ndarray:
-            total += a.nbytes
-        elif isinstance(a, (list, tuple)):
-            total += sum(x.nbytes for x in a if isinstance(x, np.ndarray))
-    return total <= REMEMBERED_BYTES
+#: ``execute`` here; a call queued with ``async_op=True``, on its worker (a capture never takes it:
+#: the worker runs what the caller queued, whatever the caller captures meanwhile)
+RUN, WORKER = _Run(), _Run()
+ASYNC, PREPARE = _Async(), _Prepare()
 
 
 class ReduceTypeOperation(Operation):

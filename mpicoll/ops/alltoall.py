@@ -129,18 +129,22 @@ class _AllToAllVBase(Operation):
         x, out, m, (sc, sd, rc, rd, _) = call.x, call.out, call.dt.mpi, call.args
         # Every rank sending the same count to every rank, packed on every rank (a fact of the agreed
         # table, so every rank makes this choice): MPICH's Alltoall, ~2x faster than its Alltoallv.
+        # Not agreed (validation off): the Alltoallv the call describes, as raw code makes it.
         if self._uniform(table):
             go.mpi(self._lib, "Alltoall", [x.reshape(-1)[:out.size], m], [out, m])
         else:
             go.mpi(self._lib, "Alltoallv", [x, (sc, sd), m], [out, (rc, rd), m])
 
-    def _uniform(self, table: np.ndarray) -> bool:
-        """Whether this call's counts are uniform and packed on every rank (:func:`~._agree.uniform`)."""
-        return uniform(table)
+    def _uniform(self, table: np.ndarray | None) -> bool:
+        """Whether this call's counts are uniform and packed on every rank (:func:`~._agree.uniform`;
+        not agreed: unknown)."""
+        return table is not None and uniform(table)
 
     def ride(self, call):
         sc, sd = call.args[0], call.args[1]
-        return call.x.reshape(-1)[:sum(sc)] if V.packed(sc, sd) else None     # (a gapped send: Alltoallv)
+        if call.info & V.BIT_PACKED or V.packed(sc, sd):
+            return call.x.reshape(-1)[:sum(sc)]
+        return None                                 # (a gapped send: Alltoallv)
 
     def land(self, call, rows, table, go) -> None:
         flat, (_, _, rc, rd, _), me, unit = call.out.reshape(-1), call.args, self.rank, call.unit
@@ -162,6 +166,8 @@ class AllToAllVOperation(_AllToAllVBase):
 
     NAME = "AllToAllV"
     PARAM = AllToAllVParam
+    #: whether its Param's counts are uniform and packed on every rank: read from its first call's
+    #: table (an operation's first call always agrees), kept for the calls that do not agree
     _uniform_plan: bool | None = None
 
     def execute(self, x: np.ndarray, out: np.ndarray | None = None) -> np.ndarray:
@@ -192,18 +198,13 @@ class AllToAllVOperation(_AllToAllVBase):
     def describe(self, x, out=None) -> Call:
         return self._v_call(x, self._plan, None, out)
 
-    def needs_facts(self, call: Call) -> bool:
-        """Until its issue has read the fact once: its counts are its Param's, the same on every
-        call, so the fact an agreed table gives is kept for the calls that do not agree."""
-        return self._uniform_plan is None
-
     def _uniform(self, table: np.ndarray | None) -> bool:
-        if self._uniform_plan is None:
+        if self._uniform_plan is None and table is not None:
             self._uniform_plan = uniform(table)
-        return self._uniform_plan
+        return bool(self._uniform_plan)
 
     def land(self, call, rows, table, go) -> None:
-        self._uniform(table)                        # (the fact of an agreed table, kept: see needs_facts)
+        self._uniform(table)                        # (the fact of an agreed table, kept: _uniform_plan)
         super().land(call, rows, table, go)
 
 
@@ -224,12 +225,7 @@ class AllToAllVV2Operation(_AllToAllVBase):
 
     NAME = "AllToAllVV2"
     PARAM = AllToAllVV2Param
-    VALUES = ("send_counts", "sdispls", "recv_counts", "rdispls")
-
-    def needs_facts(self, call: Call) -> bool:
-        """Always: its counts come with each call, and whether they are uniform on every rank picks
-        its MPI call (``Alltoall`` or ``Alltoallv``), validation on or off."""
-        return True
+    VALUES = SLOTS = ("send_counts", "sdispls", "recv_counts", "rdispls")
 
     def execute(self, x: np.ndarray, send_counts, sdispls, recv_counts, rdispls, infer_shape=None,
                 out: np.ndarray | None = None) -> np.ndarray:

@@ -1,0 +1,90 @@
+"""Compiled calls (mpicoll/ops/_compiled.py): a call's layout compiled once, its slots filled by
+later calls. Every registered operator, every golden case: the first call, a repeat with the very
+same arrays, a call with other arrays of the same layout, and one with new views of those, each
+against the golden, validated and not; and the MPI calls a compiled call makes."""
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+import mpicoll
+from mpicoll._golden import CHECKS, SEED, count_wrong
+
+from _mpi import RANK, SIZE, WORLD
+
+NAMES = sorted(name for name in CHECKS if name in mpicoll.OPERATIONS)     # (the Hccl client runs plans)
+
+
+def _remade(v, memo: dict, make):
+    """``v`` (a call's arguments) with every array ``a`` replaced by ``memo[id(a)]``, made by
+    ``make(a)`` the first time (the same array given twice stays one array: in place)."""
+    if isinstance(v, np.ndarray):
+        if id(v) not in memo:
+            memo[id(v)] = make(v)
+        return memo[id(v)]
+    if isinstance(v, list):
+        return [_remade(w, memo, make) for w in v]
+    if isinstance(v, tuple):
+        return tuple(_remade(w, memo, make) for w in v)
+    if isinstance(v, dict):
+        return {k: _remade(w, memo, make) for k, w in v.items()}
+    return v
+
+
+def _arrays(v, found: dict) -> dict:
+    """id -> (array, a copy of its contents), for every array in ``v``."""
+    if isinstance(v, np.ndarray):
+        found.setdefault(id(v), (v, v.copy()))
+    elif isinstance(v, (list, tuple)):
+        for w in v:
+            _arrays(w, found)
+    elif isinstance(v, dict):
+        for w in v.values():
+            _arrays(w, found)
+    return found
+
+
+def _other(a: np.ndarray) -> np.ndarray:
+    """A new array of ``a``'s layout (a strided one: a copy, another layout)."""
+    return np.empty_like(a) if a.flags.c_contiguous else a.copy()
+
+
+@pytest.mark.mpi(min_size=1)
+@pytest.mark.parametrize("validate", [True, False], ids=["validated", "off"])
+@pytest.mark.parametrize("name", NAMES)
+def test_compiled_calls_fill_other_arrays(name, validate):
+    """The first call compiles; a repeat runs it again; other arrays of its layout fill its slots
+    (twice: then a repeat of those); new views of them too: every result is the golden's, and an
+    output the call allocates is a new array every call."""
+    spec = CHECKS[name]
+    dtype = "float32" if "float32" in spec.dtypes else spec.dtypes[0]
+    cases = spec.cases_for(SIZE, dtype)
+    if not cases:
+        pytest.skip(f"{name} has no case at {SIZE} rank(s)")
+    failures = []
+    for case in cases:
+        c = spec.make(case, dtype, "", RANK, SIZE, SEED, validate=validate)
+        given = (c.args, c.kwargs)
+        pristine = _arrays(given, {})
+        same: dict = {}
+        other: dict = {}
+        views: dict = {}
+        arrays = [_remade(given, same, lambda a: a), _remade(given, same, lambda a: a),
+                  _remade(given, other, _other), _remade(given, other, _other),
+                  _remade(given, views, lambda a: other[id(a)][...])]
+        results = []
+        for k, ((args, kwargs), memo) in enumerate(zip(arrays, (same, same, other, other, views))):
+            for key, (first, contents) in pristine.items():     # (the inputs as the golden has them)
+                if memo[key].flags.writeable:
+                    np.copyto(memo[key], contents)
+            got = c.op.execute(*args, **kwargs)
+            wrong = count_wrong(got, c.expected, exact=c.exact, n=SIZE)
+            if wrong:
+                failures.append(f"{case} call {k}: {wrong} wrong (got {got!r:.120}, expected {c.expected!r:.120})")
+            results.append(got)
+        given_ids = {id(a) for memo in (same, other, views) for a in memo.values()}
+        made = [r for r in results if isinstance(r, np.ndarray) and id(r) not in given_ids
+                and not any(np.may_share_memory(r, a) for memo in (same, other, views) for a in memo.values())]
+        if len({id(r) for r in made}) != len(made):
+            failures.append(f"{case}: an output it allocated came back from another call")
+    assert not failures, f"{name} rank {RANK}: " + "; ".join(failures)
