@@ -3,6 +3,7 @@ same arrays, same run.
 
     mpirun -bind-to core -np 2 python benchmarks/overhead.py [--sizes 8,65536,16777216] [--reps 21] [--ops AllReduce,...]
                                                                [--min-iters 10] [--max-iters 4000]
+    LD_PRELOAD=$(python benchmarks/mpicalls.py) mpirun ... benchmarks/overhead.py ...   # with MPI call counts
 
 (``-bind-to core``, Open MPI ``--bind-to core``: unbound, more ranks than cores are moved by the
 scheduler and synchronizing calls change speed from run to run; docs/benchmark.md.)
@@ -20,20 +21,26 @@ AllGatherV with equal counts (mpicoll: ``Allgather``), ReduceScatterV with equal
 (``Reduce_scatter_block``) and AllToAllV/VV2 with uniform packed counts, validated or in a plan
 (``Alltoall``); mpicoll hands counts to mpi4py as lists where the raw rows pass integer arrays (as a
 user's code most often has them). The raw calls run on their own duplicate of the world; mpicoll on
-its own.
+its own. With the PMPI shim of ``benchmarks/mpicalls.c`` preloaded it also prints the MPI calls each
+implementation makes per call, counted over 10 warm calls (exact, where times are noise).
 """
 from __future__ import annotations
 
 import argparse
 import re
 import statistics
+import sys
 import timeit
 from dataclasses import dataclass, field
+from pathlib import Path
 
 import numpy as np
 from mpi4py import MPI
 
 import mpicoll
+
+sys.path.insert(0, str(Path(__file__).parent))
+import mpicalls  # noqa: E402
 
 W = MPI.COMM_WORLD
 
@@ -160,6 +167,12 @@ def main() -> None:
                      "fresh": loop(fresh, c.ns, op=off)}
             for t in impls.values():            # binds the ops; warms up
                 t.timeit(2)
+            counted = {}
+            if mpicalls.counting():             # (MPI calls per call, over 10 warm calls)
+                for k, t in impls.items():
+                    mpicalls.reset()
+                    t.timeit(10)
+                    counted[k] = {name: v / 10 for name, v in mpicalls.counts().items()}
             times = {k: [] for k in impls}
             order = list(impls)
             for rep in range(args.reps):        # interleaved, each in turn first: drift hits all alike
@@ -172,7 +185,7 @@ def main() -> None:
                       for k in ("off", "on", "plan", "alloc", "fresh")}
             extra = {k: statistics.median([a - b for a, b in zip(times[k], times["raw"])])
                      for k in ("off", "on", "fresh")}
-            rows.append((c.name, nbytes, med, ratios, extra))
+            rows.append((c.name, nbytes, med, ratios, extra, counted))
             plan.free()
     if W.Get_rank() == 0:
         print(f"# mpicoll overhead vs raw mpi4py, float32, {W.Get_size()} ranks, {args.reps} interleaved "
@@ -188,11 +201,17 @@ def main() -> None:
         print(f"{'op':<15}{'bytes':>10}{'raw us':>10}{'plan us':>10}{'off us':>10}{'on us':>10}"
               f"{'plan/raw':>9}{'plan q1-q3':>13}{'off/raw':>9}{'off q1-q3':>13}{'on/raw':>8}{'alloc/raw':>10}"
               f"{'fresh/raw':>10}{'off +us':>9}{'on +us':>8}{'fresh +us':>10}")
-        for name, nbytes, m, q, d in rows:
+        for name, nbytes, m, q, d, _ in rows:
             print(f"{name:<15}{nbytes:>10}{m['raw'] * 1e6:>10.2f}{m['plan'] * 1e6:>10.2f}{m['off'] * 1e6:>10.2f}"
                   f"{m['on'] * 1e6:>10.2f}{q['plan'][1]:>9.3f}{q['plan'][0]:>7.3f}-{q['plan'][2]:.3f}"
                   f"{q['off'][1]:>9.3f}{q['off'][0]:>7.3f}-{q['off'][2]:.3f}{q['on'][1]:>8.3f}{q['alloc'][1]:>10.3f}"
                   f"{q['fresh'][1]:>10.3f}{d['off'] * 1e6:>9.2f}{d['on'] * 1e6:>8.2f}{d['fresh'] * 1e6:>10.2f}")
+        if any(r[5] for r in rows):
+            print("# MPI calls per call (PMPI shim, 10 warm calls), by implementation")
+            for name, nbytes, *_, counted in rows:
+                shown = "; ".join(f"{k}: " + (", ".join(f"{c} {v:g}" for c, v in sorted(v.items())) or "none")
+                                  for k, v in counted.items())
+                print(f"{name:<15}{nbytes:>10}  {shown}")
 
 
 if __name__ == "__main__":

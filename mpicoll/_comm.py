@@ -54,7 +54,8 @@ QUEUED = 0
 #: the job a worker thread is running (``RUNNING.job``, set by :mod:`mpicoll._async`): a call it makes
 #: drains only what was queued ahead of that job
 RUNNING = threading.local()
-#: how many communicators :meth:`LibComm.free` freed (0: :func:`check_live` has nothing to look at)
+#: how many communicators :meth:`LibComm.free` freed, plus one once MPI finalizes (0: a call has
+#: nothing to look at: :func:`check_live`, ``MPI.Is_finalized``)
 FREED = 0
 
 
@@ -256,8 +257,8 @@ class LibComm:
         return self._win is not None
 
     def enter(self, op: str) -> None:
-        """A call of ``op`` begins on it (:meth:`leave` when it ends). The rule: one thread at a time
-        per communicator (MPI orders the collectives of a communicator by the order its calls
+        """A call of ``op`` begins on it (``busy`` is released when it ends). The rule: one thread at
+        a time per communicator (MPI orders the collectives of a communicator by the order its calls
         start, which threads would make differ by rank).
 
         Raises:
@@ -268,10 +269,6 @@ class LibComm:
                                   "mpicoll's calls on one communicator come from one thread at a time (a communicator "
                                   "per thread: comm_mode=MULTI_THREAD with a user comm each)", op=op, param="thread",
                                   rank=self.rank)
-
-    def leave(self) -> None:
-        """The call begun by :meth:`enter` ended."""
-        self.busy.release()
 
     def call_timeout(self, given: Any = None, op: str = "mpicoll") -> float | None:
         """The watchdog timeout of a call on it (the one place this is decided): ``given`` (the
@@ -545,6 +542,9 @@ def _register_exit() -> None:
     global _exit_registered
     if not _exit_registered:
         _exit_registered = True
+        # MPI deletes COMM_SELF's attributes first thing in MPI_Finalize (MPI 4.1, 11.2.4): from then
+        # on every call looks at whether MPI is finalized (a call's one test is FREED)
+        MPI.COMM_SELF.Set_attr(MPI.Comm.Create_keyval(delete_fn=_finalizing), True)
         # Runs before mpi4py's own finalizer (atexit is LIFO): MPI must not finalize with a window exposed.
         atexit.register(_shutdown)
         _watch_mpi4py_exit()
@@ -554,6 +554,11 @@ def _register_exit() -> None:
 
 
 _previous_hook: list = []
+
+
+def _finalizing(comm: MPI.Comm, keyval: int, value: Any) -> None:
+    global FREED
+    FREED += 1
 
 
 def _excepthook(kind, exc, tb) -> None:

@@ -303,10 +303,10 @@ class Plan:
         parts: the calls, in order (:class:`Part`).
     """
 
-    __slots__ = ("op", "result", "parts", "_owner", "_steps", "_used", "_tokens", "_persistent", "_reuse",
+    __slots__ = ("op", "result", "parts", "_owner", "_steps", "_used", "_tokens", "_persistent",
                  "_handle", "_state", "_go", "_where", "__weakref__")
 
-    def __init__(self, rec: Recorder, owner: Any, persistent: bool = True, rounds: bool = False) -> None:
+    def __init__(self, rec: Recorder, owner: Any, rounds: bool = False) -> None:
         self.parts = rec.parts
         self.op = self.parts[0].op if len(self.parts) == 1 else f"graph of {len(self.parts)} calls"
         self.result = self.parts[0].result if len(self.parts) == 1 else tuple(p.result for p in self.parts)
@@ -314,16 +314,13 @@ class Plan:
         self._tokens = rec.tokens
         self._used = tuple(dict.fromkeys(s.comm for s in rec.steps if s.comm is not None))
         self._steps = rec.steps
-        if persistent:                 # (one-shot and remembered calls' plans are the calls themselves)
-            self._sequence(rounds)
+        self._sequence(rounds)
         self._where = [(p.op, None, "") for p in self.parts]
-        self._reuse = persistent       # persistent requests at the first start (else I-calls every time)
-        self._persistent: list[MPI.Prequest | None] | None = None
+        self._persistent: list[MPI.Prequest | None] | None = None     # (made at the first start)
         self._handle: Handle | None = None
         self._state = _IDLE
         self._go: Callable[[], None] | None = None
-        if persistent:
-            _LIVE.add(self)
+        _LIVE.add(self)
 
     @property
     def _timeout(self) -> float | None:
@@ -372,9 +369,9 @@ class Plan:
         Raises:
             CollectiveError: the plan is freed, or started and not yet waited for.
         """
-        if self._state or MPI.Is_finalized():
-            self._refuse("run")
-        if _comm.FREED:
+        if self._state or _comm.FREED:              # (MPI finalizing counts: _comm._finalizing)
+            if self._state or MPI.Is_finalized():
+                self._refuse("run")
             _comm.check_live(self._used, self.op)
         if self._go is None:
             self._go = self._bind()
@@ -405,7 +402,7 @@ class Plan:
         if self._state or MPI.Is_finalized():
             self._refuse("start")
         _comm.check_live(self._used, self.op)
-        if self._reuse and self._persistent is None:   # made at the first start, on every rank at the same point
+        if self._persistent is None:      # made at the first start, on every rank at the same point
             # (not the sequence rows: a persistent collective matches only its own starts, never
             # the call a rank that skipped this run makes instead, which the row is there to meet)
             self._persistent = [s.comm.persistent(s.name, s.args) if s.kind in (MPI_CALL, START)

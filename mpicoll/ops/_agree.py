@@ -48,10 +48,10 @@ class Agreeing(Protocol):
 
 
 class Slots:
-    """The buffers of one call's agreement: this rank's row and every rank's (a remembered call keeps
-    its own, filled in place on every repeat)."""
+    """The buffers of one call's agreement: this rank's row and every rank's (a compiled call keeps
+    its own: its row built once, its payload copied in on every call)."""
 
-    __slots__ = ("send", "table", "payload", "header", "copy", "rides")
+    __slots__ = ("send", "table", "payload", "header", "rides")
 
     def __init__(self, lib: LibComm) -> None:
         width, self.header = V.row_width(lib.size), V.H_LEN + 2 * lib.size
@@ -59,16 +59,12 @@ class Slots:
         self.table = np.empty((lib.size, width), dtype=np.int64)
         self.payload = self.send.view(np.uint8)[self.header * 8:]     # this rank's slot
         self.rides = self.table[:, V.H_RIDE]                           # (every rank's payload bytes, -1: none)
-        self.copy: tuple | None = None          # (its slot's bytes, a payload's bytes: a repeat copies one into the other)
 
     def offer(self, payload: np.ndarray) -> None:
-        """Put ``payload`` (C-contiguous, at most ``RIDE_BYTES``) in this rank's slot (the views made
-        once, for the same payload array every time: a remembered call's)."""
-        if self.copy is None or self.copy[2] is not payload:
-            size = payload.nbytes
-            self.copy = (self.payload[:size], payload.reshape(-1).view(np.uint8), payload)
-            self.send[V.H_RIDE] = size
-        self.copy[0][...] = self.copy[1]
+        """Put ``payload`` (C-contiguous, at most ``RIDE_BYTES``) in this rank's slot."""
+        size = payload.nbytes
+        self.payload[:size] = payload.reshape(-1).view(np.uint8)
+        self.send[V.H_RIDE] = size
 
     @staticmethod
     def rows_of(lib: LibComm, table: np.ndarray, call: Call) -> list[np.ndarray]:
@@ -94,41 +90,29 @@ def header_row(lib: LibComm, op: Agreeing, call: Call | None, err: BaseException
 
 
 def agree_call(lib: LibComm, op: Agreeing, call: Call | None, err: BaseException | None, number: int,
-               payload: np.ndarray | None, slots: Slots | None = None,
-               last: bytes | None = None) -> tuple[np.ndarray, bool, bytes | None]:
-    """Agree one call over ``lib``: one ``Allgather`` of every rank's row, ``payload`` (a C-contiguous
-    array of at most ``RIDE_BYTES``, or None) in its slot. Every rank raises the same error (a
-    local one flagged by any rank, then a mismatch of the gathered headers, unless they are
-    ``last``), or every rank gets the same table.
-
-    A remembered call passes its own ``slots`` and ``last``, the headers every rank sent last time:
-    its row is then the one still in ``slots`` (the header it sent last time); else it is built now.
+               payload: np.ndarray | None, slots: Slots | None = None) -> tuple[np.ndarray, bool]:
+    """Agree one call over ``lib``: one ``Allgather`` of every rank's row (its header, built now,
+    and ``payload``, a C-contiguous array of at most ``RIDE_BYTES``, or None, in its slot). Every
+    rank raises the same error (a local one flagged by any rank, then a mismatch of the gathered
+    headers), or every rank gets the same table.
 
     Returns:
-        ``(table, rode, headers)``: the gathered rows (``slots.table``); whether every rank's
-        payload travelled in them (then the call's data has moved: ``Operation.land`` finishes it);
-        the gathered headers' bytes when they are not ``last`` (else None).
+        ``(table, rode)``: the gathered rows (``slots.table``), and whether every rank's payload
+        travelled in them (then the call's data has moved: ``Operation.land`` finishes it).
     """
     slots = slots or Slots(lib)
     send = slots.send
-    if last is None:
-        row, err = header_row(lib, op, call, err)
-        send[:slots.header] = row
-        slots.copy = None
-    elif lib.pending:
-        lib.drain(None)
+    row, err = header_row(lib, op, call, err)
+    send[:slots.header] = row
     if payload is None:
         send[V.H_RIDE] = -1
     else:
         slots.offer(payload)
     table = agree(lib, send, err, op.timeout, op.NAME, number, out=slots.table)
-    headers = table[:, :slots.header].tobytes()
     rode = payload is not None and min(slots.rides.tolist()) >= 0
-    if headers == last:
-        return table, rode, None
     V.check_agreed(lib, op.NAME, table, op.PAIR_NAMES)
     op._agreed_once = True
-    return table, rode, headers
+    return table, rode
 
 
 def agree_calls(lib: LibComm, entries: list[tuple[Agreeing, Call | None, BaseException | None]],

@@ -219,7 +219,7 @@ class Operation:
         if CAPTURING and mode is not WORKER:
             mode = CAPTURING[-1].sink(mode)
         lib = self._lib
-        if lib is None or _comm.FREED or MPI.Is_finalized():
+        if lib is None or _comm.FREED:                  # (MPI finalizing counts: _comm._finalizing)
             lib = self._live()
         if mode.defers:
             return mode.take(self, *self._described(args, failed))
@@ -260,7 +260,7 @@ class Operation:
             prologue(call)                              # (its payload is read now, into the agreement)
         compiles = key is not None and mode.compiles and sum(a.nbytes for a in mine) <= COMPILED_BYTES
         slots = Slots(lib) if compiles and self._checks(lib) else self._scratch_slots(lib)
-        table, rode, _ = agree_call(lib, self, call, err, number, payload, slots)
+        table, rode = agree_call(lib, self, call, err, number, payload, slots)
         return mode.take(self, call, table, rode, slots, payload, key if compiles else None, args, mine)
 
     def _agrees(self, mode: "Mode", lib: LibComm) -> bool:
@@ -291,7 +291,7 @@ class Operation:
         self._last = c
 
     def _scratch_slots(self, lib: LibComm) -> Slots:
-        """The agreement buffers of its calls that are not remembered (one set, reused: a call's
+        """The agreement buffers of its calls that are not compiled (one set, reused: a call's
         table is read during the call only)."""
         if self._slots is None:
             self._slots = Slots(lib)
@@ -354,7 +354,7 @@ class Operation:
     def land(self, call: Call, rows: list[np.ndarray], table: np.ndarray, go: Any) -> None:
         """Finish a call whose data travelled in its agreement: ``rows[r]``, rank r's payload (1-D
         of the call's dtype, a view into the gathered ``table``). Local work only (``go.local``,
-        as ``issue`` records it: a remembered call's landing is recorded once)."""
+        as ``issue`` records it: a compiled call's landing is recorded once)."""
         raise NotImplementedError
 
     # -- what a captured graph asks (mpicoll.graph) ------------------------------------------------

@@ -323,7 +323,7 @@ class Compiled:
         result: what the last call returned.
     """
 
-    __slots__ = ("op", "lib", "key", "args", "mine", "shapes", "allocs", "agree", "data", "result_t", "result",
+    __slots__ = ("op", "lib", "key", "args", "ids", "mine", "shapes", "allocs", "agree", "data", "result_t", "result",
                  "slots", "heads", "expected", "rode", "counting", "fillable", "repeats", "plain")
 
     def __init__(self, op: Any, lib: LibComm, key: tuple | None, args: tuple, mine: list, call: Call,
@@ -355,7 +355,7 @@ class Compiled:
         # cannot fill a new one neither)
         self.repeats = _touched(agree_steps + data_steps, call.result, mine) and (self.fillable or not allocs)
         self.result = call.result
-        self.args, self.mine, self.shapes = args, mine, list(map(_LOOK, mine))
+        self.args, self.ids, self.mine, self.shapes = args, tuple(map(id, args)), mine, list(map(_LOOK, mine))
 
     # -- filling ---------------------------------------------------------------------------------
     def _bind(self, args: tuple, mine: list, arrays: list) -> None:
@@ -363,7 +363,7 @@ class Compiled:
         self.agree.fill(arrays)
         self.data.fill(arrays)
         self.result = _filled(self.result_t, arrays)
-        self.args, self.mine, self.shapes = args, mine, list(map(_LOOK, mine))
+        self.args, self.ids, self.mine, self.shapes = args, tuple(map(id, args)), mine, list(map(_LOOK, mine))
 
     def fill(self, args: tuple, mine: list) -> bool:
         """Fill the slots with another call's arrays (of this layout); False: it cannot (its steps
@@ -380,12 +380,8 @@ class Compiled:
 
     def repeat(self, args: tuple) -> Any:
         """Run again with the very arguments of the last call (MISS: not them)."""
-        held = self.args
-        if held is None or len(args) != len(held):
+        if tuple(map(id, args)) != self.ids:           # (the held arguments' ids stay theirs)
             return MISS
-        for a, b in zip(args, held):
-            if a is not b:
-                return MISS
         if list(map(_LOOK, self.mine)) != self.shapes:     # (reshaped, restrided or made read-only in place)
             return MISS
         if self.allocs:                                # (a new output, every call)
@@ -405,7 +401,7 @@ class Compiled:
                 self.slots.send[V.H_SEQ] = lib.seq   # (as the header of a described call: LibComm.call counts it)
             for step in self.agree.go:
                 step()
-            if self._seen(self.heads) != self.expected:
+            if (self.heads.tobytes() if self.plain else self._seen(self.heads)) != self.expected:
                 return self.differs()
         for step in self.data.go:
             step()
