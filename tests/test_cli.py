@@ -62,7 +62,7 @@ SCRIPT = textwrap.dedent("""
     import numpy as np
     from mpi4py import MPI
     import mpicoll.run as run
-    from mpicoll._golden import CHECKS, Case, CheckSpec, register_check
+    from mpicoll.checks import CHECKS, Case, CheckSpec
 
     mode = sys.argv[1]
     if mode == "raise":
@@ -83,7 +83,7 @@ SCRIPT = textwrap.dedent("""
             if rank == 0:
                 exp[1] = 1
             return Case(Zeros(), (), {}, exp)
-        register_check(CheckSpec("Broken", lambda n: ["one"], broken, dtypes=("int32",)))
+        CHECKS["Broken"] = CheckSpec("Broken", lambda n: ["one"], broken, dtypes=("int32",))
         run.entry(["--op", "Broken"])
 """)
 

@@ -11,7 +11,8 @@ import pytest
 import mpicoll
 from mpicoll import CollectiveArgumentError, CollectiveError, CollectiveMismatchError
 from mpicoll._dtypes import DTYPES
-from mpicoll._golden import CHECKS, SEED
+from mpicoll.checks import CHECKS
+from mpicoll.checks._golden import SEED
 
 from _mpi import RANK, SIZE, WORLD, raises_everywhere, setting
 

@@ -7,7 +7,8 @@ import shutil
 import numpy as np
 import pytest
 
-from mpicoll._golden import CHECKS, SEED, count_wrong, golden_tree
+from mpicoll.checks import CHECKS
+from mpicoll.checks._golden import SEED, count_wrong, golden_tree
 from mpicoll import CollectiveArgumentError
 from mpicoll._numeric import KERNELS
 from mpicoll import _env, _numeric
@@ -211,7 +212,7 @@ def test_reduce_rows_is_the_tree_order_for_any_row_count(kernels, dtype, monkeyp
     (``golden_reduce``) at 1-17 rows, every op, across tiles (numpy's 65536, C's 1024) and SIMD tails,
     out of place and in place."""
     from mpicoll._dtypes import DTYPES, REDUCE_OPS
-    from mpicoll._golden import golden_reduce
+    from mpicoll.checks._golden import golden_reduce
     if kernels == "C" and KERNELS is None:
         pytest.skip("the optional _kernels extension is not built")
     monkeypatch.setattr(_numeric, "KERNELS", KERNELS if kernels == "C" else None)

@@ -8,7 +8,8 @@ import pytest
 import mpicoll
 from mpicoll._comm import LibComm
 from mpicoll import _env
-from mpicoll._golden import CHECKS, SEED, count_wrong
+from mpicoll.checks import CHECKS
+from mpicoll.checks._golden import SEED, count_wrong
 from mpicoll.check import layouts
 
 from _mpi import BYTES, HALF_FLOATS, INTEGERS, OPEN_MPI, RANK, SAMPLE, SIZE, WORLD, reduce_ops
@@ -172,7 +173,7 @@ def test_half_reductions_equal_the_float32_golden(dtype, rname):
     """Random data: the float32-accumulated (rank order), once-rounded result bit for bit, whatever
     the path and size."""
     from mpicoll._dtypes import DTYPES, reduce_op
-    from mpicoll._golden import golden_reduce, rank_data
+    from mpicoll.checks._golden import golden_reduce, rank_data
     dt, rop = DTYPES[dtype], reduce_op(rname)
     for size in (1, 5, 1000, 40_003, 2 * 65_536):
         xs = [rank_data(SEED, f"ulp/{dtype}/{rname}/{size}", r, size, dt, "random") for r in range(SIZE)]
@@ -199,7 +200,7 @@ def test_allreduce_64mib(dtype):
 def test_large_byte_allreduce_through_alltoall_matches_mpi(dtype, rname):
     """8-bit AllReduce >= 4 MiB (validation off) takes AllToAll + numpy: the same wrapping results."""
     from mpicoll._dtypes import DTYPES, reduce_op
-    from mpicoll._golden import golden_reduce, rank_data
+    from mpicoll.checks._golden import golden_reduce, rank_data
     n = (4 << 20) + 3
     xs = [rank_data(SEED, f"byte/{dtype}/{rname}", r, n, DTYPES[dtype]) * 20 for r in range(SIZE)]
     xs = [x.astype(dtype) for x in xs]
@@ -216,7 +217,7 @@ def test_large_allreduce_in_pieces(monkeypatch, dtype):
     """From PIECED_BYTES up an AllReduce runs piece by piece (here with 48-byte pieces, so small
     arrays take the path): the same results, out of place and in place, whatever the dtype's path."""
     from mpicoll._dtypes import DTYPES, reduce_op
-    from mpicoll._golden import golden_reduce, rank_data
+    from mpicoll.checks._golden import golden_reduce, rank_data
     from mpicoll.ops import allreduce
     monkeypatch.setattr(allreduce, "PIECE_BYTES", 48)      # (alike on every rank: they pick the MPI calls)
     monkeypatch.setattr(allreduce, "PIECED_BYTES", 4 * 48)
@@ -442,7 +443,7 @@ def test_nccl_tests_in_place_forms(validate, dtype):
     """In place as nccl-tests defines it: AllGather with x = out[rank], ReduceScatter with out = x's
     block rank, AllToAll with out = x; execute and plans, against the golden."""
     from mpicoll._dtypes import DTYPES, reduce_op
-    from mpicoll._golden import golden_reduce, rank_data
+    from mpicoll.checks._golden import golden_reduce, rank_data
     dt, n = DTYPES[dtype], SIZE
     xs = [rank_data(SEED, f"inplace/{dtype}", r, (2 * n, 3), dt) for r in range(n)]
     for how in ("execute", "plan"):

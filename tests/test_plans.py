@@ -7,7 +7,8 @@ import pytest
 
 import mpicoll
 from mpicoll import CollectiveError, CollectiveMismatchError
-from mpicoll._golden import CHECKS, SEED, count_wrong
+from mpicoll.checks import CHECKS
+from mpicoll.checks._golden import SEED, count_wrong
 from mpicoll.ops._base import ASYNC, PREPARE, RUN
 
 from _mpi import RANK, SAMPLE, SIZE, WORLD, raises_everywhere

@@ -8,7 +8,8 @@ import pytest
 
 import mpicoll
 from mpicoll import CollectiveArgumentError, QuantAllReduceOperation, QuantAllReduceParam, dequantize, quantize
-from mpicoll._golden import CHECKS, SEED, count_wrong, golden_tree
+from mpicoll.checks import CHECKS
+from mpicoll.checks._golden import SEED, count_wrong, golden_tree
 from mpicoll import _numeric as N
 from mpicoll.ops.quant import bytes_per_rank, plan_chunks
 

@@ -41,7 +41,7 @@ from mpicoll import _shm
 from mpicoll.ops import allreduce
 from mpicoll._domains import user_comm
 from mpicoll._dtypes import DTYPES, REDUCE_OPS
-from mpicoll._golden import golden_reduce, rank_data
+from mpicoll.checks._golden import golden_reduce, rank_data
 
 _shm.SLOT_BYTES = 4096                       # (small rounds: the node tier's ReduceScatter takes many)
 allreduce.TIERED_BYTES = 2048

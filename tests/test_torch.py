@@ -17,7 +17,7 @@ import torch.distributed as dist  # noqa: E402
 import mpicoll  # noqa: E402
 import mpicoll.torch  # noqa: E402, F401 - registers the backend and mpi://
 from mpicoll._dtypes import DTYPES, REDUCE_OPS  # noqa: E402
-from mpicoll._golden import SEED, golden_reduce, rank_data  # noqa: E402
+from mpicoll.checks._golden import SEED, golden_reduce, rank_data  # noqa: E402
 
 from _mpi import RANK, SIZE, WORLD, raises_everywhere  # noqa: E402
 from _torch import world_group  # noqa: E402, F401 - the module's process group (autouse)

@@ -19,7 +19,7 @@ from mpi4py import MPI
 
 import mpicoll
 from mpicoll._dtypes import DTYPES, reduce_op
-from mpicoll._golden import golden_reduce
+from mpicoll.checks._golden import golden_reduce
 
 world = MPI.COMM_WORLD
 rank, n = world.Get_rank(), world.Get_size()
