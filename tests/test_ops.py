@@ -25,7 +25,7 @@ def _check_all_cases(name, dtype, label, validate=True):
     n, rank = len(members), members.index(RANK)
     cases = spec.cases_for(n, dtype)
     if not cases:         # (the same on every rank of the layout: n is)
-        pytest.skip(f"{name} has no case at {n} rank(s) in {dtype}")
+        pytest.skip(f"{name}: {spec.why_none(n, dtype)}")
     failures = []
     for case in cases:
         c = spec.make(case, dtype, dom, rank, n, SEED, validate=validate)
@@ -86,7 +86,7 @@ def test_any_input_layout(name):
     every rank (test_errors)."""
     spec = CHECKS[name]
     if not spec.cases(SIZE):
-        pytest.skip(f"{name} has no case at {SIZE} rank(s)")
+        pytest.skip(f"{name}: {spec.why_none(SIZE)}")
     case = spec.make(spec.cases(SIZE)[0], "float32" if "float32" in spec.dtypes else spec.dtypes[0], "", RANK,
                      SIZE, SEED)
     x, rest = case.args[0], case.args[1:]
@@ -420,7 +420,7 @@ def test_validation_never_changes_the_calls_that_carry_the_data(name, monkeypatc
     dtype = "float32" if "float32" in spec.dtypes else spec.dtypes[0]
     cases = spec.cases_for(SIZE, dtype)
     if not cases:
-        pytest.skip(f"{name} has no case at {SIZE} rank(s)")
+        pytest.skip(f"{name}: {spec.why_none(SIZE, dtype)}")
     log = _spy_calls(monkeypatch, agreements=False)
     compared = 0
     for case in cases:
