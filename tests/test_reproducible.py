@@ -271,15 +271,14 @@ def test_quant_allreduce_sums_in_the_tree_order_at_any_size(seed, count, block):
 
 @mpi1
 @PROPERTY
-@given(st.integers(0, 2 ** 31), st.sampled_from(["float16", "bfloat16", "float32"]), st.integers(1, 3000),
-       st.integers(1, 4), st.sampled_from(["sum", "max"]))
+@given(st.integers(0, 2 ** 31), st.sampled_from(FLOATS), st.integers(1, 3000), st.integers(1, 4),
+       st.sampled_from(["sum", "max"]))
 def test_hccl_rounds_give_the_tree_order_bits(seed, dtype, count, repeat, rname):
     """The Hccl client's AllReduce and strided ReduceScatter, ``repeat`` rounds of ``count``: every
     element the tree-order golden's, whatever the round size."""
-    from mpicoll import Hccl, HcclDataType, HcclReduceOp
-    dt, kind = DTYPES[dtype], {"float16": HcclDataType.FP16, "bfloat16": HcclDataType.BFP16,
-                               "float32": HcclDataType.FP32}[dtype]
-    op = {"sum": HcclReduceOp.SUM, "max": HcclReduceOp.MAX}[rname]
+    from mpicoll import Hccl, HcclReduceOp
+    dt = DTYPES[dtype]
+    kind, op = dt.hccl, HcclReduceOp[rname.upper()]
     xs = inputs(seed, dtype, count * repeat * SIZE, list(range(SIZE)))
     with np.errstate(all="ignore"):
         full = golden_reduce(xs, dt, reduce_op(rname))
