@@ -124,7 +124,7 @@ def test_table_and_json(tmp_path):
 BROKEN = textwrap.dedent("""
     import numpy as np
     import mpicoll.run as run
-    from mpicoll.checks import BenchRun, BenchSpec
+    from mpicoll.checks import BENCHES, BenchRun, BenchSpec
 
     class Zeros:
         def execute(self, out):
@@ -267,7 +267,7 @@ STALL = textwrap.dedent("""
     import os, sys, time
     import numpy as np
     import mpicoll.run as run
-    from mpicoll.checks import BenchRun, BenchSpec
+    from mpicoll.checks import BENCHES, BenchRun, BenchSpec
 
     class Stall:
         \"\"\"From the second size on, world rank 1 sleeps (in Python: Ctrl-C interrupts it) while
