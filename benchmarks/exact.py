@@ -29,7 +29,7 @@ from mpi4py import MPI
 import mpicoll
 from mpicoll import _env
 from mpicoll._dtypes import DTYPES
-from mpicoll._golden import raw_reduce_type
+from mpicoll.checks._golden import raw_reduce_type
 
 W = MPI.COMM_WORLD
 OPS = {"AllReduce": (mpicoll.AllReduceOperation, mpicoll.AllReduceParam),

@@ -28,7 +28,7 @@ from mpi4py import MPI
 import mpicoll
 from mpicoll._domains import world as lib_world
 from mpicoll._dtypes import DTYPES, REDUCE_OPS
-from mpicoll._golden import BENCHES, BenchCase
+from mpicoll.checks import BENCHES, BenchCase
 from mpicoll.ops.fused import _limit, blas_threads
 
 

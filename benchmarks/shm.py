@@ -40,7 +40,7 @@ import mpicoll
 import mpicoll._shm
 from mpicoll import _env
 from mpicoll._dtypes import DTYPES
-from mpicoll._golden import raw_reduce_type
+from mpicoll.checks._golden import raw_reduce_type
 
 W = MPI.COMM_WORLD
 

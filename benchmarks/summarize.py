@@ -106,7 +106,6 @@ def merge(docs: list[dict]) -> dict:
 
 
 def plot(doc: dict, path: str) -> None:
-    from mpicoll import ops as _ops, quant as _quant  # noqa: F401 - registers the operators' bus factors
     from mpicoll.bench import Row, _plot
     _plot(path, [Row(**r) for r in doc["rows"]], doc["ranks"], doc["compare"])
 

@@ -95,9 +95,8 @@ _BY_CODE: dict[int, DType] = {d.code: d for d in DTYPES.values()}
 ALL_DTYPES: tuple[str, ...] = tuple(DTYPES)
 #: The dtypes the accelerator stack's ``HcclDataType`` names (every one but bool): the Hccl client's.
 HCCL_DTYPES: tuple[str, ...] = tuple(n for n, d in DTYPES.items() if d.hccl is not None)
-#: The dtypes named by the spec as the core set (the others are extras).
-CORE_DTYPES: tuple[str, ...] = ("int8", "int16", "int32", "int64", "uint8", "float16", "bfloat16",
-                                "float32", "float64")
+#: The 16-bit floats (float16, bfloat16): reduced in float32 (``reduce == "float32"``), the fused operators' dtypes.
+HALF_FLOATS: tuple[str, ...] = tuple(n for n, d in DTYPES.items() if d.reduce == "float32")
 
 
 def of_array(x: np.ndarray) -> DType | None:

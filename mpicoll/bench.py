@@ -1,6 +1,6 @@
 """The nccl-tests-style benchmark harness: ``mpirun -np N python -m mpicoll.run bench ...``.
 
-It sweeps sizes for every registered operator (``BENCHES``; it never names one), times out-of-place
+It sweeps sizes for every registered operator (``mpicoll.checks.BENCHES``; it never names one), times out-of-place
 and in-place forms as the slowest rank's mean per iteration, checks the results against the golden
 (wrong elements summed over ranks), and optionally runs the same sweep through the raw mpi4py
 buffer call and torch.distributed's gloo backend, interleaved per size so that drift on a shared
@@ -22,12 +22,13 @@ from dataclasses import dataclass, field
 import numpy as np
 from mpi4py import MPI
 
-from . import __version__, ops as _ops  # noqa: F401 - registers the operators
+from . import __version__
 from . import _shm
 from ._comm import node_affinities
 from ._domains import declare_domains, domain, domain_members, lookup, world as lib_world
 from ._dtypes import DTYPES, REDUCE_OPS
-from ._golden import BENCHES, BenchCase, count_wrong
+from .checks import BENCHES, BenchCase
+from .checks._golden import count_wrong
 from ._validate import validate_default
 from .check import UsageError
 from ._cli import Parser, epilog, kernels_summary, on_ctrl_c, version_text

@@ -1,5 +1,7 @@
 """The golden-check harness: every registered operator x dtype x case family, on the world and on
-named comm domains, against the numpy golden. It never names an operator."""
+named comm domains, against the numpy golden (the registry: :data:`mpicoll.checks.CHECKS`). It never
+names an operator. An operator it cannot check at this rank count (or in the dtypes asked for) is
+reported as skipped, with the reason."""
 from __future__ import annotations
 
 import time
@@ -9,10 +11,10 @@ from typing import Callable, TextIO
 import numpy as np
 from mpi4py import MPI
 
-from . import hccl as _hccl, ops as _ops  # noqa: F401 - registers the operators and their check specs
 from ._domains import world as lib_world
 from ._dtypes import DTYPES
-from ._golden import CHECKS, SEED, count_wrong
+from .checks import CHECKS
+from .checks._golden import SEED, count_wrong
 
 
 @dataclass
@@ -26,6 +28,8 @@ class CheckRow:
     wrong: int = 0
     seconds: float = 0.0
     failures: list[str] = field(default_factory=list)
+    #: why nothing of it was checked (None: something was)
+    skipped: str | None = None
 
 
 def layouts(world: int) -> list[tuple[str, Callable[[int], str]]]:
@@ -57,7 +61,7 @@ def run_checks(ops: list[str] | None = None, dtypes: list[str] | None = None, *,
 
     Returns:
         One :class:`CheckRow` per operator, identical on every rank (counts summed over ranks,
-        time = slowest rank).
+        time = slowest rank); ``skipped`` says why an operator had no case to run.
     """
     world = lib_world().mpi
     me, nworld = world.Get_rank(), world.Get_size()
@@ -67,6 +71,7 @@ def run_checks(ops: list[str] | None = None, dtypes: list[str] | None = None, *,
         spec = CHECKS[name]
         dts = [d for d in wanted if d in spec.dtypes]
         if not dts:
+            rows.append(CheckRow(name, 0, 0, skipped=f"it takes {', '.join(spec.dtypes)} only (add it with --dtype)"))
             continue
         local = np.zeros(2, dtype=np.int64)          # checks, wrong
         failures = []
@@ -93,7 +98,11 @@ def run_checks(ops: list[str] | None = None, dtypes: list[str] | None = None, *,
         world.Allreduce(local, total, MPI.SUM)
         world.Allreduce(MPI.IN_PLACE, elapsed, MPI.MAX)
         all_failures = [f for fs in world.allgather(failures) for f in fs]
-        rows.append(CheckRow(name, len(dts), ncases, int(total[0]), int(total[1]), float(elapsed[0]), all_failures))
+        skipped = None
+        if not total[0]:                             # (the same on every rank: summed)
+            skipped = spec.skip_at(nworld) or f"no case at {nworld} rank(s) in {', '.join(dts)}"
+        rows.append(CheckRow(name, len(dts), ncases, int(total[0]), int(total[1]), float(elapsed[0]), all_failures,
+                             skipped))
     return rows
 
 
@@ -105,12 +114,14 @@ def format_rows(rows: list[CheckRow], nranks: int, kernels: str | None = None) -
     w = max([len("operator"), *(len(r.op) for r in rows)]) + 2         # (the name column fits the longest name)
     lines.append(f"{'operator':<{w}}{'dtypes':>7}{'cases':>7}{'checks':>8}{'wrong':>8}{'time(s)':>9}  result")
     for r in rows:
-        lines.append(f"{r.op:<{w}}{r.dtypes:>7}{r.cases:>7}{r.checks:>8}{r.wrong:>8}{r.seconds:>9.2f}  "
-                     f"{'ok' if r.wrong == 0 else 'WRONG'}")
+        result = "WRONG" if r.wrong else f"skipped: {r.skipped}" if r.skipped else "ok"
+        lines.append(f"{r.op:<{w}}{r.dtypes:>7}{r.cases:>7}{r.checks:>8}{r.wrong:>8}{r.seconds:>9.2f}  {result}")
         lines.extend(f"    {f}" for f in r.failures[:10])
-    bad = sum(r.wrong for r in rows)
-    lines.append(f"# {'all checks passed' if bad == 0 else f'{bad} wrong element(s)'}: "
-                 f"{sum(r.checks for r in rows)} checks, {sum(r.wrong != 0 for r in rows)} operator(s) wrong")
+    bad, checks = sum(r.wrong for r in rows), sum(r.checks for r in rows)
+    skipped = sum(r.skipped is not None for r in rows)
+    verdict = f"{bad} wrong element(s)" if bad else "all checks passed" if checks else "nothing checked"
+    lines.append(f"# {verdict}: {checks} checks, {sum(r.wrong != 0 for r in rows)} operator(s) wrong"
+                 + (f", {skipped} skipped at {nranks} rank(s)" if skipped else ""))
     return "\n".join(lines)
 
 

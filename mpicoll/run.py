@@ -82,7 +82,8 @@ def main(argv: list[str] | None = None) -> int:
         if refused_settings("python -m mpicoll.run"):
             return 2
     from ._dtypes import ALL_DTYPES
-    from ._golden import CHECKS, SEED
+    from .checks import CHECKS
+    from .checks._golden import SEED
 
     world = MPI.COMM_WORLD
     me = world.Get_rank()

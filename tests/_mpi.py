@@ -16,7 +16,7 @@ from mpicoll import _env
 # what the outer job's launcher put in the environment (a nested launcher would take it for its own job)
 from mpicoll._env import LAUNCHER_PREFIXES
 
-from mpicoll._dtypes import ALL_DTYPES, DTYPES, reduce_ops_for
+from mpicoll._dtypes import ALL_DTYPES, DTYPES, HALF_FLOATS as _HALF_FLOATS, reduce_ops_for
 
 WORLD = MPI.COMM_WORLD
 RANK, SIZE = WORLD.Get_rank(), WORLD.Get_size()
@@ -27,9 +27,11 @@ OPEN_MPI = MPI.Get_library_version().startswith("Open MPI")
 # Dtype and reduce-op lists by what a test is about, drawn from the tables (a new dtype or reduce op
 # joins every list it belongs to; a hand-kept list would silently miss it).
 #: the 16-bit floats (they travel as 16 bits and reduce in float32)
-HALF_FLOATS = [d for d in ALL_DTYPES if DTYPES[d].reduce == "float32"]
+HALF_FLOATS = list(_HALF_FLOATS)
 #: every floating dtype
 FLOATS = [d for d in ALL_DTYPES if DTYPES[d].floating]
+#: the floats MPI reduces itself (float32, float64; mpicoll's tree-order kernels for them too)
+NATIVE_FLOATS = [d for d in FLOATS if DTYPES[d].reduce == "native"]
 #: every integer dtype (bool is not one)
 INTEGERS = [d for d in ALL_DTYPES if DTYPES[d].np.kind in "iu"]
 #: the one-byte dtypes (MPI's byte loops, the 8-bit AllToAll path)

@@ -7,7 +7,7 @@ import pytest
 
 import mpicoll
 from mpicoll import CollectiveArgumentError
-from mpicoll.ops.alltoall_allgather import golden
+from mpicoll.checks.alltoall_allgather import golden
 
 from _mpi import RANK, SIZE, raises_everywhere
 

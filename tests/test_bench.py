@@ -20,7 +20,7 @@ import pytest
 from mpi4py import MPI
 
 from mpicoll.bench import Row, parse_size, size_label, size_steps, _size_ticks
-from mpicoll._golden import BENCHES
+from mpicoll.checks import BENCHES
 
 from _mpi import OPEN_MPI, launch_env, mpirun, remove
 
@@ -124,7 +124,7 @@ def test_table_and_json(tmp_path):
 BROKEN = textwrap.dedent("""
     import numpy as np
     import mpicoll.run as run
-    from mpicoll._golden import BenchRun, BenchSpec, register_bench
+    from mpicoll.checks import BENCHES, BenchRun, BenchSpec
 
     class Zeros:
         def execute(self, out):
@@ -136,7 +136,7 @@ BROKEN = textwrap.dedent("""
         expected[0] = c.rank + 1          # wrong on every rank
         return BenchRun(Zeros(), (out,), expected)
 
-    register_bench(BenchSpec("BrokenForTest", setup, lambda n: 1.0, dtypes=("int32",)))
+    BENCHES["BrokenForTest"] = BenchSpec("BrokenForTest", setup, lambda n: 1.0, dtypes=("int32",))
     import sys
     sys.argv = sys.argv[:1] + sys.argv[2:]
     run.entry(["bench", "--op", "BrokenForTest", "-b", "8", "-e", "8", "-d", "int32", "-n", "1", "-w", "0"])
@@ -267,7 +267,7 @@ STALL = textwrap.dedent("""
     import os, sys, time
     import numpy as np
     import mpicoll.run as run
-    from mpicoll._golden import BenchRun, BenchSpec, register_bench
+    from mpicoll.checks import BENCHES, BenchRun, BenchSpec
 
     class Stall:
         \"\"\"From the second size on, world rank 1 sleeps (in Python: Ctrl-C interrupts it) while
@@ -294,7 +294,7 @@ STALL = textwrap.dedent("""
         out = np.zeros(max(case.count, 1), np.int32)
         return BenchRun(Stall(case), (out,), out.copy())
 
-    register_bench(BenchSpec("StallForTest", setup, lambda n: 1.0, dtypes=("int32",)))
+    BENCHES["StallForTest"] = BenchSpec("StallForTest", setup, lambda n: 1.0, dtypes=("int32",))
     run.entry(["bench", "--op", "StallForTest", "-b", "8", "-e", "64", "-d", "int32", "-n", "1", "-w", "0",
                "--json", sys.argv[1]])
 """)

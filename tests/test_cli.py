@@ -22,10 +22,27 @@ def run(np_, *args, timeout=120):
 
 
 def test_check_subset_passes():
-    res = run(3, "-m", "mpicoll.run", "--op", "AllReduce,AllToAllVV2", "--dtype", "float16,int8,bfloat16")
+    """The operators asked for; one that cannot run at 3 ranks (the fused one: an ep x 2 mesh) is
+    skipped, saying why, never "ok"."""
+    from mpicoll.checks import CHECKS
+    fused = "AlltoAllAllGatherBatchMatMul"
+    res = run(3, "-m", "mpicoll.run", "--op", f"AllReduce,AllToAllVV2,{fused}", "--dtype", "float16,int8,bfloat16")
     assert res.returncode == 0, res.stderr
-    assert "all checks passed" in res.stdout
+    assert "all checks passed" in res.stdout and "1 skipped at 3 rank(s)" in res.stdout
     assert res.stdout.count("AllReduce") == 1 and "AllToAllVV2" in res.stdout and "AllGather " not in res.stdout
+    row = next(line for line in res.stdout.splitlines() if line.startswith(fused))
+    assert row.split()[1:5] == ["2", "0", "0", "0"] and row.endswith(f"  skipped: {CHECKS[fused].skip_at(3)}"), row
+
+
+def test_check_table_says_skipped_and_nothing_checked():
+    """An operator with nothing checked is "skipped: <why>", and a table without a check says so."""
+    from mpicoll.check import CheckRow, format_rows
+    rows = [CheckRow("A", 2, 0, skipped="needs 4 ranks"), CheckRow("B", 0, 0, skipped="it takes int8 only")]
+    table = format_rows(rows, 2)
+    assert "  skipped: needs 4 ranks" in table and "  skipped: it takes int8 only" in table and " ok" not in table
+    assert table.endswith("# nothing checked: 0 checks, 0 operator(s) wrong, 2 skipped at 2 rank(s)")
+    table = format_rows([CheckRow("C", 1, 3, 6)] + rows[:1], 2)
+    assert table.endswith("# all checks passed: 6 checks, 0 operator(s) wrong, 1 skipped at 2 rank(s)")
 
 
 def test_demo_prints_the_documented_examples_in_rank_order():
@@ -62,7 +79,7 @@ SCRIPT = textwrap.dedent("""
     import numpy as np
     from mpi4py import MPI
     import mpicoll.run as run
-    from mpicoll._golden import CHECKS, Case, CheckSpec, register_check
+    from mpicoll.checks import CHECKS, Case, CheckSpec
 
     mode = sys.argv[1]
     if mode == "raise":
@@ -83,7 +100,7 @@ SCRIPT = textwrap.dedent("""
             if rank == 0:
                 exp[1] = 1
             return Case(Zeros(), (), {}, exp)
-        register_check(CheckSpec("Broken", lambda n: ["one"], broken, dtypes=("int32",)))
+        CHECKS["Broken"] = CheckSpec("Broken", lambda n: ["one"], broken, dtypes=("int32",))
         run.entry(["--op", "Broken"])
 """)
 

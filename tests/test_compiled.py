@@ -8,7 +8,8 @@ import numpy as np
 import pytest
 
 import mpicoll
-from mpicoll._golden import CHECKS, SEED, count_wrong
+from mpicoll.checks import CHECKS
+from mpicoll.checks._golden import SEED, count_wrong
 
 from _mpi import RANK, SIZE, WORLD
 

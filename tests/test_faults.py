@@ -12,7 +12,7 @@ import pytest
 from mpi4py import MPI
 
 import mpicoll
-from mpicoll._golden import CHECKS
+from mpicoll.checks import CHECKS
 from mpicoll._watchdog import stale_segments
 
 from _mpi import launch_env, mpirun, remove as _remove, run_job as _job
@@ -175,7 +175,8 @@ TIMED = """
     import numpy as np
     import mpicoll
     from mpi4py import MPI
-    from mpicoll._golden import CHECKS, SEED, count_wrong
+    from mpicoll.checks import CHECKS
+    from mpicoll.checks._golden import SEED, count_wrong
     rank, n = MPI.COMM_WORLD.Get_rank(), MPI.COMM_WORLD.Get_size()
     ran = []
     for name, cls in mpicoll.OPERATIONS.items():

@@ -13,7 +13,7 @@ from mpicoll import CollectiveArgumentError, CollectiveMismatchError
 from mpicoll import functional as F
 from mpicoll import graph
 from mpicoll._dtypes import DTYPES
-from mpicoll._golden import SEED, golden_reduce, rank_data
+from mpicoll.checks._golden import SEED, golden_reduce, rank_data
 
 from _mpi import RANK, SAMPLE, SIZE, WORLD, on, raises_everywhere, raises_on, setting
 

@@ -14,7 +14,8 @@ import pytest
 import mpicoll
 from mpicoll import CollectiveArgumentError, CollectiveMismatchError
 from mpicoll._dtypes import DTYPES
-from mpicoll._golden import CHECKS, SEED, count_wrong, rank_data
+from mpicoll.checks import CHECKS
+from mpicoll.checks._golden import SEED, count_wrong, rank_data
 from mpicoll.ops.fused import (AlltoAllAllGatherBatchMatMulOperation as Fused,
                                AlltoAllAllGatherBatchMatMulParam as FusedParam,
                                BatchMatMulReduceScatterAlltoAllOperation as Reverse,

@@ -24,8 +24,8 @@ from hypothesis import strategies as st
 import mpicoll
 from mpicoll import CollectiveError
 from mpicoll._dtypes import DTYPES
-from mpicoll._golden import count_wrong, golden_reduce
-from mpicoll.ops.alltoall import alltoallv_golden
+from mpicoll.checks._golden import count_wrong, golden_reduce
+from mpicoll.checks.alltoall import alltoallv_golden
 
 from _mpi import RANK, SIZE, WORLD, agreed, launch_env, mpirun
 

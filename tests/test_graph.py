@@ -14,7 +14,7 @@ from mpicoll import functional as F
 from mpicoll import graph
 from mpicoll._dtypes import DTYPES, REDUCE_OPS
 from mpicoll import _env
-from mpicoll._golden import SEED, count_wrong, golden_reduce, rank_data
+from mpicoll.checks._golden import SEED, count_wrong, golden_reduce, rank_data
 
 from _mpi import OPEN_MPI, RANK, SAMPLE, SIZE, raises_everywhere, remove, run_job
 

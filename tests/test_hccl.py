@@ -14,8 +14,8 @@ import mpicoll
 from mpicoll import hccl as _hccl
 from mpicoll import CollectiveError, CollectiveMismatchError, Hccl, HcclDataType, HcclReduceOp
 from mpicoll._dtypes import DTYPES, HCCL_DTYPES, reduce_op
-from mpicoll._golden import SEED, golden_reduce, rank_data
-from mpicoll.hccl import run_tiled, tiled_golden, tiled_layout
+from mpicoll.checks._golden import SEED, golden_reduce, rank_data
+from mpicoll.checks.hccl import run_tiled, tiled_golden, tiled_layout
 
 from _mpi import RANK, SIZE, WORLD, launch_env, mpirun, raises_everywhere, reduce_ops, setting
 

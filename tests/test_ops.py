@@ -8,7 +8,8 @@ import pytest
 import mpicoll
 from mpicoll._comm import LibComm
 from mpicoll import _env
-from mpicoll._golden import CHECKS, SEED, count_wrong
+from mpicoll.checks import CHECKS
+from mpicoll.checks._golden import SEED, count_wrong
 from mpicoll.check import layouts
 
 from _mpi import BYTES, HALF_FLOATS, INTEGERS, OPEN_MPI, RANK, SAMPLE, SIZE, WORLD, reduce_ops
@@ -24,7 +25,7 @@ def _check_all_cases(name, dtype, label, validate=True):
     n, rank = len(members), members.index(RANK)
     cases = spec.cases_for(n, dtype)
     if not cases:         # (the same on every rank of the layout: n is)
-        pytest.skip(f"{name} has no case at {n} rank(s) in {dtype}")
+        pytest.skip(f"{name}: {spec.why_none(n, dtype)}")
     failures = []
     for case in cases:
         c = spec.make(case, dtype, dom, rank, n, SEED, validate=validate)
@@ -85,7 +86,7 @@ def test_any_input_layout(name):
     every rank (test_errors)."""
     spec = CHECKS[name]
     if not spec.cases(SIZE):
-        pytest.skip(f"{name} has no case at {SIZE} rank(s)")
+        pytest.skip(f"{name}: {spec.why_none(SIZE)}")
     case = spec.make(spec.cases(SIZE)[0], "float32" if "float32" in spec.dtypes else spec.dtypes[0], "", RANK,
                      SIZE, SEED)
     x, rest = case.args[0], case.args[1:]
@@ -172,7 +173,7 @@ def test_half_reductions_equal_the_float32_golden(dtype, rname):
     """Random data: the float32-accumulated (rank order), once-rounded result bit for bit, whatever
     the path and size."""
     from mpicoll._dtypes import DTYPES, reduce_op
-    from mpicoll._golden import golden_reduce, rank_data
+    from mpicoll.checks._golden import golden_reduce, rank_data
     dt, rop = DTYPES[dtype], reduce_op(rname)
     for size in (1, 5, 1000, 40_003, 2 * 65_536):
         xs = [rank_data(SEED, f"ulp/{dtype}/{rname}/{size}", r, size, dt, "random") for r in range(SIZE)]
@@ -199,7 +200,7 @@ def test_allreduce_64mib(dtype):
 def test_large_byte_allreduce_through_alltoall_matches_mpi(dtype, rname):
     """8-bit AllReduce >= 4 MiB (validation off) takes AllToAll + numpy: the same wrapping results."""
     from mpicoll._dtypes import DTYPES, reduce_op
-    from mpicoll._golden import golden_reduce, rank_data
+    from mpicoll.checks._golden import golden_reduce, rank_data
     n = (4 << 20) + 3
     xs = [rank_data(SEED, f"byte/{dtype}/{rname}", r, n, DTYPES[dtype]) * 20 for r in range(SIZE)]
     xs = [x.astype(dtype) for x in xs]
@@ -216,7 +217,7 @@ def test_large_allreduce_in_pieces(monkeypatch, dtype):
     """From PIECED_BYTES up an AllReduce runs piece by piece (here with 48-byte pieces, so small
     arrays take the path): the same results, out of place and in place, whatever the dtype's path."""
     from mpicoll._dtypes import DTYPES, reduce_op
-    from mpicoll._golden import golden_reduce, rank_data
+    from mpicoll.checks._golden import golden_reduce, rank_data
     from mpicoll.ops import allreduce
     monkeypatch.setattr(allreduce, "PIECE_BYTES", 48)      # (alike on every rank: they pick the MPI calls)
     monkeypatch.setattr(allreduce, "PIECED_BYTES", 4 * 48)
@@ -424,7 +425,7 @@ def test_validation_never_changes_the_calls_that_carry_the_data(name, monkeypatc
     dtype = "float32" if "float32" in spec.dtypes else spec.dtypes[0]
     cases = spec.cases_for(SIZE, dtype)
     if not cases:
-        pytest.skip(f"{name} has no case at {SIZE} rank(s)")
+        pytest.skip(f"{name}: {spec.why_none(SIZE, dtype)}")
     log = _spy_calls(monkeypatch, agreements=False)
     compared = 0
     for case in cases:
@@ -449,7 +450,7 @@ def test_nccl_tests_in_place_forms(validate, dtype):
     """In place as nccl-tests defines it: AllGather with x = out[rank], ReduceScatter with out = x's
     block rank, AllToAll with out = x; execute and plans, against the golden."""
     from mpicoll._dtypes import DTYPES, reduce_op
-    from mpicoll._golden import golden_reduce, rank_data
+    from mpicoll.checks._golden import golden_reduce, rank_data
     dt, n = DTYPES[dtype], SIZE
     xs = [rank_data(SEED, f"inplace/{dtype}", r, (2 * n, 3), dt) for r in range(n)]
     for how in ("execute", "plan"):

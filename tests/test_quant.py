@@ -2,17 +2,18 @@
 (The operator x case families run against the golden in tests/test_ops.py through the registry.)"""
 from __future__ import annotations
 
-import ml_dtypes
 import numpy as np
 import pytest
 
 import mpicoll
 from mpicoll import CollectiveArgumentError, QuantAllReduceOperation, QuantAllReduceParam, dequantize, quantize
-from mpicoll._golden import CHECKS, SEED, count_wrong, golden_tree
+from mpicoll.checks import CHECKS
+from mpicoll.checks._golden import SEED, count_wrong, golden_tree
 from mpicoll import _numeric as N
+from mpicoll._dtypes import DTYPES
 from mpicoll.ops.quant import bytes_per_rank, plan_chunks
 
-from _mpi import RANK, SIZE, raises_everywhere
+from _mpi import FLOATS, RANK, SIZE, raises_everywhere
 
 #: pure functions (no MPI): checked once, in the 1-rank run
 once = pytest.mark.skipif(SIZE != 1, reason="pure function: check it once")
@@ -21,10 +22,11 @@ mpi1 = pytest.mark.mpi(min_size=1)
 
 
 @once
-@pytest.mark.parametrize("dtype", [np.float16, ml_dtypes.bfloat16, np.float32, np.float64])
+@pytest.mark.parametrize("dtype", FLOATS)
 @pytest.mark.parametrize("block", [1, 7, 32, 4096])
 def test_quantize_round_trip_within_half_a_step(dtype, block):
-    x = np.random.default_rng(block).standard_normal((5, 99)).astype(dtype)
+    """Every float dtype (quantize takes them all)."""
+    x = np.random.default_rng(block).standard_normal((5, 99)).astype(DTYPES[dtype].np)
     q, s = quantize(x, block)
     assert q.dtype == np.int8 and q.shape == x.shape and s.dtype == np.float32 and s.size == -(-x.size // block)
     assert np.abs(q).max() <= 127

@@ -8,7 +8,7 @@ import pytest
 import mpicoll
 from mpicoll._dtypes import DTYPES, reduce_op
 from mpicoll import _env
-from mpicoll._golden import SEED, count_wrong, golden_reduce, rank_data
+from mpicoll.checks._golden import SEED, count_wrong, golden_reduce, rank_data
 
 from _mpi import HALF_FLOATS, RANK, SIZE, reduce_ops
 

@@ -23,7 +23,7 @@ from hypothesis import strategies as st
 import mpicoll
 from mpicoll import _env, _shm, functional as F, graph
 from mpicoll._dtypes import DTYPES, reduce_op
-from mpicoll._golden import golden_reduce
+from mpicoll.checks._golden import golden_reduce
 from mpicoll.ops import allreduce as A
 
 from _mpi import FLOATS, RANK, SIZE, WORLD, agreed, digest_job, reduce_ops
@@ -254,7 +254,8 @@ def test_the_same_bits_on_mpich_and_open_mpi():
 def test_quant_allreduce_sums_in_the_tree_order_at_any_size(seed, count, block):
     """QuantAllReduce (float16 gather): every element is float16(sum_r float32(q_r) * scale_r), summed
     in rank order, whatever the size and its chunks (the operator's numpy golden, bit for bit)."""
-    from mpicoll.ops.quant import QuantAllReduceOperation, QuantAllReduceParam, golden
+    from mpicoll.checks.quant import golden
+    from mpicoll.ops.quant import QuantAllReduceOperation, QuantAllReduceParam
     rngs = [np.random.default_rng([seed, r, count, block]) for r in range(SIZE)]
     xs = [g.integers(-127, 128, count).astype(np.int8) for g in rngs]
     nscales = 1 if block == 0 else -(-count // block)
@@ -270,15 +271,14 @@ def test_quant_allreduce_sums_in_the_tree_order_at_any_size(seed, count, block):
 
 @mpi1
 @PROPERTY
-@given(st.integers(0, 2 ** 31), st.sampled_from(["float16", "bfloat16", "float32"]), st.integers(1, 3000),
-       st.integers(1, 4), st.sampled_from(["sum", "max"]))
+@given(st.integers(0, 2 ** 31), st.sampled_from(FLOATS), st.integers(1, 3000), st.integers(1, 4),
+       st.sampled_from(["sum", "max"]))
 def test_hccl_rounds_give_the_tree_order_bits(seed, dtype, count, repeat, rname):
     """The Hccl client's AllReduce and strided ReduceScatter, ``repeat`` rounds of ``count``: every
     element the tree-order golden's, whatever the round size."""
-    from mpicoll import Hccl, HcclDataType, HcclReduceOp
-    dt, kind = DTYPES[dtype], {"float16": HcclDataType.FP16, "bfloat16": HcclDataType.BFP16,
-                               "float32": HcclDataType.FP32}[dtype]
-    op = {"sum": HcclReduceOp.SUM, "max": HcclReduceOp.MAX}[rname]
+    from mpicoll import Hccl, HcclReduceOp
+    dt = DTYPES[dtype]
+    kind, op = dt.hccl, HcclReduceOp[rname.upper()]
     xs = inputs(seed, dtype, count * repeat * SIZE, list(range(SIZE)))
     with np.errstate(all="ignore"):
         full = golden_reduce(xs, dt, reduce_op(rname))

@@ -22,7 +22,7 @@ from mpicoll import _env, _shm
 from mpicoll._domains import user_comm
 from mpicoll import _validate as V
 from mpicoll._dtypes import DTYPES, REDUCE_OPS, reduce_ops_for
-from mpicoll._golden import SEED, count_wrong, golden_reduce, rank_data
+from mpicoll.checks._golden import SEED, count_wrong, golden_reduce, rank_data
 
 from _mpi import OPEN_MPI, RANK, SAMPLE, SIZE, WORLD, launch_env, mpirun, raises_everywhere, setting
 

@@ -41,7 +41,7 @@ from mpicoll import _shm
 from mpicoll.ops import allreduce
 from mpicoll._domains import user_comm
 from mpicoll._dtypes import DTYPES, REDUCE_OPS
-from mpicoll._golden import golden_reduce, rank_data
+from mpicoll.checks._golden import golden_reduce, rank_data
 
 _shm.SLOT_BYTES = 4096                       # (small rounds: the node tier's ReduceScatter takes many)
 allreduce.TIERED_BYTES = 2048
@@ -113,8 +113,8 @@ for name, count in [("bfloat16", 1023), ("float32", 50_000), ("int32", 50_000), 
     check(f"flat {name} {count}", got, want.astype(dt.np))
 assert (lib._tiers is not None) == aligned, "a flat call made tiers"
 
-# float32/float64 in the tree order (in tiers where aligned), above the threshold, in place too
-for name in ["float32", "float64"]:
+# float32/float64 (the floats MPI reduces) in the tree order (in tiers where aligned), above the threshold, in place too
+for name in [d for d, row in DTYPES.items() if row.floating and row.reduce == "native"]:
     dt = DTYPES[name]
     for rname in ("sum", "prod", "max"):
         op = mpicoll.AllReduceOperation(mpicoll.AllReduceParam(comm=comm, reduce_type=rname))

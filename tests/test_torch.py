@@ -16,16 +16,15 @@ import torch.distributed as dist  # noqa: E402
 
 import mpicoll  # noqa: E402
 import mpicoll.torch  # noqa: E402, F401 - registers the backend and mpi://
-from mpicoll._dtypes import DTYPES, REDUCE_OPS  # noqa: E402
-from mpicoll._golden import SEED, golden_reduce, rank_data  # noqa: E402
+from mpicoll._dtypes import ALL_DTYPES, DTYPES, REDUCE_OPS  # noqa: E402
+from mpicoll.checks._golden import SEED, golden_reduce, rank_data  # noqa: E402
 
-from _mpi import RANK, SIZE, WORLD, raises_everywhere  # noqa: E402
+from _mpi import FLOATS, RANK, SIZE, WORLD, raises_everywhere  # noqa: E402
 from _torch import world_group  # noqa: E402, F401 - the module's process group (autouse)
 
 pytestmark = pytest.mark.mpi(min_size=1)
 
-NUMERIC = ["float32", "float64", "float16", "bfloat16", "int8", "int16", "int32", "int64", "uint8"]
-ALL = NUMERIC + ["bool"]
+ALL = list(ALL_DTYPES)
 OPS = {"sum": dist.ReduceOp.SUM, "prod": dist.ReduceOp.PRODUCT, "min": dist.ReduceOp.MIN, "max": dist.ReduceOp.MAX}
 
 
@@ -84,7 +83,7 @@ def test_all_reduce(dtype, op):
     _same(t, _golden(xs, dtype, op))
 
 
-@pytest.mark.parametrize("dtype", ["float32", "float64", "float16", "bfloat16"])
+@pytest.mark.parametrize("dtype", FLOATS)
 def test_all_reduce_avg(dtype):
     xs = [_np("avg", (7,), dtype, r) for r in range(SIZE)]
     t = _t(xs[RANK])

@@ -10,13 +10,14 @@ import torch.distributed as dist  # noqa: E402
 
 import mpicoll  # noqa: E402
 import mpicoll.torch  # noqa: E402, F401 - registers the backend and mpi://
+from mpicoll._dtypes import ALL_DTYPES  # noqa: E402
 
 from _mpi import RANK, SIZE  # noqa: E402
 from _torch import world_group  # noqa: E402, F401 - the module's process group (autouse)
 
 pytestmark = pytest.mark.mpi(min_size=2)
-DTYPES = [torch.float32, torch.float64, torch.float16, torch.bfloat16, torch.int8, torch.int64, torch.uint8,
-          torch.bool]
+#: every dtype of the table, as torch names it
+DTYPES = [getattr(torch, name) for name in ALL_DTYPES]
 
 
 

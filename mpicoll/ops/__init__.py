@@ -1,6 +1,6 @@
 """One module per operator family. Importing this package imports each of them, which registers
-their operators (``OPERATIONS``) and check and bench specs, and collects their public names:
-adding an operator is adding a module here (with its tests and a docs section)."""
+their operators (``OPERATIONS``) and collects their public names: adding an operator is adding a
+module here (with its checks module, mpicoll/checks/<family>.py, its tests and a docs section)."""
 import importlib
 import pkgutil
 

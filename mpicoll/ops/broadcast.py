@@ -7,8 +7,6 @@ import numpy as np
 
 from .. import _shm
 from .. import _validate as V
-from .._dtypes import DTYPES
-from .._golden import BenchRun, BenchSpec, Case, CheckSpec, bench_data, rank_data, register_bench, register_check, torch_view
 from .._numeric import copy_pairs
 from .._params import CommParam
 from .._plan import Call, Plan
@@ -94,40 +92,3 @@ class BroadcastOperation(Operation):
         go.mpi(self._lib, "Bcast", [staging, calls[0].dt.mpi], self._root)
         if self.rank != self._root:
             go.local(copy_pairs, scatter_pairs(staging, xs))
-
-
-_SHAPES = {"small": (4, 3), "zero": (0,), "scalar": (), "large": (300_001,)}
-
-
-def _cases(n):
-    return [f"{s}:root{r}" for s in ("small",) for r in range(n)] + ["zero:root0", "scalar:root0",
-                                                                     f"large:root{n - 1}"]
-
-
-def _case(case, dtype, comm_domain, rank, n, seed, validate=True) -> Case:
-    family, root = case.split(":")
-    root = int(root.removeprefix("root"))
-    dt = DTYPES[dtype]
-    inputs = [rank_data(seed, f"Broadcast/{case}/{dtype}", r, _SHAPES[family], dt) for r in range(n)]
-    op = BroadcastOperation(BroadcastParam(comm_domain=comm_domain, rank_size=n, rank_root=root), validate=validate)
-    return Case(op, (inputs[rank].copy(),), {}, inputs[root])
-
-
-register_check(CheckSpec("Broadcast", _cases, _case))
-
-
-def _bench(c) -> BenchRun:
-    x = bench_data(c.rank, c.count, c.dtype)
-    work = x.copy()
-    op = BroadcastOperation(BroadcastParam(comm_domain=c.comm_domain, rank_size=c.n, rank_root=c.root),
-                            validate=c.validate)
-    comm, t, root = c.comm, c.dtype.mpi, c.root    # locals in the raw call, as a user's loop has them
-
-    def torch_call(dist, torch, group):
-        t = torch_view(torch, work)
-        return lambda: dist.broadcast(t, group=group, group_src=c.root)
-    return BenchRun(op, None, bench_data(c.root, c.count, c.dtype), inplace=((work,), {}),
-                    reset=lambda: np.copyto(work, x), raw=lambda: comm.Bcast([work, t], root), torch_call=torch_call)
-
-
-register_bench(BenchSpec("Broadcast", _bench, lambda n: 1.0, uses_root=True))

@@ -1,19 +1,17 @@
-"""Golden-check support: seeded per-rank data every rank can rebuild, numpy reference reductions,
-wrong-element counting, and the registry of per-operator check specs.
+"""The goldens' shared builders: seeded per-rank data every rank can rebuild, numpy reference
+reductions, wrong-element counting, count/displacement plans, and the bench's inputs and raw types.
 
-An operator module registers a :class:`CheckSpec` describing its case families and computing
-``(got, expected)`` for one case; ``mpicoll.check`` and the tests iterate the registry and never
-name an operator.
+Written from the definitions (SPEC.md, docs/reproducibility.md) in numpy, never with the library's
+own code: a golden that called what it checks would prove consistency, not correctness.
 """
 from __future__ import annotations
 
 import zlib
-from dataclasses import dataclass, field
-from typing import Callable
 
 import numpy as np
+from mpi4py import MPI
 
-from ._dtypes import DTYPES, REDUCE_OPS, DType, ReduceOp
+from .._dtypes import REDUCE_OPS, DType, ReduceOp
 
 SEED = 20261122
 
@@ -99,52 +97,6 @@ def count_wrong(got: object, expected: object, *, exact: bool = True, n: int = 1
     return int(got.size - np.count_nonzero(ok))
 
 
-@dataclass
-class Case:
-    """One golden check: ``op.execute(*args, **kwargs)`` must give ``expected`` (an array, a tuple
-    of them, or None for a root-only output on another rank), bit for bit when ``exact``."""
-
-    op: object
-    args: tuple
-    kwargs: dict
-    expected: object
-    exact: bool = True
-
-    def execute(self) -> object:
-        return self.op.execute(*self.args, **self.kwargs)
-
-
-@dataclass(frozen=True)
-class CheckSpec:
-    """How to check one operator: case families and a function building one :class:`Case`.
-
-    ``make(case, dtype, comm_domain, rank, n, seed, validate=True)`` builds the operator on
-    ``comm_domain`` (of ``n`` ranks, this one being ``rank``; "" = the world) and its inputs, and
-    computes the expected output without any communication (every rank can rebuild every
-    rank's input from the seed).
-    """
-
-    name: str
-    cases: Callable[[int], list[str]]
-    make: Callable[..., Case]
-    dtypes: tuple[str, ...] = tuple(DTYPES)
-
-    def cases_for(self, n: int, dtype: str) -> list[str]:
-        """The cases at ``n`` ranks that apply to ``dtype``: a case named after a reduce op
-        (``family:op``) that cannot reduce the dtype (AVG of integers) does not."""
-        dt = DTYPES[dtype]
-        return [c for c in self.cases(n)
-                if all(REDUCE_OPS[part].refuses(dt) is None for part in c.split(":") if part in REDUCE_OPS)]
-
-
-CHECKS: dict[str, CheckSpec] = {}
-
-
-def register_check(spec: CheckSpec) -> CheckSpec:
-    CHECKS[spec.name] = spec
-    return spec
-
-
 def reduce_case_names(families: list[str]) -> list[str]:
     """``["even", "uneven"]`` -> ``["even:sum", "even:prod", ..., "uneven:min"]``."""
     return [f"{f}:{r}" for f in families for r in REDUCE_OPS]
@@ -192,71 +144,7 @@ def displs(c: np.ndarray, gapped: bool) -> tuple[np.ndarray, int]:
     return d, pos + 2
 
 
-# ----------------------------------------------------------------------------- benchmark specs
-
-@dataclass
-class BenchCase:
-    """What the benchmark harness asks an operator to set up: ``count`` elements in the op's
-    nccl-tests size convention (the larger buffer: AllGather's output, ReduceScatter's input)."""
-
-    count: int
-    dtype: DType
-    reduce: ReduceOp | None
-    root: int
-    n: int
-    rank: int
-    comm_domain: str
-    validate: bool
-    comm: object          # a raw mpi4py communicator over the same ranks, for the raw baseline
-    world_rank: int = 0   # this rank in MPI.COMM_WORLD (to name sub-domains alike on every member)
-
-
-@dataclass
-class BenchRun:
-    """The buffers and calls of one benchmark point.
-
-    ``op.execute(*args, **kwargs)`` runs out of place into preallocated buffers (``args`` None: no
-    such form); ``inplace`` is the ``(args, kwargs)`` of the in-place form (or None), ``reset``
-    restores the input it overwrote. The harness times ``execute`` or, with ``--plan``, a plan
-    prepared from the same arguments. ``expected`` is the golden of what the call returns (an
-    array, a tuple of them, or None on a rank without a root-only output); ``raw`` makes the same collective with the plain mpi4py buffer call on the same arrays;
-    ``torch_call(dist, torch, group)`` returns the torch.distributed equivalent on the same memory
-    (or None); ``close()`` releases what the setup made (called by the harness after the point)."""
-
-    op: object
-    args: tuple | None
-    expected: object
-    kwargs: dict = field(default_factory=dict)
-    raw: Callable[[], object] | None = None
-    inplace: tuple | None = None
-    reset: Callable[[], object] | None = None
-    torch_call: Callable[..., Callable[[], object] | None] | None = None
-    exact: bool = True
-    close: Callable[[], object] | None = None     # releases what setup made (collective: communicators)
-
-
-@dataclass(frozen=True)
-class BenchSpec:
-    """How to benchmark one operator (nccl-tests style)."""
-
-    name: str
-    setup: Callable[[BenchCase], BenchRun]
-    bus_factor: Callable[[int], float]
-    count_multiple: Callable[[int], int] = lambda n: 1
-    uses_reduce: bool = False
-    uses_root: bool = False
-    dtypes: tuple[str, ...] = tuple(DTYPES)
-    #: why it cannot run at ``n`` ranks (None: it can)
-    skip_at: Callable[[int], str | None] = lambda n: None
-
-
-BENCHES: dict[str, BenchSpec] = {}
-
-
-def register_bench(spec: BenchSpec) -> BenchSpec:
-    BENCHES[spec.name] = spec
-    return spec
-
+# ----------------------------------------------------------------------------- benchmark inputs
 
 def bench_data(rank: int, count: int, dt: DType) -> np.ndarray:
     """Cheap deterministic inputs with an exact golden under every reduce op (values in [-3, 3],
@@ -267,7 +155,6 @@ def bench_data(rank: int, count: int, dt: DType) -> np.ndarray:
 
 def raw_reduce_type(dt: DType):
     """The MPI datatype a raw mpi4py reduction would use (MPICH's native float16; none for bfloat16)."""
-    from mpi4py import MPI
     if dt.name == "float16":
         return MPI.FLOAT16_T
     if dt.name == "bfloat16" or dt.reduce == "logical":      # (bool: MPI's LOR on C_BOOL, not this op)
