@@ -350,10 +350,11 @@ class Compiled:
             self.agree = _Steps(agree_steps, None, every, timeout, where[0], 0)
             self.data = _Steps(data_steps, None, every, timeout, where[1], tokens)
             self.result_t, self.fillable = call.result, False
-        # (an array no step touches was read into a copy when the call was described, as a list of
-        # arrays is: such a call is described every time; a call that allocates its output and
-        # cannot fill a new one neither)
-        self.repeats = _touched(agree_steps + data_steps, call.result, mine) and (self.fillable or not allocs)
+        # (an array of a list no step touches was read into a copy when the call was described, as
+        # x given as a list of arrays is: such a call is described every time; a call that
+        # allocates its output and cannot fill a new one neither)
+        listed = [a for v in args if type(v) is list or type(v) is tuple for a in v if type(a) is np.ndarray]
+        self.repeats = _touched(agree_steps + data_steps, call.result, listed) and (self.fillable or not allocs)
         self.result = call.result
         self.args, self.ids, self.mine, self.shapes = args, tuple(map(id, args)), mine, list(map(_LOOK, mine))
 
