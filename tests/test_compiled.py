@@ -8,8 +8,10 @@ import numpy as np
 import pytest
 
 import mpicoll
-from mpicoll.checks import CHECKS
+from mpicoll._dtypes import DTYPES, REDUCE_OPS
+from mpicoll.checks import BENCHES, CHECKS
 from mpicoll.checks._golden import SEED, count_wrong
+from mpicoll.checks._spec import BenchCase
 
 from _mpi import RANK, SIZE, WORLD
 
@@ -89,3 +91,34 @@ def test_compiled_calls_fill_other_arrays(name, validate):
         if len({id(r) for r in made}) != len(made):
             failures.append(f"{case}: an output it allocated came back from another call")
     assert not failures, f"{name} rank {RANK}: " + "; ".join(failures)
+
+
+@pytest.mark.mpi(min_size=1)
+@pytest.mark.parametrize("validate", [True, False], ids=["validated", "off"])
+@pytest.mark.parametrize("name", sorted(BENCHES))
+def test_one_operation_alternating_forms_of_one_layout(name, validate):
+    """The bench's calls: one operation called in turn out of place and in place (``out`` a block of
+    ``x``: the same dtypes, shapes and strides, but overlapping), at sizes on every path: each form
+    is its own compiled call (how the arrays overlap is part of the layout), every result the
+    golden's. (A fill of the in-place call's steps with arrays apart wrote the result into x.)"""
+    spec = BENCHES[name]
+    if spec.skip_at(SIZE):
+        pytest.skip(spec.skip_at(SIZE))
+    dt = DTYPES["float32" if "float32" in spec.dtypes else spec.dtypes[0]]
+    comm = WORLD.Dup()
+    try:
+        for count in (8 * SIZE, 4096 * SIZE, 65536 * SIZE):
+            c = BenchCase(count - count % spec.count_multiple(SIZE), dt,
+                          REDUCE_OPS["sum"] if spec.uses_reduce else None, 0, SIZE, RANK, "", validate, comm, RANK)
+            b = spec.setup(c)
+            forms = [f for f in ((b.args, b.kwargs), b.inplace) if f is not None and f[0] is not None]
+            for k in range(3):
+                for args, kwargs in forms:
+                    if b.reset is not None:
+                        b.reset()
+                    got = b.op.execute(*args, **kwargs)
+                    assert count_wrong(got, b.expected, exact=b.exact, n=SIZE) == 0, (name, count, k, args is b.args)
+            if b.close is not None:
+                b.close()
+    finally:
+        comm.Free()

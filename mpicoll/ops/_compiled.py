@@ -78,7 +78,20 @@ def layout(args: tuple, values: frozenset, slots: frozenset) -> tuple[tuple | No
                 key.append(_data(a, arrays))
     except TypeError:
         return None, arrays
+    if len(arrays) > 1 and any(a.base is not None for a in arrays):
+        key += _overlaps(arrays)
     return tuple(key), arrays
+
+
+def _overlaps(arrays: list) -> list:
+    """Which of a call's arrays (views among them) overlap, and where: part of its layout (an
+    in-place form, ``out`` a block of ``x``, is another call than two arrays apart)."""
+    found = []
+    for i, a in enumerate(arrays):
+        for j in range(i + 1, len(arrays)):
+            if np.may_share_memory(a, arrays[j]):
+                found.append((i, j, _address(arrays[j]) - _address(a)))
+    return found
 
 
 def _data(a: Any, arrays: list) -> Any:
@@ -367,15 +380,10 @@ class Compiled:
         self.args, self.ids, self.mine, self.shapes = args, tuple(map(id, args)), mine, list(map(_LOOK, mine))
 
     def fill(self, args: tuple, mine: list) -> bool:
-        """Fill the slots with another call's arrays (of this layout); False: it cannot (its steps
-        hold memory the slots cannot reach, or two arrays overlap: the call is described afresh)."""
+        """Fill the slots with another call's arrays (of this layout: they overlap as its did);
+        False: it cannot (its steps hold memory the slots cannot reach: the call is described afresh)."""
         if not self.fillable or (self.op.RESIDES and self.lib.buffers):   # (where x lies is in its header)
             return False
-        if len(mine) > 1 and any(a.base is not None for a in mine):      # (views: no two may overlap)
-            for i, a in enumerate(mine):
-                for b in mine[i + 1:]:
-                    if np.may_share_memory(a, b):
-                        return False
         self._bind(args, mine, mine + [np.empty(s, d) for s, d in self.allocs] if self.allocs else mine)
         return True
 
