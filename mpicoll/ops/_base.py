@@ -233,6 +233,8 @@ class Operation:
             last = self._last
             if last is not None and mode.compiles and failed is None:
                 result = last.repeat(args)              # (the very arguments of the last call)
+                if result is MISS:
+                    result = last.similar(args)         # (other arrays of its layout)
                 if result is not MISS:
                     return result
             return self._pipeline(lib, args, mode, failed)
@@ -242,26 +244,27 @@ class Operation:
     def _pipeline(self, lib: LibComm, args: tuple, mode: "Mode", failed: CollectiveError | None) -> Any:
         """THE pipeline of a call (see the module docstring): lookup -> describe -> must it agree?
         -> agree -> ``mode.take``."""
-        key = mine = None
+        key = arrays = None
         if mode.compiles and failed is None and not self._SLOTS_AT and not self.RULES_ON_DATA:
-            key, mine = layout(args, self._VALUES_AT, self._SLOTS_AT)
+            key, mine, looks = layout(args, self._VALUES_AT, self._SLOTS_AT)
             found = None if key is None else self._compiled.get(key)
-            if found is not None and found.fill(args, mine):
+            if found is not None and found.fill(args, mine, looks):
                 self._last = found
                 return found.run()
+            if key is not None and sum(a.nbytes for a in mine) <= COMPILED_BYTES:
+                arrays = (mine, looks)                  # (it compiles: the layout and its arrays)
         call, err = self._described(args, failed)
         number = count_call(self._comms, self.NAME) if self._counted(lib) else 0
         if not self._agrees(mode, lib):
             if err is not None:
                 raise err
-            return mode.take(self, call, None, False, None, None, key, args, mine)
+            return mode.take(self, call, None, False, None, None, key, args, arrays)
         payload = self._payload(call) if mode.rides and err is None else None
         if payload is not None and (call.src is not None or call.before):
             prologue(call)                              # (its payload is read now, into the agreement)
-        compiles = key is not None and mode.compiles and sum(a.nbytes for a in mine) <= COMPILED_BYTES
-        slots = Slots(lib) if compiles and self._checks(lib) else self._scratch_slots(lib)
+        slots = Slots(lib) if arrays is not None and self._checks(lib) else self._scratch_slots(lib)
         table, rode = agree_call(lib, self, call, err, number, payload, slots)
-        return mode.take(self, call, table, rode, slots, payload, key if compiles else None, args, mine)
+        return mode.take(self, call, table, rode, slots, payload, key, args, arrays)
 
     def _agrees(self, mode: "Mode", lib: LibComm) -> bool:
         """Whether a call agrees (the one place this is decided): in a mode that always does
@@ -404,18 +407,19 @@ class Mode:
     agrees = defers = False
 
     def take(self, op: Operation, call: Call, table: np.ndarray | None, rode: bool, slots: Slots | None,
-             payload: np.ndarray | None, key: tuple | None, args: tuple, mine: list | None) -> Any:
+             payload: np.ndarray | None, key: tuple | None, args: tuple, arrays: tuple | None) -> Any:
         raise NotImplementedError
 
 
 class _Run(Mode):
-    """``execute``: compile the call (``key``: a small call of a layout it can tell apart) and run
-    it, or run it at once with the operation's Runner."""
+    """``execute``: compile the call (``arrays``, its arrays and how they look: a call of a layout it
+    can tell apart, small enough: ``COMPILED_BYTES``) and run it, or run it at once with the
+    operation's Runner."""
 
-    def take(self, op, call, table, rode, slots, payload, key, args, mine):
-        if key is not None:
+    def take(self, op, call, table, rode, slots, payload, key, args, arrays):
+        if arrays is not None:
             agrees = op._checks(op._lib)                # (its later calls: their agreement is a step of it)
-            c = Compiled(op, op._lib, key, args, mine, call, table, rode and agrees, slots if agrees else None,
+            c = Compiled(op, op._lib, key, args, *arrays, call, table, rode and agrees, slots if agrees else None,
                          payload if agrees else None)
             if c.repeats:
                 op._keep(c)
@@ -445,7 +449,7 @@ class _Prepare(Mode):
     compiles = rides = False
     agrees = True
 
-    def take(self, op, call, table, rode, slots, payload, key, args, mine):
+    def take(self, op, call, table, rode, slots, payload, key, args, arrays):
         rec = Recorder(counts=op._counted(op._lib))
         op._record(call, table, rec)
         return Plan(rec, op, rounds=call.rounds > 1)

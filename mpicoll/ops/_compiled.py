@@ -48,64 +48,81 @@ from ._agree import Slots
 COMPILED_BYTES = 1 << 16
 #: layouts an operation keeps compiled (the least recently compiled goes first)
 COMPILED = 8
-#: a flags word's bits that are part of a layout (contiguity, alignment, writeability; not whether
-#: the array owns its memory: a view and its base have one layout)
-_FLAGS = 0x1 | 0x2 | 0x100 | 0x400
 _SCALARS = (int, float, bool, str, type(None))
 #: what ``repeat`` returns when the call is not the last one
 MISS = object()
 _AGREEMENT = "its header agreement (an internal MPI Allgather)"
-#: what a repeat compares of the arrays it holds: what describe checked of them
-_LOOK = operator.attrgetter("shape", "strides", "flags.num")
+#: how an array looks: what describe checks of it, and what may change in place (part of a layout;
+#: what a repeat compares of the arrays it holds)
+_LOOK = operator.attrgetter("dtype", "shape", "strides", "flags.num")
 
 
 # ----------------------------------------------------------------------------- the layout
 
-def layout(args: tuple, values: frozenset, slots: frozenset) -> tuple[tuple | None, list]:
-    """``(key, arrays)``: the layout of a call's arguments, and its data arrays (each once, in the
-    order found: the slots they fill). ``values``: the positions read by contents, ``slots``: the
-    value positions left out (slot values). Key None: an argument it cannot tell apart (a list of
+def layout(args: tuple, values: frozenset, slots: frozenset) -> tuple[tuple | None, list, list]:
+    """``(key, arrays, looks)``: the layout of a call's arguments, its data arrays (each once, in
+    the order found: the slots they fill) and how each looks (``_LOOK``: dtype, shape, strides,
+    flags; part of the key). ``values``: the positions read by contents, ``slots``: the value
+    positions left out (slot values). Key None: an argument it cannot tell apart (a list of
     numbers as data, an object): such a call is never compiled."""
     key: list = []
     arrays: list = []
+    looks: list = []
     try:
         for i, a in enumerate(args):
-            if i in slots:
+            if type(a) is np.ndarray and i not in values:      # (the common case, inline)
+                for k, b in enumerate(arrays):
+                    if b is a:
+                        key.append(k)                  # (the same array as an earlier argument: in place)
+                        break
+                else:
+                    arrays.append(a)
+                    look = _LOOK(a)
+                    looks.append(look)
+                    key.append(look)
+            elif i in slots:
                 key.append(a is None)
             elif i in values:
                 key.append(_value(a))
             else:
-                key.append(_data(a, arrays))
+                key.append(_data(a, arrays, looks))
     except TypeError:
-        return None, arrays
-    if len(arrays) > 1 and any(a.base is not None for a in arrays):
-        key += _overlaps(arrays)
-    return tuple(key), arrays
+        return None, arrays, looks
+    if len(arrays) > 1:
+        for a in arrays:
+            if a.base is not None:
+                key += _overlaps(arrays)
+                break
+    return tuple(key), arrays, looks
 
 
 def _overlaps(arrays: list) -> list:
     """Which of a call's arrays (views among them) overlap, and where: part of its layout (an
     in-place form, ``out`` a block of ``x``, is another call than two arrays apart)."""
     found = []
-    for i, a in enumerate(arrays):
-        for j in range(i + 1, len(arrays)):
-            if np.may_share_memory(a, arrays[j]):
-                found.append((i, j, _address(arrays[j]) - _address(a)))
+    n = len(arrays)
+    for i in range(n):
+        a = arrays[i]
+        for j in range(i + 1, n):
+            b = arrays[j]
+            if (a.base is not None or b.base is not None) and np.may_share_memory(a, b):
+                found.append((i, j, _address(b) - _address(a)))
     return found
 
 
-def _data(a: Any, arrays: list) -> Any:
+def _data(a: Any, arrays: list, looks: list) -> Any:
     t = type(a)
     if t is np.ndarray:
         for k, b in enumerate(arrays):
             if b is a:
                 return k                       # (the same array as an earlier argument: in place)
         arrays.append(a)
-        return (a.dtype, a.shape, a.strides, a.flags.num & _FLAGS)
+        looks.append(_LOOK(a))
+        return looks[-1]
     if t in _SCALARS:
         return (t, a)                          # (2, 2.0 and True are equal, not the same argument)
     if (t is list or t is tuple) and a and all(type(v) is np.ndarray or v is None for v in a):
-        return (t, tuple([_data(v, arrays) for v in a]))
+        return (t, tuple([_data(v, arrays, looks) for v in a]))
     raise TypeError(t)                         # (a list of numbers is data: its contents are read)
 
 
@@ -260,11 +277,12 @@ class _Steps:
     in the lists the bound steps hold (``cells``: each overwritten in place), and the steps that
     hold a slot's array in their own arguments (``loose``: each bound again)."""
 
-    __slots__ = ("go", "cells", "loose", "timeout", "where", "tokens")
+    __slots__ = ("go", "cells", "views", "loose", "timeout", "where", "tokens")
 
     def __init__(self, steps: list[Step], slots: list | None, arrays: list, timeout: float | None, where: list,
                  tokens: int) -> None:
-        self.cells: list[tuple[list, int, Any]] = []
+        self.cells: list[tuple[list, int, int]] = []          # (a list, a place in it, the slot there)
+        self.views: list[tuple[list, int, Any]] = []          # (a list, a place in it, what goes there)
         self.loose: list[tuple[int, Step]] = []
         self.timeout, self.where, self.tokens = timeout, where, tokens
         own = []
@@ -289,13 +307,17 @@ class _Steps:
             if type(w) is list:
                 held.append(self._held(w, arrays))
                 continue
-            if _marked(w):
-                self.cells.append((held, i, w))
+            if type(w) is _Slot:
+                self.cells.append((held, i, w.k))
+            elif _marked(w):
+                self.views.append((held, i, w))
             held.append(_filled(w, arrays))
         return held
 
     def fill(self, arrays: list) -> None:
-        for held, i, w in self.cells:
+        for held, i, k in self.cells:
+            held[i] = arrays[k]
+        for held, i, w in self.views:
             held[i] = _filled(w, arrays)
         if self.loose:
             go = self.go
@@ -303,6 +325,27 @@ class _Steps:
                 args = _filled(s.args, arrays)
                 go[i] = partial(s.fn, *args) if s.kind == LOCAL else s.comm.bind(s.name, args, self.timeout,
                                                                                   self.where[s.part])
+
+
+def _flat_shape(args: tuple, op: Any) -> list | None:
+    """What :meth:`Compiled.similar` checks of each argument of a call whose arguments are arrays,
+    None and scalars only (None: another call): None, a new array; an int, the same array as that
+    earlier one; ``(type, value)``, None or a scalar as it was."""
+    if op._VALUES_AT:
+        return None
+    shape, arrays = [], []
+    for a in args:
+        t = type(a)
+        if t is np.ndarray:
+            k = next((k for k, b in enumerate(arrays) if b is a), None)
+            if k is None:
+                arrays.append(a)
+            shape.append(k)
+        elif t in _SCALARS:
+            shape.append((t, a))
+        else:
+            return None
+    return shape
 
 
 def _allocated(result: Any, mine: list) -> list[np.ndarray]:
@@ -336,14 +379,16 @@ class Compiled:
         result: what the last call returned.
     """
 
-    __slots__ = ("op", "lib", "key", "args", "ids", "mine", "shapes", "allocs", "agree", "data", "result_t", "result",
-                 "slots", "heads", "expected", "rode", "counting", "fillable", "repeats", "plain")
+    __slots__ = ("op", "lib", "key", "args", "mine", "shapes", "allocs", "agree", "data", "result_t", "result",
+                 "slots", "heads", "expected", "rode", "counting", "fillable", "repeats", "plain", "plain_run",
+                 "agree_go", "data_go", "shape", "shapes_of", "overlaps")
 
-    def __init__(self, op: Any, lib: LibComm, key: tuple | None, args: tuple, mine: list, call: Call,
+    def __init__(self, op: Any, lib: LibComm, key: tuple | None, args: tuple, mine: list, looks: list, call: Call,
                  table: np.ndarray | None, rode: bool, slots: Slots | None, payload: np.ndarray | None) -> None:
         self.op, self.lib, self.key, self.slots, self.rode = op, lib, key, slots, rode
         self.plain = lib.plain
         self.counting = op._counted(lib)
+        self.plain_run = slots is None and not self.counting
         allocs = _allocated(call.result, mine)
         self.allocs = [(a.shape, a.dtype) for a in allocs]
         every = mine + allocs
@@ -363,62 +408,101 @@ class Compiled:
             self.agree = _Steps(agree_steps, None, every, timeout, where[0], 0)
             self.data = _Steps(data_steps, None, every, timeout, where[1], tokens)
             self.result_t, self.fillable = call.result, False
+        self.agree_go, self.data_go = self.agree.go, self.data.go     # (lists a fill changes in place)
+        self.shape, self.shapes_of, self.overlaps = _flat_shape(args, op), looks, None
+        if any(a.base is not None for a in mine):
+            self.overlaps = _overlaps(mine)
         # (an array of a list no step touches was read into a copy when the call was described, as
         # x given as a list of arrays is: such a call is described every time; a call that
         # allocates its output and cannot fill a new one neither)
         listed = [a for v in args if type(v) is list or type(v) is tuple for a in v if type(a) is np.ndarray]
         self.repeats = _touched(agree_steps + data_steps, call.result, listed) and (self.fillable or not allocs)
         self.result = call.result
-        self.args, self.ids, self.mine, self.shapes = args, tuple(map(id, args)), mine, list(map(_LOOK, mine))
+        self.args, self.mine, self.shapes = args, mine, looks
 
     # -- filling ---------------------------------------------------------------------------------
-    def _bind(self, args: tuple, mine: list, arrays: list) -> None:
+    def _bind(self, arrays: list) -> None:
         """Point the steps at ``arrays`` (the caller's, then new outputs)."""
         self.agree.fill(arrays)
         self.data.fill(arrays)
         self.result = _filled(self.result_t, arrays)
-        self.args, self.ids, self.mine, self.shapes = args, tuple(map(id, args)), mine, list(map(_LOOK, mine))
 
-    def fill(self, args: tuple, mine: list) -> bool:
+    def fill(self, args: tuple, mine: list, looks: list) -> bool:
         """Fill the slots with another call's arrays (of this layout: they overlap as its did);
         False: it cannot (its steps hold memory the slots cannot reach: the call is described afresh)."""
         if not self.fillable or (self.op.RESIDES and self.lib.buffers):   # (where x lies is in its header)
             return False
-        self._bind(args, mine, mine + [np.empty(s, d) for s, d in self.allocs] if self.allocs else mine)
+        self._bind(mine + [np.empty(s, d) for s, d in self.allocs] if self.allocs else mine)
+        self.args, self.mine, self.shapes = args, mine, looks
         return True
 
     def repeat(self, args: tuple) -> Any:
         """Run again with the very arguments of the last call (MISS: not them)."""
-        if tuple(map(id, args)) != self.ids:           # (the held arguments' ids stay theirs)
-            return MISS
-        if list(map(_LOOK, self.mine)) != self.shapes:     # (reshaped, restrided or made read-only in place)
+        held = self.args
+        if len(args) != len(held) or not all(map(operator.is_, args, held)) or \
+                list(map(_LOOK, self.mine)) != self.shapes:        # (reshaped, restrided, retyped, made read-only)
             return MISS
         if self.allocs:                                # (a new output, every call)
-            self._bind(args, self.mine, self.mine + [np.empty(s, d) for s, d in self.allocs])
+            self._bind(self.mine + [np.empty(s, d) for s, d in self.allocs])
+        if self.plain_run:                             # (no agreement, nothing counted: its steps alone)
+            for step in self.data_go:
+                step()
+            return self.result
+        return self.run()
+
+    def similar(self, args: tuple) -> Any:
+        """Run with other arrays of its layout (MISS: not of it), for a call whose arguments are
+        arrays, None and scalars only (``shape``, found when it compiled): what :func:`layout`
+        finds of them, checked in place, without building a key."""
+        shape = self.shape
+        if shape is None or len(args) != len(shape):
+            return MISS
+        arrays: list = []
+        for a, want in zip(args, shape):
+            if want is None:                           # (a new array)
+                if type(a) is not np.ndarray:
+                    return MISS
+                for b in arrays:
+                    if a is b:
+                        return MISS
+                arrays.append(a)
+            elif type(want) is int:                    # (the same array as an earlier argument)
+                if a is not arrays[want]:
+                    return MISS
+            elif type(a) is not want[0] or a != want[1]:   # (None or a scalar, as it was)
+                return MISS
+        looks = list(map(_LOOK, arrays))
+        if looks != self.shapes_of or (self.overlaps is not None and _overlaps(arrays) != self.overlaps) \
+                or not self.fill(args, arrays, looks):
+            return MISS
         return self.run()
 
     # -- running ---------------------------------------------------------------------------------
     def run(self) -> Any:
         """One call: its agreement (validated), its data, its result. The caller holds the
         communicator (``LibComm.busy``)."""
-        lib = self.lib
         if self.counting:
-            calls = lib.calls
+            calls = self.lib.calls
             calls[self.op.NAME] = calls.get(self.op.NAME, 0) + 1
         if self.slots is not None:
-            if not self.plain:
-                self.slots.send[V.H_SEQ] = lib.seq   # (as the header of a described call: LibComm.call counts it)
-            for step in self.agree.go:
-                step()
-            if (self.heads.tobytes() if self.plain else self._seen(self.heads)) != self.expected:
-                return self.differs()
-        for step in self.data.go:
+            if self.plain:
+                for step in self.agree_go:
+                    step()
+                if self.heads.tobytes() != self.expected:
+                    return self.differs()
+            else:
+                self.slots.send[V.H_SEQ] = self.lib.seq   # (as a described call's header: LibComm.call counts it)
+                for step in self.agree_go:
+                    step()
+                if self._seen(self.heads) != self.expected:
+                    return self.differs()
+        for step in self.data_go:
             step()
         return self.result
 
     def run_data(self) -> Any:
         """The data part of the call its compilation has just agreed."""
-        for step in self.data.go:
+        for step in self.data_go:
             step()
         return self.result
 
@@ -440,11 +524,11 @@ class Compiled:
         if any(table[:, V.H_FLAG].tolist()):
             settle(lib, None, op.timeout, (op.NAME, None, "the exchange of an error (internal MPI Allgather/Allgatherv)"))
         V.check_agreed(lib, op.NAME, table, op.PAIR_NAMES)
-        key, mine = layout(self.args, op._VALUES_AT, op._SLOTS_AT)
+        key, mine, looks = layout(self.args, op._VALUES_AT, op._SLOTS_AT)
         call = op.describe(*self.args)          # (it described the same layout before: no local error)
         payload = op._payload(call)
         rode = payload is not None and min(self.slots.rides.tolist()) >= 0
-        c = Compiled(op, lib, key, self.args, mine, call, table, rode, self.slots, payload)
+        c = Compiled(op, lib, key, self.args, mine, looks, call, table, rode, self.slots, payload)
         op._keep(c)
         return c.run_data()
 
