@@ -122,3 +122,39 @@ def test_one_operation_alternating_forms_of_one_layout(name, validate):
                 b.close()
     finally:
         comm.Free()
+
+
+def _pool():
+    """Arrays a call's arguments are drawn from: owners, views of them (whole, a block, strided),
+    read-only ones, other dtypes and shapes; None and scalars."""
+    a, b = np.zeros(8, np.float32), np.zeros(8, np.float32)
+    ro = np.zeros(8, np.float32)
+    ro.flags.writeable = False
+    return [a, b, a[...], a[:4], a[4:], a[::2], b.reshape(2, 4), np.zeros(8, np.float64), ro, None, 3, 2.0, True]
+
+
+@pytest.mark.mpi(min_size=1)
+def test_a_layout_checked_in_place_is_the_layouts_key():
+    """Compiled.of_layout (a call of its layout, checked without a key) accepts exactly the calls
+    whose layout key (``layout``) is its own, over every pair of argument tuples drawn from a pool
+    of arrays, views, overlapping blocks, dtypes, None and scalars."""
+    import itertools
+    from mpicoll.ops._compiled import layout
+    op = mpicoll.AllGatherOperation(validate=False)
+    pool = _pool()
+    tuples = [t for t in itertools.product(range(len(pool)), repeat=2)]
+    checked = 0
+    for first in tuples:
+        args = tuple(pool[i] for i in first)
+        key, mine, looks = layout(args, frozenset(), frozenset())
+        if key is None or not mine:
+            continue
+        c = object.__new__(mpicoll.ops._compiled.Compiled)
+        c.shape, c.shapes_of = mpicoll.ops._compiled._flat_shape(args, op), looks
+        c.overlaps = mpicoll.ops._compiled._overlaps(mine) if any(m.base is not None for m in mine) else None
+        for second in tuples:
+            other = tuple(pool[i] for i in second)
+            k2 = layout(other, frozenset(), frozenset())[0]
+            assert (c.of_layout(other) is not None) == (k2 == key), (first, second)
+            checked += 1
+    assert checked > 100

@@ -451,31 +451,37 @@ class Compiled:
         return self.run()
 
     def similar(self, args: tuple) -> Any:
-        """Run with other arrays of its layout (MISS: not of it), for a call whose arguments are
-        arrays, None and scalars only (``shape``, found when it compiled): what :func:`layout`
+        """Run with other arrays of its layout (MISS: not of it)."""
+        found = self.of_layout(args)
+        if found is None or not self.fill(args, *found):
+            return MISS
+        return self.run()
+
+    def of_layout(self, args: tuple) -> tuple[list, list] | None:
+        """``(arrays, looks)`` of a call of its layout (None: not of it), for a call whose arguments
+        are arrays, None and scalars only (``shape``, found when it compiled): what :func:`layout`
         finds of them, checked in place, without building a key."""
         shape = self.shape
         if shape is None or len(args) != len(shape):
-            return MISS
+            return None
         arrays: list = []
         for a, want in zip(args, shape):
             if want is None:                           # (a new array)
                 if type(a) is not np.ndarray:
-                    return MISS
+                    return None
                 for b in arrays:
                     if a is b:
-                        return MISS
+                        return None
                 arrays.append(a)
             elif type(want) is int:                    # (the same array as an earlier argument)
                 if a is not arrays[want]:
-                    return MISS
+                    return None
             elif type(a) is not want[0] or a != want[1]:   # (None or a scalar, as it was)
-                return MISS
+                return None
         looks = list(map(_LOOK, arrays))
-        if looks != self.shapes_of or (self.overlaps is not None and _overlaps(arrays) != self.overlaps) \
-                or not self.fill(args, arrays, looks):
-            return MISS
-        return self.run()
+        if looks != self.shapes_of or (self.overlaps is not None and _overlaps(arrays) != self.overlaps):
+            return None
+        return arrays, looks
 
     # -- running ---------------------------------------------------------------------------------
     def run(self) -> Any:
