@@ -1,0 +1,100 @@
+"""THE table of algorithm thresholds: every size at which mpicoll changes how it moves data, with
+what it chooses and the measurement it came from (``python -m mpicoll.run --info`` prints it;
+``benchmarks/crossover.py`` measures the crossovers on your machine).
+
+The choices themselves are made in one place per operator family, from these values and facts
+every rank holds alike (:mod:`mpicoll.ops._paths`); the paths they name are what a trace shows
+for each call (docs/trace.md). The values are constants, the same on every rank: they pick the MPI
+calls, which every rank must make alike.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+KiB, MiB = 1024, 1024 * 1024
+
+
+@dataclass(frozen=True)
+class Threshold:
+    """One row: ``name``, ``value`` (bytes, or a pair of bytes), what it ``chooses``, and the
+    measurement it came from (``measured``)."""
+
+    name: str
+    value: int | tuple[int, int]
+    chooses: str
+    measured: str
+
+
+#: THE table
+TABLE: dict[str, Threshold] = {t.name: t for t in (
+    Threshold("ride", 1 * KiB, "a validated call whose every rank's payload fits rides its agreement: one exchange",
+              "2 ranks: an Allgather of the 1.2 KB row 3.4 us, the header alone 3.1 us, an 8 B Allreduce 3.1 us"),
+    Threshold("compiled", 64 * KiB, "calls whose arrays hold at most this many bytes are compiled (their steps kept, "
+              "their arrays slots); larger ones are described every call",
+              "the describe and checks a compiled call saves cost microseconds: noise above this size"),
+    Threshold("window.allreduce", 16 * KiB, "one node: an AllReduce or Reduce from here goes through the shared "
+              "window (below: MPI's own reduction)",
+              "benchmarks/shm.py --no-threshold, float32, window / raw MPICH: 2 ranks 1.7-2.0x at 8-12 KiB, "
+              "0.53-0.85x at 16 KiB, 0.43-0.75x at 24-32 KiB; 4 ranks 1.3-1.7x, 0.77-0.85x, 0.57-0.83x; Open MPI "
+              "0.82-1.20x at 8 KiB, 0.61-0.87x at 16 KiB; 2026-12-07, 2 ranks: 1.65x at 4 KiB, 1.04x at 16 KiB, "
+              "0.70x at 64 KiB"),
+    Threshold("window.allreduce.16bit", 8 * KiB, "one node: a float16/bfloat16 AllReduce from here goes through the "
+              "window (below: cast to float32, MPI's float32 reduction, cast back)",
+              "the window 0.30-0.38x that path's time at 8 KiB (2 ranks), 0.50-0.55x (4 ranks); 0.6-1.2x at 1-4 KiB"),
+    Threshold("window.ordered", 4 * KiB, "one node, a float reduction over 3+ ranks (the tree order): the window from "
+              "here (below: an Allgather of every input, reduced in the tree order on every rank)",
+              "window / Allgather, float32: 3 ranks 1.05x at 64 B-2 KiB, 1.02x at 4 KiB, 0.62x at 8 KiB; 4 ranks "
+              "1.39x, 1.00x, 0.76x; bfloat16 alike"),
+    Threshold("window.reduce_scatter", 64 * KiB, "one node: a ReduceScatter(V) of at least this many bytes a rank "
+              "goes through the window (below: MPI's own)",
+              "2026-12-07, 2 ranks, float32, window / raw: 2.45x at 4 KiB, 1.32x at 16 KiB, 1.04x at 64 KiB, 0.67x "
+              "at 256 KiB"),
+    Threshold("window.one_shot", 2 * MiB, "a window AllReduce goes in one shot (every rank reduces the whole message) "
+              "while n (n - 1) times its bytes are at most this; above: two shots",
+              "benchmarks/shm.py --one-shot, over two shots: 2 ranks 0.76-0.88x at 0.5-1 MiB; 3 ranks 0.76-0.94x at "
+              "256-320 KiB; 4 ranks 0.88-0.98x at 128-160 KiB, 1.06-1.25x at 256-512 KiB"),
+    Threshold("window.slot", 2 * MiB, "the window's bytes per rank per round (and per half): larger calls go in "
+              "rounds", "rounds of 2 MiB keep a round's copies in cache"),
+    Threshold("window.stream_out", 8 * MiB, "a window AllReduce copies its result out with streamed stores from "
+              "this many bytes of output (below: plain copies)",
+              "streamed / plain: 4 ranks 0.74-0.83x at 16-64 MiB; 2 ranks 0.88-0.95x at 8-64 MiB, 1.04-1.39x at 1 MiB"),
+    Threshold("window.probe", 64 * KiB, "copies into the window of at least this many bytes are timed, to pick "
+              "streamed or plain copies on each rank", "timing smaller copies cost a 16-32 KiB AllReduce a quarter "
+              "of its time"),
+    Threshold("nodebuf.gather", (64 * KiB, 32 * MiB), "AllGather(V) whose inputs are node buffers copies straight "
+              "from the peers' between these output sizes", "over raw MPICH, 2 ranks: 0.42x at 64 KiB, 0.14x at 1-4 "
+              "MiB, 0.63x at 32 MiB, 1.20x at 64 MiB"),
+    Threshold("nodebuf.broadcast", 64 * KiB, "a Broadcast of a node buffer copies straight from the root's from here",
+              "over raw MPICH, 2 ranks: 0.87x at 64 KiB, 0.40-0.72x at 1-32 MiB, 1.06x at 64 MiB"),
+    Threshold("allreduce.f32", 64 * KiB, "a float16/bfloat16 AllReduce (off the window) up to here: one float32 "
+              "reduction (above: AllToAll, reduction, AllGather in 16 bits)", "one collective beats two below it"),
+    Threshold("allreduce.bytes_alltoall", 1 * MiB, "an 8-bit integer AllReduce from here: AllToAll, a numpy "
+              "reduction, AllGather (MPICH's 8-bit reduction loop is slow)",
+              "2 ranks: 1.8x faster at 1-2 MiB, 1.6x at 4 MiB; no gain below 1 MiB"),
+    Threshold("allreduce.pieces", (8 * MiB, 2 * MiB), "an AllReduce off the window of at least the first size runs "
+              "in pieces of the second (MPICH maps a temporary buffer as large as the message on every call)",
+              "float32 at 64 MiB: 44 -> 22 ms at 2 ranks, 116 -> 64 ms at 4"),
+    Threshold("allreduce.tiers", 256 * KiB, "several nodes, several ranks each, a reduction MPI does not make itself "
+              "(16-bit floats, large 8-bit integers): in tiers from here", "bfloat16 on the test bed, 2 x 2 ranks: "
+              "1.27x the flat path at 128 KiB, 0.87x and 0.51x at 256 KiB"),
+    Threshold("tiers.aligned", 8 * KiB, "several nodes aligned with the tree order: a float reduction in tiers from "
+              "this many bytes a rank (AllReduce, ReduceScatter(V))", "test bed, 2 x 2 ranks, 1 Gbit/s, tiers / flat: "
+              "1.62 at 1 KiB, 1.33 at 4 KiB, 0.41 at 16 KiB, 0.50 at 64 KiB"),
+    Threshold("gathered", 64 * KiB, "a tree-order reduction off the window and the tiers, of at most this many bytes "
+              "over all ranks' inputs: an Allgather (Gather) of every input and a reduction (above: AllToAll, "
+              "reduction, AllGather)", "without the window, 3-4 ranks: 0.55-0.77x up to 4 KiB a rank, 0.95-1.2x "
+              "at 8-16 KiB, 0.6-0.8x at 32-64 KiB"),
+)}
+
+
+def value(name: str) -> int | tuple[int, int]:
+    """Threshold ``name``'s value."""
+    return TABLE[name].value
+
+
+def shown(t: Threshold) -> str:
+    """A value as ``--info`` shows it: ``64 KiB``, ``64 KiB-32 MiB``."""
+    def size(b: int) -> str:
+        return f"{b // MiB} MiB" if b >= MiB and b % MiB == 0 else f"{b // KiB} KiB" if b % KiB == 0 else f"{b} B"
+    v = t.value
+    return "-".join(size(b) for b in v) if isinstance(v, tuple) else size(v)

@@ -1,0 +1,258 @@
+"""What the collectives did (docs/trace.md): a trace of every call, and a flight recorder.
+
+**The trace** (``MPICOLL_TRACE=DIR`` for the whole run, or :func:`trace` around a region): each rank
+writes one event per call (a collective, a plan's run, a graph's replay, a Hccl task, a
+point-to-point message, an async job on its worker's lane) to ``DIR/trace.<world rank>.json``, in
+the Chrome trace event format (a JSON array of complete events, ``"ph": "X"``; Perfetto and
+chrome://tracing load it, also when a job ended before the file was closed). An event says the
+operator, the communicator, the dtype, the bytes, the algorithm its call took (``path``), how long it
+took, its outcome, and, where its call agreed (the header exchanged by a validated call), when each
+rank arrived: which rank came last, and how long this rank waited for it. Times are
+``time.time_ns()`` of each host, less an offset to world rank 0's clock measured when the trace
+starts (0 on rank 0's host: the ranks of one host share its clock). Tracing off, a call tests one
+module global (:data:`ON`).
+
+**The flight recorder**: every library communicator keeps its last ``MPICOLL_FLIGHT`` calls
+(:class:`Ring`: the call's sequence number there, its operator, call number, dtype, bytes, when it
+began, whether it ended), which each rank writes to ``MPICOLL_DUMP_DIR`` (:func:`dump`) when a call
+times out, when mpicoll aborts the job, when an uncaught error ends it, and when the process gets
+``SIGUSR1`` (a live job: ``kill -USR1 <pid>``, or ``mpirun``'s signal forwarding). ``python -m
+mpicoll.run trace DIR`` reads both (:mod:`mpicoll._trace_read`).
+"""
+from __future__ import annotations
+
+import atexit
+import json
+import os
+import signal
+import socket
+import sys
+import threading
+import time
+import weakref
+
+from mpi4py import MPI
+
+from . import _env
+
+#: a trace is being written (the one test a call makes; set by :func:`start`, cleared by :func:`stop`)
+ON = False
+#: the communicators' flight recorders, for a dump
+RINGS: "weakref.WeakSet[Ring]" = weakref.WeakSet()
+_LOCK = threading.Lock()
+_WRITER: "_Writer | None" = None
+#: this process's clock less world rank 0's, in ns (measured when a trace starts over several hosts)
+OFFSET = 0
+#: the lanes (threads) events are drawn on: the caller's, then each worker's
+_LANES: dict[int, int] = {}
+
+
+# ----------------------------------------------------------------------------- the flight recorder
+
+class Ring:
+    """One communicator's last ``size`` calls: ``entered`` counts the calls begun there, ``ended``
+    those that ended (well or not); each entry ``[seq, name, call, dtype, bytes, t0 (ns), outcome]``,
+    its outcome None while it runs."""
+
+    __slots__ = ("items", "size", "entered", "ended", "label", "world_ranks", "rank", "__weakref__")
+
+    def __init__(self, size: int, label: str, world_ranks: tuple, rank: int) -> None:
+        self.items: list = [None] * size
+        self.size, self.entered, self.ended = size, 0, 0
+        self.label, self.world_ranks, self.rank = label, tuple(world_ranks), rank
+        RINGS.add(self)
+
+    def enter(self, name: str, call: int, dtype: str, nbytes: int) -> list:
+        """A call begins: its entry (which :meth:`leave` ends)."""
+        k = self.entered
+        entry = self.items[k % self.size] = [k, name, call, dtype, nbytes, time.time_ns() - OFFSET, None]
+        self.entered = k + 1
+        return entry
+
+    def leave(self, entry: list, outcome: str = "ok") -> None:
+        entry[6] = outcome
+        self.ended += 1
+
+    def calls(self) -> list[dict]:
+        """The entries kept, oldest first."""
+        kept = [e for e in self.items if e is not None]
+        kept.sort(key=lambda e: e[0])
+        return [{"seq": e[0], "op": e[1], "call": e[2], "dtype": e[3], "bytes": e[4], "t_us": e[5] / 1e3,
+                 "outcome": e[6] or "in flight"} for e in kept]
+
+
+def flight_size() -> int:
+    """``MPICOLL_FLIGHT``: calls each communicator keeps (0: none)."""
+    return _env.value("MPICOLL_FLIGHT")
+
+
+def dump_dir() -> str:
+    """Where dumps go: ``MPICOLL_DUMP_DIR``, else ``mpicoll-flight`` in the working directory."""
+    return _env.value("MPICOLL_DUMP_DIR") or os.path.join(os.getcwd(), "mpicoll-flight")
+
+
+def world_rank() -> int:
+    """This process's world rank (-1 once MPI is finalized)."""
+    return MPI.COMM_WORLD.Get_rank() if MPI.Is_initialized() and not MPI.Is_finalized() else -1
+
+
+def dump(reason: str) -> str | None:
+    """Write this rank's flight recorders (every communicator's last calls) to
+    ``<dump dir>/flight.<world rank>.json``; its path (None: it could not be written). Safe to call
+    from any thread and from a signal's thread, several times (each dump replaces the last)."""
+    rank = world_rank()
+    body = {"rank": rank, "host": socket.gethostname(), "pid": os.getpid(), "reason": reason,
+            "time_us": (time.time_ns() - OFFSET) / 1e3,
+            "comms": [{"label": r.label, "world_ranks": list(r.world_ranks), "rank": r.rank, "entered": r.entered,
+                       "ended": r.ended, "calls": r.calls()} for r in list(RINGS)]}
+    where = dump_dir()
+    path = os.path.join(where, f"flight.{rank}.json")
+    try:
+        os.makedirs(where, exist_ok=True)
+        tmp = f"{path}.{os.getpid()}.tmp"
+        with open(tmp, "w", encoding="utf-8") as f:
+            json.dump(body, f)
+        os.replace(tmp, path)
+    except OSError:
+        return None
+    return path
+
+
+def dumped_note(reason: str) -> str:
+    """Dump, and the words an error adds: where the dumps went (or why not)."""
+    path = dump(reason)
+    if path is None:
+        return f"; the flight recorder could not be written to {dump_dir()}"
+    return (f"; each rank's last calls: {os.path.dirname(path)}/flight.<rank>.json "
+            f"(python -m mpicoll.run trace {os.path.dirname(path)})")
+
+
+_SIGNALLED: list = []
+
+
+def on_signal() -> None:
+    """Dump on ``SIGUSR1`` (once per process; from the main thread at the first communicator):
+    Python runs a handler only between bytecodes of the main thread, so a thread woken by the
+    signal (through ``signal.set_wakeup_fd``) dumps while the main thread waits inside MPI."""
+    if _SIGNALLED or threading.current_thread() is not threading.main_thread() or not hasattr(signal, "SIGUSR1"):
+        return
+    _SIGNALLED.append(True)
+    if signal.getsignal(signal.SIGUSR1) not in (signal.SIG_DFL, None):
+        return                                  # (the program's own handler: left alone)
+    signal.signal(signal.SIGUSR1, lambda *_: None)      # (the C handler writes the wakeup fd; nothing else)
+    r, w = os.pipe()
+    os.set_blocking(w, False)
+    try:
+        previous = signal.set_wakeup_fd(w, warn_on_full_buffer=False)
+    except ValueError:
+        os.close(r)
+        os.close(w)
+        return
+    if previous != -1:                          # (someone else's, an event loop's: theirs stays)
+        signal.set_wakeup_fd(previous)
+        os.close(r)
+        os.close(w)
+        return
+
+    def wait() -> None:
+        while True:
+            try:
+                got = os.read(r, 64)
+            except OSError:
+                return
+            if not got:
+                return
+            if signal.SIGUSR1 in got:
+                path = dump("SIGUSR1")
+                if path is not None:
+                    sys.stderr.write(f"mpicoll: world rank {world_rank()}: SIGUSR1: the flight recorder is in "
+                                     f"{path}\n")
+                    sys.stderr.flush()
+    threading.Thread(target=wait, name="mpicoll flight recorder", daemon=True).start()
+
+
+# ----------------------------------------------------------------------------- the trace
+
+class _Writer:
+    """The events of this rank, written to ``DIR/trace.<rank>.json`` as they come (a JSON array,
+    closed at the end)."""
+
+    def __init__(self, where: str, rank: int) -> None:
+        os.makedirs(where, exist_ok=True)
+        self.path = os.path.join(where, f"trace.{rank}.json")
+        self.rank = rank
+        self.file = open(self.path, "w", encoding="utf-8")  # noqa: SIM115 - closed by close()
+        self.file.write("[\n")
+        self.count = 0
+        self.meta({"name": "process_name", "ph": "M", "pid": rank, "args": {"name": f"rank {rank} "
+                                                                              f"({socket.gethostname()})"}})
+        self.meta({"name": "process_sort_index", "ph": "M", "pid": rank, "args": {"sort_index": rank}})
+
+    def meta(self, event: dict) -> None:
+        self.file.write(json.dumps(event) + ",\n")
+
+    def write(self, event: dict) -> None:
+        self.file.write(json.dumps(event) + ",\n")
+        self.count += 1
+        if self.count % 256 == 0:
+            self.file.flush()
+
+    def close(self) -> None:
+        self.meta({"name": "mpicoll", "ph": "M", "pid": self.rank, "args": {"events": self.count,
+                                                                             "clock_offset_ns": OFFSET}})
+        self.file.write("{}]\n")
+        self.file.close()
+
+
+def lane() -> int:
+    """The lane (Chrome ``tid``) of the calling thread: 0 the main thread, 1, 2... others in order."""
+    ident = threading.get_ident()
+    k = _LANES.get(ident)
+    if k is None:
+        with _LOCK:
+            k = _LANES.setdefault(ident, 0 if threading.current_thread() is threading.main_thread() else
+                                  max(_LANES.values(), default=0) + 1)
+            if _WRITER is not None:
+                _WRITER.meta({"name": "thread_name", "ph": "M", "pid": _WRITER.rank, "tid": k,
+                              "args": {"name": threading.current_thread().name}})
+    return k
+
+
+def event(name: str, cat: str, t0: int, t1: int, args: dict) -> None:
+    """Write one complete event: ``name`` (the operator), ``cat`` (collective, plan, graph, hccl,
+    message, async), from ``t0`` to ``t1`` (``time.time_ns()``), ``args`` its fields."""
+    w = _WRITER
+    if w is None:
+        return
+    ev = {"name": name, "cat": cat, "ph": "X", "ts": (t0 - OFFSET) / 1e3, "dur": (t1 - t0) / 1e3, "pid": w.rank,
+          "tid": lane(), "args": args}
+    with _LOCK:
+        if _WRITER is w:
+            w.write(ev)
+
+
+def start(where: str, rank: int, offset: int = 0) -> str:
+    """Start writing this rank's trace into ``where`` (:func:`trace` and ``MPICOLL_TRACE``); its file."""
+    global ON, _WRITER, OFFSET
+    with _LOCK:
+        if _WRITER is not None:
+            _WRITER.close()
+        OFFSET = offset
+        _WRITER = _Writer(where, rank)
+        ON = True
+        _LANES.clear()
+    return _WRITER.path
+
+
+def stop() -> str | None:
+    """Stop tracing; the file written (None: none was)."""
+    global ON, _WRITER
+    with _LOCK:
+        ON = False
+        w, _WRITER = _WRITER, None
+        if w is not None:
+            w.close()
+    return None if w is None else w.path
+
+
+atexit.register(stop)
