@@ -40,7 +40,7 @@ from typing import Any, Callable
 import numpy as np
 from mpi4py import MPI
 
-from . import _env, _watchdog
+from . import _env, _traceback, _watchdog
 from ._errors import CollectiveError, CollectiveMismatchError, CollectiveTimeout, settle
 
 #: operator code -> name (filled by the operator registry), to name a peer's call in a timeout
@@ -564,13 +564,17 @@ def _excepthook(kind, exc, tb) -> None:
     members = getattr(exc, "members", None)
     me = _WORLD_RANK[0] if _WORLD_RANK else None
     if members and me in members and me != min(members):
-        sys.stderr.write(f"world rank {me}: the same {kind.__module__}.{kind.__qualname__} as world rank "
+        _traceback.write(f"world rank {me}: the same {kind.__module__}.{kind.__qualname__} as world rank "
                          f"{min(members)}, whose traceback is printed\n")
-        sys.stderr.flush()
         if _EXIT:
             time.sleep(0.2)                  # (python -m mpi4py aborts next: let that rank print first)
         return
-    _previous_hook[0](kind, exc, tb)
+    if isinstance(exc, CollectiveError) and _previous_hook[0] is sys.__excepthook__:
+        # (mpicoll's frames out, MPICOLL_TRACEBACK_FILTERING; in one write: no other rank's line inside)
+        _traceback.write(_traceback.render(kind, exc, tb, "MPICOLL_TRACEBACK_FILTERING",
+                                           _env.value("MPICOLL_TRACEBACK_FILTERING")))
+    else:
+        _previous_hook[0](kind, exc, tb)
     if issubclass(kind, KeyboardInterrupt) and not MPI.Is_finalized():
         sys.stderr.flush()
         MPI.COMM_WORLD.Abort(130)            # Ctrl-C stops the job: peers inside a collective never return

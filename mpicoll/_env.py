@@ -12,12 +12,15 @@ when only one of them has the bad value, and none leaves before the others learn
 """
 from __future__ import annotations
 
+import difflib
 import math
 import os
+import warnings
 from dataclasses import dataclass
 from typing import Any
 
 from ._errors import CollectiveArgumentError
+from ._traceback import user_stacklevel
 
 FLAG, SECONDS, CHOICE, TEXT = "flag", "seconds", "choice", "text"
 ON, OFF = ("1", "true", "on", "yes"), ("0", "false", "off", "no")
@@ -123,6 +126,9 @@ SETTINGS: dict[str, Setting] = {s.name: s for s in (
             "wait, polling without pause), sleep (polls between short sleeps: the core goes to the ranks that "
             "compute), auto (sleep where the node runs more ranks than it has cores)", "docs/reliability.md",
             ("auto", "spin", "sleep")),
+    Setting("MPICOLL_TRACEBACK_FILTERING", FLAG, "1", OWN, "the traceback of an uncaught mpicoll error shows the "
+            "user's frames and the message, not mpicoll's internal frames (0: every frame)",
+            "docs/errors.md#tracebacks"),
     Setting("MPICOLL_STORE_HOST", TEXT, "", OWN, "the torch backend's mpi://: the address of world rank 0 at which "
             "the other ranks reach its store (unset: its IPv4 addresses, tried in turn)", "docs/torch.md"),
 )}
@@ -145,12 +151,17 @@ class Reading:
 
 
 _READ: dict[str, Reading] = {}
+#: whether this process has warned of the ``MPICOLL_*`` variables that are no setting (once per process)
+_WARNED: list[bool] = []
 
 
 def read(name: str) -> Reading:
-    """Setting ``name`` as read (the first time: from the environment; then the kept reading)."""
+    """Setting ``name`` as read (the first time: from the environment; then the kept reading). The
+    first reading in a process warns of the ``MPICOLL_*`` variables that are no setting (:func:`warn_strangers`)."""
     got = _READ.get(name)
     if got is None:
+        if not _WARNED:
+            warn_strangers()
         setting = SETTINGS[name]
         raw = os.environ.get(name)
         try:
@@ -185,9 +196,31 @@ def error(world_rank: int) -> CollectiveArgumentError | None:
                                    param=bad[0].setting.name, rank=world_rank)
 
 
+#: ``MPICOLL_*`` variables that are not the library's: the test harness's (scripts/test, tests/, .ci/run)
+RESERVED = ("MPICOLL_TEST_",)
+
+
 def strangers() -> list[str]:
-    """The ``MPICOLL_*`` variables in the environment that are no setting (a misspelt name: ignored)."""
-    return sorted(k for k in os.environ if k.startswith("MPICOLL_") and k not in SETTINGS)
+    """The ``MPICOLL_*`` variables in the environment that are no setting (a misspelt name: ignored),
+    but the test harness's (``RESERVED``)."""
+    return sorted(k for k in os.environ if k.startswith("MPICOLL_") and k not in SETTINGS and
+                  not k.startswith(RESERVED))
+
+
+def closest(name: str) -> str:
+    """The setting whose name is closest to ``name`` (a misspelling's likely meaning)."""
+    return difflib.get_close_matches(name, list(SETTINGS), n=1, cutoff=0.0)[0]
+
+
+def warn_strangers() -> None:
+    """Warn once per process (a ``UserWarning`` at the user's line) of each ``MPICOLL_*`` variable
+    that is no setting, naming the closest setting: a misspelt setting is otherwise ignored in silence."""
+    _WARNED.append(True)
+    names = strangers()
+    if names:
+        said = "; ".join(f"{n} is no mpicoll setting (the closest: {closest(n)})" for n in names)
+        warnings.warn(f"mpicoll: {said}: ignored. Every setting: python -m mpicoll.run --info, docs/index.md",
+                      UserWarning, stacklevel=user_stacklevel())
 
 
 def reread() -> None:

@@ -133,9 +133,10 @@ def run_info(world: MPI.Comm = MPI.COMM_WORLD) -> int:
             ("packages", _packages()),
         ]
         lines = [f"{name:<15}{text}" for name, text in rows]
-        lines.append(f"settings       {'(default)':<12}(in effect, from where)")
+        width = max(len(name) for name in _env.SETTINGS) + 2        # (the names' column, the longest's)
+        lines.append(f"{'settings':<{width + 2}}{'(default)':<12}(in effect, from where)")
         for i, r in enumerate(readings):
-            lines.append(f"  {r.setting.name:<24}{r.setting.shown_default:<12}{by_rank([mine[i] for mine in seen])}")
+            lines.append(f"  {r.setting.name:<{width}}{r.setting.shown_default:<12}{by_rank([mine[i] for mine in seen])}")
         others = _env.strangers()
         if others:
             lines.append(f"  not settings (ignored): {', '.join(others)}")

@@ -137,7 +137,7 @@ def _run(cls, name: str, skip_codes: dict) -> tuple[str, str]:
         return ("SKIP", skip_codes[code]) if code in skip_codes else ("FAIL", f"exited with {exc.code}")
     if result.errors or result.failures:
         text = (result.errors + result.failures)[0][1]
-        if os.environ.get("MPICOLL_SUITE_VERBOSE"):
+        if os.environ.get("MPICOLL_TEST_SUITE_VERBOSE"):
             print(f"--- rank {RANK}: {name}\n{text}", file=sys.stderr, flush=True)
         lines = [ln for ln in text.strip().splitlines() if ln.strip() and "PYTORCH_PRINT_REPRO" not in ln
                  and not ln.startswith(("To execute this test", "    python "))]
