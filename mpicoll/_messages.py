@@ -57,6 +57,11 @@ class Message:
         _PROGRESS.add(self)
 
     # -- what a caller asks ----------------------------------------------------------------------
+    @property
+    def rank(self) -> int:
+        """This rank in the message's communicator."""
+        return self.lib.rank
+
     def wait(self, timeout: float | None = None) -> bool:
         """Complete the message here; raise its error. ``timeout`` (seconds; None: none): False
         once that long has passed with the message still posted (it stays posted)."""

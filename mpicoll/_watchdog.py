@@ -106,14 +106,30 @@ def timeout_seconds(timeout: Any, op: str = "mpicoll", rank: int = -1) -> float 
     """
     if timeout is None:
         return timeout_default()
+    return _seconds(timeout, f"{op}: timeout={timeout!r}", op, rank, "or None (MPICOLL_TIMEOUT's)")
+
+
+def wait_seconds(timeout: Any, op: str, rank: int) -> float | None:
+    """The ``timeout`` of a ``wait(timeout)`` (a functional or torch ``Work``, a message): what an
+    Operation's ``timeout=`` takes (a number of seconds or a ``timedelta``; 0 or less: none), None:
+    no limit of its own (the call's watchdog, if any, still runs).
+
+    Raises:
+        CollectiveArgumentError: anything else (a string, NaN, infinity), naming ``op`` and ``rank``,
+            whether the call is still in flight or not.
+    """
+    if timeout is None:
+        return None
+    return _seconds(timeout, f"{op}: wait(timeout={timeout!r})", op, rank, "or None (no limit)")
+
+
+def _seconds(timeout: Any, said: str, op: str, rank: int, none: str) -> float | None:
     value = timeout.total_seconds() if isinstance(timeout, timedelta) else timeout
     if isinstance(value, bool) or not isinstance(value, (int, float, np.integer, np.floating)) or \
             not math.isfinite(value):
-        raise CollectiveArgumentError(f"{op}: timeout={timeout!r} on rank {rank}: must be a finite number of seconds "
-                                      "(0 or less: none), or None (MPICOLL_TIMEOUT's)", op=op, param="timeout",
-                                      rank=rank)
+        raise CollectiveArgumentError(f"{said} on rank {rank}: must be a finite number of seconds (0 or less: none), "
+                                      f"a timedelta, {none}", op=op, param="timeout", rank=rank)
     return float(value) if value > 0 else None
-
 
 
 def wait(requests: list[MPI.Request], timeout: float, expired: Callable[[], Any],
