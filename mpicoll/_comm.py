@@ -380,14 +380,16 @@ class LibComm:
         op, head = self._head(timeout, name, where)
         if self._win is None:
             return CollectiveTimeout(f"{head}; set MPICOLL_TIMEOUT (on any rank, before mpicoll makes the "
-                                     "communicator) to have the missing ranks named", op=op, param="timeout")
+                                     "communicator) to have the missing ranks named", op=op, param="timeout",
+                                     seconds=timeout)
         marks = np.zeros((self.size, 4), dtype=np.int64)
         for peer in range(self.size):
             self._win.Get([marks[peer], MPI.INT64_T], peer)
             self._win.Flush(peer)
         missing = [r for r in range(self.size) if marks[r, 0] < self.seq]
         if not missing:
-            return CollectiveTimeout(f"{head}; every rank arrived (one may have died)", op=op, param="timeout")
+            return CollectiveTimeout(f"{head}; every rank arrived (one may have died)", op=op, param="timeout",
+                                     seconds=timeout)
         where_now = []
         for r in missing:
             seq, code, k = (int(v) for v in marks[r, :3])
@@ -400,7 +402,7 @@ class LibComm:
         world = "" if self.world_ranks == tuple(range(self.size)) else \
             f" (world ranks {[self.world_ranks[r] for r in missing]})"
         return CollectiveTimeout(f"{head}; ranks that did not arrive: {missing}{world} ({'; '.join(where_now)})",
-                                 op=op, param="timeout", rank=missing[0])
+                                 op=op, param="timeout", rank=missing[0], seconds=timeout)
 
     def _lost(self, timeout: float, name: str, where: tuple) -> str:
         """The timeout text when MPI itself does not return (a peer's host unreachable): built from

@@ -49,7 +49,7 @@ class DType:
     """One row of the dtype table (rows are compared and hashed as themselves: one object each).
 
     ``np`` is the numpy dtype; a row whose dtype comes from another package (bfloat16, ml_dtypes)
-    is given it as ``"module.name"`` and gets it at its first use (:meth:`__getattr__`): importing
+    is given it as a :class:`Later` and gets it at its first use (:meth:`__getattr__`): importing
     ml_dtypes 0.7 takes 0.5-1 s of CPU (measured here, against 0.06 s for 0.6), which every rank of
     every job would pay at ``import mpicoll`` whether it moves bfloat16 or not. An array of that
     dtype can only exist once the package is imported, and then the row finds it (:func:`of_array`).
@@ -63,15 +63,15 @@ class DType:
     code: int            # small stable id used in cross-rank headers
 
     def __post_init__(self) -> None:
-        late = isinstance(self.np, str)
-        if late:
-            _LATE[self] = self.np
+        later = self.np if isinstance(self.np, Later) else None
+        if later is not None:
+            _LATE[self] = later.path
             object.__delattr__(self, "np")          # (read through __getattr__ until first used)
         # a plain attribute, not a property: read on every execute, where a property call costs
         # a noticeable part of the Python overhead allowed beside the MPI call
-        object.__setattr__(self, "itemsize", self.mpi.Get_size() if late else self.np.itemsize)
+        object.__setattr__(self, "itemsize", later.itemsize if later is not None else self.np.itemsize)
         # a float: its SUM and PROD round, so their bits depend on the order they combine inputs in
-        object.__setattr__(self, "floating", self.reduce == "float32" or (not late and self.np.kind == "f"))
+        object.__setattr__(self, "floating", self.reduce == "float32" or (later is None and self.np.kind == "f"))
 
     def __getattr__(self, attr: str):
         # (only for an attribute not set: the numpy dtype of a row whose package is not imported yet)
@@ -85,12 +85,21 @@ class DType:
         return dtype
 
 
+@dataclass(frozen=True)
+class Later:
+    """A numpy dtype of another package, taken at its first use: ``path`` ("module.name") and its
+    ``itemsize`` (known before)."""
+
+    path: str
+    itemsize: int
+
+
 #: rows whose numpy dtype is not resolved yet -> "module.name" of it
 _LATE: dict[DType, str] = {}
 
 
 def _row(name, np_dtype, mpi, reduce, hccl):
-    return name, np_dtype if isinstance(np_dtype, str) else np.dtype(np_dtype), mpi, reduce, hccl
+    return name, np_dtype if isinstance(np_dtype, Later) else np.dtype(np_dtype), mpi, reduce, hccl
 
 
 _ROWS = [
@@ -103,7 +112,7 @@ _ROWS = [
     _row("uint32", np.uint32, MPI.UINT32_T, "native", HcclDataType.UINT32),
     _row("uint64", np.uint64, MPI.UINT64_T, "native", HcclDataType.UINT64),
     _row("float16", np.float16, MPI.UINT16_T, "float32", HcclDataType.FP16),
-    _row("bfloat16", "ml_dtypes.bfloat16", MPI.UINT16_T, "float32", HcclDataType.BFP16),
+    _row("bfloat16", Later("ml_dtypes.bfloat16", 2), MPI.UINT16_T, "float32", HcclDataType.BFP16),
     _row("float32", np.float32, MPI.FLOAT, "native", HcclDataType.FP32),
     _row("float64", np.float64, MPI.DOUBLE, "native", HcclDataType.FP64),
     _row("bool", np.bool_, MPI.UINT8_T, "logical", None),

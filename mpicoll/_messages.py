@@ -212,7 +212,7 @@ class Message:
         return CollectiveTimeout(f"{self.fn}: timed out after {self.timeout:g} s on rank {self.lib.rank} of "
                                  f"{self.lib.label}, waiting for the message {way} {self._peer()} (tag {self.tag}): "
                                  "its peer never made the matching call", op=self.fn, param="timeout",
-                                 rank=self.lib.rank)
+                                 rank=self.lib.rank, seconds=self.timeout)
 
 
 class _Progress:

@@ -45,7 +45,7 @@ class Work(dist.Work):
             if not h.wait(None if end is None else max(end - time.monotonic(), 0.0)):
                 raise CollectiveTimeout(f"{self._call}: wait(timeout={seconds:g} s) timed out with the call still in "
                                         "flight (it goes on: wait() again to complete it)", op=self._call,
-                                        param="timeout")
+                                        param="timeout", seconds=seconds)
         return True
 
     def _rank(self) -> int:

@@ -153,7 +153,7 @@ def wait(requests: list[MPI.Request], timeout: float, expired: Callable[[], Any]
             if now > deadline:
                 error = expired()
                 if not isinstance(error, BaseException):
-                    error = CollectiveTimeout(str(error), param="timeout")
+                    error = CollectiveTimeout(str(error), param="timeout", seconds=timeout)
                 if not raises and _env.value("MPICOLL_TIMEOUT_ACTION") == "abort":
                     abort(f"mpicoll watchdog: {error}; aborting the job (MPICOLL_TIMEOUT_ACTION=raise only raises)")
                 raise error

@@ -74,7 +74,8 @@ class Work:
         seconds = wait_seconds(timeout, self._name, _rank(self._handle))
         if not self._handle.wait(seconds):
             raise CollectiveTimeout(f"{self._name}: wait(timeout={seconds:g} s) timed out with the call still in "
-                                    "flight (it goes on: wait() again to complete it)", op=self._name, param="timeout")
+                                    "flight (it goes on: wait() again to complete it)", op=self._name, param="timeout",
+                                    seconds=seconds)
         return True
 
     def is_completed(self) -> bool:
