@@ -393,9 +393,9 @@ def _sweep(args, ops, dtypes, redops, compare, reps, validate, comm, raw_comm, d
                     case = BenchCase(count, dt, REDUCE_OPS.get(rname), args.root, n, rank, dom, validate, raw_comm,
                                      MPI.COMM_WORLD.Get_rank())
                     row = _point(spec, name, case, args, compare, gloo, reps, comm)
-                    rows.append(row)
-                    if printer:
+                    if printer:                # (printed first: a row saved at Ctrl-C was always printed)
                         print(_format(row, compare), flush=True)
+                    rows.append(row)
     if progress:
         sys.stderr.write("\r" + " " * 60 + "\r")
 

@@ -18,6 +18,8 @@ from mpicoll._env import LAUNCHER_PREFIXES
 
 from mpicoll._dtypes import ALL_DTYPES, DTYPES, reduce_ops_for
 
+from conftest import nested_token  # (the harness's: this process's mark on the jobs it launches)
+
 WORLD = MPI.COMM_WORLD
 RANK, SIZE = WORLD.Get_rank(), WORLD.Get_size()
 #: the MPI in use is Open MPI (its launcher needs flags MPICH's does not; its messages differ)
@@ -85,12 +87,25 @@ def setting(monkeypatch, name: str, value: str | None) -> None:
 def launch_env(**extra: str) -> dict[str, str]:
     """The environment for a nested job (the one helper every test that launches a job uses): this
     one without the outer launcher's variables, the test harness' own (``MPICOLL_TEST_*``) and the
-    outer job's ``MPIEXEC_TIMEOUT``, plus ``extra``."""
+    outer job's ``MPIEXEC_TIMEOUT``, plus ``MPICOLL_TEST_NESTED`` (its processes are killed after the
+    test if still running: tests/conftest.py) and ``extra``."""
     env = {k: v for k, v in os.environ.items()
            if not k.startswith(LAUNCHER_PREFIXES + ("MPICOLL_TEST", "MPIEXEC_TIMEOUT"))
            or k.startswith("OMPI_ALLOW_RUN_AS_ROOT")}
+    env["MPICOLL_TEST_NESTED"] = nested_token()
     env.update(extra)
     return env
+
+
+#: how much slower than a quiet machine this one is (``MPICOLL_TEST_SLOWDOWN``: scripts/test measures
+#: the machine's other load before each rank count); the bounds of the tests scale with it
+SLOWDOWN = float(os.environ.get("MPICOLL_TEST_SLOWDOWN") or 1)
+
+
+def within(seconds: float) -> float:
+    """A time bound of a test (a job that must end at once, a limit for a nested job) on this
+    machine: ``seconds`` on a quiet one, times ``MPICOLL_TEST_SLOWDOWN``."""
+    return seconds * SLOWDOWN
 
 
 def run_job(tmp_path, body: str, np_: int = 3, env: dict | None = None, timeout: float = 60):
@@ -104,7 +119,7 @@ def run_job(tmp_path, body: str, np_: int = 3, env: dict | None = None, timeout:
     before = set(glob.glob("/dev/shm/mpich_shm_*"))
     t0 = time.monotonic()
     res = subprocess.run(mpirun(np_, sys.executable, "-m", "mpi4py", str(script)),
-                         capture_output=True, text=True, timeout=timeout, env=clean)
+                         capture_output=True, text=True, timeout=within(timeout), env=clean)
     seconds = time.monotonic() - t0
     time.sleep(0.3)                                       # let the killed processes' mappings go
     left = stale_segments(set(glob.glob("/dev/shm/mpich_shm_*")) - before)
@@ -185,7 +200,7 @@ def digest_job(python: str, np_: int = 4) -> dict:
     env = {k: v for k, v in launch_env(PYTHONPATH=str(root), OMPI_MCA_osc="^ucx").items()
            if not k.startswith("MPICOLL_")}
     proc = subprocess.run(mpirun(np_, python, str(root / "tests" / "multihost" / "digest.py"), python=python,
-                                 open_mpi="Open MPI" in version), capture_output=True, text=True, timeout=240,
+                                 open_mpi="Open MPI" in version), capture_output=True, text=True, timeout=within(240),
                           env=env, cwd=root)
     assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-2000:]
     return json.loads(proc.stdout.strip().splitlines()[-1])
