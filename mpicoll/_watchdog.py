@@ -232,20 +232,30 @@ def own_shm_segments() -> list[str]:
 
 
 def stale_segments(candidates: set[str] | None = None) -> list[str]:
-    """MPICH shared-memory files owned by this user that no live process maps (left by an aborted or
-    killed job), optionally only among ``candidates`` (e.g. those that appeared during one run)."""
+    """MPICH shared-memory files owned by this user that no live process maps or holds open (left by
+    an aborted or killed job), optionally only among ``candidates`` (e.g. those that appeared during
+    one run). A job starting at the same time creates its file, then maps it, then closes it: each
+    process's open files are read before its mappings, so the file is seen in one or the other
+    (removing it in between would leave that job's ranks on different memory)."""
     found = {p for p in glob.glob("/dev/shm/mpich_shm_*") if os.path.isfile(p) and os.stat(p).st_uid == os.getuid()}
     if candidates is not None:
         found &= set(candidates)
-    mapped: set[str] = set()
-    for maps in glob.glob("/proc/[0-9]*/maps"):
+    used: set[str] = set()
+    for proc in glob.glob("/proc/[0-9]*"):
         try:
-            with open(maps, encoding="utf-8", errors="replace") as fh:
-                mapped.update(line.split(None, 5)[5].strip().removesuffix(" (deleted)") for line in fh
-                              if "/dev/shm/mpich_shm_" in line)
+            for fd in os.listdir(f"{proc}/fd"):
+                try:
+                    target = os.readlink(f"{proc}/fd/{fd}")
+                except OSError:
+                    continue
+                if target.startswith("/dev/shm/mpich_shm_"):
+                    used.add(target.removesuffix(" (deleted)"))
+            with open(f"{proc}/maps", encoding="utf-8", errors="replace") as fh:
+                used.update(line.split(None, 5)[5].strip().removesuffix(" (deleted)") for line in fh
+                            if "/dev/shm/mpich_shm_" in line)
         except OSError:
             continue
-    return sorted(found - mapped)
+    return sorted(found - used)
 
 
 def abort(message: str, code: int = 1) -> None:
