@@ -111,7 +111,6 @@ def within(seconds: float) -> float:
 def run_job(tmp_path, body: str, np_: int = 3, env: dict | None = None, timeout: float = 60):
     """Run ``body`` as a script under ``mpirun -np np_ python -m mpi4py``, with no ``MPICOLL_*``
     setting but ``env``; returns (result, seconds, the shared-memory files it left behind)."""
-    from mpicoll._watchdog import stale_segments
     script = tmp_path / "job.py"
     script.write_text(textwrap.dedent(body))
     clean = {k: v for k, v in launch_env().items() if not k.startswith("MPICOLL_")}
@@ -121,9 +120,20 @@ def run_job(tmp_path, body: str, np_: int = 3, env: dict | None = None, timeout:
     res = subprocess.run(mpirun(np_, sys.executable, "-m", "mpi4py", str(script)),
                          capture_output=True, text=True, timeout=within(timeout), env=clean)
     seconds = time.monotonic() - t0
-    time.sleep(0.3)                                       # let the killed processes' mappings go
-    left = stale_segments(set(glob.glob("/dev/shm/mpich_shm_*")) - before)
-    return res, seconds, left
+    return res, seconds, left_behind(before)
+
+
+def left_behind(before: set[str]) -> list[str]:
+    """The MPICH shared-memory files that appeared since ``before`` (a ``glob`` of them) and that no
+    live process uses: what an ended job left. Its killed ranks' mappings go a moment after the job
+    ends: asked again for up to half a second while any is seen."""
+    from mpicoll._watchdog import stale_segments
+    deadline = time.monotonic() + 0.5
+    while True:
+        left = stale_segments(set(glob.glob("/dev/shm/mpich_shm_*")) - before)
+        if not left or time.monotonic() > deadline:
+            return left
+        time.sleep(0.02)
 
 
 def said(tmp_path, body: str, np_: int, env: dict | None = None, timeout: float = 60) -> list[str]:

@@ -210,21 +210,15 @@ def nested_token() -> str:
 def _end_strays(nodeid: str) -> None:
     """Kill the processes of the jobs this process launched that are still running after the test
     (found by ``MPICOLL_TEST_NESTED`` in their environment: ranks whose mpirun was killed are no
-    longer its children), and say so."""
+    longer its children), and say so. Ranks that are ending (an aborted job's, a moment after its
+    mpirun returned) get up to a second first."""
     mark = f"MPICOLL_TEST_NESTED={nested_token()}".encode()
-    left = []
-    for pid in os.listdir("/proc"):
-        if not pid.isdigit():
-            continue
-        try:
-            with open(f"/proc/{pid}/environ", "rb") as fh:
-                if mark not in fh.read().split(b"\0"):
-                    continue
-            with open(f"/proc/{pid}/cmdline", "rb") as fh:
-                command = fh.read().replace(b"\0", b" ").decode(errors="replace").strip()
-        except OSError:
-            continue
-        left.append((int(pid), command))
+    deadline = time.monotonic() + 1.0
+    while True:
+        left = _marked(mark)
+        if not left or time.monotonic() > deadline:
+            break
+        time.sleep(0.05)
     for pid, _ in left:
         try:
             os.kill(pid, signal.SIGKILL)
@@ -233,6 +227,27 @@ def _end_strays(nodeid: str) -> None:
     if left:
         _say(f"\ntests/conftest.py: {len(left)} process(es) started by {nodeid} still running after it: killed "
              f"({'; '.join(f'{pid} {cmd[:80]}' for pid, cmd in left)})\n")
+
+
+def _marked(mark: bytes) -> list[tuple[int, str]]:
+    """The live processes whose environment holds ``mark``: ``(pid, command line)``."""
+    found = []
+    for pid in os.listdir("/proc"):
+        if not pid.isdigit():
+            continue
+        try:
+            with open(f"/proc/{pid}/environ", "rb") as fh:
+                if mark not in fh.read().split(b"\0"):
+                    continue
+            with open(f"/proc/{pid}/stat", "rb") as fh:
+                if fh.read().rsplit(b")", 1)[1].split()[0] == b"Z":
+                    continue                        # (a zombie: it has ended, its parent not yet told)
+            with open(f"/proc/{pid}/cmdline", "rb") as fh:
+                command = fh.read().replace(b"\0", b" ").decode(errors="replace").strip()
+        except (OSError, IndexError):
+            continue
+        found.append((int(pid), command))
+    return found
 
 
 def _mpi_world():

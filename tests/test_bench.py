@@ -22,7 +22,7 @@ from mpi4py import MPI
 from mpicoll.bench import Row, parse_size, size_label, size_steps, _size_ticks
 from mpicoll._golden import BENCHES
 
-from _mpi import OPEN_MPI, launch_env, mpirun, remove, within
+from _mpi import OPEN_MPI, launch_env, left_behind, mpirun, remove, within
 
 single = pytest.mark.skipif(MPI.COMM_WORLD.Get_size() != 1, reason="runs its own mpirun jobs once")
 _HAVE_MATPLOTLIB = importlib.util.find_spec("matplotlib") is not None
@@ -317,7 +317,6 @@ def test_ctrl_c_during_a_sweep_prints_one_line_and_saves_the_rows(tmp_path, case
     an MPI call (its KeyboardInterrupt never comes) while another sleeps in Python.
     ``one-rank-only``: SIGINT reaches one rank that does not print (kill -INT of one process):
     after a grace period it ends the job itself, with a line of its own."""
-    from mpicoll._watchdog import stale_segments
     if OPEN_MPI:
         pytest.skip("MPICH's shared-memory files and hydra's Ctrl-C forwarding; Open MPI's launcher handles "
                     "Ctrl-C itself")
@@ -368,8 +367,7 @@ def test_ctrl_c_during_a_sweep_prints_one_line_and_saves_the_rows(tmp_path, case
     reader.join(timeout=5)
     while (line := lines.get(timeout=5)) is not None:
         seen.append(line)
-    time.sleep(0.3)                                       # (let the ended processes' mappings go)
-    left = stale_segments(set(glob.glob("/dev/shm/mpich_shm_*")) - before)
+    left = left_behind(before)
     remove(left)
     assert job.returncode == 130, (job.returncode, err)
     assert seconds < within(10 if case != "one-rank-only" else 15), seconds

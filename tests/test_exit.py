@@ -16,16 +16,10 @@ import time
 import pytest
 from mpi4py import MPI
 
-from _mpi import OPEN_MPI, await_word, launch_env, mpirun, remove, run_job, within
+from _mpi import OPEN_MPI, await_word, launch_env, left_behind, mpirun, remove, run_job, within
 
 pytestmark = [pytest.mark.mpi(min_size=1),
               pytest.mark.skipif(MPI.COMM_WORLD.Get_size() != 1, reason="runs its own mpirun jobs once")]
-
-
-def _left(before: set[str]) -> list[str]:
-    from mpicoll._watchdog import stale_segments
-    time.sleep(0.3)                                       # (let the ended processes' mappings go)
-    return stale_segments(set(glob.glob("/dev/shm/mpich_shm_*")) - before)
 
 
 def test_an_agreed_error_prints_one_traceback_per_job_and_leaves_nothing(tmp_path):
@@ -138,7 +132,7 @@ def test_ctrl_c_in_a_plan_loop_ends_the_job_and_leaves_nothing(tmp_path, runner)
         if job.poll() is None:
             os.killpg(job.pid, signal.SIGKILL)
             job.communicate()
-    left = _left(before)
+    left = left_behind(before)
     remove(left)
     assert job.returncode != 0 and seconds < within(10), (job.returncode, seconds, err[-2000:])
     assert "KeyboardInterrupt" in err
@@ -235,9 +229,10 @@ def test_a_program_that_never_uses_the_world_leaves_nothing(tmp_path, entry, end
         if job.poll() is None:
             os.killpg(job.pid, signal.SIGKILL)
             job.communicate()
-    time.sleep(0.3)                                       # (let the ended processes' mappings go)
     mapped = set(re.findall(r"@@(/dev/shm/mpich_shm_[^@\s]+)@@", out))
-    left = sorted(p for p in mapped if os.path.exists(p))
+    deadline = time.monotonic() + 0.5                     # (the ended processes' mappings go a moment later)
+    while (left := sorted(p for p in mapped if os.path.exists(p))) and time.monotonic() < deadline:
+        time.sleep(0.02)
     remove(left)
     assert job.returncode != 0, (out, err[-3000:])
     if ending == "error":
