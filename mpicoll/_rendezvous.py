@@ -130,8 +130,8 @@ def rendezvous(name: str, size: int | None, declared: tuple[int, ...] | None,
     while (verdict := _lookup(f"{base}-V")) is None:
         if time.monotonic() > deadline:
             raise CollectiveTimeout(f"{where}: timed out after {timeout:g} s ({why}) waiting for "
-                                    f"the leader, world rank {leader.split(':')[0] if leader else '?'}",
-                                    param="comm_domain", seconds=timeout)
+                                    f"the leader, world rank {leader.split(':')[0] if leader else '?'}; in gloo's "
+                                    f"words: {gloo_timeout(timeout, where)}", param="comm_domain")
         time.sleep(pause)
         pause = min(pause * 2, 0.05)
     kind, text = _verdict(base, verdict)
