@@ -258,6 +258,24 @@ def test_plot_is_log_log_with_size_ticks_and_a_title_saying_what_was_timed():
         assert any("bus factor 0 at 1 rank" in t.get_text() for t in fig.axes[0].texts)
     finally:
         plt.close(fig)
+    # every title fits in the figure, one panel (bench --help's example: the figure's title is wider than
+    # one panel) or several, with a long title (several dtypes, a comparison, several hosts)
+    for ops, dtypes in ((["AllReduce"], ["float16"]), (["AllReduce", "AllGather", "Broadcast", "ReduceScatter"],
+                                                       ["float16", "bfloat16", "float32"])):
+        rows = [r for op in ops for d in dtypes for r in _rows(op, sizes, busbw)]
+        for r, d in zip(rows, [d for _ in ops for d in dtypes for _ in sizes]):
+            r.type = d
+        fig, title = _figure(plt, rows, 4, ["mpi4py", "gloo"], _mode(True, True), ["host1", "host2"])
+        try:
+            fig.canvas.draw()
+            box, renderer = fig.bbox, fig.canvas.get_renderer()
+            texts = [fig._suptitle] + [ax.title for ax in fig.axes if ax.get_title()]
+            for text in texts:
+                extent = text.get_window_extent(renderer)
+                assert box.x0 <= extent.x0 and extent.x1 <= box.x1 and extent.y1 <= box.y1, (title, text.get_text())
+            assert " ".join(fig._suptitle.get_text().split()) == title         # (wrapped, not cut)
+        finally:
+            plt.close(fig)
     # (the job's own plot: test_split_and_domain_and_plot_flag)
 
 
