@@ -181,7 +181,7 @@ def pytest_runtest_protocol(item, nextitem):
         said = threading.Timer(timeout, _say, (text,))
         said.daemon = True
         said.start()
-        faulthandler.dump_traceback_later(timeout + 1, exit=True, file=_err)
+        faulthandler.dump_traceback_later(timeout + 0.2, exit=True, file=_err)
     before = resource.getrusage(resource.RUSAGE_CHILDREN)
     try:
         yield
