@@ -136,7 +136,7 @@ _HOME: list[Path] = []
 _MARK = "@@mpicoll-docs-command-ended@@"
 
 
-def _home() -> Path:
+def home() -> Path:
     """The folder commands run from: links to the repository's folders a command names."""
     if not _HOME:
         home = Path(tempfile.mkdtemp(prefix="mpicoll-docs-"))
@@ -159,7 +159,7 @@ def run(block: tuple[str, ...]) -> list[tuple[int | str, str]]:
         env.update(PATH=f"{Path(sys.executable).parent}{os.pathsep}{env.get('PATH', '')}", PYTHONUNBUFFERED="1",
                    COLUMNS="80", PYTHONPATH=str(ROOT))
         # A session of its own, so that a hung command can be killed whole (mpirun and its ranks).
-        proc = subprocess.Popen(["bash", "-c", script], cwd=_home(), env=env, stdout=subprocess.PIPE,
+        proc = subprocess.Popen(["bash", "-c", script], cwd=home(), env=env, stdout=subprocess.PIPE,
                                 stderr=subprocess.STDOUT, text=True, start_new_session=True)
         limit = within(COMMAND_TIMEOUT * len(block))
         try:

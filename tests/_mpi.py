@@ -84,14 +84,18 @@ def setting(monkeypatch, name: str, value: str | None) -> None:
     monkeypatch.setattr(_env, "_READ", {})
 
 
+#: Open MPI's settings that scripts/test chooses (its transports), which a nested job keeps: the other
+#: ``OMPI_*`` variables are the outer launcher's
+KEPT = ("OMPI_ALLOW_RUN_AS_ROOT", "OMPI_MCA_pml", "OMPI_MCA_btl", "OMPI_MCA_osc")
+
+
 def launch_env(**extra: str) -> dict[str, str]:
     """The environment for a nested job (the one helper every test that launches a job uses): this
     one without the outer launcher's variables, the test harness' own (``MPICOLL_TEST_*``) and the
     outer job's ``MPIEXEC_TIMEOUT``, plus ``MPICOLL_TEST_NESTED`` (its processes are killed after the
     test if still running: tests/conftest.py) and ``extra``."""
     env = {k: v for k, v in os.environ.items()
-           if not k.startswith(LAUNCHER_PREFIXES + ("MPICOLL_TEST", "MPIEXEC_TIMEOUT"))
-           or k.startswith("OMPI_ALLOW_RUN_AS_ROOT")}
+           if not k.startswith(LAUNCHER_PREFIXES + ("MPICOLL_TEST", "MPIEXEC_TIMEOUT")) or k.startswith(KEPT)}
     env["MPICOLL_TEST_NESTED"] = nested_token()
     env.update(extra)
     return env

@@ -10,6 +10,7 @@ import textwrap
 import pytest
 from mpi4py import MPI
 
+from _docs import home as docs_home, run as docs_run
 from _mpi import OPEN_MPI, launch_env, mpirun
 
 pytestmark = [pytest.mark.mpi(min_size=1),
@@ -37,24 +38,22 @@ def test_demo_prints_the_documented_examples_in_rank_order():
 
 
 def test_help_and_list():
-    res = run(1, "-m", "mpicoll.run", "--help")
-    assert res.returncode == 0 and "--log-dir" in res.stdout and "--demo" in res.stdout
+    status, out = docs_run(("python -m mpicoll.run --help",))[0]      # (docs/cli.md's run of it)
+    assert status == 0 and "--log-dir" in out and "--demo" in out
     from mpicoll._numeric import kernels_in_use
-    assert f"numeric kernels: {kernels_in_use()}\nmore: docs/cli.md" in res.stdout and "--version" in res.stdout
+    assert f"numeric kernels: {kernels_in_use()}\nmore: docs/cli.md" in out and "--version" in out
     res = run(2, "-m", "mpicoll.run", "list")
     assert res.returncode == 0 and res.stdout.count("operators:") == 1 and "bfloat16" in res.stdout
 
 
-def test_log_dir_one_file_per_rank(tmp_path):
-    res = run(2, "-m", "mpicoll.run", "--op", "Broadcast", "--dtype", "int32", "--log-dir", str(tmp_path / "logs"))
-    assert res.returncode == 0, res.stderr
-    assert sorted(os.listdir(tmp_path / "logs")) == ["rank.0", "rank.1"]
-    assert "Broadcast\tint32\tworld" in (tmp_path / "logs" / "rank.1").read_text()
-
-
-def test_unknown_operator_is_a_usage_error():
-    res = run(2, "-m", "mpicoll.run", "--op", "AllReduceX")
-    assert res.returncode != 0 and "unknown operator" in res.stderr
+def test_log_dir_one_file_per_rank():
+    """(docs/cli.md's run of it, in its own folder. An unknown operator's usage error: docs/cli.md's
+    sample, tests/test_docs_outputs.py.)"""
+    (status, out), _ = docs_run(("mpirun -np 2 python -m mpicoll.run --op Broadcast --dtype int32 --log-dir logs",
+                                 "head -3 logs/rank.1"))
+    assert status == 0, out
+    assert sorted(os.listdir(docs_home() / "logs")) == ["rank.0", "rank.1"]
+    assert "Broadcast\tint32\tworld" in (docs_home() / "logs" / "rank.1").read_text()
 
 
 SCRIPT = textwrap.dedent("""
@@ -113,10 +112,10 @@ def test_help_lists_every_environment_variable_the_library_reads():
         read |= set(re.findall(r"MPICOLL_[A-Z_]+", path.read_text()))
     from mpicoll._env import RESERVED
     read = {v for v in read if not v.startswith(RESERVED)}          # (the test harness's: no setting)
-    res = run(1, "-m", "mpicoll.run", "--help")
-    assert res.returncode == 0
-    assert read and {v for v in read if v not in res.stdout} == set()
-    assert "docs/cli.md" in res.stdout
+    status, out = docs_run(("python -m mpicoll.run --help",))[0]      # (docs/cli.md's run of it)
+    assert status == 0
+    assert read and {v for v in read if v not in out} == set()
+    assert "docs/cli.md" in out
 
 
 def test_demo_at_four_ranks_runs_the_two_rank_example_in_pairs():
@@ -181,10 +180,10 @@ def test_kernels_in_use_in_the_headers_help_and_version():
     import mpicoll
     from mpicoll._numeric import kernels_in_use
     here = kernels_in_use()           # (the jobs import the same mpicoll, with the same environment)
-    res = run(2, "-m", "mpicoll.run", "--version")
-    assert res.returncode == 0, res.stderr
-    assert res.stdout.startswith(f"mpicoll {mpicoll.__version__} (mpi4py ") and res.stdout.count("mpicoll ") == 1
-    assert res.stdout.rstrip().endswith(f"; numeric kernels: {here}"), res.stdout
+    status, out = docs_run(("mpirun -np 2 python -m mpicoll.run --version",))[0]     # (docs/cli.md's run of it)
+    assert status == 0, out
+    assert out.startswith(f"mpicoll {mpicoll.__version__} (mpi4py ") and out.count("mpicoll ") == 1
+    assert out.rstrip().endswith(f"; numeric kernels: {here}"), out
     res = subprocess.run(mpirun(2, sys.executable, "-m", "mpicoll.run", "bench", "--op", "AllReduce", "-b", "8", "-e",
                                 "8", "-n", "1", "-w", "0"), capture_output=True, text=True, timeout=120,
                          env=launch_env(MPICOLL_KERNELS="0"))
