@@ -17,7 +17,7 @@ from pathlib import Path
 
 import pytest
 
-from _mpi import launch_env, mpirun, within
+from _mpi import launch_env, left_behind, mpirun, within
 
 HERE = Path(__file__).resolve().parent
 HARD_TIMEOUT_S = 60
@@ -111,7 +111,8 @@ def _run_inner(tmp_path, source, **env):
         )
     finally:
         elapsed = time.monotonic() - start
-        LEFT_BEHIND[:] = sorted(_shm_segments() - shm_before)
+        # (what the job left: new files that no process uses, so not another job's running meanwhile)
+        LEFT_BEHIND[:] = left_behind({str(p) for p in shm_before})
         _remove_leftover_shm(shm_before)
     return proc.returncode, out.decode(errors="replace"), elapsed
 
