@@ -17,7 +17,7 @@ from pathlib import Path
 import pytest
 from mpi4py import MPI
 
-from _mpi import await_word, digest_job, launch_env, left_behind
+from _mpi import SAMPLE, await_word, digest_job, launch_env, left_behind
 
 ROOT = Path(__file__).resolve().parent.parent
 _loader = importlib.machinery.SourceFileLoader("mpicoll_cluster", str(ROOT / "scripts" / "cluster"))
@@ -54,10 +54,12 @@ def _torn_down():
 
 @pytest.mark.timeout_s(300)
 def test_operator_suite_across_hosts():
-    """The whole golden check at 2 hosts x 2 ranks: across the links, and on each host through its
-    shared window, in tiers (4 hosts x 1 rank run the byte probe below: once is enough for the
-    check's 12 s)."""
-    proc = _cluster("run", "2", "4", "--timeout", "240", "--", sys.executable, "-m", "mpicoll.run")
+    """The golden check of every operator at 2 hosts x 2 ranks, across the links, and on each host
+    through its shared window, in tiers: in one dtype of each way the dtype table moves and reduces
+    data (tests/_mpi.SAMPLE; every dtype is checked on one host, at every rank count; the whole
+    check here took 12-20 s). 4 hosts x 1 rank run the byte probe below."""
+    proc = _cluster("run", "2", "4", "--timeout", "240", "--", sys.executable, "-m", "mpicoll.run", "--dtype",
+                    ",".join(SAMPLE))
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     assert "all checks passed" in proc.stdout and "0 operator(s) wrong" in proc.stdout
     assert not cluster.hosts_up(), "run left hosts behind"
