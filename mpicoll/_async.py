@@ -62,6 +62,11 @@ class Job:
         """Whether the call has finished (well, or with its error)."""
         return self._done.is_set()
 
+    @property
+    def rank(self) -> int | None:
+        """This rank in the call's (first) communicator, or None."""
+        return self.comms[0].rank if self.comms else None
+
     def wait(self, timeout: float | None = None) -> bool:
         """Wait until the call has finished; raise its error. ``timeout`` (seconds; None: no limit):
         False once that long has passed with the call still running (it goes on).

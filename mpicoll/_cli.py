@@ -41,10 +41,11 @@ def kernels_summary(comm: MPI.Comm) -> str:
 def settings_help() -> str:
     """The ``--help`` lines of the settings, from the table (``mpicoll._env.SETTINGS``)."""
     lines = ["environment (each read once by the library on every rank; `--info` shows them in effect):"]
+    width = max(len(name) for name in SETTINGS)            # (the names' column: the longest's)
     for s in SETTINGS.values():
         alike = "; set it alike on every rank" if s.agreed == ALIKE else ""
         text = f"{s.summary}; default: {s.shown_default}{alike}; {s.doc}"
-        lines += textwrap.wrap(text, 104, initial_indent=f"  {s.name:<24} ", subsequent_indent=" " * 27,
+        lines += textwrap.wrap(text, 104, initial_indent=f"  {s.name:<{width}} ", subsequent_indent=" " * (width + 3),
                                break_on_hyphens=False)
     return "\n".join(lines) + "\n"
 

@@ -40,7 +40,7 @@ from typing import Any, Callable
 import numpy as np
 from mpi4py import MPI
 
-from . import _env, _watchdog
+from . import _env, _traceback, _watchdog
 from ._errors import CollectiveError, CollectiveMismatchError, CollectiveTimeout, settle
 
 #: operator code -> name (filled by the operator registry), to name a peer's call in a timeout
@@ -377,14 +377,16 @@ class LibComm:
         op, head = self._head(timeout, name, where)
         if self._win is None:
             return CollectiveTimeout(f"{head}; set MPICOLL_TIMEOUT (on any rank, before mpicoll makes the "
-                                     "communicator) to have the missing ranks named", op=op, param="timeout")
+                                     "communicator) to have the missing ranks named", op=op, param="timeout",
+                                     seconds=timeout)
         marks = np.zeros((self.size, 4), dtype=np.int64)
         for peer in range(self.size):
             self._win.Get([marks[peer], MPI.INT64_T], peer)
             self._win.Flush(peer)
         missing = [r for r in range(self.size) if marks[r, 0] < self.seq]
         if not missing:
-            return CollectiveTimeout(f"{head}; every rank arrived (one may have died)", op=op, param="timeout")
+            return CollectiveTimeout(f"{head}; every rank arrived (one may have died)", op=op, param="timeout",
+                                     seconds=timeout)
         where_now = []
         for r in missing:
             seq, code, k = (int(v) for v in marks[r, :3])
@@ -397,7 +399,7 @@ class LibComm:
         world = "" if self.world_ranks == tuple(range(self.size)) else \
             f" (world ranks {[self.world_ranks[r] for r in missing]})"
         return CollectiveTimeout(f"{head}; ranks that did not arrive: {missing}{world} ({'; '.join(where_now)})",
-                                 op=op, param="timeout", rank=missing[0])
+                                 op=op, param="timeout", rank=missing[0], seconds=timeout)
 
     def _lost(self, timeout: float, name: str, where: tuple) -> str:
         """The timeout text when MPI itself does not return (a peer's host unreachable): built from
@@ -569,13 +571,17 @@ def _excepthook(kind, exc, tb) -> None:
     members = getattr(exc, "members", None)
     me = _WORLD_RANK[0] if _WORLD_RANK else None
     if members and me in members and me != min(members):
-        sys.stderr.write(f"world rank {me}: the same {kind.__module__}.{kind.__qualname__} as world rank "
+        _traceback.write(f"world rank {me}: the same {kind.__module__}.{kind.__qualname__} as world rank "
                          f"{min(members)}, whose traceback is printed\n")
-        sys.stderr.flush()
         if _EXIT:
             time.sleep(0.2)                  # (python -m mpi4py aborts next: let that rank print first)
         return
-    _previous_hook[0](kind, exc, tb)
+    if isinstance(exc, CollectiveError) and _previous_hook[0] is sys.__excepthook__:
+        # (mpicoll's frames out, MPICOLL_TRACEBACK_FILTERING; in one write: no other rank's line inside)
+        _traceback.write(_traceback.render(kind, exc, tb, "MPICOLL_TRACEBACK_FILTERING",
+                                           _env.value("MPICOLL_TRACEBACK_FILTERING")))
+    else:
+        _previous_hook[0](kind, exc, tb)
     if issubclass(kind, KeyboardInterrupt) and not MPI.Is_finalized():
         sys.stderr.flush()
         MPI.COMM_WORLD.Abort(130)            # Ctrl-C stops the job: peers inside a collective never return

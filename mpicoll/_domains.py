@@ -88,7 +88,7 @@ def _dup(comm: MPI.Comm, what: str, timeout: float | None = None, set_up: float 
         req.Wait()
     else:
         text = f"duplicating {what}: timed out after {timeout:g} s: some rank has not reached it"
-        _watchdog.wait([req], timeout, lambda: CollectiveTimeout(text, param="timeout"), lambda: text, raises=own)
+        _watchdog.wait([req], timeout, lambda: CollectiveTimeout(text, param="timeout", seconds=timeout), lambda: text, raises=own)
     return new
 
 

@@ -16,10 +16,11 @@ array itself, always explicitly) and how it is reduced:
 """
 from __future__ import annotations
 
+import importlib
+import sys
 from dataclasses import dataclass
 from enum import IntEnum
 
-import ml_dtypes
 import numpy as np
 from mpi4py import MPI
 
@@ -43,9 +44,16 @@ class HcclDataType(IntEnum):
     BFP16 = 11
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, eq=False)
 class DType:
-    """One row of the dtype table."""
+    """One row of the dtype table (rows are compared and hashed as themselves: one object each).
+
+    ``np`` is the numpy dtype; a row whose dtype comes from another package (bfloat16, ml_dtypes)
+    is given it as a :class:`Later` and gets it at its first use (:meth:`__getattr__`): importing
+    ml_dtypes 0.7 takes 0.5-1 s of CPU (measured here, against 0.06 s for 0.6), which every rank of
+    every job would pay at ``import mpicoll`` whether it moves bfloat16 or not. An array of that
+    dtype can only exist once the package is imported, and then the row finds it (:func:`of_array`).
+    """
 
     name: str
     np: np.dtype
@@ -55,15 +63,43 @@ class DType:
     code: int            # small stable id used in cross-rank headers
 
     def __post_init__(self) -> None:
+        later = self.np if isinstance(self.np, Later) else None
+        if later is not None:
+            _LATE[self] = later.path
+            object.__delattr__(self, "np")          # (read through __getattr__ until first used)
         # a plain attribute, not a property: read on every execute, where a property call costs
         # a noticeable part of the Python overhead allowed beside the MPI call
-        object.__setattr__(self, "itemsize", self.np.itemsize)
+        object.__setattr__(self, "itemsize", later.itemsize if later is not None else self.np.itemsize)
         # a float: its SUM and PROD round, so their bits depend on the order they combine inputs in
-        object.__setattr__(self, "floating", self.np.kind == "f" or self.reduce == "float32")
+        object.__setattr__(self, "floating", self.reduce == "float32" or (later is None and self.np.kind == "f"))
+
+    def __getattr__(self, attr: str):
+        # (only for an attribute not set: the numpy dtype of a row whose package is not imported yet)
+        if attr != "np" or self not in _LATE:
+            raise AttributeError(attr)
+        module, _, name = _LATE[self].rpartition(".")
+        dtype = np.dtype(getattr(importlib.import_module(module), name))
+        object.__setattr__(self, "np", dtype)
+        del _LATE[self]
+        BY_NP[dtype] = self
+        return dtype
+
+
+@dataclass(frozen=True)
+class Later:
+    """A numpy dtype of another package, taken at its first use: ``path`` ("module.name") and its
+    ``itemsize`` (known before)."""
+
+    path: str
+    itemsize: int
+
+
+#: rows whose numpy dtype is not resolved yet -> "module.name" of it
+_LATE: dict[DType, str] = {}
 
 
 def _row(name, np_dtype, mpi, reduce, hccl):
-    return name, np.dtype(np_dtype), mpi, reduce, hccl
+    return name, np_dtype if isinstance(np_dtype, Later) else np.dtype(np_dtype), mpi, reduce, hccl
 
 
 _ROWS = [
@@ -76,7 +112,7 @@ _ROWS = [
     _row("uint32", np.uint32, MPI.UINT32_T, "native", HcclDataType.UINT32),
     _row("uint64", np.uint64, MPI.UINT64_T, "native", HcclDataType.UINT64),
     _row("float16", np.float16, MPI.UINT16_T, "float32", HcclDataType.FP16),
-    _row("bfloat16", ml_dtypes.bfloat16, MPI.UINT16_T, "float32", HcclDataType.BFP16),
+    _row("bfloat16", Later("ml_dtypes.bfloat16", 2), MPI.UINT16_T, "float32", HcclDataType.BFP16),
     _row("float32", np.float32, MPI.FLOAT, "native", HcclDataType.FP32),
     _row("float64", np.float64, MPI.DOUBLE, "native", HcclDataType.FP64),
     _row("bool", np.bool_, MPI.UINT8_T, "logical", None),
@@ -85,7 +121,7 @@ _ROWS = [
 DTYPES: dict[str, DType] = {r[0]: DType(*r, code=i + 1) for i, r in enumerate(_ROWS)}
 #: numpy dtype -> row (a dict lookup by dtype equality: a dtype that is not a row's, a byte-swapped
 #: or structured one included, is not found)
-BY_NP: dict[np.dtype, DType] = {d.np: d for d in DTYPES.values()}
+BY_NP: dict[np.dtype, DType] = {d.np: d for d in DTYPES.values() if d not in _LATE}    # (and each late row once used)
 
 
 _BY_HCCL: dict[int, DType] = {int(d.hccl): d for d in DTYPES.values() if d.hccl is not None}
@@ -101,7 +137,16 @@ HALF_FLOATS: tuple[str, ...] = tuple(n for n, d in DTYPES.items() if d.reduce ==
 
 def of_array(x: np.ndarray) -> DType | None:
     """The table row for an array's dtype, or None when unsupported (hot path: one dict lookup)."""
-    return BY_NP.get(x.dtype)
+    return BY_NP.get(x.dtype) or _late(x.dtype)
+
+
+def _late(dtype: np.dtype) -> DType | None:
+    """The row of ``dtype`` among the rows not resolved yet whose package is imported (an array of
+    that dtype exists only then), or None."""
+    for row, where in list(_LATE.items()):
+        if where.rpartition(".")[0] in sys.modules:
+            row.np                                   # noqa: B018 - resolves it, into BY_NP
+    return BY_NP.get(dtype)
 
 
 def by_code(code: int) -> DType:
@@ -123,7 +168,8 @@ def lookup(dtype: object, *, op: str = "mpicoll", param: str = "dtype", rank: in
         row = DTYPES[dtype]
     else:
         try:
-            row = BY_NP.get(np.dtype(dtype))
+            dtype = np.dtype(dtype)
+            row = BY_NP.get(dtype) or _late(dtype)
         except TypeError:
             row = None
     if row is None:

@@ -12,14 +12,17 @@ when only one of them has the bad value, and none leaves before the others learn
 """
 from __future__ import annotations
 
+import difflib
 import math
 import os
+import warnings
 from dataclasses import dataclass
 from typing import Any
 
 from ._errors import CollectiveArgumentError
+from ._traceback import user_stacklevel
 
-FLAG, SECONDS, CHOICE, TEXT = "flag", "seconds", "choice", "text"
+FLAG, SECONDS, CHOICE, TEXT, COUNT = "flag", "seconds", "choice", "text", "count"
 ON, OFF = ("1", "true", "on", "yes"), ("0", "false", "off", "no")
 #: how the members of a library communicator agree a setting: ALIKE, every member must have the same
 #: value (it decides which MPI calls a rank makes); ANY, set on any member it holds for all of them
@@ -34,7 +37,7 @@ class Setting:
     Attributes:
         name: the environment variable.
         kind: FLAG (on/off), SECONDS (a finite number >= 0; 0: no limit), CHOICE (one of
-            ``choices``), TEXT (any value).
+            ``choices``), TEXT (any value), COUNT (a whole number >= 0).
         default: its value when unset or empty, as the environment spells it ("": none).
         agreed: ALIKE, ANY or OWN (above).
         summary: what it does, one line (``--help``, ``--info``).
@@ -65,7 +68,7 @@ class Setting:
         rule = {FLAG: f"on: {', '.join(ON)}; off: {', '.join(OFF)} (any case)",
                 SECONDS: "a finite number of seconds >= 0 (0: no limit)",
                 CHOICE: f"{' or '.join(self.choices)} (any case)",
-                TEXT: "any value"}[self.kind]
+                TEXT: "any value", COUNT: "a whole number >= 0"}[self.kind]
         return f"{rule}; unset or empty: {self.shown_default}"
 
     def parse(self, raw: str) -> Any:
@@ -97,6 +100,10 @@ class Setting:
             if text.lower() in self.choices:
                 return text.lower()
             raise ValueError("an unknown value")
+        if self.kind == COUNT:
+            if not text.isdigit():
+                raise ValueError("not a whole number >= 0")
+            return int(text)
         return text or None
 
 
@@ -123,6 +130,15 @@ SETTINGS: dict[str, Setting] = {s.name: s for s in (
             "wait, polling without pause), sleep (polls between short sleeps: the core goes to the ranks that "
             "compute), auto (sleep where the node runs more ranks than it has cores)", "docs/reliability.md",
             ("auto", "spin", "sleep")),
+    Setting("MPICOLL_TRACEBACK_FILTERING", FLAG, "1", OWN, "the traceback of an uncaught mpicoll error shows the "
+            "user's frames and the message, not mpicoll's internal frames (0: every frame)",
+            "docs/errors.md#tracebacks"),
+    Setting("MPICOLL_TRACE", TEXT, "", OWN, "a directory: each rank writes a trace of every call there "
+            "(trace.<rank>.json, Chrome's trace format; python -m mpicoll.run trace DIR reads them)", "docs/trace.md"),
+    Setting("MPICOLL_FLIGHT", COUNT, "64", OWN, "the calls each communicator's flight recorder keeps, dumped when a "
+            "call times out, the job aborts or on SIGUSR1 (0: none)", "docs/trace.md#the-flight-recorder"),
+    Setting("MPICOLL_DUMP_DIR", TEXT, "", OWN, "where each rank writes its flight recorder (flight.<rank>.json; "
+            "unset: mpicoll-flight in the working directory)", "docs/trace.md#the-flight-recorder"),
     Setting("MPICOLL_STORE_HOST", TEXT, "", OWN, "the torch backend's mpi://: the address of world rank 0 at which "
             "the other ranks reach its store (unset: its IPv4 addresses, tried in turn)", "docs/torch.md"),
 )}
@@ -145,12 +161,17 @@ class Reading:
 
 
 _READ: dict[str, Reading] = {}
+#: whether this process has warned of the ``MPICOLL_*`` variables that are no setting (once per process)
+_WARNED: list[bool] = []
 
 
 def read(name: str) -> Reading:
-    """Setting ``name`` as read (the first time: from the environment; then the kept reading)."""
+    """Setting ``name`` as read (the first time: from the environment; then the kept reading). The
+    first reading in a process warns of the ``MPICOLL_*`` variables that are no setting (:func:`warn_strangers`)."""
     got = _READ.get(name)
     if got is None:
+        if not _WARNED:
+            warn_strangers()
         setting = SETTINGS[name]
         raw = os.environ.get(name)
         try:
@@ -185,9 +206,31 @@ def error(world_rank: int) -> CollectiveArgumentError | None:
                                    param=bad[0].setting.name, rank=world_rank)
 
 
+#: ``MPICOLL_*`` variables that are not the library's: the test harness's (scripts/test, tests/, .ci/run)
+RESERVED = ("MPICOLL_TEST_",)
+
+
 def strangers() -> list[str]:
-    """The ``MPICOLL_*`` variables in the environment that are no setting (a misspelt name: ignored)."""
-    return sorted(k for k in os.environ if k.startswith("MPICOLL_") and k not in SETTINGS)
+    """The ``MPICOLL_*`` variables in the environment that are no setting (a misspelt name: ignored),
+    but the test harness's (``RESERVED``)."""
+    return sorted(k for k in os.environ if k.startswith("MPICOLL_") and k not in SETTINGS and
+                  not k.startswith(RESERVED))
+
+
+def closest(name: str) -> str:
+    """The setting whose name is closest to ``name`` (a misspelling's likely meaning)."""
+    return difflib.get_close_matches(name, list(SETTINGS), n=1, cutoff=0.0)[0]
+
+
+def warn_strangers() -> None:
+    """Warn once per process (a ``UserWarning`` at the user's line) of each ``MPICOLL_*`` variable
+    that is no setting, naming the closest setting: a misspelt setting is otherwise ignored in silence."""
+    _WARNED.append(True)
+    names = strangers()
+    if names:
+        said = "; ".join(f"{n} is no mpicoll setting (the closest: {closest(n)})" for n in names)
+        warnings.warn(f"mpicoll: {said}: ignored. Every setting: python -m mpicoll.run --info, docs/index.md",
+                      UserWarning, stacklevel=user_stacklevel())
 
 
 def reread() -> None:

@@ -40,7 +40,30 @@ class CollectiveMismatchError(CollectiveArgumentError):
 
 
 class CollectiveTimeout(CollectiveError, TimeoutError):
-    """A collective, or a comm-domain rendezvous, did not complete in time."""
+    """A collective, or a comm-domain rendezvous, did not complete in time.
+
+    Attributes:
+        seconds: the limit that passed, or None. Given, the message ends with gloo's words for it
+            (:func:`gloo_timeout`), which programs and log scrapers written for torch's gloo look for.
+    """
+
+    def __init__(self, message: str, *, op: str | None = None, param: str | None = None, rank: int | None = None,
+                 seconds: float | None = None) -> None:
+        if seconds is not None:
+            message = f"{message}; in gloo's words: {gloo_timeout(seconds, op)}"
+        super().__init__(message, op=op, param=param, rank=rank)
+        self.seconds = seconds
+
+
+def milliseconds(seconds: float) -> str:
+    """A duration in milliseconds as gloo prints it, but as given (0.1 s: ``100``, 0.0005 s: ``0.5``)."""
+    return f"{seconds * 1000:g}"
+
+
+def gloo_timeout(seconds: float, op: str | None) -> str:
+    """gloo's words for a timeout (``Timed out waiting 2000ms for ...``: torch's tests look for
+    ``Timed out``)."""
+    return f"Timed out waiting {milliseconds(seconds)}ms for {op or 'the call'} to complete"
 
 
 _CLASSES = {c.__name__: c for c in (CollectiveError, CollectiveArgumentError,

@@ -57,6 +57,11 @@ class Message:
         _PROGRESS.add(self)
 
     # -- what a caller asks ----------------------------------------------------------------------
+    @property
+    def rank(self) -> int:
+        """This rank in the message's communicator."""
+        return self.lib.rank
+
     def wait(self, timeout: float | None = None) -> bool:
         """Complete the message here; raise its error. ``timeout`` (seconds; None: none): False
         once that long has passed with the message still posted (it stays posted)."""
@@ -207,7 +212,7 @@ class Message:
         return CollectiveTimeout(f"{self.fn}: timed out after {self.timeout:g} s on rank {self.lib.rank} of "
                                  f"{self.lib.label}, waiting for the message {way} {self._peer()} (tag {self.tag}): "
                                  "its peer never made the matching call", op=self.fn, param="timeout",
-                                 rank=self.lib.rank)
+                                 rank=self.lib.rank, seconds=self.timeout)
 
 
 class _Progress:

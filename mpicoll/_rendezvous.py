@@ -26,7 +26,7 @@ from mpi4py import MPI
 
 from . import _env
 from ._env import JOB_VARS
-from ._errors import CollectiveArgumentError, CollectiveError, CollectiveTimeout
+from ._errors import CollectiveArgumentError, CollectiveError, CollectiveTimeout, gloo_timeout
 
 _CHUNK = 900      # characters per published value (MPICH's name service keeps at most 1023)
 
@@ -130,8 +130,8 @@ def rendezvous(name: str, size: int | None, declared: tuple[int, ...] | None,
     while (verdict := _lookup(f"{base}-V")) is None:
         if time.monotonic() > deadline:
             raise CollectiveTimeout(f"{where}: timed out after {timeout:g} s ({why}) waiting for "
-                                    f"the leader, world rank {leader.split(':')[0] if leader else '?'}",
-                                    param="comm_domain")
+                                    f"the leader, world rank {leader.split(':')[0] if leader else '?'}; in gloo's "
+                                    f"words: {gloo_timeout(timeout, where)}", param="comm_domain")
         time.sleep(pause)
         pause = min(pause * 2, 0.05)
     kind, text = _verdict(base, verdict)
@@ -185,7 +185,8 @@ def _lead(base: str, where: str, me: int, size: int, fp: int, declared, deadline
         if time.monotonic() > deadline:
             got = sorted([me] + [r for r, _, _ in seen.values()])
             error = ("timeout", f"{where}: timed out after {timeout:g} s ({why}) waiting for "
-                                f"members: {len(got)} of {size} arrived (world ranks {got})")
+                                f"members: {len(got)} of {size} arrived (world ranks {got}); in gloo's words: "
+                                f"{gloo_timeout(timeout, where)}")     # (the verdict's text: every member's)
             break
         time.sleep(pause)
         pause = min(pause * 2, 0.05)

@@ -15,7 +15,7 @@ import torch
 import torch.distributed as dist
 
 from ._errors import CollectiveTimeout
-from .functional import wait_seconds
+from ._watchdog import wait_seconds
 
 __all__ = ["Work"]
 
@@ -25,8 +25,10 @@ class Work(dist.Work):
     a message; none: it has run), its ``result`` (the tensors torch gets back), named ``call``.
 
     ``wait(timeout)`` blocks until it has finished and raises its error (the same
-    ``CollectiveError`` on every rank); with a timeout (a timedelta or seconds; 0: none, torch's
-    default) a ``CollectiveTimeout`` once that long has passed, the call going on. ``is_completed()``
+    ``CollectiveError`` on every rank); with a timeout (what an Operation's ``timeout=`` takes: a
+    timedelta or seconds, 0 or less: none, torch's default; inf, nan or anything else: a
+    ``CollectiveArgumentError`` naming it) a ``CollectiveTimeout`` once that long has passed, the
+    call going on. ``is_completed()``
     and ``is_success()`` never block; ``get_future()`` is one future, completed (or failed) as the
     call finishes, on the thread that finishes it; ``source_rank()`` is a receive's sender.
     """
@@ -37,14 +39,19 @@ class Work(dist.Work):
         self._future: torch.futures.Future | None = None
 
     def wait(self, timeout: Any = None) -> bool:
-        seconds = wait_seconds(timeout)
+        seconds = wait_seconds(timeout, self._call, self._rank())
         end = None if seconds is None else time.monotonic() + seconds
         for h in self._handles:             # (one limit for all of them)
             if not h.wait(None if end is None else max(end - time.monotonic(), 0.0)):
                 raise CollectiveTimeout(f"{self._call}: wait(timeout={seconds:g} s) timed out with the call still in "
                                         "flight (it goes on: wait() again to complete it)", op=self._call,
-                                        param="timeout")
+                                        param="timeout", seconds=seconds)
         return True
+
+    def _rank(self) -> int:
+        """This rank in the call's group (its first handle's communicator; a call that has run: the world's)."""
+        rank = next((h.rank for h in self._handles if getattr(h, "rank", None) is not None), None)
+        return dist.get_rank() if rank is None else rank
 
     def is_completed(self) -> bool:
         return all(h.is_completed() for h in self._handles)

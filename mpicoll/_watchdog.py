@@ -106,14 +106,30 @@ def timeout_seconds(timeout: Any, op: str = "mpicoll", rank: int = -1) -> float 
     """
     if timeout is None:
         return timeout_default()
+    return _seconds(timeout, f"{op}: timeout={timeout!r}", op, rank, "or None (MPICOLL_TIMEOUT's)")
+
+
+def wait_seconds(timeout: Any, op: str, rank: int) -> float | None:
+    """The ``timeout`` of a ``wait(timeout)`` (a functional or torch ``Work``, a message): what an
+    Operation's ``timeout=`` takes (a number of seconds or a ``timedelta``; 0 or less: none), None:
+    no limit of its own (the call's watchdog, if any, still runs).
+
+    Raises:
+        CollectiveArgumentError: anything else (a string, NaN, infinity), naming ``op`` and ``rank``,
+            whether the call is still in flight or not.
+    """
+    if timeout is None:
+        return None
+    return _seconds(timeout, f"{op}: wait(timeout={timeout!r})", op, rank, "or None (no limit)")
+
+
+def _seconds(timeout: Any, said: str, op: str, rank: int, none: str) -> float | None:
     value = timeout.total_seconds() if isinstance(timeout, timedelta) else timeout
     if isinstance(value, bool) or not isinstance(value, (int, float, np.integer, np.floating)) or \
             not math.isfinite(value):
-        raise CollectiveArgumentError(f"{op}: timeout={timeout!r} on rank {rank}: must be a finite number of seconds "
-                                      "(0 or less: none), or None (MPICOLL_TIMEOUT's)", op=op, param="timeout",
-                                      rank=rank)
+        raise CollectiveArgumentError(f"{said} on rank {rank}: must be a finite number of seconds (0 or less: none), "
+                                      f"a timedelta, {none}", op=op, param="timeout", rank=rank)
     return float(value) if value > 0 else None
-
 
 
 def wait(requests: list[MPI.Request], timeout: float, expired: Callable[[], Any],
@@ -137,7 +153,7 @@ def wait(requests: list[MPI.Request], timeout: float, expired: Callable[[], Any]
             if now > deadline:
                 error = expired()
                 if not isinstance(error, BaseException):
-                    error = CollectiveTimeout(str(error), param="timeout")
+                    error = CollectiveTimeout(str(error), param="timeout", seconds=timeout)
                 if not raises and _env.value("MPICOLL_TIMEOUT_ACTION") == "abort":
                     abort(f"mpicoll watchdog: {error}; aborting the job (MPICOLL_TIMEOUT_ACTION=raise only raises)")
                 raise error
@@ -216,20 +232,30 @@ def own_shm_segments() -> list[str]:
 
 
 def stale_segments(candidates: set[str] | None = None) -> list[str]:
-    """MPICH shared-memory files owned by this user that no live process maps (left by an aborted or
-    killed job), optionally only among ``candidates`` (e.g. those that appeared during one run)."""
+    """MPICH shared-memory files owned by this user that no live process maps or holds open (left by
+    an aborted or killed job), optionally only among ``candidates`` (e.g. those that appeared during
+    one run). A job starting at the same time creates its file, then maps it, then closes it: each
+    process's open files are read before its mappings, so the file is seen in one or the other
+    (removing it in between would leave that job's ranks on different memory)."""
     found = {p for p in glob.glob("/dev/shm/mpich_shm_*") if os.path.isfile(p) and os.stat(p).st_uid == os.getuid()}
     if candidates is not None:
         found &= set(candidates)
-    mapped: set[str] = set()
-    for maps in glob.glob("/proc/[0-9]*/maps"):
+    used: set[str] = set()
+    for proc in glob.glob("/proc/[0-9]*"):
         try:
-            with open(maps, encoding="utf-8", errors="replace") as fh:
-                mapped.update(line.split(None, 5)[5].strip().removesuffix(" (deleted)") for line in fh
-                              if "/dev/shm/mpich_shm_" in line)
+            for fd in os.listdir(f"{proc}/fd"):
+                try:
+                    target = os.readlink(f"{proc}/fd/{fd}")
+                except OSError:
+                    continue
+                if target.startswith("/dev/shm/mpich_shm_"):
+                    used.add(target.removesuffix(" (deleted)"))
+            with open(f"{proc}/maps", encoding="utf-8", errors="replace") as fh:
+                used.update(line.split(None, 5)[5].strip().removesuffix(" (deleted)") for line in fh
+                            if "/dev/shm/mpich_shm_" in line)
         except OSError:
             continue
-    return sorted(found - mapped)
+    return sorted(found - used)
 
 
 def abort(message: str, code: int = 1) -> None:

@@ -15,6 +15,7 @@ import platform
 import socket
 import statistics
 import sys
+import textwrap
 import threading
 import time
 from dataclasses import dataclass, field
@@ -394,9 +395,9 @@ def _sweep(args, ops, dtypes, redops, compare, reps, validate, comm, raw_comm, d
                     case = BenchCase(count, dt, REDUCE_OPS.get(rname), args.root, n, rank, dom, validate, raw_comm,
                                      MPI.COMM_WORLD.Get_rank())
                     row = _point(spec, name, case, args, compare, gloo, reps, comm)
-                    rows.append(row)
-                    if printer:
+                    if printer:                # (printed first: a row saved at Ctrl-C was always printed)
                         print(_format(row, compare), flush=True)
+                    rows.append(row)
     if progress:
         sys.stderr.write("\r" + " " * 60 + "\r")
 
@@ -662,7 +663,10 @@ def _figure(plt, rows: list[Row], n: int, compare: list[str], mode: str | None, 
     where = f"{n} ranks" + (f" on {_hosts_text(hosts)}" if hosts else "")
     title = (f"mpicoll vs {', '.join(compare) or 'itself'}: bus bandwidth vs size, "
              f"{mode + ', ' if mode else ''}{where}, {what}")
-    fig.suptitle(title, fontsize=9)
+    # (wrapped to the figure's width: one panel is narrower than the title; a 9 pt character is
+    # about 5.4 pt wide)
+    fig.suptitle(textwrap.fill(title, width=max(40, int(fig.get_figwidth() * 72 / 5.6)), break_on_hyphens=False),
+                 fontsize=9)
     return fig, title
 
 

@@ -22,7 +22,6 @@ Inside :func:`mpicoll.graph.capture` every function is captured instead of run.
 from __future__ import annotations
 
 from collections import OrderedDict
-from datetime import timedelta
 from typing import Any
 
 import numpy as np
@@ -34,6 +33,7 @@ from ._domains import group_fields
 from ._dtypes import REDUCE_RULE, reduce_op
 from ._errors import CollectiveArgumentError, CollectiveError, CollectiveTimeout
 from ._messages import post
+from ._watchdog import wait_seconds
 from .ops._base import ASYNC, RUN, Operation
 
 __all__ = ["MAX_CACHED", "Work", "all_gather", "all_gather_into_tensor", "all_gather_into_tensor_uneven",
@@ -61,17 +61,21 @@ class Work:
         self._handle, self._outputs, self._name = handle, outputs, name
 
     def wait(self, timeout: Any = None) -> bool:
-        """Block until the call has finished; True. ``timeout`` (seconds or a timedelta; None or 0:
-        no limit): a :class:`CollectiveTimeout` once that long has passed with the call still
-        running (it goes on: ``wait()`` again to complete it).
+        """Block until the call has finished; True. ``timeout`` (what an Operation's ``timeout=``
+        takes: seconds or a timedelta, 0 or less: none; None: no limit): a :class:`CollectiveTimeout`
+        once that long has passed with the call still running (it goes on: ``wait()`` again to
+        complete it).
 
         Raises:
+            CollectiveArgumentError: a ``timeout`` that is none of these (a string, inf, nan), on
+                this rank, in flight or not.
             CollectiveError: the call's own error (on every rank of the call, as a synchronous call).
         """
-        seconds = wait_seconds(timeout)
+        seconds = wait_seconds(timeout, self._name, _rank(self._handle))
         if not self._handle.wait(seconds):
             raise CollectiveTimeout(f"{self._name}: wait(timeout={seconds:g} s) timed out with the call still in "
-                                    "flight (it goes on: wait() again to complete it)", op=self._name, param="timeout")
+                                    "flight (it goes on: wait() again to complete it)", op=self._name, param="timeout",
+                                    seconds=seconds)
         return True
 
     def is_completed(self) -> bool:
@@ -90,10 +94,10 @@ class Work:
         return f"<Work {self._name} {'completed' if self.is_completed() else 'in flight'}>"
 
 
-def wait_seconds(timeout: Any) -> float | None:
-    """A ``wait(timeout)`` in seconds: a timedelta or a number; None, 0 or less: no limit."""
-    seconds = timeout.total_seconds() if isinstance(timeout, timedelta) else timeout
-    return float(seconds) if seconds is not None and seconds > 0 else None
+def _rank(handle: Any) -> int:
+    """The rank a Work's messages name: its call's, on its communicator (a captured call's: the world's)."""
+    rank = getattr(handle, "rank", None)
+    return MPI.COMM_WORLD.Get_rank() if rank is None else rank
 
 
 # ----------------------------------------------------------------------------- groups and the cache

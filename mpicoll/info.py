@@ -13,7 +13,6 @@ import re
 import sys
 
 import mpi4py
-import ml_dtypes
 import numpy as np
 from mpi4py import MPI
 
@@ -49,6 +48,15 @@ def _waits() -> str:
     how = "sleep between polls" if sleeps(crowded) else "MPI's own wait (spins)"
     node = "more ranks on this node than cores" if crowded else "no more ranks on this node than cores"
     return f"{how} (MPICOLL_WAIT={_env.value('MPICOLL_WAIT')}; {node})"
+
+
+def _version(package: str) -> str:
+    """An installed package's version, from its metadata (not imported: importing ml_dtypes 0.7 takes
+    0.5-1 s here, for every rank of every command of the CLI)."""
+    try:
+        return importlib.metadata.version(package)
+    except importlib.metadata.PackageNotFoundError:
+        return "not installed"
 
 
 def _packages() -> str:
@@ -121,7 +129,7 @@ def run_info(world: MPI.Comm = MPI.COMM_WORLD) -> int:
             ("mpicoll", f"{__version__} ({os.path.dirname(os.path.abspath(__file__))})"),
             ("python", f"{platform.python_version()} ({platform.python_implementation()}, {sys.executable})"),
             ("platform", platform.platform()),
-            ("numpy", np.__version__), ("ml_dtypes", ml_dtypes.__version__), ("mpi4py", mpi4py.__version__),
+            ("numpy", np.__version__), ("ml_dtypes", _version("ml_dtypes")), ("mpi4py", mpi4py.__version__),
             ("MPI", f"{vendor} {'.'.join(map(str, numbers))} (MPI {'.'.join(map(str, MPI.Get_version()))}); "
                     f"thread level {_THREADS.get(MPI.Query_thread(), MPI.Query_thread())}"),
             ("MPI library", " ".join(MPI.Get_library_version().splitlines()[0].split())),
@@ -133,9 +141,10 @@ def run_info(world: MPI.Comm = MPI.COMM_WORLD) -> int:
             ("packages", _packages()),
         ]
         lines = [f"{name:<15}{text}" for name, text in rows]
-        lines.append(f"settings       {'(default)':<12}(in effect, from where)")
+        width = max(len(name) for name in _env.SETTINGS) + 2        # (the names' column, the longest's)
+        lines.append(f"{'settings':<{width + 2}}{'(default)':<12}(in effect, from where)")
         for i, r in enumerate(readings):
-            lines.append(f"  {r.setting.name:<24}{r.setting.shown_default:<12}{by_rank([mine[i] for mine in seen])}")
+            lines.append(f"  {r.setting.name:<{width}}{r.setting.shown_default:<12}{by_rank([mine[i] for mine in seen])}")
         others = _env.strangers()
         if others:
             lines.append(f"  not settings (ignored): {', '.join(others)}")

@@ -48,7 +48,7 @@ from torch.distributed.rendezvous import register_rendezvous_handler
 from . import _adapters as A
 from . import functional as F
 from ._domains import user_comm
-from ._errors import CollectiveError, arg_error
+from ._errors import CollectiveError, arg_error, milliseconds
 from ._messages import TAG_UB, post
 from ._rendezvous import create, rendezvous
 from ._torch_store import LocalStore, agree_problem, exchange, refuse_other_world, shared_store
@@ -337,16 +337,20 @@ class ProcessGroupMpicoll(dist.ProcessGroup):
 
     # --------------------------------------------------------------- monitored_barrier, point-to-point
     def monitored_barrier(self, timeout: Any = None, wait_all_ranks: bool = False) -> None:
-        """gloo's ``monitored_barrier``: ``dist.monitored_barrier()`` from torch 2.14 (before, torch
-        refuses every backend but gloo by name: call it on the group, ``dist.group.WORLD.monitored_barrier()``).
-        Group rank 0 waits up to ``timeout`` (default: the group's; torch passes its
+        """gloo's ``monitored_barrier``, ``dist.monitored_barrier()`` (on torch 2.13 too, whose own
+        refuses every backend but gloo by name: :func:`_monitored_barrier_on_a_cpu_backend`). Group rank 0 waits up to ``timeout`` (default: the group's; torch passes its
         ``BarrierOptions``) for a message from every other rank, then answers each; a rank that did
         not come is named in the ``RuntimeError`` rank 0 raises (all of them with
-        ``wait_all_ranks``); the ranks that came then time out too."""
+        ``wait_all_ranks``); the ranks that came then time out too. Each message names the ranks
+        in mpicoll's words, then says it in gloo's (``Rank 1 failed to pass monitoredBarrier in
+        2000 ms``, ``Rank 0 timed out in monitoredBarrier``, ``Rank 2 successfully reached
+        monitoredBarrier, but received errors while waiting for send/recv from rank 0``): programs
+        and log scrapers written for gloo look for those."""
         if isinstance(timeout, dist.BarrierOptions):
             timeout = timeout.timeout
         timeout = self._timeout if timeout is None else timeout
         seconds = timeout.total_seconds() if isinstance(timeout, timedelta) else float(timeout)
+        ms = milliseconds(seconds)
         deadline = time.monotonic() + seconds
         self._barriers += 1
         serial = self._barriers
@@ -377,24 +381,38 @@ class ProcessGroupMpicoll(dist.ProcessGroup):
                 f"this is call {serial} on rank 0; if a rank skipped a call, the ranks are out of step: use a new "
                 "group)")
 
-        if self._rank != 0:
+        def ranks(ps: list[int]) -> str:
+            return (f"rank {ps[0]} (world rank {self._ranks[ps[0]]})" if len(ps) == 1 else
+                    f"ranks {ps} (world ranks {[self._ranks[p] for p in ps]})")
+
+        r = self._rank
+        if r != 0:
             send(0)
-            receive(0, lambda: f"monitored_barrier: rank {self._rank} waited {seconds:g} s for rank 0 to answer: "
-                               "some rank did not reach monitored_barrier")
+            receive(0, lambda: f"monitored_barrier: rank {r} waited {seconds:g} s for rank 0 to answer: some rank did "
+                               f"not reach monitored_barrier; in gloo's words: Rank {r} successfully reached "
+                               "monitoredBarrier, but received errors while waiting for send/recv from rank 0. Please "
+                               "check rank 0 logs for faulty rank.")
             return
-        missing = []
+        missing: list[int] = []
         for p in range(1, self._size):
+            if deadline - time.monotonic() < 0 and not wait_all_ranks:      # (as gloo: its time is up first)
+                came = list(range(1, p))
+                raise RuntimeError(f"monitored_barrier: rank 0's {seconds:g} s ran out before it saw "
+                                   f"{ranks(list(range(p, self._size)))}{step([p])}" +
+                                   (f"; {ranks(came)} came" if came else "") +
+                                   f"; in gloo's words: Rank 0 timed out in monitoredBarrier after {ms} ms.")
             try:
-                receive(p, lambda p=p: f"monitored_barrier: rank {p} (world rank {self._ranks[p]}) did not reach it "
-                                       f"within {seconds:g} s{step([p])}")
-            except RuntimeError as exc:
+                receive(p, lambda p=p: f"monitored_barrier: {ranks([p])} did not reach it within {seconds:g} s"
+                                       f"{step([p])}; in gloo's words: [Rank 0]: Rank {p} failed to pass "
+                                       f"monitoredBarrier in {ms} ms")
+            except RuntimeError:
                 if not wait_all_ranks:
                     raise
-                missing.append((p, exc))
+                missing.append(p)
         if missing:
-            raise RuntimeError(f"monitored_barrier: ranks {[p for p, _ in missing]} (world ranks "
-                               f"{[self._ranks[p] for p, _ in missing]}) did not reach it within {seconds:g} s"
-                               f"{step([p for p, _ in missing])}")
+            raise RuntimeError(f"monitored_barrier: {ranks(missing)} did not reach it within {seconds:g} s"
+                               f"{step(missing)}; in gloo's words: [Rank 0]: Rank{'s' if len(missing) > 1 else ''} "
+                               f"{', '.join(map(str, missing))} failed to pass monitoredBarrier in {ms} ms")
         for p in range(1, self._size):
             send(p)
 
@@ -517,10 +535,37 @@ def _mpi_rendezvous(url: str, timeout: timedelta = default_pg_timeout, **kwargs)
     yield (store if store is not None else LocalStore(why)), rank, size
 
 
+def _monitored_barrier_on_a_cpu_backend() -> None:
+    """torch < 2.14's ``dist.monitored_barrier`` refuses every backend but gloo by its name; torch
+    2.14 takes any group with a CPU backend and calls the group's. There, the function (torch's
+    module's, and ``torch.distributed``'s name for it) does as 2.14 does for an mpicoll group, and
+    leaves every other group to torch's own."""
+    c10d = dist.distributed_c10d
+    original = c10d.monitored_barrier
+    if tuple(int(v) for v in torch.__version__.split("+")[0].split(".")[:2]) >= (2, 14) or \
+            getattr(original, "_mpicoll", False):
+        return
+
+    def monitored_barrier(group=None, timeout=None, wait_all_ranks=False):
+        if c10d._rank_not_in_group(group) or c10d.get_backend(group) != BACKEND:
+            return original(group, timeout, wait_all_ranks)
+        if timeout is None:
+            timeout = c10d._get_default_timeout(BACKEND)
+        elif isinstance(timeout, (int, float)) and not isinstance(timeout, bool):
+            timeout = timedelta(seconds=timeout)       # (torch's own takes seconds too, with a warning)
+        c10d._check_valid_timeout(timeout)
+        return (group or c10d._get_default_group()).monitored_barrier(timeout, wait_all_ranks=wait_all_ranks)
+
+    monitored_barrier.__doc__, monitored_barrier.__wrapped__ = original.__doc__, original
+    monitored_barrier._mpicoll = True
+    c10d.monitored_barrier = dist.monitored_barrier = monitored_barrier
+
+
 def _register() -> None:
     if BACKEND.upper() not in dist.Backend._plugins:
         dist.Backend.register_backend(BACKEND, _create, extended_api=True, devices=["cpu"])
     register_rendezvous_handler("mpi", _mpi_rendezvous)
+    _monitored_barrier_on_a_cpu_backend()
 
 
 _register()

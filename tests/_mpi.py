@@ -18,6 +18,8 @@ from mpicoll._env import LAUNCHER_PREFIXES
 
 from mpicoll._dtypes import ALL_DTYPES, DTYPES, HALF_FLOATS as _HALF_FLOATS, reduce_ops_for
 
+from conftest import nested_token  # (the harness's: this process's mark on the jobs it launches)
+
 WORLD = MPI.COMM_WORLD
 RANK, SIZE = WORLD.Get_rank(), WORLD.Get_size()
 #: the MPI in use is Open MPI (its launcher needs flags MPICH's does not; its messages differ)
@@ -84,21 +86,37 @@ def setting(monkeypatch, name: str, value: str | None) -> None:
     monkeypatch.setattr(_env, "_READ", {})
 
 
+#: Open MPI's settings that scripts/test chooses (its transports), which a nested job keeps: the other
+#: ``OMPI_*`` variables are the outer launcher's
+KEPT = ("OMPI_ALLOW_RUN_AS_ROOT", "OMPI_MCA_pml", "OMPI_MCA_btl", "OMPI_MCA_osc")
+
+
 def launch_env(**extra: str) -> dict[str, str]:
     """The environment for a nested job (the one helper every test that launches a job uses): this
     one without the outer launcher's variables, the test harness' own (``MPICOLL_TEST_*``) and the
-    outer job's ``MPIEXEC_TIMEOUT``, plus ``extra``."""
+    outer job's ``MPIEXEC_TIMEOUT``, plus ``MPICOLL_TEST_NESTED`` (its processes are killed after the
+    test if still running: tests/conftest.py) and ``extra``."""
     env = {k: v for k, v in os.environ.items()
-           if not k.startswith(LAUNCHER_PREFIXES + ("MPICOLL_TEST", "MPIEXEC_TIMEOUT"))
-           or k.startswith("OMPI_ALLOW_RUN_AS_ROOT")}
+           if not k.startswith(LAUNCHER_PREFIXES + ("MPICOLL_TEST", "MPIEXEC_TIMEOUT")) or k.startswith(KEPT)}
+    env["MPICOLL_TEST_NESTED"] = nested_token()
     env.update(extra)
     return env
+
+
+#: how much slower than a quiet machine this one is (``MPICOLL_TEST_SLOWDOWN``: scripts/test measures
+#: the machine's other load before each rank count); the bounds of the tests scale with it
+SLOWDOWN = float(os.environ.get("MPICOLL_TEST_SLOWDOWN") or 1)
+
+
+def within(seconds: float) -> float:
+    """A time bound of a test (a job that must end at once, a limit for a nested job) on this
+    machine: ``seconds`` on a quiet one, times ``MPICOLL_TEST_SLOWDOWN``."""
+    return seconds * SLOWDOWN
 
 
 def run_job(tmp_path, body: str, np_: int = 3, env: dict | None = None, timeout: float = 60):
     """Run ``body`` as a script under ``mpirun -np np_ python -m mpi4py``, with no ``MPICOLL_*``
     setting but ``env``; returns (result, seconds, the shared-memory files it left behind)."""
-    from mpicoll._watchdog import stale_segments
     script = tmp_path / "job.py"
     script.write_text(textwrap.dedent(body))
     clean = {k: v for k, v in launch_env().items() if not k.startswith("MPICOLL_")}
@@ -106,11 +124,22 @@ def run_job(tmp_path, body: str, np_: int = 3, env: dict | None = None, timeout:
     before = set(glob.glob("/dev/shm/mpich_shm_*"))
     t0 = time.monotonic()
     res = subprocess.run(mpirun(np_, sys.executable, "-m", "mpi4py", str(script)),
-                         capture_output=True, text=True, timeout=timeout, env=clean)
+                         capture_output=True, text=True, timeout=within(timeout), env=clean)
     seconds = time.monotonic() - t0
-    time.sleep(0.3)                                       # let the killed processes' mappings go
-    left = stale_segments(set(glob.glob("/dev/shm/mpich_shm_*")) - before)
-    return res, seconds, left
+    return res, seconds, left_behind(before)
+
+
+def left_behind(before: set[str]) -> list[str]:
+    """The MPICH shared-memory files that appeared since ``before`` (a ``glob`` of them) and that no
+    live process uses: what an ended job left. Its killed ranks' mappings go a moment after the job
+    ends: asked again for up to half a second while any is seen."""
+    from mpicoll._watchdog import stale_segments
+    deadline = time.monotonic() + 0.5
+    while True:
+        left = stale_segments(set(glob.glob("/dev/shm/mpich_shm_*")) - before)
+        if not left or time.monotonic() > deadline:
+            return left
+        time.sleep(0.02)
 
 
 def said(tmp_path, body: str, np_: int, env: dict | None = None, timeout: float = 60) -> list[str]:
@@ -187,7 +216,7 @@ def digest_job(python: str, np_: int = 4) -> dict:
     env = {k: v for k, v in launch_env(PYTHONPATH=str(root), OMPI_MCA_osc="^ucx").items()
            if not k.startswith("MPICOLL_")}
     proc = subprocess.run(mpirun(np_, python, str(root / "tests" / "multihost" / "digest.py"), python=python,
-                                 open_mpi="Open MPI" in version), capture_output=True, text=True, timeout=240,
+                                 open_mpi="Open MPI" in version), capture_output=True, text=True, timeout=within(240),
                           env=env, cwd=root)
     assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-2000:]
     return json.loads(proc.stdout.strip().splitlines()[-1])

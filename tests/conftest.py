@@ -4,10 +4,17 @@ Two safety nets, because a fault on one MPI rank otherwise hangs the job:
 
 * Per-test watchdog: ``faulthandler.dump_traceback_later(T, exit=True)`` is
   armed around every test (setup, call and teardown) and cancelled after it.
-  If it fires, the stacks of the stuck process are written to stderr and the
-  process exits, which makes the MPI launcher kill the remaining ranks.
-  ``T`` is ``$MPICOLL_TEST_TIMEOUT`` seconds (default 120; 0 disables it), or
-  the value of ``@pytest.mark.timeout_s(seconds)`` on the test.
+  If it fires, a line names the test and the settings its limit comes from,
+  the stacks of the stuck process are written to stderr and the process
+  exits, which makes the MPI launcher kill the remaining ranks. ``T`` is
+  ``$MPICOLL_TEST_TIMEOUT`` seconds (default 120; 0 disables it), or the value
+  of ``@pytest.mark.timeout_s(seconds)`` on the test, times
+  ``$MPICOLL_TEST_SLOWDOWN`` (default 1; scripts/test measures the machine's
+  load and sets it).
+* Nothing a test starts outlives it: the jobs a test launches carry
+  ``MPICOLL_TEST_NESTED=<run>:<pid of this process>`` (tests/_mpi.launch_env);
+  after a test that started processes, any of them still running (an mpirun
+  killed on a timeout leaves its ranks behind) are killed, and a line says so.
 * Abort on first failure: with more than one rank, the first failed report on
   any rank writes the rank and the traceback to stderr and calls
   ``MPI.COMM_WORLD.Abort(1)``, so a one-rank failure cannot leave the other
@@ -21,11 +28,17 @@ mpi4py only lazily, so plain ``pytest`` without MPI still works.
 import faulthandler
 import os
 import re
+import resource
+import signal
 import sys
+import threading
+import time
 
 import pytest
 
 DEFAULT_TIMEOUT_S = 120.0
+#: how much slower than a quiet machine this one is (``MPICOLL_TEST_SLOWDOWN``): every limit times it
+SLOWDOWN = 1.0
 
 # Duplicate of the real stderr, taken in pytest_configure (during conftest
 # import fd 2 is still redirected by pytest's capture).  Used for emergency
@@ -46,7 +59,7 @@ def _parse_seconds(value, what):
 
 
 def pytest_configure(config):
-    global _err, _default_timeout
+    global _err, _default_timeout, SLOWDOWN
     config.addinivalue_line(
         "markers",
         "timeout_s(seconds): per-test watchdog in seconds, overrides "
@@ -55,6 +68,11 @@ def pytest_configure(config):
     _default_timeout = _parse_seconds(
         os.environ.get("MPICOLL_TEST_TIMEOUT", DEFAULT_TIMEOUT_S), "MPICOLL_TEST_TIMEOUT"
     )
+    SLOWDOWN = _parse_seconds(os.environ.get("MPICOLL_TEST_SLOWDOWN", "1") or "1", "MPICOLL_TEST_SLOWDOWN")
+    if not SLOWDOWN > 0:
+        raise pytest.UsageError(f"MPICOLL_TEST_SLOWDOWN: expected a factor > 0, got {SLOWDOWN!r}")
+    # (the run's id: scripts/test's, else this process's own; the jobs a test launches carry it)
+    os.environ.setdefault("MPICOLL_TEST_RUN_ID", f"{os.getpid()}-{time.time_ns()}")
     if _err is None:
         _err = os.fdopen(os.dup(2), "w", buffering=1, errors="backslashreplace")
     # The mpirun jobs that some tests start must run the mpicoll these tests import (the source
@@ -128,16 +146,18 @@ def pytest_unconfigure(config):
 
 
 def _timeout_for(item):
+    """The test's limit on a quiet machine, and where it comes from (to name it when it fires)."""
     marker = item.get_closest_marker("timeout_s")
     if marker is None:
-        return _default_timeout
+        return _default_timeout, f"MPICOLL_TEST_TIMEOUT={_default_timeout:g} s"
     if marker.args:
         value = marker.args[0]
     elif "seconds" in marker.kwargs:
         value = marker.kwargs["seconds"]
     else:
         raise pytest.UsageError(f"{item.nodeid}: timeout_s marker needs a number of seconds")
-    return _parse_seconds(value, f"{item.nodeid}: timeout_s")
+    seconds = _parse_seconds(value, f"{item.nodeid}: timeout_s")
+    return seconds, f"its @pytest.mark.timeout_s({seconds:g})"
 
 
 def pytest_collection_modifyitems(session, config, items):
@@ -148,13 +168,86 @@ def pytest_collection_modifyitems(session, config, items):
 
 @pytest.hookimpl(hookwrapper=True)
 def pytest_runtest_protocol(item, nextitem):
-    timeout = _timeout_for(item)
+    base, source = _timeout_for(item)
+    timeout = base * SLOWDOWN
+    said = None
     if timeout > 0 and _err is not None:
-        faulthandler.dump_traceback_later(timeout, exit=True, file=_err)
+        # The line naming the limit first (a thread: it runs unless the test holds the interpreter),
+        # then, a moment later, the stacks and the exit (faulthandler's own thread: it always runs).
+        text = (f"\nmpicoll test watchdog: {item.nodeid} still running after {timeout:g} s, its limit "
+                f"({source} x MPICOLL_TEST_SLOWDOWN={SLOWDOWN:g}): ending this process; raise "
+                f"{'MPICOLL_TEST_TIMEOUT' if source.startswith('MPICOLL') else 'the marker'} or "
+                "MPICOLL_TEST_SLOWDOWN to allow more\n")
+        said = threading.Timer(timeout, _say, (text,))
+        said.daemon = True
+        said.start()
+        faulthandler.dump_traceback_later(timeout + 0.2, exit=True, file=_err)
+    before = resource.getrusage(resource.RUSAGE_CHILDREN)
     try:
         yield
     finally:
         faulthandler.cancel_dump_traceback_later()
+        if said is not None:
+            said.cancel()
+        after = resource.getrusage(resource.RUSAGE_CHILDREN)
+        if (after.ru_utime, after.ru_stime) != (before.ru_utime, before.ru_stime):
+            _end_strays(item.nodeid)
+
+
+def _say(text: str) -> None:
+    try:
+        _err.write(text)
+        _err.flush()
+    except Exception:  # noqa: BLE001 - the watchdog's exit follows anyway
+        pass
+
+
+def nested_token() -> str:
+    """What the jobs this process launches carry in ``MPICOLL_TEST_NESTED`` (tests/_mpi.launch_env)."""
+    return f"{os.environ.get('MPICOLL_TEST_RUN_ID', '')}:{os.getpid()}"
+
+
+def _end_strays(nodeid: str) -> None:
+    """Kill the processes of the jobs this process launched that are still running after the test
+    (found by ``MPICOLL_TEST_NESTED`` in their environment: ranks whose mpirun was killed are no
+    longer its children), and say so. Ranks that are ending (an aborted job's, a moment after its
+    mpirun returned) get up to a second first."""
+    mark = f"MPICOLL_TEST_NESTED={nested_token()}".encode()
+    deadline = time.monotonic() + 1.0
+    while True:
+        left = _marked(mark)
+        if not left or time.monotonic() > deadline:
+            break
+        time.sleep(0.05)
+    for pid, _ in left:
+        try:
+            os.kill(pid, signal.SIGKILL)
+        except OSError:
+            pass
+    if left:
+        _say(f"\ntests/conftest.py: {len(left)} process(es) started by {nodeid} still running after it: killed "
+             f"({'; '.join(f'{pid} {cmd[:80]}' for pid, cmd in left)})\n")
+
+
+def _marked(mark: bytes) -> list[tuple[int, str]]:
+    """The live processes whose environment holds ``mark``: ``(pid, command line)``."""
+    found = []
+    for pid in os.listdir("/proc"):
+        if not pid.isdigit():
+            continue
+        try:
+            with open(f"/proc/{pid}/environ", "rb") as fh:
+                if mark not in fh.read().split(b"\0"):
+                    continue
+            with open(f"/proc/{pid}/stat", "rb") as fh:
+                if fh.read().rsplit(b")", 1)[1].split()[0] == b"Z":
+                    continue                        # (a zombie: it has ended, its parent not yet told)
+            with open(f"/proc/{pid}/cmdline", "rb") as fh:
+                command = fh.read().replace(b"\0", b" ").decode(errors="replace").strip()
+        except (OSError, IndexError):
+            continue
+        found.append((int(pid), command))
+    return found
 
 
 def _mpi_world():

@@ -1,18 +1,15 @@
 """Every script in docs/examples runs as the docs say: ``mpirun -np 2`` and ``-np 4``, exit status 0.
 
 The examples assert their own expected values, so a wrong result fails here. Each one is a
-subprocess ``mpirun`` with a time limit, launched once, from a pytest world of size 1.
+subprocess ``mpirun`` with a time limit, launched once, from a pytest world of size 1, as a user types
+it (tests/_docs.py: the pages' sample outputs of the same commands are compared with these runs).
 """
 from __future__ import annotations
 
 import ast
 import configparser
 import importlib.metadata
-import os
 import re
-import signal
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
@@ -20,7 +17,7 @@ from mpi4py import MPI
 
 import mpicoll
 
-from _mpi import launch_env, mpirun
+from _docs import run
 
 ROOT = Path(__file__).resolve().parent.parent
 EXAMPLES = sorted((ROOT / "docs" / "examples").glob("*.py"))
@@ -87,18 +84,10 @@ def test_example_runs(script: Path, nprocs: int):
             pytest.skip(f"{script.name} needs {', '.join(_missing(extra))}: pip install '.[{extra}]'")
     if _only(script) not in (None, nprocs):
         pytest.skip(f"{script.name} needs {_only(script)} ranks")
-    cmd = mpirun(nprocs, sys.executable, str(script.relative_to(ROOT)))
-    # A session of its own, so that a hung job can be killed whole (mpirun and its ranks).
-    proc = subprocess.Popen(cmd, cwd=ROOT, env=launch_env(), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-                            start_new_session=True)
-    try:
-        out, err = proc.communicate(timeout=60)
-    except subprocess.TimeoutExpired:
-        os.killpg(proc.pid, signal.SIGKILL)
-        out, err = proc.communicate()
-        pytest.fail(f"{' '.join(cmd)}: timed out after 60 s\nstdout:\n{out}\nstderr:\n{err}")
-    assert proc.returncode == 0, f"{' '.join(cmd)}: exit status {proc.returncode}\n{out}\n{err}"
-    assert out.strip(), f"{' '.join(cmd)}: printed nothing"
+    cmd = f"mpirun -np {nprocs} python {script.relative_to(ROOT)}"
+    status, out = run((cmd,))[0]
+    assert status == 0, f"{cmd}: exit status {status}\n{out}"
+    assert out.strip(), f"{cmd}: printed nothing"
     printed = out.splitlines()
     for line in LINES.get(script.stem, lambda n: [])(nprocs):
         assert line in printed, f"{' '.join(cmd)}: no line {line!r} in\n{out}"

@@ -14,6 +14,13 @@ HTML comment directly above its fence (invisible on the rendered page) can say m
 
 Several such comments may stand one above the other.
 
+What a block prints is shown by an output block right after it, whose first line is the command that
+runs it (``$ mpirun -np 2 python -m mpi4py example.py``, the block saved as example.py: its rank count
+is the block's); the lines every rank printed are compared with the lines shown, in any order (the
+ranks' lines reach a terminal in any order), ``...`` inside a line standing for any text. Every block
+that runs on its own (no setup, not skipped) says on its first line how many ranks it needs (``#
+mpirun -np N ...``, or ``# any rank count``) and prints what shows it worked.
+
 A reader sees the block, not the setup, so every block either runs as pasted (its own imports and
 inputs; an example's first line shows its launch: ``# mpirun -np 2 python -m mpi4py example.py``) or
 is a fragment of an earlier example that says so: a block with a setup must start with a visible line
@@ -32,7 +39,9 @@ NP RESULTS``.
 """
 from __future__ import annotations
 
+import contextlib
 import doctest
+import io
 import os
 import re
 import signal
@@ -60,6 +69,8 @@ class Snippet:
     needs: str = ""            # a module it imports that an optional extra brings
     setup: str = ""
     setup_line: int = 0        # the page's line of the setup's first line
+    output: list[str] | None = None   # what every rank prints, all ranks' lines (the output block after it)
+    output_line: int = 0              # the line of that block's ``$`` line
 
     @property
     def id(self) -> str:
@@ -127,6 +138,20 @@ def parse(path: Path) -> list[Snippet]:
             pending = []
             found.append(snip)
             i = j + 1
+            k = i
+            while k < len(lines) and not lines[k].strip():
+                k += 1
+            shown = re.match(r"\$ mpirun -np (\d+) python -m mpi4py example\.py$", lines[k + 1].strip()) \
+                if k + 1 < len(lines) and lines[k].strip() == "```" else None
+            if shown:
+                if int(shown.group(1)) != snip.np:
+                    raise ValueError(f"{page}:{k + 2}: the output is shown for {shown.group(1)} ranks, the block runs "
+                                     f"at {snip.np} (its snippet comment: np={shown.group(1)})")
+                end = k + 2
+                while end < len(lines) and lines[end].strip() != "```":
+                    end += 1
+                snip.output, snip.output_line = lines[k + 2:end], k + 2
+                i = end + 1
             continue
         if pending and text:
             where = pending[0][0]
@@ -150,6 +175,25 @@ def _is_doctest(code: str) -> bool:
     if lines[0].startswith(CONTINUES):
         lines = lines[1:]
     return bool(lines) and lines[0].lstrip().startswith(">>>")
+
+
+def untold(snip: Snippet) -> str:
+    """Why a block that runs on its own breaks the rule for examples (says its ranks on its first line,
+    prints what shows it worked), or ""."""
+    if snip.skip or snip.setup or snip.code.lstrip().startswith(CONTINUES) or _is_doctest(snip.code):
+        return ""                       # (a doctest shows what it prints; it runs at any rank count)
+    first = snip.code.strip().split("\n", 1)[0]
+    problems = []
+    said = re.match(r"#.*(mpirun -np (\d+) |any rank count)", first)
+    if not said:
+        problems.append(f"its first line does not say how many ranks it needs ('# mpirun -np {snip.np} python -m "
+                        "mpi4py example.py', or '# any rank count'): found " + repr(first[:60]))
+    elif said.group(2) and int(said.group(2)) != snip.np:
+        problems.append(f"its first line says {said.group(2)} ranks, but it is run at {snip.np} (a snippet comment "
+                        f"np={said.group(2)} above it runs it so)")
+    if "print(" not in snip.code and not _is_doctest(snip.code):
+        problems.append("it prints nothing that shows it worked")
+    return f"{snip.page}:{snip.line + 1}: " + "; ".join(problems) if problems else ""
 
 
 def _run_one(snip: Snippet) -> None:
@@ -185,13 +229,16 @@ def run_page(page: str, np_: int, results: Path) -> None:
     for snip in parse(ROOT / page):
         if snip.skip or snip.np != np_ or not _importable(snip.needs):
             continue
+        printed = io.StringIO()
         try:
-            _run_one(snip)
+            with contextlib.redirect_stdout(printed):
+                _run_one(snip)
         except BaseException:
             (results / f"failed.{rank}").write_text(f"{snip.line}\n{traceback.format_exc()}")
             raise
-        world.Barrier()                 # every rank is done with this block before it counts
+        every = world.gather(printed.getvalue())   # (every rank is done with this block before it counts)
         if rank == 0:
+            (results / f"out.{snip.line}").write_text("".join(every))
             with open(results / "done", "a") as f:
                 f.write(f"ok {snip.line}\n")
 
@@ -238,7 +285,9 @@ def _job(page: str, np_: int, tmp_path_factory) -> dict:
         for f in sorted(work.glob("failed.*")):
             line, _, tb = f.read_text().partition("\n")
             failed = failed or (int(line), f"rank {f.suffix[1:]}: {tb}")
-        _JOBS[key] = dict(cmd=" ".join(cmd), status=status, out=out, err=err, passed=passed, failed=failed)
+        printed = {int(f.suffix[1:]): f.read_text() for f in work.glob("out.*")}
+        _JOBS[key] = dict(cmd=" ".join(cmd), status=status, out=out, err=err, passed=passed, failed=failed,
+                          printed=printed)
     return _JOBS[key]
 
 
@@ -269,6 +318,17 @@ def test_snippet(snip: Snippet, tmp_path_factory):
         pytest.skip(f"{snip.id}: needs {snip.needs}, which is not installed (an optional extra)")
     job = _job(snip.page, snip.np, tmp_path_factory)
     if snip.line in job["passed"]:
+        if untold(snip):
+            pytest.fail(untold(snip), pytrace=False)
+        if snip.output is not None:
+            got = sorted(ln.rstrip() for ln in job["printed"].get(snip.line, "").splitlines())
+            want = sorted(ln.rstrip() for ln in snip.output if ln.strip())
+            if len(got) != len(want) or not all(re.fullmatch(".*?".join(map(re.escape, w.split("..."))), g)
+                                                for w, g in zip(want, got)):
+                pytest.fail(f"{snip.page}:{snip.output_line}: the output shown is not what the block above prints at "
+                            f"{snip.np} ranks (every rank's lines, in any order).\n--- the page shows:\n" +
+                            "\n".join(snip.output) + "\n--- the block printed:\n" +
+                            job["printed"].get(snip.line, ""), pytrace=False)
         return
     where = f"{snip.id} (mpirun -np {snip.np})"
     if job["failed"] and job["failed"][0] == snip.line:

@@ -10,21 +10,16 @@ import re
 import signal
 import subprocess
 import sys
+import textwrap
 import time
 
 import pytest
 from mpi4py import MPI
 
-from _mpi import OPEN_MPI, await_word, launch_env, mpirun, remove, run_job
+from _mpi import OPEN_MPI, await_word, launch_env, left_behind, mpirun, remove, run_job, within
 
 pytestmark = [pytest.mark.mpi(min_size=1),
               pytest.mark.skipif(MPI.COMM_WORLD.Get_size() != 1, reason="runs its own mpirun jobs once")]
-
-
-def _left(before: set[str]) -> list[str]:
-    from mpicoll._watchdog import stale_segments
-    time.sleep(0.3)                                       # (let the ended processes' mappings go)
-    return stale_segments(set(glob.glob("/dev/shm/mpich_shm_*")) - before)
 
 
 def test_an_agreed_error_prints_one_traceback_per_job_and_leaves_nothing(tmp_path):
@@ -46,6 +41,43 @@ def test_an_agreed_error_prints_one_traceback_per_job_and_leaves_nothing(tmp_pat
                "printed" in err, err
     assert "(also:" not in err and "mpicoll._errors." not in err
     assert left == [], f"left behind: {left}"
+    # (MPICOLL_TRACEBACK_FILTERING: the user's line and the message, no frame of mpicoll's or the runner's)
+    trace = err[err.index("Traceback"):err.index("\n", err.index("mpicoll.CollectiveArgumentError: "))]
+    assert trace.count('  File "') == 1 and "job.py" in trace and ".execute(np.ones((4, 3)" in trace, trace
+    assert "(hidden from this traceback: " in err and "MPICOLL_TRACEBACK_FILTERING=0 shows every frame" in err, err
+
+
+def test_under_plain_python_one_traceback_whole_and_a_misspelt_setting_warned_once_per_rank(tmp_path):
+    """Plain ``python`` (no ``-m mpi4py``), 2 ranks, a misspelt setting in the environment: each rank
+    warns once of it, naming the closest setting; the agreed error prints one traceback, in one
+    piece (the other rank's line is before or after it, not inside), without mpicoll's frames;
+    ``MPICOLL_TRACEBACK_FILTERING=0`` would show them (the setting is read, not refused)."""
+    body = """
+        import numpy as np
+        from mpi4py import MPI
+        import mpicoll
+        op = mpicoll.AllReduceOperation()
+        op.execute(np.ones(4 + MPI.COMM_WORLD.Get_rank(), np.float32))
+    """
+    script = tmp_path / "job.py"
+    script.write_text(textwrap.dedent(body))
+    env = {k: v for k, v in launch_env(MPICOLL_TIMOUT="5").items() if not k.startswith("MPICOLL_") or
+           k == "MPICOLL_TIMOUT"}
+    res = subprocess.run(mpirun(2, sys.executable, str(script)), capture_output=True, text=True, timeout=60, env=env)
+    err = res.stderr
+    assert res.returncode != 0, err
+    warned = [ln for ln in err.splitlines() if "UserWarning" in ln]
+    assert len(warned) == 2 and all("MPICOLL_TIMOUT is no mpicoll setting (the closest: MPICOLL_TIMEOUT)" in w
+                                    for w in warned), err
+    start = err.index("Traceback (most recent call last):")
+    end = err.index("\n", err.index("shows every frame", start)) + 1
+    trace = err[start:end].splitlines()
+    assert trace[1:3] == ['  File "' + str(script) + '", line 6, in <module>',
+                          "    op.execute(np.ones(4 + MPI.COMM_WORLD.Get_rank(), np.float32))"], err
+    assert trace[3] == ("mpicoll.CollectiveMismatchError: AllReduce: x.shape differs across ranks: (4,) on rank 0; "
+                        "(5,) on rank 1"), err
+    assert len(trace) == 5 and trace[4].startswith("(hidden from this traceback: "), err
+    assert "world rank 1: the same mpicoll.CollectiveMismatchError as world rank 0" in err.replace(err[start:end], ""), err
 
 
 def test_an_error_on_one_rank_still_prints_its_own_traceback(tmp_path):
@@ -100,9 +132,9 @@ def test_ctrl_c_in_a_plan_loop_ends_the_job_and_leaves_nothing(tmp_path, runner)
         if job.poll() is None:
             os.killpg(job.pid, signal.SIGKILL)
             job.communicate()
-    left = _left(before)
+    left = left_behind(before)
     remove(left)
-    assert job.returncode != 0 and seconds < 10, (job.returncode, seconds, err[-2000:])
+    assert job.returncode != 0 and seconds < within(10), (job.returncode, seconds, err[-2000:])
     assert "KeyboardInterrupt" in err
     assert left == [], f"left behind: {left}"
 
@@ -197,9 +229,10 @@ def test_a_program_that_never_uses_the_world_leaves_nothing(tmp_path, entry, end
         if job.poll() is None:
             os.killpg(job.pid, signal.SIGKILL)
             job.communicate()
-    time.sleep(0.3)                                       # (let the ended processes' mappings go)
     mapped = set(re.findall(r"@@(/dev/shm/mpich_shm_[^@\s]+)@@", out))
-    left = sorted(p for p in mapped if os.path.exists(p))
+    deadline = time.monotonic() + 0.5                     # (the ended processes' mappings go a moment later)
+    while (left := sorted(p for p in mapped if os.path.exists(p))) and time.monotonic() < deadline:
+        time.sleep(0.02)
     remove(left)
     assert job.returncode != 0, (out, err[-3000:])
     if ending == "error":

@@ -15,7 +15,7 @@ import mpicoll
 from mpicoll.checks import CHECKS
 from mpicoll._watchdog import stale_segments
 
-from _mpi import launch_env, mpirun, remove as _remove, run_job as _job
+from _mpi import launch_env, left_behind, mpirun, remove as _remove, run_job as _job, within
 
 pytestmark = [pytest.mark.mpi(min_size=1),
               pytest.mark.skipif(MPI.COMM_WORLD.Get_size() != 1, reason="runs its own mpirun jobs once")]
@@ -39,7 +39,7 @@ LOOP = """
 def test_a_killed_rank_ends_the_job_in_seconds(tmp_path):
     res, seconds, left = _job(tmp_path, LOOP)
     _remove(left)                                         # nobody in a SIGKILLed job can clean up
-    assert res.returncode != 0 and seconds < 20, (seconds, res.stderr[-2000:])
+    assert res.returncode != 0 and seconds < within(20), (seconds, res.stderr[-2000:])
     assert not stale_segments(set(left)), "cleanup of the killed job's segments failed"
 
 
@@ -64,7 +64,7 @@ NEVER = """
 
 def test_watchdog_aborts_and_names_the_missing_rank(tmp_path):
     res, seconds, left = _job(tmp_path, NEVER, env={"MPICOLL_TIMEOUT": "2"})
-    assert res.returncode != 0 and seconds < 15, (seconds, res.stderr[-2000:])
+    assert res.returncode != 0 and seconds < within(15), (seconds, res.stderr[-2000:])
     assert "mpicoll watchdog: AllReduce: timed out after 2 s" in res.stderr
     assert "ranks that did not arrive: [1]" in res.stderr and "mpicoll.world" in res.stderr
     assert not left, f"the aborted job left {left}"
@@ -78,6 +78,8 @@ def test_watchdog_raise_mode(tmp_path):
     assert any(f"rank {r}: AllReduce: timed out after 1.5 s on rank {r}" in res.stdout for r in (0, 2))
     assert "ranks that did not arrive: [1]" in res.stdout and "in its 2nd AllReduce call there, waiting in its " \
         "header agreement" in res.stdout
+    # (gloo's words too, the duration as given: what programs written for gloo look for)
+    assert "; in gloo's words: Timed out waiting 1500ms for AllReduce to complete" in res.stdout, res.stdout
 
 
 def test_cli_exception_aborts_and_cleans_up(tmp_path):
@@ -94,7 +96,7 @@ def test_cli_exception_aborts_and_cleans_up(tmp_path):
         run.main = boom
         run.entry([])
     """)
-    assert res.returncode != 0 and seconds < 15
+    assert res.returncode != 0 and seconds < within(15)
     assert "unhandled error on rank 2 of 3" in res.stderr and "injected" in res.stderr
     assert not left, f"the aborted job left {left}"
 
@@ -133,7 +135,7 @@ def test_watchdog_per_operation_names_ranks_on_another_communicator(tmp_path):
     res, seconds, left = _job(tmp_path, ELSEWHERE, env={"MPICOLL_TIMEOUT_ACTION": "raise", "MPICOLL_TIMEOUT": "60"})
     _remove(left)
     out = res.stdout
-    assert res.returncode == 3 and seconds < 20, (seconds, out, res.stderr[-2000:])
+    assert res.returncode == 3 and seconds < within(20), (seconds, out, res.stderr[-2000:])
     # (the ranks print at the same moment: their lines can run together, so split on the pattern)
     lines = {int(m[1]): m[0] for m in re.finditer(r"rank (\d): .*?cpu=\d+\.\d+", out)}
     assert sorted(lines) == [0, 1, 2], out
@@ -163,9 +165,8 @@ def test_cli_error_on_one_rank_aborts_the_job(tmp_path):
                                 "--log-dir", str(tmp_path / "logs")),
                          capture_output=True, text=True, timeout=60, env=clean)
     seconds = time.monotonic() - t0
-    time.sleep(0.3)
-    left = stale_segments(set(glob.glob("/dev/shm/mpich_shm_*")) - before)
-    assert res.returncode != 0 and seconds < 15, (seconds, res.stderr[-2000:])
+    left = left_behind(before)
+    assert res.returncode != 0 and seconds < within(15), (seconds, res.stderr[-2000:])
     assert "mpicoll.run: unhandled error on rank 2 of 3; aborting the job" in res.stderr, res.stderr[-2000:]
     assert "No space left on device" in res.stderr
     assert not left, f"the aborted job left {left}"
@@ -246,7 +247,7 @@ def test_watchdog_covers_started_plans(tmp_path):
     plan's start first agrees its sequence: tests/test_dispatch.py)."""
     res, seconds, left = _job(tmp_path, PLANS, env={"MPICOLL_TIMEOUT": "2", "MPICOLL_TIMEOUT_ACTION": "raise"})
     _remove(left)
-    assert res.returncode != 0 and seconds < 20, (seconds, res.stdout, res.stderr[-2000:])
+    assert res.returncode != 0 and seconds < within(20), (seconds, res.stdout, res.stderr[-2000:])
     assert "in its 3rd AllReduce call there, waiting in MPI Allgather (started by Plan.start)" in res.stdout, \
         res.stdout        # (under a watchdog a started plan first agrees its sequence: test_dispatch.py)
     assert "of the world (mpicoll.world)" in res.stdout and "ranks that did not arrive: [1]" in res.stdout, res.stdout

@@ -428,3 +428,45 @@ def test_messages_waited_for_between_sleeps_arrive_whole(monkeypatch, timed):
     assert F.source(works[0]) == frm
     if RANK == 1:                       # (its first receive waited for rank 0's late send: not complete at once)
         assert taken and set(taken) == ({("watched_wait", True)} if timed else {("poll", None)}), taken
+
+
+#: ``wait(timeout=)`` values refused by name (what an Operation's ``timeout=`` refuses; inf and nan as
+#: ``timeout_seconds`` decides them), and taken (None: no limit; 0 or less: none)
+BAD_WAITS = ["abc", float("inf"), float("nan"), -float("inf"), True, [1.0], np.float32("inf")]
+GOOD_WAITS = [None, 0, -1, 30, 30.0, np.float64(30), np.int32(30)]
+
+
+@mpi1
+def test_wait_takes_what_timeout_takes_and_refuses_the_rest_by_name():
+    """Every functional Work's ``wait(timeout=)`` (an async collective's, a message's, a graph
+    replay's) takes what an Operation's ``timeout=`` takes (seconds, a timedelta; 0 or less: none)
+    and refuses anything else with a CollectiveArgumentError naming the call and ``timeout``, the
+    same whether the call is still in flight (a receive whose send is not posted yet) or done."""
+    from datetime import timedelta
+    from mpicoll._watchdog import timeout_seconds
+    for bad in BAD_WAITS:                         # (what Operation's timeout= refuses too)
+        with pytest.raises(CollectiveArgumentError):
+            timeout_seconds(bad)
+    to, frm = (RANK + 1) % SIZE, (RANK - 1) % SIZE
+    got = np.zeros(3)
+    recv = F.irecv(got, src=frm, tag=3)           # (in flight until its send below)
+    with graph.capture() as g:
+        captured = F.all_reduce(np.ones(2), async_op=True)       # (complete at once: runs with the replay)
+    works = {"irecv": recv, "all_reduce": F.all_reduce(np.ones(2), async_op=True),
+             "graph.replay": g.replay(async_op=True), "all_reduce (captured)": captured}
+    for name, work in works.items():
+        name = name.split()[0]
+        for bad in BAD_WAITS:
+            with pytest.raises(CollectiveArgumentError) as info:
+                work.wait(timeout=bad)
+            assert info.value.param == "timeout" and str(info.value).startswith(
+                f"{name}: wait(timeout={bad!r}) on rank ") and "must be a finite number of seconds" in str(info.value)
+    send = F.isend(np.full(3, float(RANK)), dst=to, tag=3)
+    for name, work in {**works, "isend": send}.items():
+        assert work.wait(timeout=timedelta(seconds=30)) is True, name
+        for good in GOOD_WAITS:
+            assert work.wait(timeout=good) is True, (name, good)
+        with pytest.raises(CollectiveArgumentError, match=r"wait\(timeout=inf\)"):
+            work.wait(float("inf"))               # (done: refused alike)
+    assert got.tolist() == [float(frm)] * 3
+    g.free()

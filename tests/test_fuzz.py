@@ -6,7 +6,7 @@ short or out-of-range count or displacement, overlapping receive regions, a coun
 direction, a different dtype) must raise the same CollectiveError on every rank, naming the
 operator and the rank. Hypothesis runs derandomized (the same examples on every rank), and every
 property's verdict is agreed across ranks (``_mpi.agreed``), so that every rank shrinks in lockstep;
-``MPICOLL_FUZZ_EXAMPLES`` sets the examples per property (CI: 25; ``scripts/fuzz``: thousands).
+``MPICOLL_TEST_FUZZ_EXAMPLES`` sets the examples per property (CI: 25; ``scripts/fuzz``: thousands).
 """
 from __future__ import annotations
 
@@ -29,7 +29,7 @@ from mpicoll.checks.alltoall import alltoallv_golden
 
 from _mpi import RANK, SIZE, WORLD, agreed, launch_env, mpirun
 
-EXAMPLES = int(os.environ.get("MPICOLL_FUZZ_EXAMPLES", "25"))
+EXAMPLES = int(os.environ.get("MPICOLL_TEST_FUZZ_EXAMPLES", "25"))
 FUZZ = settings(max_examples=EXAMPLES, derandomize=True, database=None, deadline=None,
                 suppress_health_check=list(HealthCheck), print_blob=False)
 TRIED = {"valid": 0, "invalid": 0}

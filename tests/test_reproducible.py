@@ -7,7 +7,7 @@ validation, in place or not. MAX and MIN likewise. The golden (``_golden.golden_
 per element in the tree order, so it cannot depend on the size: a result equal to it is invariant.
 
 Hypothesis runs derandomized (the same examples on every rank) and each verdict is agreed across ranks
-(``_mpi.agreed``), as in test_fuzz; ``MPICOLL_FUZZ_EXAMPLES`` sets the examples per property (here 60).
+(``_mpi.agreed``), as in test_fuzz; ``MPICOLL_TEST_FUZZ_EXAMPLES`` sets the examples per property (here 60).
 """
 from __future__ import annotations
 
@@ -28,7 +28,7 @@ from mpicoll.ops import allreduce as A
 
 from _mpi import FLOATS, RANK, SIZE, WORLD, agreed, digest_job, reduce_ops
 
-EXAMPLES = int(os.environ.get("MPICOLL_FUZZ_EXAMPLES", "60"))
+EXAMPLES = int(os.environ.get("MPICOLL_TEST_FUZZ_EXAMPLES", "60"))
 PROPERTY = settings(max_examples=EXAMPLES, derandomize=True, database=None, deadline=None,
                     suppress_health_check=list(HealthCheck), print_blob=False)
 mpi1 = pytest.mark.mpi(min_size=1)
@@ -236,13 +236,13 @@ def test_functional_calls_eager_and_merged_in_a_graph_give_the_same_bits(seed, d
 @pytest.mark.mpi(min_size=1)
 @pytest.mark.timeout_s(600)
 @pytest.mark.skipif(SIZE != 1, reason="launches its own jobs once (from the 1-rank run)")
-@pytest.mark.skipif(not os.environ.get("MPICOLL_OTHER_MPI_PYTHON"),
-                    reason="needs MPICOLL_OTHER_MPI_PYTHON: a python whose mpi4py runs on the other MPI wheel "
+@pytest.mark.skipif(not os.environ.get("MPICOLL_TEST_OTHER_MPI_PYTHON"),
+                    reason="needs MPICOLL_TEST_OTHER_MPI_PYTHON: a python whose mpi4py runs on the other MPI wheel "
                            "(docs/reproducibility.md, 'Check it')")
 def test_the_same_bits_on_mpich_and_open_mpi():
     """The same inputs give the same bits of every float reduction on this MPI and on the other one
     (MPICH and Open MPI wheels), each equal to the tree-order golden."""
-    here, there = digest_job(sys.executable), digest_job(os.environ["MPICOLL_OTHER_MPI_PYTHON"])
+    here, there = digest_job(sys.executable), digest_job(os.environ["MPICOLL_TEST_OTHER_MPI_PYTHON"])
     assert {here["mpi"].split()[0], there["mpi"].split()[0]} == {"MPICH", "Open"}, (here["mpi"], there["mpi"])
     assert here["wrong"] == there["wrong"] == 0, (here, there)
     assert here["sha256"] == there["sha256"], (here, there)

@@ -146,3 +146,28 @@ def test_torch_pipeline_example(tmp_path):
         runpy.run_path(str(script), run_name="__main__")
     finally:
         dist.init_process_group("mpicoll", init_method="mpi://")
+
+
+def test_torch_wait_takes_what_timeout_takes_and_refuses_the_rest_by_name():
+    """The torch Work's ``wait(timeout=)`` (a message's, an async collective's) takes what an
+    Operation's ``timeout=`` takes (a timedelta, seconds; 0 or less: none) and refuses anything
+    else with a CollectiveArgumentError naming the call and ``timeout``, in flight (a receive whose
+    send is not posted yet) or done."""
+    from datetime import timedelta
+    import math
+    bad_waits = ["abc", math.inf, math.nan, True, [1.0]]
+    nxt, prv = (RANK + 1) % SIZE, (RANK - 1) % SIZE
+    got = torch.zeros(3)
+    works = {"recv": dist.irecv(got, src=prv, tag=4), "all_reduce": dist.all_reduce(torch.ones(2), async_op=True)}
+    for name, work in works.items():
+        for bad in bad_waits:
+            with pytest.raises(mpicoll.CollectiveArgumentError) as info:
+                work.wait(bad)
+            assert info.value.param == "timeout" and str(info.value).startswith(
+                f"{name}: wait(timeout={bad!r}) on rank {RANK}: must be a finite number of seconds"), str(info.value)
+    works["send"] = dist.isend(torch.full((3,), float(RANK)), dst=nxt, tag=4)
+    for name, work in works.items():
+        assert work.wait(timedelta(seconds=30)) and work.wait(30) and work.wait(0) and work.wait(), name
+        with pytest.raises(mpicoll.CollectiveArgumentError, match=r"wait\(timeout=nan\)"):
+            work.wait(math.nan)
+    assert got.tolist() == [float(prv)] * 3

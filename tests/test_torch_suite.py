@@ -29,5 +29,5 @@ def test_torch_own_suite_at_three_ranks():
     failed = [ln for ln in res.stdout.splitlines() if ln.startswith("FAIL ")]
     assert res.returncode == 0 and summary, "\n".join(failed) or res.stdout[-3000:] + res.stderr[-3000:]
     passed = int(re.search(r"(\d+) passed", summary[0]).group(1))
-    applicable = 85                                  # (tests/torch_suite.py)
-    assert passed >= applicable, summary[0]          # (of gloo's 90: none may be lost to a skip)
+    gloo_passes = 90                                 # (tests/torch_suite.py --backend gloo, torch 2.13 and 2.14)
+    assert passed >= gloo_passes, summary[0]         # (every one gloo passes: none may be lost to a skip)

@@ -1,7 +1,8 @@
 """torch's own distributed test suite against the mpicoll backend, as torch once ran its MPI backend:
 one MPI rank per torch rank, one process group for the whole run, ``DistributedTest._DistTestBase``
 from the installed torch, with the tests that torch runs for gloo (``BACKEND=gloo`` opens their
-gates) minus the ones listed in ``NOT_APPLICABLE`` with the reason.
+gates; a test about the backend's own name, ``NAMED``, sees the real one) minus the ones listed in
+``NOT_APPLICABLE`` with the reason (none today: all 90 of gloo's pass).
 
     mpirun -np 3 python -m mpi4py tests/torch_suite.py                  # every applicable test
     mpirun -np 3 python -m mpi4py tests/torch_suite.py --backend gloo   # the same harness on gloo
@@ -32,22 +33,13 @@ from mpi4py import MPI
 W = MPI.COMM_WORLD
 RANK, SIZE = W.Get_rank(), W.Get_size()
 
-#: tests gloo passes on CPU (90 in this harness, torch 2.13) that do not apply to this backend, and why
-#: (85 pass, on torch 2.13 and 2.14)
-NOT_APPLICABLE = {
-    # the suite's own assumptions about the backend's name (it checks dist.get_backend() == BACKEND)
-    "test_get_backend": "asserts the group's backend is named 'gloo' (the gate's BACKEND)",
-    # torch's dist.monitored_barrier refuses every backend but gloo by name (the mpicoll group has its
-    # own: group.monitored_barrier, tests/test_torch_backend.py); these tests also leave a rank out on
-    # purpose, which breaks the one group this harness shares between tests (gloo's too)
-    "test_monitored_barrier_gloo": "dist.monitored_barrier is gloo's only (torch checks the name)",
-    "test_monitored_barrier_gloo_rank_0_timeout": "dist.monitored_barrier is gloo's only (torch checks the name)",
-    "test_monitored_barrier_gloo_subgroup": "dist.monitored_barrier is gloo's only (torch checks the name)",
-    # new_group(timeout=) is the group's own timeout (tests/test_torch_backend.py), but the test
-    # matches gloo's wording of it
-    "test_barrier_timeout_full_group": "asserts gloo's message (' (Timed out|closed|timeout) '); mpicoll's "
-                                       "CollectiveTimeout says 'barrier: timed out after 1 s ...'",
-}
+#: tests whose assertion is about the backend's own name (``BACKEND``, which is "gloo" at import, to
+#: open gloo's gates): they run with the name of the backend under test, as they do on gloo
+NAMED = {"test_get_backend"}
+#: tests gloo passes on CPU (90 in this harness, torch 2.13 and 2.14) that do not apply to this
+#: backend, and why: none (all 90 pass, on torch 2.13 and 2.14)
+NOT_APPLICABLE: dict[str, str] = {}
+
 
 def _setup_env(backend: str) -> str:
     """The environment distributed_test.py reads at import, like torch's run_test.py set it."""
@@ -75,6 +67,7 @@ def main() -> int:
     import torch.distributed as dist
     from torch.testing._internal.common_distributed import TEST_SKIPS
     from torch.testing._internal.common_utils import TestCase
+    from torch.testing._internal.distributed import distributed_test
     from torch.testing._internal.distributed.distributed_test import Barrier, DistributedTest
 
     import mpicoll.torch  # registers the backend and mpi://
@@ -107,6 +100,7 @@ def main() -> int:
                 Barrier.init()                 # (empties the barrier folder)
             Barrier.barrier_id = 0             # (each test starts its file barriers from 0, as in torch's
             W.Barrier()                        # harness, where each test is a fresh process)
+            distributed_test.BACKEND = args.backend if name in NAMED else "gloo"
             outcome, why = _run(Suite, name, skip_codes)
         seen = W.allgather((outcome, why))
         if any(o == "FAIL" for o, _ in seen):
@@ -137,7 +131,7 @@ def _run(cls, name: str, skip_codes: dict) -> tuple[str, str]:
         return ("SKIP", skip_codes[code]) if code in skip_codes else ("FAIL", f"exited with {exc.code}")
     if result.errors or result.failures:
         text = (result.errors + result.failures)[0][1]
-        if os.environ.get("MPICOLL_SUITE_VERBOSE"):
+        if os.environ.get("MPICOLL_TEST_SUITE_VERBOSE"):
             print(f"--- rank {RANK}: {name}\n{text}", file=sys.stderr, flush=True)
         lines = [ln for ln in text.strip().splitlines() if ln.strip() and "PYTORCH_PRINT_REPRO" not in ln
                  and not ln.startswith(("To execute this test", "    python "))]
