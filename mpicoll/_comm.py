@@ -170,13 +170,12 @@ class LibComm:
         mine = np.array([error is not None, timeout is not None or _watchdog.timeout_default() is not None,
                          *(_env.value(name) for name in ALIKE_SETTINGS)], dtype=np.int64)
         table = np.empty((mpi.Get_size(), len(mine)), dtype=np.int64)
-        given = timeout if set_up is None else set_up
-        set_up = _watchdog.timeout_seconds(given)
+        set_up, own = _watchdog.set_up_limit(timeout, set_up)
         timed_call(mpi, "Allgather", ([mine, MPI.INT64_T], [table, MPI.INT64_T]), set_up,
-                   lambda: f"setting up {label}: timed out agreeing its settings", given is not None)
+                   lambda: f"setting up {label}: timed out agreeing its settings", own)
         if table[:, 0].any():
             try:                          # (every member raises here: every member frees it)
-                settle(_Making(mpi, label, given is not None), error, set_up,
+                settle(_Making(mpi, label, own), error, set_up,
                        ("", None, "the exchange of a setting's error (internal MPI Allgather/Allgatherv)"))
             finally:
                 mpi.Free()
@@ -209,7 +208,7 @@ class LibComm:
                 # max of (size, -size, -block): every node alike if max == -(-min); every node in blocks
                 span = np.array([here, -here, -int(block)], dtype=np.int64)
                 timed_call(mpi, "Allreduce", (MPI.IN_PLACE, [span, MPI.INT64_T], MPI.MAX),
-                           set_up, lambda: f"setting up {label}: timed out agreeing its layout", given is not None)
+                           set_up, lambda: f"setting up {label}: timed out agreeing its layout", own)
             if one_node or here == 1 or span[0] != -span[1]:
                 split.Free()
                 split = None
@@ -224,7 +223,7 @@ class LibComm:
         if self.pending:
             self.drain(None)
         timed_call(self.mpi, "Barrier", (), self.call_timeout(),
-                   lambda: f"{self.label}: timed out waiting for every member to {what}", self.timeout is not None)
+                   lambda: f"{self.label}: timed out waiting for every member to {what}", own=self.own)
 
     def add_buffer(self, buf) -> None:
         """Register a node buffer (:class:`mpicoll._shm.NodeBuffer`) just allocated on it."""
@@ -250,6 +249,12 @@ class LibComm:
             self._tiers = (LibComm.make(self._split, f"{self.label}: the members on this node", self.timeout),
                            LibComm.make(across, f"{self.label}: the members with node index {k}", self.timeout))
         return self._tiers
+
+    @property
+    def own(self) -> bool:
+        """Whether its timeout is its own (``timeout``), which only raises
+        (:func:`~mpicoll._watchdog.aborts`)."""
+        return self.timeout is not None
 
     @property
     def watched(self) -> bool:
@@ -340,11 +345,7 @@ class LibComm:
     def wait(self, requests: list[MPI.Request], timeout: float | None, name: str, where: tuple) -> None:
         """Complete ``requests`` (a collective ``name`` started with :meth:`start`, ``where`` as for
         :meth:`call`); with a timeout, raise (or abort) when they do not complete in time."""
-        if timeout is None:
-            MPI.Request.Waitall(requests)
-            return
-        _watchdog.wait(requests, timeout, lambda: self._expired(timeout, name, where),
-                       lambda: self._lost(timeout, name, where), raises=self.timeout is not None)
+        _watchdog.wait(requests, timeout, self._expired, self._lost, self.own, about=(timeout, name, where))
 
     def drain(self, by: Any) -> None:
         """Drive the started work queued here ahead of ``by`` (None: the job this thread runs, on a
@@ -453,13 +454,13 @@ class _Making:
     """A communicator :meth:`LibComm.make` is making, as :func:`~mpicoll._errors.settle` talks to one:
     its calls are set-up calls (:func:`timed_call`), the non-blocking form on every member."""
 
-    def __init__(self, mpi: MPI.Comm, label: str, raises: bool) -> None:
-        self.mpi, self.label, self.raises = mpi, label, raises
+    def __init__(self, mpi: MPI.Comm, label: str, own: bool) -> None:
+        self.mpi, self.label, self.own = mpi, label, own
         self.size, self.world_ranks = mpi.Get_size(), world_ranks(mpi)
 
     def call(self, name: str, args: tuple, timeout: float | None, where: tuple) -> None:
         timed_call(self.mpi, name, args, timeout, lambda: f"setting up {self.label}: timed out in {where[2]}",
-                   self.raises)
+                   self.own)
 
 
 def world_ranks(mpi: MPI.Comm) -> tuple[int, ...]:
@@ -519,16 +520,12 @@ def nonblocking(name: str) -> str:
 
 
 def timed_call(mpi: MPI.Comm, name: str, args: tuple, timeout: float | None, expired: Callable[[], str],
-               raises: bool = False) -> None:
+               own: bool = False) -> None:
     """A collective on a communicator that is not (yet) a LibComm, under the watchdog when timed;
     always the non-blocking form, so that members with and without ``MPICOLL_TIMEOUT`` make the
-    same MPI call (MPI matches a blocking collective only with a blocking one). ``raises``: a
-    communicator's own timeout (only raises)."""
-    req = getattr(mpi, nonblocking(name))(*args)
-    if timeout is None:
-        req.Wait()
-    else:
-        _watchdog.wait([req], timeout, expired, expired, raises=raises)
+    same MPI call (MPI matches a blocking collective only with a blocking one). ``own``: the limit
+    is the communicator's own (it only raises, :func:`~mpicoll._watchdog.aborts`)."""
+    _watchdog.wait([getattr(mpi, nonblocking(name))(*args)], timeout, expired, own=own)
 
 
 # ----------------------------------------------------------------------------- exit

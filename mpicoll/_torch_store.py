@@ -32,7 +32,7 @@ def exchange(comm: MPI.Comm, name: str, args: tuple, seconds: float, what: str) 
     (then :class:`~mpicoll.CollectiveTimeout` on the ranks that came, naming ``what``: the start-up
     step a rank never reached)."""
     timed_call(comm, name, args, seconds, lambda: f"{what}: timed out after {seconds:g} s waiting for every rank "
-               "(some rank has not reached it)", raises=True)
+               "(some rank has not reached it)", own=True)
 
 
 def agree_problem(lib: LibComm, problem: BaseException | None, seconds: float, what: str) -> None:
