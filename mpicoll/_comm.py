@@ -28,11 +28,7 @@ timed-out peer reads to name the ranks that never arrived.
 """
 from __future__ import annotations
 
-import atexit
-import os
-import sys
 import threading
-import time
 import zlib
 from functools import partial
 from typing import Any, Callable
@@ -40,14 +36,14 @@ from typing import Any, Callable
 import numpy as np
 from mpi4py import MPI
 
-from . import _env, _watchdog
+from . import _env, _exit, _watchdog
+from ._cpus import cpu_sets
 from ._errors import CollectiveError, CollectiveMismatchError, CollectiveTimeout, settle
 
 #: operator code -> name (filled by the operator registry), to name a peer's call in a timeout
 OP_NAMES: dict[int, str] = {}
 #: guards the process-wide state (caches, the exit list) for programs that call mpicoll from threads
 LOCK = threading.RLock()
-_OPEN: list["LibComm"] = []        # communicators holding a window (arrival, node), in creation order
 #: how many started runs wait in some communicator's ``pending`` queue (a plan's run() drains its
 #: communicators only when this is not 0)
 QUEUED = 0
@@ -143,8 +139,7 @@ class LibComm:
             # (every member holds a shared lock on all, none ever an exclusive one: NOCHECK, so that
             # taking it needs no message, else it waits for the others to make MPI progress)
             self._win.Lock_all(MPI.MODE_NOCHECK)
-            with LOCK:
-                _OPEN.append(self)
+            _exit.hold(self)
 
     @classmethod
     def make(cls, mpi: MPI.Comm, label: str, timeout: float | None = None,
@@ -164,7 +159,7 @@ class LibComm:
                 differently on the members, on every member.
         """
         with LOCK:
-            _register_exit()               # (its excepthook prints an error every member raises once)
+            _exit.register(_finalizing)    # (its excepthook prints an error every member raises once)
         error = _env.error(MPI.COMM_WORLD.Get_rank())
         # columns: this member's error flag, whether it runs a watchdog, then the settings alike everywhere
         mine = np.array([error is not None, timeout is not None or _watchdog.timeout_default() is not None,
@@ -232,9 +227,7 @@ class LibComm:
 
     def hold_open(self) -> None:
         """List it among the communicators whose windows a clean exit frees."""
-        with LOCK:
-            if self not in _OPEN:
-                _OPEN.append(self)
+        _exit.hold(self)
 
     def tiers(self) -> tuple["LibComm", "LibComm"]:
         """The two communicators of a tiered AllReduce (``per_node`` > 0), made
@@ -431,9 +424,7 @@ class LibComm:
         (collective over the members)."""
         for tier in self._tiers or ():
             tier.close()
-        with LOCK:
-            if self in _OPEN:
-                _OPEN.remove(self)
+        _exit.release(self)
         if self._node:
             self._node.free()              # (kept, freed: a plan still holding it raises, not crashes)
         for buf in self.buffers:
@@ -470,23 +461,6 @@ def world_ranks(mpi: MPI.Comm) -> tuple[int, ...]:
     group.Free()
     world.Free()
     return ranks
-
-
-def node_affinities(mpi: MPI.Comm) -> tuple[list[set[int]], set[int]]:
-    """The CPU sets (affinities: taskset, cpusets and ``mpirun -bind-to`` count) of the members of
-    ``mpi`` on this rank's node, in their rank order there, and this rank's (read by :func:`cpu_sets`,
-    the one place that reads them; collective over ``mpi``, on a node communicator made and freed here)."""
-    local = mpi.Split_type(MPI.COMM_TYPE_SHARED)
-    try:
-        return cpu_sets(local)
-    finally:
-        local.Free()
-
-
-def cpu_sets(node: MPI.Comm) -> tuple[list[set[int]], set[int]]:
-    """:func:`node_affinities` on ``node``, a communicator of one node's members (collective)."""
-    mine = sorted(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else list(range(os.cpu_count() or 1))
-    return [set(s) for s in node.allgather(mine)], set(mine)
 
 
 def finalized(op: str, what: str) -> CollectiveError:
@@ -528,94 +502,8 @@ def timed_call(mpi: MPI.Comm, name: str, args: tuple, timeout: float | None, exp
     _watchdog.wait([getattr(mpi, nonblocking(name))(*args)], timeout, expired, own=own)
 
 
-# ----------------------------------------------------------------------------- exit
-
-#: the exit status ``python -m mpi4py`` decided on (it aborts the job at exit when non-zero)
-_EXIT: list = []
-_exit_registered = False
-
-
-def _register_exit() -> None:
-    global _exit_registered
-    if not _exit_registered:
-        _exit_registered = True
-        # MPI deletes COMM_SELF's attributes first thing in MPI_Finalize (MPI 4.1, 11.2.4): from then
-        # on every call looks at whether MPI is finalized (a call's one test is FREED)
-        MPI.COMM_SELF.Set_attr(MPI.Comm.Create_keyval(delete_fn=_finalizing), True)
-        # Runs before mpi4py's own finalizer (atexit is LIFO): MPI must not finalize with a window exposed.
-        atexit.register(_shutdown)
-        _watch_mpi4py_exit()
-        _WORLD_RANK.append(MPI.COMM_WORLD.Get_rank())
-        _previous_hook.append(sys.excepthook)
-        sys.excepthook = _excepthook
-
-
-_previous_hook: list = []
-
-
-def _finalizing(comm: MPI.Comm, keyval: int, value: Any) -> None:
+def _finalizing() -> None:
+    """MPI is finalizing (:func:`mpicoll._exit.register`): from then on every call looks at whether
+    MPI is finalized (a call's one test is ``FREED``)."""
     global FREED
     FREED += 1
-
-
-def _excepthook(kind, exc, tb) -> None:
-    """An uncaught error that every member of a communicator raised alike (``exc.members``, world
-    ranks) prints its traceback on the lowest member only, one line on the others: a job prints
-    one traceback, not one per rank. Anything else goes to the previous hook; an uncaught
-    KeyboardInterrupt (Ctrl-C) then aborts the job, under plain ``python`` too."""
-    members = getattr(exc, "members", None)
-    me = _WORLD_RANK[0] if _WORLD_RANK else None
-    if members and me in members and me != min(members):
-        sys.stderr.write(f"world rank {me}: the same {kind.__module__}.{kind.__qualname__} as world rank "
-                         f"{min(members)}, whose traceback is printed\n")
-        sys.stderr.flush()
-        if _EXIT:
-            time.sleep(0.2)                  # (python -m mpi4py aborts next: let that rank print first)
-        return
-    _previous_hook[0](kind, exc, tb)
-    if issubclass(kind, KeyboardInterrupt) and not MPI.Is_finalized():
-        sys.stderr.flush()
-        MPI.COMM_WORLD.Abort(130)            # Ctrl-C stops the job: peers inside a collective never return
-
-
-#: this process's world rank, kept for use after MPI_Finalize
-_WORLD_RANK: list[int] = []
-
-
-def _watch_mpi4py_exit() -> None:
-    """Record the status mpi4py's ``-m`` runner passes to ``set_abort_status`` (if it is running)."""
-    runner = sys.modules.get("mpi4py.run")
-    original = getattr(runner, "set_abort_status", None)
-    if original is None or getattr(original, "_mpicoll", False):
-        return
-
-    def set_abort_status(status):
-        _EXIT.append(status)
-        return original(status)
-    set_abort_status._mpicoll = True
-    runner.set_abort_status = set_abort_status
-
-
-def failing_exit() -> bool:
-    """Whether the process is exiting after an unhandled exception or with a non-zero status."""
-    if getattr(sys, "last_value", None) is not None or getattr(sys, "last_exc", None) is not None:
-        return True                          # an unhandled exception was printed
-    for status in _EXIT:
-        code = status.code if isinstance(status, SystemExit) else status
-        if isinstance(status, BaseException) and not isinstance(status, SystemExit):
-            return True
-        if code not in (0, None):
-            return True
-    return False
-
-
-def _shutdown() -> None:
-    """Free the windows (arrival marks, node windows, node buffers) at a clean exit, newest first
-    (every member made them in the same order, so every member frees them in the same order).
-    After an unhandled exception or a non-zero exit (``python -m mpi4py`` then aborts the job) skip
-    it: freeing is collective and would wait for ranks that are still inside some collective,
-    turning a prompt abort into a hang."""
-    if MPI.Is_finalized() or failing_exit():
-        return
-    for comm in reversed(list(_OPEN)):
-        comm.close()

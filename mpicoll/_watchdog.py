@@ -67,7 +67,7 @@ BACKSTOP = 3.0      # seconds past a wait's deadline before the backstop thread 
 
 def crowded(sets: list[set[int]]) -> bool:
     """Whether a node runs more ranks than it has cores: ``sets``, the CPU sets of a communicator's
-    members on this node (``_comm.node_affinities``: taskset, cpusets and binding count), their
+    members on this node (``_cpus.node_affinities``: taskset, cpusets and binding count), their
     union the cores; the ranks, the larger of their count and the launcher's count of the job's
     ranks on the node (MPICH's ``MPI_LOCALNRANKS``, Open MPI's ``OMPI_COMM_WORLD_LOCAL_SIZE``: the
     job's other ranks there compete for the cores too)."""

@@ -24,7 +24,7 @@ from mpi4py import MPI
 
 from . import __version__
 from . import _shm
-from ._comm import node_affinities
+from ._cpus import node_affinities
 from ._domains import declare_domains, domain, domain_members, lookup, world as lib_world
 from ._dtypes import DTYPES, REDUCE_OPS
 from .checks import BENCHES, BenchCase

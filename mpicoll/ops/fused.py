@@ -31,7 +31,7 @@ from .._dtypes import REDUCE_OPS
 from .._numeric import from_f32, to_f32
 from .._params import CommParam
 from .._plan import Call, Plan
-from .._comm import node_affinities
+from .._cpus import node_affinities
 from .._domains import resolve
 from ._base import PREPARE, RUN, Operation
 from ._reduce import reduce_scatter
