@@ -17,12 +17,8 @@ waits in the communicator's ``pending`` queue; any later collective on it first 
 ahead of it until that work has started all its collectives there (:meth:`LibComm.drain`). The
 order is then the program order, the same on every rank, without a copy of the communicator.
 
-Making one is collective over its members, who then check their settings (a value one of them cannot
-read, :mod:`mpicoll._env`, is every member's error) and agree those that change which MPI calls a
-rank makes (``MPICOLL_VALIDATE``, ``MPICOLL_DEBUG``, ``MPICOLL_SHM``, ``MPICOLL_EXACT``), whether every member runs on
-one node (``local``: then large reductions may go through a shared window, :mod:`mpicoll._shm`), or
-else how many members each node holds (``per_node``: then a large AllReduce may go in tiers, node by
-node and across nodes, :meth:`LibComm.tiers`), and whether any of them runs a watchdog
+One is made by :func:`mpicoll._making.make`, collectively over its members, who agree its settings,
+its layout over the nodes (``local``, ``per_node``) and whether any of them runs a watchdog
 (``MPICOLL_TIMEOUT``): then every member keeps an arrival mark, a few int64 in an RMA window, that a
 timed-out peer reads to name the ranks that never arrived.
 """
@@ -36,9 +32,8 @@ from typing import Any, Callable
 import numpy as np
 from mpi4py import MPI
 
-from . import _env, _exit, _watchdog
-from ._cpus import cpu_sets
-from ._errors import CollectiveError, CollectiveMismatchError, CollectiveTimeout, settle
+from . import _exit, _watchdog
+from ._errors import CollectiveError, CollectiveTimeout
 
 #: operator code -> name (filled by the operator registry), to name a peer's call in a timeout
 OP_NAMES: dict[int, str] = {}
@@ -87,7 +82,7 @@ class LibComm:
         buffers: its node buffers (:func:`mpicoll._shm.node_buffer`), freed with it.
         per_node: the members span several nodes, each holding this many (more than one) of them,
             and ``MPICOLL_SHM`` is on (agreed; else 0): a large AllReduce may go in tiers
-            (:meth:`tiers`).
+            (:func:`mpicoll._making.tiers`).
         blocks: with ``per_node``, each node holds consecutive ranks, the nodes in rank order (block
             placement, agreed): with a power of two on each, a tree-order sum can go in tiers
             (``ops._reduce.aligned``).
@@ -102,13 +97,15 @@ class LibComm:
         worker: the thread that runs its ``async_op=True`` calls (made at the first; None before).
         freed: :meth:`free` ran (``Comm.Free`` of the user's communicator runs it): operations and
             plans on it raise (:func:`check_live`) instead of calling MPI on a freed handle.
+        node_comm: with ``per_node``, this rank's node's members (an MPI communicator, kept for the
+            tiers), else None; tiered: the tiers, once made (:func:`mpicoll._making.tiers`).
     """
 
     __slots__ = ("mpi", "label", "rank", "size", "world_ranks", "ident", "validate", "debug", "local", "exact",
                  "timeout", "busy", "worker",
                  "calls", "seq", "pending", "plain", "freed", "per_node", "blocks", "crowded", "buffers", "_win",
                  "_mark", "_node",
-                 "_split", "_tiers", "__weakref__")
+                 "node_comm", "tiered", "__weakref__")
 
     def __init__(self, mpi: MPI.Comm, label: str, validate: bool, debug: bool, watched: bool,
                  local: bool = False, split: MPI.Comm | None = None, exact: bool = True,
@@ -118,9 +115,9 @@ class LibComm:
         self.world_ranks = world_ranks(mpi)
         self.ident = zlib.crc32(f"{label}:{self.world_ranks}".encode()) | len(self.world_ranks) << 32   # (the same on every member)
         self.validate, self.debug, self.local, self.exact, self.timeout = validate, debug, local, exact, timeout
-        self._node = self._tiers = None
+        self._node = self.tiered = None
         self.buffers: list = []            # its node buffers (mpicoll._shm.node_buffer), in allocation order
-        self._split = split                # (this rank's node's members, kept for tiers(); None: no tiers)
+        self.node_comm = split
         self.per_node = 0 if split is None else split.Get_size()
         self.blocks, self.crowded = blocks, crowded
         self.calls: dict[str, int] = {}
@@ -141,76 +138,6 @@ class LibComm:
             self._win.Lock_all(MPI.MODE_NOCHECK)
             _exit.hold(self)
 
-    @classmethod
-    def make(cls, mpi: MPI.Comm, label: str, timeout: float | None = None,
-             set_up: float | None = None) -> "LibComm":
-        """Wrap a communicator mpicoll has just created (collective over its members): check and
-        agree the settings (``mpicoll._env``), and whether all members share one node, see whether
-        this rank's node is crowded (more ranks than cores: ``crowded``), and make the
-        arrival window if any member runs a watchdog (``MPICOLL_TIMEOUT``, or ``timeout``: its own,
-        see the class docstring). ``set_up``: how long these steps may wait for a member (default:
-        its timeout).
-
-        Raises:
-            CollectiveArgumentError: a setting some member cannot read (``mpicoll._env.error``), the
-                lowest such member's error, on every member.
-            CollectiveMismatchError: a setting that decides which MPI calls a rank makes
-                (``MPICOLL_VALIDATE``, ``MPICOLL_DEBUG``, ``MPICOLL_SHM``, ``MPICOLL_EXACT``) set
-                differently on the members, on every member.
-        """
-        with LOCK:
-            _exit.register(_finalizing)    # (its excepthook prints an error every member raises once)
-        error = _env.error(MPI.COMM_WORLD.Get_rank())
-        # columns: this member's error flag, whether it runs a watchdog, then the settings alike everywhere
-        mine = np.array([error is not None, timeout is not None or _watchdog.timeout_default() is not None,
-                         *(_env.value(name) for name in ALIKE_SETTINGS)], dtype=np.int64)
-        table = np.empty((mpi.Get_size(), len(mine)), dtype=np.int64)
-        set_up, own = _watchdog.set_up_limit(timeout, set_up)
-        timed_call(mpi, "Allgather", ([mine, MPI.INT64_T], [table, MPI.INT64_T]), set_up,
-                   lambda: f"setting up {label}: timed out agreeing its settings", own)
-        if table[:, 0].any():
-            try:                          # (every member raises here: every member frees it)
-                settle(_Making(mpi, label, own), error, set_up,
-                       ("", None, "the exchange of a setting's error (internal MPI Allgather/Allgatherv)"))
-            finally:
-                mpi.Free()
-        agreed = dict(zip(ALIKE_SETTINGS, table[0, 2:].tolist()))
-        for col, name in enumerate(ALIKE_SETTINGS, 2):
-            values = table[:, col].tolist()
-            if len(set(values)) > 1:
-                on = [r for r, v in enumerate(values) if v]
-                off = [r for r, v in enumerate(values) if not v]
-                mpi.Free()                # (every member raises here: every member frees it)
-                raise CollectiveMismatchError(
-                    f"{label}: {name} differs across ranks: on for ranks {on}, off for ranks {off}: set it alike "
-                    "on every rank (it decides which MPI calls a rank makes)", param=name, rank=off[0])
-        split = mpi.Split_type(MPI.COMM_TYPE_SHARED)      # (every member is here: its settings agreed)
-        crowded = _watchdog.crowded(cpu_sets(split)[0])
-        one_node = False
-        if not agreed["MPICOLL_SHM"]:  # (no node window, no tiers: agreed, every member alike)
-            split.Free()
-            split = None
-        else:
-            here = split.Get_size()
-            one_node = here == mpi.Get_size()   # (all on one node: the whole comm everywhere, else smaller
-            if not one_node:                    # everywhere: the same verdict on every member)
-                ours, theirs = split.Get_group(), mpi.Get_group()
-                node_ranks = list(MPI.Group.Translate_ranks(ours, list(range(here)), theirs))
-                ours.Free()
-                theirs.Free()
-                first = node_ranks[0]                # (in blocks: this node holds ranks first.. first + here - 1)
-                block = node_ranks == list(range(first, first + here)) and first % here == 0
-                # max of (size, -size, -block): every node alike if max == -(-min); every node in blocks
-                span = np.array([here, -here, -int(block)], dtype=np.int64)
-                timed_call(mpi, "Allreduce", (MPI.IN_PLACE, [span, MPI.INT64_T], MPI.MAX),
-                           set_up, lambda: f"setting up {label}: timed out agreeing its layout", own)
-            if one_node or here == 1 or span[0] != -span[1]:
-                split.Free()
-                split = None
-        return cls(mpi, label, bool(agreed["MPICOLL_VALIDATE"]), bool(agreed["MPICOLL_DEBUG"]), bool(table[:, 1].any()),
-                   one_node, split, bool(agreed["MPICOLL_EXACT"]), split is not None and span[2] == -1, timeout,
-                   crowded)
-
     def meet(self, what: str) -> None:
         """A Barrier under the watchdog before a collective set-up step that is not timed itself
         (``Allocate_shared``, ``Split``), after the work queued here: a member that never comes
@@ -228,20 +155,6 @@ class LibComm:
     def hold_open(self) -> None:
         """List it among the communicators whose windows a clean exit frees."""
         _exit.hold(self)
-
-    def tiers(self) -> tuple["LibComm", "LibComm"]:
-        """The two communicators of a tiered AllReduce (``per_node`` > 0), made
-        on first use like :func:`mpicoll._shm.node_window`: this rank's node's members (``local``:
-        they share a node window), and the members with this rank's index on its node, one per node
-        (rank order kept in both)."""
-        if self._tiers is None:
-            self.meet("make its node and cross-node communicators (a rank never made its first large "
-                      "AllReduce there)")
-            k = self._split.Get_rank()
-            across = self.mpi.Split(k, self.rank)
-            self._tiers = (LibComm.make(self._split, f"{self.label}: the members on this node", self.timeout),
-                           LibComm.make(across, f"{self.label}: the members with node index {k}", self.timeout))
-        return self._tiers
 
     @property
     def own(self) -> bool:
@@ -411,18 +324,18 @@ class LibComm:
         self.freed = True
         FREED += 1
         self.close()
-        if self._tiers is not None:
-            for tier in self._tiers:
+        if self.tiered is not None:
+            for tier in self.tiered:
                 tier.free()
-        elif self._split is not None:
-            self._split.Free()
-        self._split = self._tiers = None
+        elif self.node_comm is not None:
+            self.node_comm.Free()
+        self.node_comm = self.tiered = None
         self.mpi.Free()
 
     def close(self) -> None:
         """Free the arrival window, the node window and the node buffers, if any, and its tiers'
         (collective over the members)."""
-        for tier in self._tiers or ():
+        for tier in self.tiered or ():
             tier.close()
         _exit.release(self)
         if self._node:
@@ -434,24 +347,6 @@ class LibComm:
             self.plain = not self.debug
             win.Unlock_all()
             win.Free()
-
-
-#: the settings every member of a library communicator must have alike (flags: they decide which MPI
-#: calls a rank makes), in the order of the columns of :meth:`LibComm.make`'s table
-ALIKE_SETTINGS = tuple(name for name, s in _env.SETTINGS.items() if s.agreed == _env.ALIKE)
-
-
-class _Making:
-    """A communicator :meth:`LibComm.make` is making, as :func:`~mpicoll._errors.settle` talks to one:
-    its calls are set-up calls (:func:`timed_call`), the non-blocking form on every member."""
-
-    def __init__(self, mpi: MPI.Comm, label: str, own: bool) -> None:
-        self.mpi, self.label, self.own = mpi, label, own
-        self.size, self.world_ranks = mpi.Get_size(), world_ranks(mpi)
-
-    def call(self, name: str, args: tuple, timeout: float | None, where: tuple) -> None:
-        timed_call(self.mpi, name, args, timeout, lambda: f"setting up {self.label}: timed out in {where[2]}",
-                   self.own)
 
 
 def world_ranks(mpi: MPI.Comm) -> tuple[int, ...]:
@@ -502,7 +397,7 @@ def timed_call(mpi: MPI.Comm, name: str, args: tuple, timeout: float | None, exp
     _watchdog.wait([getattr(mpi, nonblocking(name))(*args)], timeout, expired, own=own)
 
 
-def _finalizing() -> None:
+def finalizing() -> None:
     """MPI is finalizing (:func:`mpicoll._exit.register`): from then on every call looks at whether
     MPI is finalized (a call's one test is ``FREED``)."""
     global FREED

@@ -24,6 +24,7 @@ from mpi4py import MPI
 
 from . import _rendezvous, _watchdog
 from ._comm import LOCK, LibComm, alive
+from ._making import make
 from ._errors import CollectiveArgumentError, CollectiveError, arg_error
 
 _WORLD: LibComm | None = None
@@ -72,7 +73,7 @@ def _own(comm: MPI.Comm, name: str, label: str, timeout: float | None = None,
         _UNLINKED = True
         _watchdog.unlink_own_segments()
     comm.Set_name(name)
-    return LibComm.make(comm, label, timeout, set_up)
+    return make(comm, label, timeout, set_up)
 
 
 def _dup(comm: MPI.Comm, what: str, timeout: float | None = None, set_up: float | None = None) -> MPI.Comm:

@@ -40,7 +40,8 @@ import numpy as np
 from . import _comm
 from . import _validate as V
 from ._comm import LibComm
-from ._errors import CollectiveError, settle
+from ._agreement import ERROR_STEP, settle
+from ._errors import CollectiveError
 from ._watchdog import done
 
 #: the most collectives one call keeps in flight at once (``go.start``); a start beyond it first
@@ -489,8 +490,8 @@ def _check_sequence(c: LibComm, table: np.ndarray, owner: Any) -> None:
     """The gathered sequence rows (:meth:`Plan._sequence`): a peer's local error (its call failed to
     describe) is exchanged and raised, as a validated call's; any other difference is a named
     mismatch, the same on every rank."""
-    if any(table[:, 0].tolist()):          # (as _errors.agree does after its Allgather)
-        settle(c, None, owner.timeout, (V.PLAN_RUN, None, "the exchange of an error (internal MPI Allgather/Allgatherv)"))
+    if any(table[:, 0].tolist()):          # (as _agreement.agree does after its Allgather)
+        settle(c, None, owner.timeout, (V.PLAN_RUN, None, ERROR_STEP))
     V.check_agreed(c, V.PLAN_RUN, table)
 
 

@@ -22,7 +22,8 @@ from mpi4py import MPI
 from . import _env
 from ._comm import LibComm, timed_call
 from ._domains import world as lib_world
-from ._errors import CollectiveArgumentError, CollectiveError, CollectiveTimeout, settle
+from ._agreement import AGREEMENT, SetUp, agree
+from ._errors import CollectiveArgumentError, CollectiveError, CollectiveTimeout
 
 __all__ = ["LocalStore", "agree_problem", "exchange", "refuse_other_world", "shared_store", "world"]
 
@@ -38,13 +39,10 @@ def exchange(comm: MPI.Comm, name: str, args: tuple, seconds: float, what: str) 
 def agree_problem(lib: LibComm, problem: BaseException | None, seconds: float, what: str) -> None:
     """Every rank of ``lib`` raises the lowest failing rank's ``problem`` (a start-up check one rank
     can see), or none does: so that no rank waits in the next step for one that raised."""
-    flags = np.empty(lib.size, dtype=np.int64)
-    exchange(lib.mpi, "Allgather", ([np.array([problem is not None], np.int64), MPI.INT64_T], [flags, MPI.INT64_T]),
-             seconds, what)
-    if flags.any():
-        error = problem if problem is None or isinstance(problem, CollectiveError) else \
-            CollectiveArgumentError(str(problem), op=what, rank=lib.rank)
-        settle(lib, error, None, (what, 0, "the exchange of an error (internal MPI Allgather/Allgatherv)"))
+    error = problem if problem is None or isinstance(problem, CollectiveError) else \
+        CollectiveArgumentError(str(problem), op=what, rank=lib.rank)
+    agree(SetUp(lib.mpi, True, lambda step: f"{what}: timed out after {seconds:g} s waiting for every rank (some "
+                "rank has not reached it)"), np.zeros(1, np.int64), error, seconds, (what, 0, AGREEMENT))
 
 
 def _bcast(lib: LibComm, obj: Any, seconds: float, what: str) -> Any:

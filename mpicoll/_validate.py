@@ -1,5 +1,5 @@
 """THE validation rules: local checks on one rank's arguments, and the cross-rank rules over the
-header table that :func:`mpicoll._errors.agree` gathers.
+header table that :func:`mpicoll._agreement.agree` gathers.
 
 Header layout (int64, the same length on every rank of a communicator whatever the operator, so
 that different operators called on different ranks still meet in one ``Allgather`` and are told

@@ -21,7 +21,8 @@ from mpi4py import MPI
 
 from .. import _validate as V
 from .._comm import OP_NAMES, LibComm, op_code
-from .._errors import CollectiveError, CollectiveMismatchError, agree, agreed, arg_error
+from .._agreement import AGREEMENT, agree
+from .._errors import CollectiveError, CollectiveMismatchError, agreed, arg_error
 from .._numeric import prefix
 from .._plan import Call
 
@@ -108,7 +109,7 @@ def agree_call(lib: LibComm, op: Agreeing, call: Call | None, err: BaseException
         send[V.H_RIDE] = -1
     else:
         slots.offer(payload)
-    table = agree(lib, send, err, op.timeout, op.NAME, number, out=slots.table)
+    table = agree(lib, send, err, op.timeout, (op.NAME, number, AGREEMENT), out=slots.table)
     rode = payload is not None and min(slots.rides.tolist()) >= 0
     V.check_agreed(lib, op.NAME, table, op.PAIR_NAMES)
     op._agreed_once = True
@@ -159,7 +160,7 @@ def exchange_rows(lib: LibComm, rows: np.ndarray, error: BaseException | None, t
     where = (GRAPH, 1, "its agreement (internal MPI Allgather/Allgatherv)")
     mark = np.zeros(V.row_width(n), dtype=np.int64)
     mark[V.H_OP], mark[V.H_MODE], mark[V.H_INFO], mark[V.H_RIDE] = op_code(GRAPH), 1, rows.shape[0], -1
-    heads = agree(lib, mark, error, timeout, GRAPH, 1, where[2])
+    heads = agree(lib, mark, error, timeout, where)
     if len(set(heads[:, V.H_OP].tolist())) > 1:
         V.check_agreed(lib, GRAPH, heads)                   # (another call on some rank: named)
     counts = heads[:, V.H_INFO]

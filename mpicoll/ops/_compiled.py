@@ -38,7 +38,7 @@ from .. import _validate as V
 from .._comm import LibComm
 from .._shm import _Shared
 from .._dtypes import DType, ReduceOp
-from .._errors import settle
+from .._agreement import settle
 from .._plan import LOCAL, MPI_CALL, Call, Recorder, Step, bind_steps
 from ._agree import Slots
 
