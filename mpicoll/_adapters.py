@@ -89,6 +89,7 @@ def _rows(t: np.ndarray) -> int:
 
 class AllReduce(AllReduceOperation):
     NAME, PUBLIC = "all_reduce", False
+    SHAPE_NAME = "tensor.shape"
 
     def execute(self, tensor):
         return self._call((tensor,), RUN)
@@ -99,6 +100,7 @@ class AllReduce(AllReduceOperation):
 
 class Broadcast(Rooted, BroadcastOperation):
     NAME, PUBLIC = "broadcast", False
+    SHAPE_NAME = "tensor.shape"
 
     def execute(self, tensor):
         return self._call((tensor,), RUN)
@@ -109,6 +111,7 @@ class Broadcast(Rooted, BroadcastOperation):
 
 class Reduce(Rooted, ReduceOperation):
     NAME, PUBLIC = "reduce", False
+    SHAPE_NAME = "tensor.shape"
 
     def execute(self, tensor):
         return self._call((tensor,), RUN)
@@ -119,6 +122,7 @@ class Reduce(Rooted, ReduceOperation):
 
 class AllGatherIntoTensor(AllGatherOperation):
     NAME, PUBLIC = "all_gather_into_tensor", False
+    SHAPE_NAME = "input.shape"
 
     def execute(self, output, input):  # noqa: A002 - torch's names
         return self._call((output, input), RUN)
@@ -139,6 +143,7 @@ class AllGatherIntoTensor(AllGatherOperation):
 
 class ReduceScatterTensor(ReduceScatterOperation):
     NAME, PUBLIC = "reduce_scatter_tensor", False
+    SHAPE_NAME = "output.shape (the block)"
 
     def execute(self, output, input):  # noqa: A002
         return self._call((output, input), RUN)
@@ -159,6 +164,7 @@ class ReduceScatterTensor(ReduceScatterOperation):
 
 class AllToAllSingle(AllToAllVV2Operation):
     NAME, PUBLIC = "all_to_all_single", False
+    SHAPE_NAME = "input.shape[1:] (a row)"
     VALUES = SLOTS = ("output_split_sizes", "input_split_sizes")
     PAIR_NAMES = ("input_split_sizes[{j}]", "output_split_sizes[{i}]")
 
@@ -180,6 +186,7 @@ class AllToAllSingle(AllToAllVV2Operation):
 
 class AllGatherIntoTensorUneven(AllGatherVOperation):
     NAME, PUBLIC = "all_gather_into_tensor_uneven", False
+    SHAPE_NAME = "input.shape[1:] (a row)"
     VALUES = ("output_split_sizes",)
     PAIR_NAMES = ("input.shape[0]", "output_split_sizes[{i}]")
 
@@ -199,6 +206,7 @@ class AllGatherIntoTensorUneven(AllGatherVOperation):
 
 class ReduceScatterTensorUneven(ReduceScatterVOperation):
     NAME, PUBLIC = "reduce_scatter_tensor_uneven", False
+    SHAPE_NAME = "input.shape[1:] (a row)"
     VALUES = ("input_split_sizes",)
     PAIR_NAMES = ("input_split_sizes[{j}]", "output.shape[0]")
 
@@ -262,6 +270,7 @@ def _stack(sources: list[np.ndarray], staging: np.ndarray) -> None:
 
 class AllGatherList(AllGatherOperation):
     NAME, PUBLIC = "all_gather", False
+    SHAPE_NAME = "tensor.shape"
 
     def execute(self, tensor_list, tensor):
         return self._call((tensor_list, tensor), RUN)
@@ -277,6 +286,7 @@ class AllGatherList(AllGatherOperation):
 
 class Gather(Rooted, GatherOperation):
     NAME, PUBLIC = "gather", False
+    SHAPE_NAME = "tensor.shape"
 
     def execute(self, tensor, gather_list=None):
         return self._call((tensor, gather_list), RUN)
@@ -294,6 +304,7 @@ class Gather(Rooted, GatherOperation):
 
 class Scatter(Rooted, ScatterOperation):
     NAME, PUBLIC = "scatter", False
+    SHAPE_NAME = "tensor.shape"
 
     def execute(self, tensor, scatter_list=None):
         return self._call((tensor, scatter_list), RUN)
@@ -362,6 +373,7 @@ def _unpack(flat: np.ndarray, targets: list[np.ndarray]) -> None:
 
 class ReduceScatterList(ReduceScatterOperation):
     NAME, PUBLIC = "reduce_scatter", False
+    SHAPE_NAME = "output.shape"
 
     def execute(self, output, input_list):
         return self._call((output, input_list), RUN)
@@ -381,13 +393,3 @@ class ReduceScatterList(ReduceScatterOperation):
         call = super().describe(staging, output.reshape((1, *output.shape)))
         call.result, call.before = output, ((_stack, list(input_list), staging),)
         return call
-
-
-for _fn, _shape in (("all_reduce", "tensor.shape"), ("broadcast", "tensor.shape"), ("reduce", "tensor.shape"),
-                    ("all_gather_into_tensor", "input.shape"), ("all_gather", "tensor.shape"),
-                    ("gather", "tensor.shape"), ("scatter", "tensor.shape"),
-                    ("reduce_scatter_tensor", "output.shape (the block)"), ("reduce_scatter", "output.shape"),
-                    ("all_to_all_single", "input.shape[1:] (a row)"),
-                    ("all_gather_into_tensor_uneven", "input.shape[1:] (a row)"),
-                    ("reduce_scatter_tensor_uneven", "input.shape[1:] (a row)")):
-    V.SHAPE_NAMES[_fn] = _shape

@@ -24,6 +24,7 @@ timed-out peer reads to name the ranks that never arrived.
 """
 from __future__ import annotations
 
+import functools
 import threading
 import zlib
 from functools import partial
@@ -35,19 +36,29 @@ from mpi4py import MPI
 from . import _exit, _watchdog
 from ._errors import CollectiveError, CollectiveTimeout
 
-#: operator code -> name (filled by the operator registry), to name a peer's call in a timeout
-OP_NAMES: dict[int, str] = {}
 #: guards the process-wide state (caches, the exit list) for programs that call mpicoll from threads
 LOCK = threading.RLock()
 #: how many started runs wait in some communicator's ``pending`` queue (a plan's run() drains its
 #: communicators only when this is not 0)
 QUEUED = 0
-#: the job a worker thread is running (``RUNNING.job``, set by :mod:`mpicoll._async`): a call it makes
-#: drains only what was queued ahead of that job
+#: the work this thread is running (``RUNNING.job``: a worker's job, set by :mod:`mpicoll._async`, or a
+#: started plan's run driving its steps): a call it makes drains only what was queued ahead of it
 RUNNING = threading.local()
 #: how many communicators :meth:`LibComm.free` freed, plus one once MPI finalizes (0: a call has
 #: nothing to look at: :func:`check_live`, ``MPI.Is_finalized``)
 FREED = 0
+
+
+#: an arrival mark: the sequence number, the call's number there, then its operator's name (utf-8, up
+#: to ``8 * NAME_WORDS`` bytes): a timed-out peer reading it names the call as its maker does
+NAME_WORDS = 8
+MARK_WORDS = 2 + NAME_WORDS
+
+
+@functools.lru_cache(maxsize=None)
+def name_words(name: str) -> np.ndarray:
+    """``name`` as an arrival mark holds it (int64 words)."""
+    return np.frombuffer(name.encode()[:8 * NAME_WORDS].ljust(8 * NAME_WORDS, b"\0"), dtype=np.int64)
 
 
 def op_code(name: str) -> int:
@@ -129,7 +140,7 @@ class LibComm:
         self.freed = False
         self.busy = threading.RLock()      # held by the thread inside a call on it (:meth:`enter`)
         if watched:
-            self._win = MPI.Win.Allocate(4 * 8, 8, comm=mpi)
+            self._win = MPI.Win.Allocate(MARK_WORDS * 8, 8, comm=mpi)
             self._mark = np.frombuffer(self._win.tomemory(), dtype=np.int64)
             self._mark[:] = 0
             mpi.Barrier()                  # every mark is zero before anyone reads one
@@ -269,8 +280,8 @@ class LibComm:
     def _arrive(self, where: tuple) -> None:
         mark, op, number = self._mark, where[0], where[1]
         mark[0] = self.seq
-        mark[1] = op_code(op)
-        mark[2] = self.calls.get(op, 0) if number is None else number
+        mark[1] = self.calls.get(op, 0) if number is None else number
+        mark[2:] = name_words(op)
 
     def _head(self, timeout: float, name: str, where: tuple) -> tuple[str, str]:
         op, number, step = where
@@ -285,7 +296,7 @@ class LibComm:
         if self._win is None:
             return CollectiveTimeout(f"{head}; set MPICOLL_TIMEOUT (on any rank, before mpicoll makes the "
                                      "communicator) to have the missing ranks named", op=op, param="timeout")
-        marks = np.zeros((self.size, 4), dtype=np.int64)
+        marks = np.zeros((self.size, MARK_WORDS), dtype=np.int64)
         for peer in range(self.size):
             self._win.Get([marks[peer], MPI.INT64_T], peer)
             self._win.Flush(peer)
@@ -294,11 +305,11 @@ class LibComm:
             return CollectiveTimeout(f"{head}; every rank arrived (one may have died)", op=op, param="timeout")
         where_now = []
         for r in missing:
-            seq, code, k = (int(v) for v in marks[r, :3])
+            seq, k = int(marks[r, 0]), int(marks[r, 1])
             if seq == 0:
                 where_now.append(f"rank {r} has made no mpicoll call there")
             else:
-                peer_op = OP_NAMES.get(code, f"operator #{code}")
+                peer_op = marks[r, 2:].tobytes().rstrip(b"\0").decode(errors="replace")
                 which = f"its {ordinal(k)} {peer_op} call there" if k else f"a call of {peer_op}"   # (0: a tier's)
                 where_now.append(f"rank {r} is in or after {which}")
         world = "" if self.world_ranks == tuple(range(self.size)) else \

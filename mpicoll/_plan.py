@@ -492,7 +492,7 @@ def _check_sequence(c: LibComm, table: np.ndarray, owner: Any) -> None:
     mismatch, the same on every rank."""
     if any(table[:, 0].tolist()):          # (as _agreement.agree does after its Allgather)
         settle(c, None, owner.timeout, (V.PLAN_RUN, None, ERROR_STEP))
-    V.check_agreed(c, V.PLAN_RUN, table)
+    V.check_agreed(c, V.PLAN_READS, table)
 
 
 def _each(fns: tuple) -> None:
@@ -618,12 +618,17 @@ class Handle:
 
     def _advance(self, block: bool, upto: int | None = None) -> bool:
         """Run the released steps in order; False when one is not complete yet (not blocking), or
-        once step ``upto`` is started. Work with collectives still to start waits in the queues."""
+        once step ``upto`` is started. Work with collectives still to start waits in the queues. A
+        collective a step makes itself (the error path of its sequence check) drives only the work
+        queued ahead of this run (``RUNNING.job``, as a worker's job does)."""
         if self._done:
             return True
+        running = getattr(_comm.RUNNING, "job", None)
+        _comm.RUNNING.job = self
         try:
             self._done = self._run_steps(block, upto)
         finally:
+            _comm.RUNNING.job = running
             if not self._done:
                 self._queue()
         return self._done

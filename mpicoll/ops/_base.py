@@ -42,7 +42,7 @@ from mpi4py import MPI
 from .. import _comm
 from .. import _validate as V
 from .._async import submit
-from .._comm import OP_NAMES, LibComm, check_live, finalized, op_code
+from .._comm import LibComm, check_live, finalized, op_code
 from .._domains import resolve
 from .._dtypes import BY_NP, DType, ReduceOp, reduce_op
 from .._errors import CollectiveArgumentError, CollectiveError, arg_error, as_collective_error
@@ -50,7 +50,7 @@ from .._params import CommParam
 from .._plan import CAPTURING, Call, Plan, Recorder, Runner, count_call, epilogue, prologue
 from ._compiled import COMPILED, COMPILED_BYTES, MISS, Compiled, layout
 from .._ranktable import rank_table
-from ._agree import CLASSES, Slots, agree_call
+from ._agree import Slots, agree_call
 from ._reduce import reduction
 
 #: name -> Operation class, for every public operator (check, bench, the CLI and the tests iterate it).
@@ -86,6 +86,8 @@ class Operation:
     WRITES_X: ClassVar[bool] = False
     #: how errors name the per-peer send / expect vectors of the count-pair rule (V operators)
     PAIR_NAMES: ClassVar[tuple[str, str] | None] = None
+    #: how errors name the shape its header carries, where it is not x's ("block shape ...")
+    SHAPE_NAME: ClassVar[str] = "x.shape"
     #: its issue reads where every rank's input lies (a node buffer, ``_shm.resident``): a fact
     #: exchanged whenever the communicator has node buffers, validation on or off
     RESIDES: ClassVar[bool] = False
@@ -111,8 +113,6 @@ class Operation:
         super().__init_subclass__(**kw)
         if cls.__dict__.get("NAME"):     # (a subclass that keeps its parent's NAME does not replace it)
             cls.CODE = op_code(cls.NAME)
-            OP_NAMES[cls.CODE] = cls.NAME
-            CLASSES[cls.CODE] = cls
             if cls.PUBLIC:
                 OPERATIONS[cls.NAME] = cls
         if "execute" in cls.__dict__:
@@ -332,6 +332,12 @@ class Operation:
             for step in call.after:
                 rec.local(*step)
             rec.end(call.result)
+
+    @staticmethod
+    def show_params(value: int) -> str:
+        """How its header's operator parameters (``Call.params``) read in a mismatch: the number,
+        unless the operator says more."""
+        return str(value)
 
     # -- what an operator supplies ---------------------------------------------------------------
     def describe(self, *args: Any) -> Call:

@@ -54,6 +54,10 @@ class AllToAllAllGatherOperation(Operation):
     NAME = "AllToAllAllGather"
     PARAM = AllToAllAllGatherParam
 
+    @staticmethod
+    def show_params(value: int) -> str:
+        return f"ep={value >> 20} x tp={value & 0xFFFFF}"
+
     def execute(self, x: np.ndarray, out: tuple[np.ndarray, np.ndarray] | None = None
                 ) -> tuple[np.ndarray, np.ndarray]:
         """Exchange ``x`` over ep, then gather the result over tp.
@@ -104,6 +108,3 @@ class AllToAllAllGatherOperation(Operation):
         m, z, (y,) = call.dt.mpi, call.out, call.args
         go.mpi(self._ep, "Alltoall", [call.x, m], [z, m])
         go.mpi(self._tp, "Allgather", [z, m], [y, m])
-
-
-V.PARAM_DESCRIBERS["AllToAllAllGather"] = lambda v: f"ep={v >> 20} x tp={v & 0xFFFFF}"

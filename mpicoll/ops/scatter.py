@@ -34,6 +34,7 @@ class ScatterOperation(Operation):
 
     NAME = "Scatter"
     PARAM = ScatterParam
+    SHAPE_NAME = "block shape (out.shape; x.shape[0] // rank_size on the root)"
 
     def execute(self, x: np.ndarray | None, out: np.ndarray | None = None) -> np.ndarray:
         """Receive this rank's block of the root's ``x``.
@@ -90,6 +91,3 @@ class ScatterOperation(Operation):
     def land(self, call, rows, table, go) -> None:
         k = call.out.size
         go.local(np.copyto, call.out.reshape(-1), rows[self._root][self.rank * k:(self.rank + 1) * k])
-
-
-V.SHAPE_NAMES["Scatter"] = "block shape (out.shape; x.shape[0] // rank_size on the root)"
