@@ -11,7 +11,7 @@ from typing import Any
 import numpy as np
 
 from . import _validate as V
-from ._numeric import prefix
+from ._numeric import pack, prefix, unpack
 from ._plan import Call
 from .ops._base import RUN, Operation
 from .ops.allgather import AllGatherOperation, AllGatherVOperation
@@ -258,16 +258,6 @@ def _lists_check(fn: str, name: str, lst: Any, n: int, like: np.ndarray, rank: i
     return list(lst)
 
 
-def _unstack(staging: np.ndarray, targets: list[np.ndarray]) -> None:
-    for k, t in enumerate(targets):
-        np.copyto(t, staging[k])
-
-
-def _stack(sources: list[np.ndarray], staging: np.ndarray) -> None:
-    for k, t in enumerate(sources):
-        np.copyto(staging[k], t)
-
-
 class AllGatherList(AllGatherOperation):
     NAME, PUBLIC = "all_gather", False
     SHAPE_NAME = "tensor.shape"
@@ -280,7 +270,7 @@ class AllGatherList(AllGatherOperation):
         tensor = _tensor(fn, "tensor", tensor, r, writes=False)
         targets = _lists_check(fn, "tensor_list", tensor_list, n, tensor, r)
         call = super().describe(tensor, np.empty((n, *tensor.shape), tensor.dtype))
-        call.result, call.after = targets, ((_unstack, call.out, targets),)
+        call.result, call.after = targets, ((unpack, call.out.reshape(-1), targets),)
         return call
 
 
@@ -298,7 +288,7 @@ class Gather(Rooted, GatherOperation):
         call = super().describe(tensor, None if targets is None else np.empty((n, *tensor.shape), tensor.dtype))
         call.result = targets
         if targets is not None:
-            call.after = ((_unstack, call.out, targets),)
+            call.after = ((unpack, call.out.reshape(-1), targets),)
         return call
 
 
@@ -320,7 +310,7 @@ class Scatter(Rooted, ScatterOperation):
         sources = _lists_check(fn, "scatter_list", scatter_list, n, tensor, r)
         staging = np.empty((n, *tensor.shape), tensor.dtype)
         call = super().describe(staging, block)
-        call.result, call.before = tensor, ((_stack, sources, staging),)
+        call.result, call.before = tensor, ((pack, sources, staging.reshape(-1)),)
         return call
 
 
@@ -353,22 +343,8 @@ class AllToAllList(AllToAllVV2Operation):
         recv = np.empty((1, sum(rc)), dtype)
         call = super().describe(send, sc, prefix(sc), rc, prefix(rc), None, recv)
         call.result = list(outs)
-        call.before, call.after = ((_pack, list(ins), send),), ((_unpack, recv.reshape(-1), list(outs)),)
+        call.before, call.after = ((pack, list(ins), send),), ((unpack, recv.reshape(-1), list(outs)),)
         return call
-
-
-def _pack(sources: list[np.ndarray], flat: np.ndarray) -> None:
-    pos = 0
-    for t in sources:
-        flat[pos:pos + t.size] = t.reshape(-1)
-        pos += t.size
-
-
-def _unpack(flat: np.ndarray, targets: list[np.ndarray]) -> None:
-    pos = 0
-    for t in targets:                       # (copyto: a target may be strided, where reshape(-1) would copy)
-        np.copyto(t, flat[pos:pos + t.size].reshape(t.shape))
-        pos += t.size
 
 
 class ReduceScatterList(ReduceScatterOperation):
@@ -391,5 +367,5 @@ class ReduceScatterList(ReduceScatterOperation):
                                   f"{list(output.shape)} array (output's)")
         staging = np.empty((n, *output.shape), output.dtype)
         call = super().describe(staging, output.reshape((1, *output.shape)))
-        call.result, call.before = output, ((_stack, list(input_list), staging),)
+        call.result, call.before = output, ((pack, list(input_list), staging.reshape(-1)),)
         return call

@@ -27,12 +27,12 @@ from typing import Any
 import numpy as np
 
 from .. import _validate as V
-from .._dtypes import REDUCE_OPS
+from .._dtypes import HALF_FLOATS, REDUCE_OPS
 from .._numeric import from_f32, to_f32
 from .._params import CommParam
 from .._plan import Call, Plan
 from .._cpus import node_affinities
-from .._domains import resolve
+from .._mesh import check_domains, mesh_domains
 from ._base import PREPARE, RUN, Operation
 from ._reduce import reduce_scatter
 
@@ -169,16 +169,9 @@ class _Mesh(Operation):
 
     def _bind_param(self) -> None:
         p, mesh, op, r = self.param, self._lib, self.NAME, self.rank
-        for name in ("group_ep", "group_tp"):
-            v = getattr(p, name)
-            if not isinstance(v, str) or not 0 < len(v) < 128:
-                raise V.arg_error(op, name, v, r, "must be a domain name of 1 to 127 characters")
-        if p.group_ep == p.group_tp:
-            raise V.arg_error(op, "group_tp", p.group_tp, r, f"must differ from group_ep ({p.group_ep!r})")
         # the collective set-up first (its domains, the node's cores), then the rules one rank may
         # break alone: their error is agreed at the first call, with every member past the set-up
-        self._ep = resolve(op, None, p.group_ep, p.ep_world_size, "group_ep")
-        self._tp = resolve(op, None, p.group_tp, p.tp_world_size, "group_tp")
+        self._ep, self._tp = mesh_domains(op, r, p.group_ep, p.group_tp, p.ep_world_size, p.tp_world_size)
         self._threads = blas_threads(mesh)
         for name, v in (("ep_world_size", p.ep_world_size), ("tp_world_size", p.tp_world_size)):
             if v is not None and v not in SIZES:
@@ -188,16 +181,7 @@ class _Mesh(Operation):
             raise V.arg_error(op, self.SHARD_FIELD, shard, r, "must be 0 (along H) or 1 (along C)")
         if isinstance(p.chunks, bool) or not isinstance(p.chunks, (int, np.integer)) or p.chunks < 0:
             raise V.arg_error(op, "chunks", p.chunks, r, "must be an int >= 0 (0: the default)")
-        for name, comm, size in (("ep_world_size", self._ep, p.ep_world_size), ("tp_world_size", self._tp,
-                                                                                  p.tp_world_size)):
-            if comm.size not in SIZES:
-                raise V.arg_error(op, name, comm.size, r, f"the domain has {comm.size} members: must be one of "
-                                  f"{list(SIZES)}")
-            if size is not None and size != comm.size:
-                raise V.arg_error(op, name, size, r, f"the domain has {comm.size} members")
-            if not set(comm.world_ranks) <= set(mesh.world_ranks):
-                raise V.arg_error(op, name[:2] + " domain", list(comm.world_ranks), r,
-                                  f"must lie inside {mesh.label} ({list(mesh.world_ranks)})")
+        check_domains(op, r, mesh, self._ep, self._tp, p.ep_world_size, p.tp_world_size, SIZES)
         self._comms = (mesh, self._ep, self._tp)
         self._shard = int(shard)
 
@@ -210,8 +194,8 @@ class _Mesh(Operation):
     def _x(self, x: Any) -> tuple[np.ndarray, Any, np.ndarray | None]:
         """:meth:`_data` of x, whose dtype must be float16 or bfloat16 (both fused operators)."""
         x, dt, src = self._data(x)
-        if dt.name not in ("float16", "bfloat16"):
-            raise V.arg_error(self.NAME, "x.dtype", dt.name, self.rank, "must be float16 or bfloat16")
+        if dt.name not in HALF_FLOATS:
+            raise V.arg_error(self.NAME, "x.dtype", dt.name, self.rank, f"must be {' or '.join(HALF_FLOATS)}")
         return x, dt, src
 
 
