@@ -73,7 +73,7 @@ def make_plan(cls, param_cls, slot: int | None, *args, one_shot: int | None = No
 
 def without_barriers(plan):
     """``plan`` with its Barriers taken out, before its first run (``--floor``: timing only)."""
-    from mpicoll._plan import MPI_CALL
+    from mpicoll._go import MPI_CALL
     plan._steps = [s for s in plan._steps if not (s.kind == MPI_CALL and s.name == "Barrier")]
     return plan
 

@@ -12,7 +12,7 @@ import numpy as np
 
 from . import _validate as V
 from ._numeric import pack, prefix, unpack
-from ._plan import Call
+from ._call import Call
 from .ops._base import RUN, Operation
 from .ops.allgather import AllGatherOperation, AllGatherVOperation
 from .ops.allreduce import AllReduceOperation

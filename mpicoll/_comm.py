@@ -12,7 +12,7 @@ member makes the non-blocking form of each call, timed or not: MPI matches a blo
 only with a blocking one.
 
 Collectives on one communicator must start in the same order on every rank. Work in flight that
-still has collectives to start (a started plan of several steps, :class:`~mpicoll._plan.Handle`)
+still has collectives to start (a started plan of several steps, :class:`~mpicoll._handle.Handle`)
 waits in the communicator's ``pending`` queue; any later collective on it first drives the work
 ahead of it until that work has started all its collectives there (:meth:`LibComm.drain`). The
 order is then the program order, the same on every rank, without a copy of the communicator.

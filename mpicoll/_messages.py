@@ -29,7 +29,7 @@ from mpi4py import MPI
 from . import _validate as V
 from ._domains import group_fields, resolve
 from ._errors import CollectiveError, CollectiveTimeout, as_collective_error
-from ._plan import CAPTURING
+from ._call import CAPTURING
 from ._watchdog import expire, sleeps, wait
 
 #: the longest the message thread sleeps between two looks at the messages in flight, seconds

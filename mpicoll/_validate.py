@@ -73,7 +73,7 @@ class Reads:
         self.NAME, self.show_params = name, show_params
 
 
-#: the operation a prepared plan's sequence row names (mpicoll._plan.Plan._sequence)
+#: the operation a prepared plan's sequence row names (mpicoll._plan._sequenced)
 PLAN_RUN = "plan run"
 PLAN_READS = Reads(PLAN_RUN, lambda k: f"the {ordinal(k >> 16)} plan made there"
                    + (f", its round {k & 0xFFFF}" if k & 0xFFFF else ""))
@@ -83,7 +83,7 @@ class HeaderOverflow(ValueError):
 
 
 def header(n: int, code: int, call: Any, validate: bool, seq: int) -> np.ndarray:
-    """This rank's header for one call: the fields of ``call`` (a :class:`~mpicoll._plan.Call`, or
+    """This rank's header for one call: the fields of ``call`` (a :class:`~mpicoll._call.Call`, or
     None when describing failed: then the error flag is set), the operation's ``validate``, ``seq``
     (the communicator's sequence number where it keeps one, else 0). Built as a list: on tiny
     arrays, numpy's per-call cost is the larger part.

@@ -29,7 +29,8 @@ from ._dtypes import HcclDataType, HcclReduceOp, lookup as dtype_row, reduce_op
 from ._errors import CollectiveError, arg_error
 from ._numeric import average
 from ._params import CommParam
-from ._plan import Call, Plan
+from ._call import Call
+from ._plan import Plan
 from ._watchdog import timeout_seconds
 from .ops._base import PREPARE, Operation
 from .ops._reduce import reduce_scatter, reduction

@@ -12,7 +12,7 @@ from mpi4py import MPI
 
 import mpicoll
 from mpicoll import _validate as V
-from mpicoll._plan import Call
+from mpicoll._call import Call
 
 from _mpi import remove, run_job
 

@@ -25,7 +25,7 @@ from .._comm import LibComm, op_code
 from .._agreement import AGREEMENT, agree, texts
 from .._errors import CollectiveError, CollectiveMismatchError, agreed, arg_error
 from .._numeric import prefix
-from .._plan import Call
+from .._call import Call
 
 #: the operation a captured graph's agreement names (its first row), and how it reads in a mismatch
 GRAPH = "graph capture"

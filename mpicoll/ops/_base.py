@@ -12,7 +12,7 @@ Every call, in every mode, is one straight line of small stages over one record 
   and strides, its values): the very arguments of the last call run its bound steps again
   (:meth:`~._compiled.Compiled.repeat`); other arrays of that layout fill its slots and run it. Its
   validation is a step of it: one exchange, compared with the headers of its compilation.
-* **describe** (the operator's own, local and pure): its arguments -> a :class:`~mpicoll._plan.Call`;
+* **describe** (the operator's own, local and pure): its arguments -> a :class:`~mpicoll._call.Call`;
   a failure is kept, to be raised through the agreement on every rank.
 * **must it agree?** (:meth:`Operation._agrees`): with validation on, for the first call of an
   operation, for ``prepare``, and where the operator reads where every rank's input lies
@@ -22,7 +22,7 @@ Every call, in every mode, is one straight line of small stages over one record 
   finishes the call locally).
 * **take**, the only stage that differs by mode: :data:`RUN` compiles the call (small calls of a
   layout it can tell apart, :class:`~._compiled.Compiled`) and runs it, or runs it at once with the
-  operation's :class:`~mpicoll._plan.Runner`; :data:`PREPARE` records a :class:`~mpicoll._plan.Plan`;
+  operation's :class:`~mpicoll._go.Runner`; :data:`PREPARE` records a :class:`~mpicoll._plan.Plan`;
   a graph being captured (:mod:`mpicoll.graph`) takes it described, agreed with the whole graph at its end.
 
 An operator subclass supplies ``describe``, ``issue`` (the only place that picks its MPI calls, from
@@ -47,7 +47,9 @@ from .._domains import resolve
 from .._dtypes import BY_NP, DType, ReduceOp, reduce_op
 from .._errors import CollectiveArgumentError, CollectiveError, arg_error, as_collective_error
 from .._params import CommParam
-from .._plan import CAPTURING, Call, Plan, Recorder, Runner, count_call, epilogue, prologue
+from .._call import CAPTURING, Call, epilogue, prologue
+from .._go import Recorder, Runner, count_call
+from .._plan import Plan
 from ._compiled import COMPILED, COMPILED_BYTES, MISS, Compiled, layout
 from .._ranktable import rank_table
 from ._agree import Slots, agree_call
@@ -341,7 +343,7 @@ class Operation:
 
     # -- what an operator supplies ---------------------------------------------------------------
     def describe(self, *args: Any) -> Call:
-        """Local and pure: this rank's arguments -> a :class:`~mpicoll._plan.Call`; raise
+        """Local and pure: this rank's arguments -> a :class:`~mpicoll._call.Call`; raise
         :class:`~mpicoll.CollectiveArgumentError` on a rule one rank can see."""
         raise NotImplementedError
 

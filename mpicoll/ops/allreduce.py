@@ -10,7 +10,8 @@ from .. import _shm
 from .._dtypes import DTYPES
 from .._making import tiers
 from .._params import ReduceTypeParam
-from .._plan import Call, Plan
+from .._call import Call
+from .._plan import Plan
 from .._numeric import average, copy_pairs, from_f32, pack, prefix, reduce_chunks, reduce_rows, scatter_pairs, split_even, to_f32
 from ._base import PREPARE, RUN, ReduceTypeOperation
 from ._reduce import (ALIGNED_TIERED_BYTES, GATHERED_BYTES, aligned, alltoall_reduce, invariant, ordered,

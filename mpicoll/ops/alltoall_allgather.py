@@ -12,7 +12,8 @@ import numpy as np
 
 from .. import _validate as V
 from .._params import CommParam
-from .._plan import Call, Plan
+from .._call import Call
+from .._plan import Plan
 from .._mesh import check_domains, mesh_domains
 from ._base import PREPARE, RUN, Operation
 

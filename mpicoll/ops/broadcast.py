@@ -9,7 +9,8 @@ from .. import _shm
 from .. import _validate as V
 from .._numeric import copy_pairs
 from .._params import CommParam
-from .._plan import Call, Plan
+from .._call import Call
+from .._plan import Plan
 from .._numeric import pack, scatter_pairs
 from ._base import PREPARE, RUN, Operation
 

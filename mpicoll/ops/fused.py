@@ -30,7 +30,8 @@ from .. import _validate as V
 from .._dtypes import HALF_FLOATS, REDUCE_OPS
 from .._numeric import from_f32, to_f32
 from .._params import CommParam
-from .._plan import Call, Plan
+from .._call import Call
+from .._plan import Plan
 from .._cpus import node_affinities
 from .._mesh import check_domains, mesh_domains
 from ._base import PREPARE, RUN, Operation

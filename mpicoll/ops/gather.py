@@ -7,7 +7,8 @@ import numpy as np
 
 from .._numeric import copy_pairs
 from .._params import CommParam
-from .._plan import Call, Plan
+from .._call import Call
+from .._plan import Plan
 from ._base import PREPARE, RUN, Operation
 
 __all__ = ["GatherOperation", "GatherParam"]

@@ -20,7 +20,8 @@ from .._dtypes import DTYPES
 from .._errors import CollectiveArgumentError, arg_error
 from .._numeric import dequant_sum, dequant_sum_quantize, quantize_into
 from .._params import CommParam
-from .._plan import Call, Plan
+from .._call import Call
+from .._plan import Plan
 from .._numeric import prefix, split_even
 from ._base import PREPARE, RUN, Operation
 

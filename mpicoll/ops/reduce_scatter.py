@@ -9,7 +9,8 @@ from .. import _shm
 from .. import _validate as V
 from .._numeric import average, reduce_rows
 from .._params import ReduceTypeParam
-from .._plan import Call, Plan
+from .._call import Call
+from .._plan import Plan
 from ._base import PREPARE, RUN, ReduceTypeOperation
 from ._reduce import reduce_scatter
 

@@ -8,7 +8,8 @@ from mpi4py import MPI
 
 from .. import _validate as V
 from .._params import CommParam
-from .._plan import Call, Plan
+from .._call import Call
+from .._plan import Plan
 from ._base import PREPARE, RUN, Operation
 
 __all__ = ["ScatterOperation", "ScatterParam"]
