@@ -13,7 +13,8 @@ import numpy as np
 from . import _validate as V
 from ._numeric import pack, prefix, unpack
 from ._call import Call
-from .ops._base import RUN, Operation
+from .ops._base import Operation
+from .ops._modes import RUN
 from .ops.allgather import AllGatherOperation, AllGatherVOperation
 from .ops.allreduce import AllReduceOperation
 from .ops.alltoall import AllToAllVV2Operation

@@ -45,7 +45,8 @@ from ._plan import Plan
 from ._domains import resolve_group
 from .functional import Work
 from .ops._agree import agree_calls
-from .ops._base import ASYNC, PREPARE, Mode, Operation
+from .ops._base import Operation
+from .ops._modes import ASYNC, PREPARE, Mode
 
 __all__ = ["Graph", "capture"]
 

@@ -28,7 +28,7 @@ from ._hccl_tasks import KINDS, AllGather, AllReduce, AllToAll, AllToAllV, Reduc
 from ._params import CommParam
 from ._plan import Plan
 from ._watchdog import timeout_seconds
-from .ops._base import PREPARE
+from .ops._modes import PREPARE
 
 __all__ = ["Hccl", "HcclDataType", "HcclReduceOp", "MAX_PREPARES"]
 

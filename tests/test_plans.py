@@ -9,7 +9,7 @@ import mpicoll
 from mpicoll import CollectiveError, CollectiveMismatchError
 from mpicoll.checks import CHECKS
 from mpicoll.checks._golden import SEED, count_wrong
-from mpicoll.ops._base import ASYNC, PREPARE, RUN
+from mpicoll.ops._modes import ASYNC, PREPARE, RUN
 
 from _mpi import RANK, SAMPLE, SIZE, WORLD, raises_everywhere
 

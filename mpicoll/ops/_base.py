@@ -1,4 +1,4 @@
-"""The Operation base class, the operator registry, and THE call pipeline.
+"""The Operation base class, the operator registry, and THE call pipeline (its sinks: :mod:`~._modes`).
 
 Every call, in every mode, is one straight line of small stages over one record (docs/design.md)::
 
@@ -6,8 +6,8 @@ Every call, in every mode, is one straight line of small stages over one record 
 
 * **bind** (the first call, :meth:`Operation._bind`): resolve the communicator, check the Param,
   decide the timeout (once: ``Operation.timeout``). Then the call runs here, or is captured into a
-  graph, or is queued on the communicator's worker (:data:`ASYNC`, ``async_op=True``: the rest of
-  the pipeline runs there, in :data:`WORKER`, while the caller goes on, :mod:`mpicoll._async`).
+  graph, or is queued on the communicator's worker (``ASYNC``, ``async_op=True``: the rest of the
+  pipeline runs there, in ``WORKER``, while the caller goes on, :mod:`mpicoll._async`).
 * **lookup** (:mod:`~._compiled`): the call's layout compiled already (its arrays' dtypes, shapes
   and strides, its values): the very arguments of the last call run its bound steps again
   (:meth:`~._compiled.Compiled.repeat`); other arrays of that layout fill its slots and run it. Its
@@ -20,10 +20,11 @@ Every call, in every mode, is one straight line of small stages over one record 
 * **agree** (:func:`~._agree.agree_call`): one ``Allgather`` of agreement rows, which carries the
   payload too where every rank's fits its slot (then the data has moved: :meth:`Operation.land`
   finishes the call locally).
-* **take**, the only stage that differs by mode: :data:`RUN` compiles the call (small calls of a
-  layout it can tell apart, :class:`~._compiled.Compiled`) and runs it, or runs it at once with the
-  operation's :class:`~mpicoll._go.Runner`; :data:`PREPARE` records a :class:`~mpicoll._plan.Plan`;
-  a graph being captured (:mod:`mpicoll.graph`) takes it described, agreed with the whole graph at its end.
+* **take**, the only stage that differs by mode (the sinks, :mod:`~._modes`): ``RUN`` compiles the
+  call (small calls of a layout it can tell apart, :class:`~._compiled.Compiled`) and runs it, or
+  runs it at once with the operation's :class:`~mpicoll._go.Runner`; ``PREPARE`` records a
+  :class:`~mpicoll._plan.Plan`; a graph being captured (:mod:`mpicoll.graph`) takes it described,
+  agreed with the whole graph at its end.
 
 An operator subclass supplies ``describe``, ``issue`` (the only place that picks its MPI calls, from
 the call and, when agreed, the table), ``ride``/``land`` where its data can travel in the agreement,
@@ -47,12 +48,12 @@ from .._domains import resolve
 from .._dtypes import BY_NP, DType, ReduceOp, reduce_op
 from .._errors import CollectiveArgumentError, CollectiveError, arg_error, as_collective_error
 from .._params import CommParam
-from .._call import CAPTURING, Call, epilogue, prologue
+from .._call import CAPTURING, Call, prologue
 from .._go import Recorder, Runner, count_call
-from .._plan import Plan
 from ._compiled import COMPILED, COMPILED_BYTES, MISS, Compiled, layout
 from .._ranktable import rank_table
 from ._agree import Slots, agree_call
+from ._modes import ASYNC, WORKER, Mode
 from ._reduce import reduction
 
 #: name -> Operation class, for every public operator (check, bench, the CLI and the tests iterate it).
@@ -399,70 +400,6 @@ class Operation:
         if out is None:
             return np.empty(shape, dtype=dtype)
         return V.check_out(self.NAME, out, shape, dtype, self.rank, x, in_place_ok, name)
-
-
-# ----------------------------------------------------------------------------- the sinks
-
-class Mode:
-    """What a mode does with an agreed call (:meth:`take`), and which stages it takes: ``compiles``
-    (look the call up among the compiled ones, compile it), ``rides`` (offer its payload to the
-    agreement), ``agrees`` (always agree), ``defers`` (take it described, unagreed: a capture)."""
-
-    compiles = rides = True
-    agrees = defers = False
-
-    def take(self, op: Operation, call: Call, table: np.ndarray | None, rode: bool, slots: Slots | None,
-             payload: np.ndarray | None, key: tuple | None, args: tuple, mine: list | None) -> Any:
-        raise NotImplementedError
-
-
-class _Run(Mode):
-    """``execute``: compile the call (``key``: a small call of a layout it can tell apart) and run
-    it, or run it at once with the operation's Runner."""
-
-    def take(self, op, call, table, rode, slots, payload, key, args, mine):
-        if key is not None:
-            agrees = op._checks(op._lib)                # (its later calls: their agreement is a step of it)
-            c = Compiled(op, op._lib, key, args, mine, call, table, rode and agrees, slots if agrees else None,
-                         payload if agrees else None)
-            if c.repeats:
-                op._keep(c)
-                if agrees or not rode:
-                    return c.run_data()
-            # (not kept: described every time; or its later calls make the MPI calls its issue
-            # records, and this one rode its first agreement: landed here)
-        if rode:
-            op.land(call, Slots.rows_of(op._lib, table, call), table, op._runner)
-        else:
-            if payload is None and (call.src is not None or call.before):
-                prologue(call)
-            op.issue(call, table, op._runner)
-        if call.after:
-            epilogue(call)
-        return call.result
-
-
-class _Async(Mode):
-    """``async_op=True``: the call queued on its communicator's worker, which runs its pipeline in
-    :data:`WORKER` (:meth:`Operation._call`; a graph being captured takes it as an async call)."""
-
-
-class _Prepare(Mode):
-    """``prepare``: a Plan, each of whose runs counts as a call."""
-
-    compiles = rides = False
-    agrees = True
-
-    def take(self, op, call, table, rode, slots, payload, key, args, mine):
-        rec = Recorder(counts=op._counted(op._lib))
-        op._record(call, table, rec)
-        return Plan(rec, op, rounds=call.rounds > 1)
-
-
-#: ``execute`` here; a call queued with ``async_op=True``, on its worker (a capture never takes it:
-#: the worker runs what the caller queued, whatever the caller captures meanwhile)
-RUN, WORKER = _Run(), _Run()
-ASYNC, PREPARE = _Async(), _Prepare()
 
 
 class ReduceTypeOperation(Operation):

@@ -13,7 +13,8 @@ from .._params import ReduceTypeParam
 from .._call import Call
 from .._plan import Plan
 from .._numeric import average, copy_pairs, from_f32, pack, prefix, reduce_chunks, reduce_rows, scatter_pairs, split_even, to_f32
-from ._base import PREPARE, RUN, ReduceTypeOperation
+from ._base import ReduceTypeOperation
+from ._modes import PREPARE, RUN
 from ._reduce import (ALIGNED_TIERED_BYTES, GATHERED_BYTES, aligned, alltoall_reduce, invariant, ordered,
                       reduce_scatter)
 

@@ -12,7 +12,8 @@ from .._call import Call
 from .._plan import Plan
 from .._numeric import copy_pairs
 from ._agree import uniform
-from ._base import PREPARE, RUN, Operation
+from ._base import Operation
+from ._modes import PREPARE, RUN
 
 
 __all__ = ["AllToAllOperation", "AllToAllParam", "AllToAllVOperation", "AllToAllVParam", "AllToAllVV2Operation",

@@ -15,7 +15,8 @@ from .._params import CommParam
 from .._call import Call
 from .._plan import Plan
 from .._mesh import check_domains, mesh_domains
-from ._base import PREPARE, RUN, Operation
+from ._base import Operation
+from ._modes import PREPARE, RUN
 
 __all__ = ["AllToAllAllGatherOperation", "AllToAllAllGatherParam"]
 

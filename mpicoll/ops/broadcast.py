@@ -12,7 +12,8 @@ from .._params import CommParam
 from .._call import Call
 from .._plan import Plan
 from .._numeric import pack, scatter_pairs
-from ._base import PREPARE, RUN, Operation
+from ._base import Operation
+from ._modes import PREPARE, RUN
 
 
 __all__ = ["BroadcastOperation", "BroadcastParam"]

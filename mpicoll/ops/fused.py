@@ -31,7 +31,8 @@ from .._params import CommParam
 from .._call import Call
 from .._plan import Plan
 from .._mesh import check_domains, mesh_domains
-from ._base import PREPARE, RUN, Operation
+from ._base import Operation
+from ._modes import PREPARE, RUN
 from ._moe import (bias_and_pack, blas_threads, bmm, bmm_part, pack_tile, place_tile, rows_of,
                    unpack_back)
 from ._reduce import reduce_scatter

@@ -23,7 +23,8 @@ from .._params import CommParam
 from .._call import Call
 from .._plan import Plan
 from .._numeric import prefix, split_even
-from ._base import PREPARE, RUN, Operation
+from ._base import Operation
+from ._modes import PREPARE, RUN
 
 __all__ = ["QuantAllReduceOperation", "QuantAllReduceParam", "dequantize", "quantize"]
 

@@ -10,7 +10,8 @@ from .._numeric import average, reduce_rows
 from .._params import ReduceTypeParam
 from .._call import Call
 from .._plan import Plan
-from ._base import PREPARE, RUN, ReduceTypeOperation
+from ._base import ReduceTypeOperation
+from ._modes import PREPARE, RUN
 from .allreduce import reduce_pieces
 
 __all__ = ["ReduceOperation", "ReduceParam"]

@@ -10,7 +10,8 @@ from .. import _validate as V
 from .._params import CommParam
 from .._call import Call
 from .._plan import Plan
-from ._base import PREPARE, RUN, Operation
+from ._base import Operation
+from ._modes import PREPARE, RUN
 
 __all__ = ["ScatterOperation", "ScatterParam"]
 
