@@ -4,12 +4,12 @@ same error instead of some of them entering a collective their peers never join.
 Every agreement mpicoll makes is one ``Allgather`` of a fixed-length int64 row per member
 (:func:`gather`). Where the row's first entry is the member's local error flag (:func:`agree`), a
 member that flagged one makes every member raise: they exchange their errors' reports, on that
-error path only (:func:`settle`), and each raises the lowest failing member's error, the others'
-messages appended. What a row holds is its caller's: a call's header (:mod:`mpicoll.ops._agree`), a
+error path only (:func:`settle`, :func:`values`), and each raises the lowest failing member's error,
+the others' messages appended. What a row holds is its caller's: a call's header (:mod:`mpicoll.ops._agree`), a
 plan's sequence row (:mod:`mpicoll._plan`), the settings of a communicator being made
 (:mod:`mpicoll._making`), whether a shared window fits (:mod:`mpicoll._shm`), the torch backend's
 start-up checks. A table whose rows differ is named with every member's own words for its call,
-exchanged on that error path too (:func:`texts`; :func:`mpicoll._validate.check_agreed`).
+exchanged on that error path too (:func:`values`; :func:`mpicoll._validate.check_agreed`).
 
 An agreement runs on a library communicator (``LibComm.call``: after the work queued there, counted,
 under its watchdog), or on one being made (:class:`SetUp`: its calls are set-up calls, the
@@ -74,11 +74,16 @@ def agree(comm, row: np.ndarray, error: BaseException | None, timeout: float | N
 def settle(comm, error: BaseException | None, timeout: float | None, where: tuple) -> None:
     """Every member raises the same error: the lowest failing member's, the others' messages
     appended (collective over ``comm``; called when a gathered error flag is set)."""
-    mine = b"" if error is None else json.dumps(
-        [type(error).__name__, str(error), getattr(error, "op", None), getattr(error, "param", None),
-         getattr(error, "rank", None)]).encode()
-    reports = [json.loads(r) for r in texts(comm, mine, timeout, where) if r]
+    mine = None if error is None else [type(error).__name__, str(error), getattr(error, "op", None),
+                                       getattr(error, "param", None), getattr(error, "rank", None)]
+    reports = [r for r in values(comm, mine, timeout, where) if r is not None]
     raise agreed(from_reports(reports), comm.world_ranks)
+
+
+def values(comm, mine: object, timeout: float | None, where: tuple) -> list:
+    """Every member's ``mine`` (a value JSON can carry), in rank order (collective over ``comm``;
+    on error paths: an error's report, how a call reads)."""
+    return [json.loads(t) for t in texts(comm, json.dumps(mine).encode(), timeout, where)]
 
 
 def texts(comm, mine: bytes, timeout: float | None, where: tuple) -> list[bytes]:

@@ -24,10 +24,9 @@ timed-out peer reads to name the ranks that never arrived.
 """
 from __future__ import annotations
 
-import functools
 import threading
 import zlib
-from functools import partial
+from functools import lru_cache, partial
 from typing import Any, Callable
 
 import numpy as np
@@ -36,7 +35,7 @@ from mpi4py import MPI
 from . import _exit, _watchdog
 from ._errors import CollectiveError, CollectiveTimeout
 
-#: guards the process-wide state (caches, the exit list) for programs that call mpicoll from threads
+#: guards the process-wide state (caches, the queues) for programs that call mpicoll from threads
 LOCK = threading.RLock()
 #: how many started runs wait in some communicator's ``pending`` queue (a plan's run() drains its
 #: communicators only when this is not 0)
@@ -55,7 +54,7 @@ NAME_WORDS = 8
 MARK_WORDS = 2 + NAME_WORDS
 
 
-@functools.lru_cache(maxsize=None)
+@lru_cache(maxsize=None)
 def name_words(name: str) -> np.ndarray:
     """``name`` as an arrival mark holds it (int64 words)."""
     return np.frombuffer(name.encode()[:8 * NAME_WORDS].ljust(8 * NAME_WORDS, b"\0"), dtype=np.int64)

@@ -17,7 +17,6 @@ differs meets its peers in the same ``Allgather``, and nothing can be truncated.
 """
 from __future__ import annotations
 
-import json
 import math
 import zlib
 from typing import Any
@@ -26,7 +25,7 @@ import numpy as np
 from mpi4py import MPI
 
 from . import _env
-from ._agreement import texts
+from . import _agreement
 from ._comm import op_code, ordinal
 from ._dtypes import ALL_DTYPES, DType, by_code, of_array, reduce_by_code
 from ._errors import CollectiveError, CollectiveMismatchError, agreed, arg_error, mismatch_error
@@ -73,6 +72,8 @@ class Reads:
         self.NAME, self.show_params = name, show_params
 
 
+#: how the exchange of how the calls read names itself in a timeout (on a mismatch's error path)
+NAMES_STEP = "the exchange of its calls' names (internal MPI Allgather/Allgatherv)"
 #: the operation a prepared plan's sequence row names (mpicoll._plan._sequenced)
 PLAN_RUN = "plan run"
 PLAN_READS = Reads(PLAN_RUN, lambda k: f"the {ordinal(k >> 16)} plan made there"
@@ -183,9 +184,7 @@ def check_agreed(lib, op: Any, table: np.ndarray, pair_names: tuple[str, str] | 
     except CollectiveMismatchError:
         pass
     mine = reading(None if isinstance(op, str) else op, name, pairs, int(table[lib.rank, H_PARAMS]))
-    readings = [json.loads(r) for r in texts(lib, json.dumps(mine).encode(), lib.call_timeout(),
-                                             (name, None, "the exchange of its calls' names (internal MPI "
-                                              "Allgather/Allgatherv)"))]
+    readings = _agreement.values(lib, mine, lib.call_timeout(), (name, None, NAMES_STEP))
     try:
         check_table(name, table, pairs, lib.label, readings)
     except CollectiveError as exc:
@@ -237,14 +236,14 @@ def _diagnose(op: str, table: np.ndarray, where: str, readings: list | None) -> 
     params = [x.get("params") or str(int(r[H_PARAMS])) for x, r in zip(said, rows)]
     fields = (("operation", names), *((n, [show(r) for r in rows]) for n, show in _FIELDS),
               ("operator parameters", params), (full.get("shape", "x.shape"), [_shape(r) for r in rows]))
-    for name, values in fields:
-        if len(set(values)) == 1:
+    for name, shown in fields:
+        if len(set(shown)) == 1:
             continue
         by: dict[str, list[int]] = {}
-        for r, v in enumerate(values):
+        for r, v in enumerate(shown):
             by.setdefault(v, []).append(r)
         detail = "; ".join(f"{v} on {_ranks(rs)}" for v, rs in by.items())
-        first_odd = next(r for r, v in enumerate(values) if v != values[0])
+        first_odd = next(r for r, v in enumerate(shown) if v != shown[0])
         if name == "operation":
             ops = " vs ".join(by)
             return mismatch_error(ops, name, f"{detail}, on {where}: every rank must call the same collective, in the "

@@ -14,7 +14,6 @@ mark and how many calls each rank has), then every call's header in one ``Allgat
 """
 from __future__ import annotations
 
-import json
 from typing import ClassVar, Protocol
 
 import numpy as np
@@ -22,7 +21,7 @@ from mpi4py import MPI
 
 from .. import _validate as V
 from .._comm import LibComm, op_code
-from .._agreement import AGREEMENT, agree, texts
+from .._agreement import AGREEMENT, agree, values
 from .._errors import CollectiveError, CollectiveMismatchError, agreed, arg_error
 from .._numeric import prefix
 from .._call import Call
@@ -148,9 +147,7 @@ def agree_calls(lib: LibComm, entries: list[tuple[Agreeing, Call | None, BaseExc
         pass
     # (every rank holds the same rows: every rank is here, and exchanges how its calls read)
     mine = [V.reading(op, op.NAME, op.PAIR_NAMES, int(r[4 + V.H_PARAMS])) for (op, _, _), r in zip(entries, rows)]
-    readings = [json.loads(t) for t in texts(lib, json.dumps(mine).encode(), timeout,
-                                             (GRAPH, 1, "the exchange of its calls' names (internal MPI "
-                                              "Allgather/Allgatherv)"))]
+    readings = values(lib, mine, timeout, (GRAPH, 1, V.NAMES_STEP))
     try:
         _check_calls(lib, entries, every, counts, readings)
     except CollectiveError as exc:
