@@ -29,7 +29,7 @@ class Plan:
     """Calls checked and agreed once, their MPI calls bound: run them as often as needed.
 
     Made by ``<Operation>.prepare(...)`` with the arguments ``execute`` takes (one call), or from a
-    :class:`Recorder` holding several calls (each a *part*). It keeps references to its input and
+    :class:`~mpicoll._go.Recorder` holding several calls (each a *part*). It keeps references to its input and
     output arrays and reads the inputs' current contents on every run; it owns its output (and
     scratch), so a run allocates nothing. Its steps run on the operations' own communicators: a
     started plan whose later collectives are not yet started waits in their queue, so that any
@@ -41,7 +41,7 @@ class Plan:
     Attributes:
         op: the operator's name ("graph of N calls" for several).
         result: what :meth:`run` returns: the call's output, or a tuple of each call's.
-        parts: the calls, in order (:class:`Part`).
+        parts: the calls, in order (:class:`~mpicoll._go.Part`).
     """
 
     __slots__ = ("op", "result", "parts", "_owner", "_steps", "_used", "_tokens", "_persistent",
@@ -93,7 +93,7 @@ class Plan:
         return bound[0] if len(bound) == 1 else partial(_each, bound)
 
     def start(self, end: int | None = None) -> "Handle":
-        """Start the calls non-blocking (MPI persistent requests); returns their :class:`Handle`.
+        """Start the calls non-blocking (MPI persistent requests); returns their :class:`~mpicoll._handle.Handle`.
 
         Args:
             end: run only the first ``end`` steps for now; :meth:`Handle.release` lets the run go

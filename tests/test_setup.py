@@ -62,6 +62,20 @@ for _ in range(3):
     assert "set it alike on every rank" in err
 
 
+def test_a_mismatch_reads_alike_whatever_each_rank_imported(tmp_path):
+    """Rank 0 calls torch's name for an AllReduce (``mpicoll.functional``, which rank 1 never
+    imports), rank 1 the operator: both name both calls, in the words of the rank that made each."""
+    err = _agreed(tmp_path, """
+if rank == 0:
+    import mpicoll.functional as F
+    F.all_reduce(np.ones(2))
+else:
+    mpicoll.AllReduceOperation().execute(np.ones(2))
+""")
+    assert err.startswith("CollectiveMismatchError: all_reduce vs AllReduce: operation differs across ranks: "
+                          "all_reduce on rank 0; AllReduce on rank 1"), err
+
+
 @pytest.mark.parametrize("forgets", ["rank 0", "rank 1", "both"])
 def test_a_member_without_rank_size_forming_a_domain(tmp_path, forgets):
     """Whoever arrives first leads the rendezvous: the missing rank_size is agreed either way."""
