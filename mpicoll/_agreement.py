@@ -66,9 +66,16 @@ def agree(comm, row: np.ndarray, error: BaseException | None, timeout: float | N
     """
     row[0] = error is not None
     table = gather(comm, row, timeout, where, out)
+    flagged(comm, table, error, timeout, where)
+    return table
+
+
+def flagged(comm, table: np.ndarray, error: BaseException | None, timeout: float | None, where: tuple) -> None:
+    """The second half of :func:`agree`, for a table gathered otherwise (a plan's recorded
+    ``Allgather``): if any member flagged an error (the first column), every member raises the
+    same one (:func:`settle`)."""
     if any(table[:, 0].tolist()):
         settle(comm, error, timeout, (where[0], where[1], ERROR_STEP))
-    return table
 
 
 def settle(comm, error: BaseException | None, timeout: float | None, where: tuple) -> None:

@@ -15,7 +15,7 @@ from mpi4py import MPI
 
 from . import _comm
 from . import _validate as V
-from ._agreement import ERROR_STEP, settle
+from ._agreement import flagged
 from ._comm import LibComm
 from ._errors import CollectiveError
 from ._go import AGREE, COUNT, LOCAL, MPI_CALL, START, Part, Recorder, Step, bind_steps, nothing
@@ -238,8 +238,7 @@ def check_sequence(c: LibComm, table: np.ndarray, owner: Any) -> None:
     """The gathered sequence rows (:func:`_sequenced`): a peer's local error (its call failed to
     describe) is exchanged and raised, as a validated call's; any other difference is a named
     mismatch, the same on every rank."""
-    if any(table[:, 0].tolist()):          # (as _agreement.agree does after its Allgather)
-        settle(c, None, owner.timeout, (V.PLAN_RUN, None, ERROR_STEP))
+    flagged(c, table, None, owner.timeout, (V.PLAN_RUN, None, ""))
     V.check_agreed(c, V.PLAN_READS, table)
 
 
