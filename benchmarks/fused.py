@@ -22,9 +22,10 @@ import numpy as np
 from mpi4py import MPI
 
 import mpicoll
+from mpicoll.ops._moe import ROWS_PER_STEP, activate, blas_threads
+from mpicoll.ops._moe import as_f32 as _f32, blas_limit as _limit, bmm as _bmm, place_tile as _place
 from mpicoll.ops.fused import (AlltoAllAllGatherBatchMatMulOperation as Fused,
-                               AlltoAllAllGatherBatchMatMulParam as FusedParam, ROWS_PER_STEP, _bmm, _f32, _limit, _place,
-                               activate, blas_threads)
+                               AlltoAllAllGatherBatchMatMulParam as FusedParam)
 
 W = MPI.COMM_WORLD
 

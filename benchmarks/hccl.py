@@ -23,7 +23,7 @@ from mpi4py import MPI
 
 import mpicoll
 from mpicoll import Hccl, HcclDataType, HcclReduceOp
-from mpicoll.hccl import _KINDS
+from mpicoll._hccl_tasks import KINDS as _KINDS
 from overhead import block_time, loop
 
 W = MPI.COMM_WORLD
@@ -44,7 +44,7 @@ STATEMENTS = {
                   "comm.Alltoallv([x, (counts, displs), F], [same, (counts, displs), F])",
                   "AllToAllVV2", "op.execute(x, counts, displs, counts, displs, out=row)"),
 }
-#: the client's task kinds (its registry, mpicoll.hccl._KINDS), in its order
+#: the client's task kinds (its registry, mpicoll._hccl_tasks.KINDS), in its order
 KINDS = [k.NAME.removeprefix("Hccl.") for k in _KINDS]
 
 

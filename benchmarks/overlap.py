@@ -29,7 +29,7 @@ import mpicoll
 from mpicoll._domains import world as lib_world
 from mpicoll._dtypes import DTYPES, REDUCE_OPS
 from mpicoll.checks import BENCHES, BenchCase
-from mpicoll.ops.fused import _limit, blas_threads
+from mpicoll.ops._moe import blas_limit as _limit, blas_threads
 
 
 def setups(names: list[str], mib: float, raw_comm: MPI.Comm):

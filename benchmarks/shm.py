@@ -21,7 +21,7 @@ timed as the slowest rank's mean. Prints median times, bus bandwidth (nccl-tests
 ratios paired within a repetition. Plans run with validation off: the loop a user writes for speed.
 
 Across hosts (the test bed, docs/multihost.md) the window's variant is the tiered AllReduce
-(``LibComm.tiers``) and ``--tx`` adds, for each variant, the bytes one call sends from the busiest
+(``_making.tiers``) and ``--tx`` adds, for each variant, the bytes one call sends from the busiest
 host (its ``eth0`` counters), over the message size: a bandwidth-optimal AllReduce over N hosts sends
 ``2 (N - 1) / N``.
 """
@@ -73,7 +73,7 @@ def make_plan(cls, param_cls, slot: int | None, *args, one_shot: int | None = No
 
 def without_barriers(plan):
     """``plan`` with its Barriers taken out, before its first run (``--floor``: timing only)."""
-    from mpicoll._plan import MPI_CALL
+    from mpicoll._go import MPI_CALL
     plan._steps = [s for s in plan._steps if not (s.kind == MPI_CALL and s.name == "Barrier")]
     return plan
 

@@ -106,8 +106,8 @@ def merge(docs: list[dict]) -> dict:
 
 
 def plot(doc: dict, path: str) -> None:
-    from mpicoll.bench import Row, _plot
-    _plot(path, [Row(**r) for r in doc["rows"]], doc["ranks"], doc["compare"])
+    from mpicoll._bench_report import Row, plot as draw
+    draw(path, [Row(**r) for r in doc["rows"]], doc["ranks"], doc["compare"])
 
 
 def _size(b: int) -> str:

@@ -8,7 +8,8 @@ from ._ranktable import RankTable, load_rank_table, rank_table
 from ._dtypes import ALL_DTYPES, HcclDataType, HcclReduceOp
 from ._errors import CollectiveArgumentError, CollectiveError, CollectiveMismatchError, CollectiveTimeout
 from ._params import CommMode, CommParam
-from ._plan import Handle, Plan
+from ._handle import Handle
+from ._plan import Plan
 from ._shm import node_buffer
 from .hccl import Hccl
 from .ops import *  # noqa: F401,F403 - every operator module's public names (ops.__all__)

@@ -11,9 +11,10 @@ from typing import Any
 import numpy as np
 
 from . import _validate as V
-from ._numeric import prefix
-from ._plan import Call
-from .ops._base import RUN, Operation
+from ._numeric import pack, prefix, unpack
+from ._call import Call
+from .ops._base import Operation
+from .ops._modes import RUN
 from .ops.allgather import AllGatherOperation, AllGatherVOperation
 from .ops.allreduce import AllReduceOperation
 from .ops.alltoall import AllToAllVV2Operation
@@ -89,6 +90,7 @@ def _rows(t: np.ndarray) -> int:
 
 class AllReduce(AllReduceOperation):
     NAME, PUBLIC = "all_reduce", False
+    SHAPE_NAME = "tensor.shape"
 
     def execute(self, tensor):
         return self._call((tensor,), RUN)
@@ -99,6 +101,7 @@ class AllReduce(AllReduceOperation):
 
 class Broadcast(Rooted, BroadcastOperation):
     NAME, PUBLIC = "broadcast", False
+    SHAPE_NAME = "tensor.shape"
 
     def execute(self, tensor):
         return self._call((tensor,), RUN)
@@ -109,6 +112,7 @@ class Broadcast(Rooted, BroadcastOperation):
 
 class Reduce(Rooted, ReduceOperation):
     NAME, PUBLIC = "reduce", False
+    SHAPE_NAME = "tensor.shape"
 
     def execute(self, tensor):
         return self._call((tensor,), RUN)
@@ -119,6 +123,7 @@ class Reduce(Rooted, ReduceOperation):
 
 class AllGatherIntoTensor(AllGatherOperation):
     NAME, PUBLIC = "all_gather_into_tensor", False
+    SHAPE_NAME = "input.shape"
 
     def execute(self, output, input):  # noqa: A002 - torch's names
         return self._call((output, input), RUN)
@@ -139,6 +144,7 @@ class AllGatherIntoTensor(AllGatherOperation):
 
 class ReduceScatterTensor(ReduceScatterOperation):
     NAME, PUBLIC = "reduce_scatter_tensor", False
+    SHAPE_NAME = "output.shape (the block)"
 
     def execute(self, output, input):  # noqa: A002
         return self._call((output, input), RUN)
@@ -159,6 +165,7 @@ class ReduceScatterTensor(ReduceScatterOperation):
 
 class AllToAllSingle(AllToAllVV2Operation):
     NAME, PUBLIC = "all_to_all_single", False
+    SHAPE_NAME = "input.shape[1:] (a row)"
     VALUES = SLOTS = ("output_split_sizes", "input_split_sizes")
     PAIR_NAMES = ("input_split_sizes[{j}]", "output_split_sizes[{i}]")
 
@@ -180,6 +187,7 @@ class AllToAllSingle(AllToAllVV2Operation):
 
 class AllGatherIntoTensorUneven(AllGatherVOperation):
     NAME, PUBLIC = "all_gather_into_tensor_uneven", False
+    SHAPE_NAME = "input.shape[1:] (a row)"
     VALUES = ("output_split_sizes",)
     PAIR_NAMES = ("input.shape[0]", "output_split_sizes[{i}]")
 
@@ -199,6 +207,7 @@ class AllGatherIntoTensorUneven(AllGatherVOperation):
 
 class ReduceScatterTensorUneven(ReduceScatterVOperation):
     NAME, PUBLIC = "reduce_scatter_tensor_uneven", False
+    SHAPE_NAME = "input.shape[1:] (a row)"
     VALUES = ("input_split_sizes",)
     PAIR_NAMES = ("input_split_sizes[{j}]", "output.shape[0]")
 
@@ -250,18 +259,9 @@ def _lists_check(fn: str, name: str, lst: Any, n: int, like: np.ndarray, rank: i
     return list(lst)
 
 
-def _unstack(staging: np.ndarray, targets: list[np.ndarray]) -> None:
-    for k, t in enumerate(targets):
-        np.copyto(t, staging[k])
-
-
-def _stack(sources: list[np.ndarray], staging: np.ndarray) -> None:
-    for k, t in enumerate(sources):
-        np.copyto(staging[k], t)
-
-
 class AllGatherList(AllGatherOperation):
     NAME, PUBLIC = "all_gather", False
+    SHAPE_NAME = "tensor.shape"
 
     def execute(self, tensor_list, tensor):
         return self._call((tensor_list, tensor), RUN)
@@ -271,12 +271,13 @@ class AllGatherList(AllGatherOperation):
         tensor = _tensor(fn, "tensor", tensor, r, writes=False)
         targets = _lists_check(fn, "tensor_list", tensor_list, n, tensor, r)
         call = super().describe(tensor, np.empty((n, *tensor.shape), tensor.dtype))
-        call.result, call.after = targets, ((_unstack, call.out, targets),)
+        call.result, call.after = targets, ((unpack, call.out.reshape(-1), targets),)
         return call
 
 
 class Gather(Rooted, GatherOperation):
     NAME, PUBLIC = "gather", False
+    SHAPE_NAME = "tensor.shape"
 
     def execute(self, tensor, gather_list=None):
         return self._call((tensor, gather_list), RUN)
@@ -288,12 +289,13 @@ class Gather(Rooted, GatherOperation):
         call = super().describe(tensor, None if targets is None else np.empty((n, *tensor.shape), tensor.dtype))
         call.result = targets
         if targets is not None:
-            call.after = ((_unstack, call.out, targets),)
+            call.after = ((unpack, call.out.reshape(-1), targets),)
         return call
 
 
 class Scatter(Rooted, ScatterOperation):
     NAME, PUBLIC = "scatter", False
+    SHAPE_NAME = "tensor.shape"
 
     def execute(self, tensor, scatter_list=None):
         return self._call((tensor, scatter_list), RUN)
@@ -309,7 +311,7 @@ class Scatter(Rooted, ScatterOperation):
         sources = _lists_check(fn, "scatter_list", scatter_list, n, tensor, r)
         staging = np.empty((n, *tensor.shape), tensor.dtype)
         call = super().describe(staging, block)
-        call.result, call.before = tensor, ((_stack, sources, staging),)
+        call.result, call.before = tensor, ((pack, sources, staging.reshape(-1)),)
         return call
 
 
@@ -342,26 +344,13 @@ class AllToAllList(AllToAllVV2Operation):
         recv = np.empty((1, sum(rc)), dtype)
         call = super().describe(send, sc, prefix(sc), rc, prefix(rc), None, recv)
         call.result = list(outs)
-        call.before, call.after = ((_pack, list(ins), send),), ((_unpack, recv.reshape(-1), list(outs)),)
+        call.before, call.after = ((pack, list(ins), send),), ((unpack, recv.reshape(-1), list(outs)),)
         return call
-
-
-def _pack(sources: list[np.ndarray], flat: np.ndarray) -> None:
-    pos = 0
-    for t in sources:
-        flat[pos:pos + t.size] = t.reshape(-1)
-        pos += t.size
-
-
-def _unpack(flat: np.ndarray, targets: list[np.ndarray]) -> None:
-    pos = 0
-    for t in targets:                       # (copyto: a target may be strided, where reshape(-1) would copy)
-        np.copyto(t, flat[pos:pos + t.size].reshape(t.shape))
-        pos += t.size
 
 
 class ReduceScatterList(ReduceScatterOperation):
     NAME, PUBLIC = "reduce_scatter", False
+    SHAPE_NAME = "output.shape"
 
     def execute(self, output, input_list):
         return self._call((output, input_list), RUN)
@@ -379,15 +368,5 @@ class ReduceScatterList(ReduceScatterOperation):
                                   f"{list(output.shape)} array (output's)")
         staging = np.empty((n, *output.shape), output.dtype)
         call = super().describe(staging, output.reshape((1, *output.shape)))
-        call.result, call.before = output, ((_stack, list(input_list), staging),)
+        call.result, call.before = output, ((pack, list(input_list), staging.reshape(-1)),)
         return call
-
-
-for _fn, _shape in (("all_reduce", "tensor.shape"), ("broadcast", "tensor.shape"), ("reduce", "tensor.shape"),
-                    ("all_gather_into_tensor", "input.shape"), ("all_gather", "tensor.shape"),
-                    ("gather", "tensor.shape"), ("scatter", "tensor.shape"),
-                    ("reduce_scatter_tensor", "output.shape (the block)"), ("reduce_scatter", "output.shape"),
-                    ("all_to_all_single", "input.shape[1:] (a row)"),
-                    ("all_gather_into_tensor_uneven", "input.shape[1:] (a row)"),
-                    ("reduce_scatter_tensor_uneven", "input.shape[1:] (a row)")):
-    V.SHAPE_NAMES[_fn] = _shape

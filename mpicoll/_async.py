@@ -36,7 +36,7 @@ from typing import Any, Callable
 
 from mpi4py import MPI
 
-from . import _comm
+from . import _comm, _exit
 from ._errors import CollectiveError
 
 #: the worker thread a thread is, if it is one (its communicator's)
@@ -197,7 +197,7 @@ def submit(comms: tuple, fn: Callable[[], Any]) -> Job:
                 work.issue_all()
     if worker is None or not worker.is_alive():
         if not WORKERS and not _EXIT:
-            _EXIT.append(atexit.register(_at_exit))    # (after _comm's: it runs first, atexit is LIFO)
+            _EXIT.append(atexit.register(_at_exit))    # (after _exit's: it runs first, atexit is LIFO)
         worker = lib.worker = Worker(lib)
         WORKERS.add(worker)
         worker.start()
@@ -218,7 +218,7 @@ _EXIT: list = []
 def _at_exit() -> None:
     """A clean exit: the calls still queued on workers finish before mpicoll frees its windows and
     MPI finalizes. (After a failure, ``python -m mpi4py`` aborts the job: nothing to wait for.)"""
-    if not MPI.Is_finalized() and not _comm.failing_exit():
+    if not MPI.Is_finalized() and not _exit.failing_exit():
         stop_all()
 
 

@@ -12,51 +12,52 @@ member makes the non-blocking form of each call, timed or not: MPI matches a blo
 only with a blocking one.
 
 Collectives on one communicator must start in the same order on every rank. Work in flight that
-still has collectives to start (a started plan of several steps, :class:`~mpicoll._plan.Handle`)
+still has collectives to start (a started plan of several steps, :class:`~mpicoll._handle.Handle`)
 waits in the communicator's ``pending`` queue; any later collective on it first drives the work
 ahead of it until that work has started all its collectives there (:meth:`LibComm.drain`). The
 order is then the program order, the same on every rank, without a copy of the communicator.
 
-Making one is collective over its members, who then check their settings (a value one of them cannot
-read, :mod:`mpicoll._env`, is every member's error) and agree those that change which MPI calls a
-rank makes (``MPICOLL_VALIDATE``, ``MPICOLL_DEBUG``, ``MPICOLL_SHM``, ``MPICOLL_EXACT``), whether every member runs on
-one node (``local``: then large reductions may go through a shared window, :mod:`mpicoll._shm`), or
-else how many members each node holds (``per_node``: then a large AllReduce may go in tiers, node by
-node and across nodes, :meth:`LibComm.tiers`), and whether any of them runs a watchdog
+One is made by :func:`mpicoll._making.make`, collectively over its members, who agree its settings,
+its layout over the nodes (``local``, ``per_node``) and whether any of them runs a watchdog
 (``MPICOLL_TIMEOUT``): then every member keeps an arrival mark, a few int64 in an RMA window, that a
 timed-out peer reads to name the ranks that never arrived.
 """
 from __future__ import annotations
 
-import atexit
-import os
-import sys
 import threading
-import time
 import zlib
-from functools import partial
+from functools import lru_cache, partial
 from typing import Any, Callable
 
 import numpy as np
 from mpi4py import MPI
 
-from . import _env, _traceback, _watchdog
-from ._errors import CollectiveError, CollectiveMismatchError, CollectiveTimeout, settle
+from . import _exit, _watchdog
+from ._errors import CollectiveError, CollectiveTimeout
 
-#: operator code -> name (filled by the operator registry), to name a peer's call in a timeout
-OP_NAMES: dict[int, str] = {}
-#: guards the process-wide state (caches, the exit list) for programs that call mpicoll from threads
+#: guards the process-wide state (caches, the queues) for programs that call mpicoll from threads
 LOCK = threading.RLock()
-_OPEN: list["LibComm"] = []        # communicators holding a window (arrival, node), in creation order
 #: how many started runs wait in some communicator's ``pending`` queue (a plan's run() drains its
 #: communicators only when this is not 0)
 QUEUED = 0
-#: the job a worker thread is running (``RUNNING.job``, set by :mod:`mpicoll._async`): a call it makes
-#: drains only what was queued ahead of that job
+#: the work this thread is running (``RUNNING.job``: a worker's job, set by :mod:`mpicoll._async`, or a
+#: started plan's run driving its steps): a call it makes drains only what was queued ahead of it
 RUNNING = threading.local()
 #: how many communicators :meth:`LibComm.free` freed, plus one once MPI finalizes (0: a call has
 #: nothing to look at: :func:`check_live`, ``MPI.Is_finalized``)
 FREED = 0
+
+
+#: an arrival mark: the sequence number, the call's number there, then its operator's name (utf-8, up
+#: to ``8 * NAME_WORDS`` bytes): a timed-out peer reading it names the call as its maker does
+NAME_WORDS = 8
+MARK_WORDS = 2 + NAME_WORDS
+
+
+@lru_cache(maxsize=None)
+def name_words(name: str) -> np.ndarray:
+    """``name`` as an arrival mark holds it (int64 words)."""
+    return np.frombuffer(name.encode()[:8 * NAME_WORDS].ljust(8 * NAME_WORDS, b"\0"), dtype=np.int64)
 
 
 def op_code(name: str) -> int:
@@ -91,7 +92,7 @@ class LibComm:
         buffers: its node buffers (:func:`mpicoll._shm.node_buffer`), freed with it.
         per_node: the members span several nodes, each holding this many (more than one) of them,
             and ``MPICOLL_SHM`` is on (agreed; else 0): a large AllReduce may go in tiers
-            (:meth:`tiers`).
+            (:func:`mpicoll._making.tiers`).
         blocks: with ``per_node``, each node holds consecutive ranks, the nodes in rank order (block
             placement, agreed): with a power of two on each, a tree-order sum can go in tiers
             (``ops._reduce.aligned``).
@@ -106,13 +107,15 @@ class LibComm:
         worker: the thread that runs its ``async_op=True`` calls (made at the first; None before).
         freed: :meth:`free` ran (``Comm.Free`` of the user's communicator runs it): operations and
             plans on it raise (:func:`check_live`) instead of calling MPI on a freed handle.
+        node_comm: with ``per_node``, this rank's node's members (an MPI communicator, kept for the
+            tiers), else None; tiered: the tiers, once made (:func:`mpicoll._making.tiers`).
     """
 
     __slots__ = ("mpi", "label", "rank", "size", "world_ranks", "ident", "validate", "debug", "local", "exact",
                  "timeout", "busy", "worker",
                  "calls", "seq", "pending", "plain", "freed", "per_node", "blocks", "crowded", "buffers", "_win",
                  "_mark", "_node",
-                 "_split", "_tiers", "__weakref__")
+                 "node_comm", "tiered", "__weakref__")
 
     def __init__(self, mpi: MPI.Comm, label: str, validate: bool, debug: bool, watched: bool,
                  local: bool = False, split: MPI.Comm | None = None, exact: bool = True,
@@ -122,9 +125,9 @@ class LibComm:
         self.world_ranks = world_ranks(mpi)
         self.ident = zlib.crc32(f"{label}:{self.world_ranks}".encode()) | len(self.world_ranks) << 32   # (the same on every member)
         self.validate, self.debug, self.local, self.exact, self.timeout = validate, debug, local, exact, timeout
-        self._node = self._tiers = None
+        self._node = self.tiered = None
         self.buffers: list = []            # its node buffers (mpicoll._shm.node_buffer), in allocation order
-        self._split = split                # (this rank's node's members, kept for tiers(); None: no tiers)
+        self.node_comm = split
         self.per_node = 0 if split is None else split.Get_size()
         self.blocks, self.crowded = blocks, crowded
         self.calls: dict[str, int] = {}
@@ -136,86 +139,14 @@ class LibComm:
         self.freed = False
         self.busy = threading.RLock()      # held by the thread inside a call on it (:meth:`enter`)
         if watched:
-            self._win = MPI.Win.Allocate(4 * 8, 8, comm=mpi)
+            self._win = MPI.Win.Allocate(MARK_WORDS * 8, 8, comm=mpi)
             self._mark = np.frombuffer(self._win.tomemory(), dtype=np.int64)
             self._mark[:] = 0
             mpi.Barrier()                  # every mark is zero before anyone reads one
             # (every member holds a shared lock on all, none ever an exclusive one: NOCHECK, so that
             # taking it needs no message, else it waits for the others to make MPI progress)
             self._win.Lock_all(MPI.MODE_NOCHECK)
-            with LOCK:
-                _OPEN.append(self)
-
-    @classmethod
-    def make(cls, mpi: MPI.Comm, label: str, timeout: float | None = None,
-             set_up: float | None = None) -> "LibComm":
-        """Wrap a communicator mpicoll has just created (collective over its members): check and
-        agree the settings (``mpicoll._env``), and whether all members share one node, see whether
-        this rank's node is crowded (more ranks than cores: ``crowded``), and make the
-        arrival window if any member runs a watchdog (``MPICOLL_TIMEOUT``, or ``timeout``: its own,
-        see the class docstring). ``set_up``: how long these steps may wait for a member (default:
-        its timeout).
-
-        Raises:
-            CollectiveArgumentError: a setting some member cannot read (``mpicoll._env.error``), the
-                lowest such member's error, on every member.
-            CollectiveMismatchError: a setting that decides which MPI calls a rank makes
-                (``MPICOLL_VALIDATE``, ``MPICOLL_DEBUG``, ``MPICOLL_SHM``, ``MPICOLL_EXACT``) set
-                differently on the members, on every member.
-        """
-        with LOCK:
-            _register_exit()               # (its excepthook prints an error every member raises once)
-        error = _env.error(MPI.COMM_WORLD.Get_rank())
-        # columns: this member's error flag, whether it runs a watchdog, then the settings alike everywhere
-        mine = np.array([error is not None, timeout is not None or _watchdog.timeout_default() is not None,
-                         *(_env.value(name) for name in ALIKE_SETTINGS)], dtype=np.int64)
-        table = np.empty((mpi.Get_size(), len(mine)), dtype=np.int64)
-        given = timeout if set_up is None else set_up
-        set_up = _watchdog.timeout_seconds(given)
-        timed_call(mpi, "Allgather", ([mine, MPI.INT64_T], [table, MPI.INT64_T]), set_up,
-                   lambda: f"setting up {label}: timed out agreeing its settings", given is not None)
-        if table[:, 0].any():
-            try:                          # (every member raises here: every member frees it)
-                settle(_Making(mpi, label, given is not None), error, set_up,
-                       ("", None, "the exchange of a setting's error (internal MPI Allgather/Allgatherv)"))
-            finally:
-                mpi.Free()
-        agreed = dict(zip(ALIKE_SETTINGS, table[0, 2:].tolist()))
-        for col, name in enumerate(ALIKE_SETTINGS, 2):
-            values = table[:, col].tolist()
-            if len(set(values)) > 1:
-                on = [r for r, v in enumerate(values) if v]
-                off = [r for r, v in enumerate(values) if not v]
-                mpi.Free()                # (every member raises here: every member frees it)
-                raise CollectiveMismatchError(
-                    f"{label}: {name} differs across ranks: on for ranks {on}, off for ranks {off}: set it alike "
-                    "on every rank (it decides which MPI calls a rank makes)", param=name, rank=off[0])
-        split = mpi.Split_type(MPI.COMM_TYPE_SHARED)      # (every member is here: its settings agreed)
-        crowded = _watchdog.crowded(cpu_sets(split)[0])
-        one_node = False
-        if not agreed["MPICOLL_SHM"]:  # (no node window, no tiers: agreed, every member alike)
-            split.Free()
-            split = None
-        else:
-            here = split.Get_size()
-            one_node = here == mpi.Get_size()   # (all on one node: the whole comm everywhere, else smaller
-            if not one_node:                    # everywhere: the same verdict on every member)
-                ours, theirs = split.Get_group(), mpi.Get_group()
-                node_ranks = list(MPI.Group.Translate_ranks(ours, list(range(here)), theirs))
-                ours.Free()
-                theirs.Free()
-                first = node_ranks[0]                # (in blocks: this node holds ranks first.. first + here - 1)
-                block = node_ranks == list(range(first, first + here)) and first % here == 0
-                # max of (size, -size, -block): every node alike if max == -(-min); every node in blocks
-                span = np.array([here, -here, -int(block)], dtype=np.int64)
-                timed_call(mpi, "Allreduce", (MPI.IN_PLACE, [span, MPI.INT64_T], MPI.MAX),
-                           set_up, lambda: f"setting up {label}: timed out agreeing its layout", given is not None)
-            if one_node or here == 1 or span[0] != -span[1]:
-                split.Free()
-                split = None
-        return cls(mpi, label, bool(agreed["MPICOLL_VALIDATE"]), bool(agreed["MPICOLL_DEBUG"]), bool(table[:, 1].any()),
-                   one_node, split, bool(agreed["MPICOLL_EXACT"]), split is not None and span[2] == -1, timeout,
-                   crowded)
+            _exit.hold(self)
 
     def meet(self, what: str) -> None:
         """A Barrier under the watchdog before a collective set-up step that is not timed itself
@@ -224,7 +155,7 @@ class LibComm:
         if self.pending:
             self.drain(None)
         timed_call(self.mpi, "Barrier", (), self.call_timeout(),
-                   lambda: f"{self.label}: timed out waiting for every member to {what}", self.timeout is not None)
+                   lambda: f"{self.label}: timed out waiting for every member to {what}", own=self.own)
 
     def add_buffer(self, buf) -> None:
         """Register a node buffer (:class:`mpicoll._shm.NodeBuffer`) just allocated on it."""
@@ -233,23 +164,13 @@ class LibComm:
 
     def hold_open(self) -> None:
         """List it among the communicators whose windows a clean exit frees."""
-        with LOCK:
-            if self not in _OPEN:
-                _OPEN.append(self)
+        _exit.hold(self)
 
-    def tiers(self) -> tuple["LibComm", "LibComm"]:
-        """The two communicators of a tiered AllReduce (``per_node`` > 0), made
-        on first use like :func:`mpicoll._shm.node_window`: this rank's node's members (``local``:
-        they share a node window), and the members with this rank's index on its node, one per node
-        (rank order kept in both)."""
-        if self._tiers is None:
-            self.meet("make its node and cross-node communicators (a rank never made its first large "
-                      "AllReduce there)")
-            k = self._split.Get_rank()
-            across = self.mpi.Split(k, self.rank)
-            self._tiers = (LibComm.make(self._split, f"{self.label}: the members on this node", self.timeout),
-                           LibComm.make(across, f"{self.label}: the members with node index {k}", self.timeout))
-        return self._tiers
+    @property
+    def own(self) -> bool:
+        """Whether its timeout is its own (``timeout``), which only raises
+        (:func:`~mpicoll._watchdog.aborts`)."""
+        return self.timeout is not None
 
     @property
     def watched(self) -> bool:
@@ -340,11 +261,7 @@ class LibComm:
     def wait(self, requests: list[MPI.Request], timeout: float | None, name: str, where: tuple) -> None:
         """Complete ``requests`` (a collective ``name`` started with :meth:`start`, ``where`` as for
         :meth:`call`); with a timeout, raise (or abort) when they do not complete in time."""
-        if timeout is None:
-            MPI.Request.Waitall(requests)
-            return
-        _watchdog.wait(requests, timeout, lambda: self._expired(timeout, name, where),
-                       lambda: self._lost(timeout, name, where), raises=self.timeout is not None)
+        _watchdog.wait(requests, timeout, self._expired, self._lost, self.own, about=(timeout, name, where))
 
     def drain(self, by: Any) -> None:
         """Drive the started work queued here ahead of ``by`` (None: the job this thread runs, on a
@@ -362,8 +279,8 @@ class LibComm:
     def _arrive(self, where: tuple) -> None:
         mark, op, number = self._mark, where[0], where[1]
         mark[0] = self.seq
-        mark[1] = op_code(op)
-        mark[2] = self.calls.get(op, 0) if number is None else number
+        mark[1] = self.calls.get(op, 0) if number is None else number
+        mark[2:] = name_words(op)
 
     def _head(self, timeout: float, name: str, where: tuple) -> tuple[str, str]:
         op, number, step = where
@@ -379,7 +296,7 @@ class LibComm:
             return CollectiveTimeout(f"{head}; set MPICOLL_TIMEOUT (on any rank, before mpicoll makes the "
                                      "communicator) to have the missing ranks named", op=op, param="timeout",
                                      seconds=timeout)
-        marks = np.zeros((self.size, 4), dtype=np.int64)
+        marks = np.zeros((self.size, MARK_WORDS), dtype=np.int64)
         for peer in range(self.size):
             self._win.Get([marks[peer], MPI.INT64_T], peer)
             self._win.Flush(peer)
@@ -389,11 +306,11 @@ class LibComm:
                                      seconds=timeout)
         where_now = []
         for r in missing:
-            seq, code, k = (int(v) for v in marks[r, :3])
+            seq, k = int(marks[r, 0]), int(marks[r, 1])
             if seq == 0:
                 where_now.append(f"rank {r} has made no mpicoll call there")
             else:
-                peer_op = OP_NAMES.get(code, f"operator #{code}")
+                peer_op = marks[r, 2:].tobytes().rstrip(b"\0").decode(errors="replace")
                 which = f"its {ordinal(k)} {peer_op} call there" if k else f"a call of {peer_op}"   # (0: a tier's)
                 where_now.append(f"rank {r} is in or after {which}")
         world = "" if self.world_ranks == tuple(range(self.size)) else \
@@ -419,22 +336,20 @@ class LibComm:
         self.freed = True
         FREED += 1
         self.close()
-        if self._tiers is not None:
-            for tier in self._tiers:
+        if self.tiered is not None:
+            for tier in self.tiered:
                 tier.free()
-        elif self._split is not None:
-            self._split.Free()
-        self._split = self._tiers = None
+        elif self.node_comm is not None:
+            self.node_comm.Free()
+        self.node_comm = self.tiered = None
         self.mpi.Free()
 
     def close(self) -> None:
         """Free the arrival window, the node window and the node buffers, if any, and its tiers'
         (collective over the members)."""
-        for tier in self._tiers or ():
+        for tier in self.tiered or ():
             tier.close()
-        with LOCK:
-            if self in _OPEN:
-                _OPEN.remove(self)
+        _exit.release(self)
         if self._node:
             self._node.free()              # (kept, freed: a plan still holding it raises, not crashes)
         for buf in self.buffers:
@@ -446,24 +361,6 @@ class LibComm:
             win.Free()
 
 
-#: the settings every member of a library communicator must have alike (flags: they decide which MPI
-#: calls a rank makes), in the order of the columns of :meth:`LibComm.make`'s table
-ALIKE_SETTINGS = tuple(name for name, s in _env.SETTINGS.items() if s.agreed == _env.ALIKE)
-
-
-class _Making:
-    """A communicator :meth:`LibComm.make` is making, as :func:`~mpicoll._errors.settle` talks to one:
-    its calls are set-up calls (:func:`timed_call`), the non-blocking form on every member."""
-
-    def __init__(self, mpi: MPI.Comm, label: str, raises: bool) -> None:
-        self.mpi, self.label, self.raises = mpi, label, raises
-        self.size, self.world_ranks = mpi.Get_size(), world_ranks(mpi)
-
-    def call(self, name: str, args: tuple, timeout: float | None, where: tuple) -> None:
-        timed_call(self.mpi, name, args, timeout, lambda: f"setting up {self.label}: timed out in {where[2]}",
-                   self.raises)
-
-
 def world_ranks(mpi: MPI.Comm) -> tuple[int, ...]:
     """The world ranks of the members of ``mpi``, in its rank order."""
     group, world = mpi.Get_group(), MPI.COMM_WORLD.Get_group()
@@ -471,23 +368,6 @@ def world_ranks(mpi: MPI.Comm) -> tuple[int, ...]:
     group.Free()
     world.Free()
     return ranks
-
-
-def node_affinities(mpi: MPI.Comm) -> tuple[list[set[int]], set[int]]:
-    """The CPU sets (affinities: taskset, cpusets and ``mpirun -bind-to`` count) of the members of
-    ``mpi`` on this rank's node, in their rank order there, and this rank's (read by :func:`cpu_sets`,
-    the one place that reads them; collective over ``mpi``, on a node communicator made and freed here)."""
-    local = mpi.Split_type(MPI.COMM_TYPE_SHARED)
-    try:
-        return cpu_sets(local)
-    finally:
-        local.Free()
-
-
-def cpu_sets(node: MPI.Comm) -> tuple[list[set[int]], set[int]]:
-    """:func:`node_affinities` on ``node``, a communicator of one node's members (collective)."""
-    mine = sorted(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else list(range(os.cpu_count() or 1))
-    return [set(s) for s in node.allgather(mine)], set(mine)
 
 
 def finalized(op: str, what: str) -> CollectiveError:
@@ -521,110 +401,16 @@ def nonblocking(name: str) -> str:
 
 
 def timed_call(mpi: MPI.Comm, name: str, args: tuple, timeout: float | None, expired: Callable[[], str],
-               raises: bool = False) -> None:
+               own: bool = False) -> None:
     """A collective on a communicator that is not (yet) a LibComm, under the watchdog when timed;
     always the non-blocking form, so that members with and without ``MPICOLL_TIMEOUT`` make the
-    same MPI call (MPI matches a blocking collective only with a blocking one). ``raises``: a
-    communicator's own timeout (only raises)."""
-    req = getattr(mpi, nonblocking(name))(*args)
-    if timeout is None:
-        req.Wait()
-    else:
-        _watchdog.wait([req], timeout, expired, expired, raises=raises)
+    same MPI call (MPI matches a blocking collective only with a blocking one). ``own``: the limit
+    is the communicator's own (it only raises, :func:`~mpicoll._watchdog.aborts`)."""
+    _watchdog.wait([getattr(mpi, nonblocking(name))(*args)], timeout, expired, own=own)
 
 
-# ----------------------------------------------------------------------------- exit
-
-#: the exit status ``python -m mpi4py`` decided on (it aborts the job at exit when non-zero)
-_EXIT: list = []
-_exit_registered = False
-
-
-def _register_exit() -> None:
-    global _exit_registered
-    if not _exit_registered:
-        _exit_registered = True
-        # MPI deletes COMM_SELF's attributes first thing in MPI_Finalize (MPI 4.1, 11.2.4): from then
-        # on every call looks at whether MPI is finalized (a call's one test is FREED)
-        MPI.COMM_SELF.Set_attr(MPI.Comm.Create_keyval(delete_fn=_finalizing), True)
-        # Runs before mpi4py's own finalizer (atexit is LIFO): MPI must not finalize with a window exposed.
-        atexit.register(_shutdown)
-        _watch_mpi4py_exit()
-        _WORLD_RANK.append(MPI.COMM_WORLD.Get_rank())
-        _previous_hook.append(sys.excepthook)
-        sys.excepthook = _excepthook
-
-
-_previous_hook: list = []
-
-
-def _finalizing(comm: MPI.Comm, keyval: int, value: Any) -> None:
+def finalizing() -> None:
+    """MPI is finalizing (:func:`mpicoll._exit.register`): from then on every call looks at whether
+    MPI is finalized (a call's one test is ``FREED``)."""
     global FREED
     FREED += 1
-
-
-def _excepthook(kind, exc, tb) -> None:
-    """An uncaught error that every member of a communicator raised alike (``exc.members``, world
-    ranks) prints its traceback on the lowest member only, one line on the others: a job prints
-    one traceback, not one per rank. Anything else goes to the previous hook; an uncaught
-    KeyboardInterrupt (Ctrl-C) then aborts the job, under plain ``python`` too."""
-    members = getattr(exc, "members", None)
-    me = _WORLD_RANK[0] if _WORLD_RANK else None
-    if members and me in members and me != min(members):
-        _traceback.write(f"world rank {me}: the same {kind.__module__}.{kind.__qualname__} as world rank "
-                         f"{min(members)}, whose traceback is printed\n")
-        if _EXIT:
-            time.sleep(0.2)                  # (python -m mpi4py aborts next: let that rank print first)
-        return
-    if isinstance(exc, CollectiveError) and _previous_hook[0] is sys.__excepthook__:
-        # (mpicoll's frames out, MPICOLL_TRACEBACK_FILTERING; in one write: no other rank's line inside)
-        _traceback.write(_traceback.render(kind, exc, tb, "MPICOLL_TRACEBACK_FILTERING",
-                                           _env.value("MPICOLL_TRACEBACK_FILTERING")))
-    else:
-        _previous_hook[0](kind, exc, tb)
-    if issubclass(kind, KeyboardInterrupt) and not MPI.Is_finalized():
-        sys.stderr.flush()
-        MPI.COMM_WORLD.Abort(130)            # Ctrl-C stops the job: peers inside a collective never return
-
-
-#: this process's world rank, kept for use after MPI_Finalize
-_WORLD_RANK: list[int] = []
-
-
-def _watch_mpi4py_exit() -> None:
-    """Record the status mpi4py's ``-m`` runner passes to ``set_abort_status`` (if it is running)."""
-    runner = sys.modules.get("mpi4py.run")
-    original = getattr(runner, "set_abort_status", None)
-    if original is None or getattr(original, "_mpicoll", False):
-        return
-
-    def set_abort_status(status):
-        _EXIT.append(status)
-        return original(status)
-    set_abort_status._mpicoll = True
-    runner.set_abort_status = set_abort_status
-
-
-def failing_exit() -> bool:
-    """Whether the process is exiting after an unhandled exception or with a non-zero status."""
-    if getattr(sys, "last_value", None) is not None or getattr(sys, "last_exc", None) is not None:
-        return True                          # an unhandled exception was printed
-    for status in _EXIT:
-        code = status.code if isinstance(status, SystemExit) else status
-        if isinstance(status, BaseException) and not isinstance(status, SystemExit):
-            return True
-        if code not in (0, None):
-            return True
-    return False
-
-
-def _shutdown() -> None:
-    """Free the windows (arrival marks, node windows, node buffers) at a clean exit, newest first
-    (every member made them in the same order, so every member frees them in the same order).
-    After an unhandled exception or a non-zero exit (``python -m mpi4py`` then aborts the job) skip
-    it: freeing is collective and would wait for ranks that are still inside some collective,
-    turning a prompt abort into a hang."""
-    if MPI.Is_finalized() or failing_exit():
-        return
-    for comm in reversed(list(_OPEN)):
-        comm.close()

@@ -24,8 +24,8 @@ from mpi4py import MPI
 
 from . import _rendezvous, _watchdog
 from ._comm import LOCK, LibComm, alive
-from ._errors import CollectiveArgumentError, CollectiveError, CollectiveTimeout, arg_error
-from ._watchdog import timeout_seconds
+from ._making import make
+from ._errors import CollectiveArgumentError, CollectiveError, arg_error
 
 _WORLD: LibComm | None = None
 _DOMAINS: dict[str, LibComm] = {}
@@ -73,7 +73,7 @@ def _own(comm: MPI.Comm, name: str, label: str, timeout: float | None = None,
         _UNLINKED = True
         _watchdog.unlink_own_segments()
     comm.Set_name(name)
-    return LibComm.make(comm, label, timeout, set_up)
+    return make(comm, label, timeout, set_up)
 
 
 def _dup(comm: MPI.Comm, what: str, timeout: float | None = None, set_up: float | None = None) -> MPI.Comm:
@@ -82,13 +82,9 @@ def _dup(comm: MPI.Comm, what: str, timeout: float | None = None, set_up: float 
     the user's communicator, before any LibComm exists (so not a LibComm call)."""
     alive(f"duplicating {what}")
     new, req = comm.Idup()
-    given = timeout if set_up is None else set_up
-    own, timeout = given is not None, timeout_seconds(given)
-    if timeout is None:
-        req.Wait()
-    else:
-        text = f"duplicating {what}: timed out after {timeout:g} s: some rank has not reached it"
-        _watchdog.wait([req], timeout, lambda: CollectiveTimeout(text, param="timeout", seconds=timeout), lambda: text, raises=own)
+    seconds, own = _watchdog.set_up_limit(timeout, set_up)
+    _watchdog.wait([req], seconds, lambda: f"duplicating {what}: timed out after {seconds:g} s: some rank has not "
+                   "reached it", own=own)
     return new
 
 

@@ -7,7 +7,7 @@ mpicoll makes its first library communicator, which needs every one). A value th
 (a flag neither on nor off, seconds that are negative, infinite, NaN or not a number, an unknown
 choice) is not raised where it is read: the setting takes its default and the value is kept as
 this rank's problem (:func:`error`), which every library communicator's members exchange when
-they make it (``mpicoll._comm.LibComm.make``), so that every member raises the same error, even
+they make it (``mpicoll._making.make``), so that every member raises the same error, even
 when only one of them has the bad value, and none leaves before the others learn why.
 """
 from __future__ import annotations

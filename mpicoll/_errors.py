@@ -1,17 +1,13 @@
-"""The CollectiveError family and the cross-rank agreement helper.
+"""The CollectiveError family, and how errors read.
 
 Every error mpicoll raises is a :class:`CollectiveError`. A check that only one rank can see is
-folded into :func:`agree`, a single small ``Allgather`` that every rank of the communicator makes
-before any data moves, so that all of them raise the same error instead of some ranks entering a
-collective that their peers never join.
+agreed across the ranks before any data moves (:mod:`mpicoll._agreement`), so that all of them raise
+the same error (:func:`from_reports`, :func:`agreed`) instead of some ranks entering a collective
+that their peers never join.
 """
 from __future__ import annotations
 
-import json
 import re
-
-import numpy as np
-from mpi4py import MPI
 
 
 class CollectiveError(RuntimeError):
@@ -100,45 +96,11 @@ def as_collective_error(exc: BaseException, op: str, rank: int) -> CollectiveErr
                                    op=op, rank=rank)
 
 
-def agree(comm, header: np.ndarray, error: BaseException | None, timeout: float | None, op: str,
-          number: int | None, step: str = "its header agreement (an internal MPI Allgather)",
-          out: np.ndarray | None = None) -> np.ndarray:
-    """Allgather every rank's fixed-length int64 ``header`` over ``comm`` (a LibComm) into ``out`` (or
-    a new array); raise the same error on all ranks.
-
-    ``header[0]`` is 1 on a rank that has a local ``error`` (set here if it is not already). If any rank has one, the
-    messages are exchanged (on the error path only) and every rank raises the error of the lowest
-    failing rank, with the other failing ranks' messages appended. ``op`` and ``number`` (its call
-    number on ``comm``, None: the latest counted) and ``step`` name the call for the watchdog.
-
-    Returns:
-        The gathered ``(comm.size, len(header))`` int64 matrix, identical on every rank.
-    """
-    header[0] = error is not None
-    table = np.empty((comm.size, header.size), dtype=np.int64) if out is None else out
-    comm.call("Allgather", ([header, MPI.INT64_T], [table, MPI.INT64_T]), timeout, (op, number, step))
-    if any(table[:, 0].tolist()):
-        settle(comm, error, timeout, (op, number, "the exchange of an error (internal MPI Allgather/Allgatherv)"))
-    return table
-
-
-def settle(comm, error: BaseException | None, timeout: float | None, where: tuple) -> None:
-    """Every rank raises the same error: the lowest failing rank's, the others' messages appended
-    (collective over ``comm``; called when a gathered error flag is set)."""
-    mine = b"" if error is None else json.dumps(
-        [type(error).__name__, str(error), getattr(error, "op", None), getattr(error, "param", None),
-         getattr(error, "rank", None)]).encode()
-    sizes = np.empty(comm.size, dtype=np.int64)
-    comm.call("Allgather", ([np.array([len(mine)], dtype=np.int64), MPI.INT64_T], [sizes, MPI.INT64_T]), timeout,
-              where)
-    data = np.empty(int(sizes.sum()), dtype=np.uint8)
-    displs = np.concatenate(([0], np.cumsum(sizes)[:-1]))
-    comm.call("Allgatherv", ([np.frombuffer(mine, dtype=np.uint8), MPI.BYTE], [data, (sizes, displs), MPI.BYTE]),
-              timeout, where)
-    reports = [json.loads(data[d:d + c].tobytes()) for c, d in zip(sizes.tolist(), displs.tolist()) if c]
+def from_reports(reports: list) -> CollectiveError:
+    """The error every failing rank's report ``[class, message, op, param, rank]`` (lowest rank
+    first) makes: the first one's class and fields, the messages :func:`grouped`."""
     cls_name, _, op, param, rank = reports[0]
-    raise agreed(_CLASSES.get(cls_name, CollectiveArgumentError)(grouped(reports), op=op, param=param, rank=rank),
-                 comm.world_ranks)
+    return _CLASSES.get(cls_name, CollectiveArgumentError)(grouped(reports), op=op, param=param, rank=rank)
 
 
 def grouped(reports: list) -> str:

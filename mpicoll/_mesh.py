@@ -1,15 +1,18 @@
-"""``ep x tp`` meshes of the world: each rank's expert-parallel and tensor-parallel domain names, for
-the two common layouts, declared as comm domains."""
+"""``ep x tp`` meshes: each rank's expert-parallel and tensor-parallel domain names of the world, for
+the two common layouts, declared as comm domains (:func:`mesh`); and the rule of the ep and tp
+domains an operator on a mesh is given (:func:`mesh_domains`, :func:`check_domains`: the
+AllToAllAllGather and fused MoE operators)."""
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Any
 
 import numpy as np
 from mpi4py import MPI
 
-from ._comm import alive
-from ._domains import declare_domains
-from ._errors import CollectiveArgumentError
+from ._comm import LibComm, alive
+from ._domains import declare_domains, resolve
+from ._errors import CollectiveArgumentError, arg_error
 
 
 @dataclass(frozen=True)
@@ -71,3 +74,41 @@ def mesh(ep: int, tp: int, layout: str = "tp_contiguous", *, rank: int | None = 
     if declare:
         declare_domains({k: list(v) for k, v in table.items()})
     return Mesh(ep, tp, layout, f"{tag}:ep{t}", f"{tag}:tp{s}", s, t, table)
+
+
+def mesh_domains(op: str, rank: int, group_ep: Any, group_tp: Any, ep_size: Any, tp_size: Any
+                 ) -> tuple[LibComm, LibComm]:
+    """The ep and tp domains an operator on a mesh is given (with :func:`check_domains`, the one
+    rule of them): two domain names of 1 to 127 characters that differ, each domain formed by its
+    members (collective: ``ep_size``/``tp_size`` are needed to form a domain that is not declared).
+
+    Raises:
+        CollectiveArgumentError: a name that breaks the rule, naming ``op`` and ``rank``.
+    """
+    for name, v in (("group_ep", group_ep), ("group_tp", group_tp)):
+        if not isinstance(v, str) or not 0 < len(v) < 128:
+            raise arg_error(op, name, v, rank, "must be a domain name of 1 to 127 characters")
+    if group_ep == group_tp:
+        raise arg_error(op, "group_tp", group_tp, rank, f"must differ from group_ep ({group_ep!r}): the two name "
+                        "two different domains")
+    return resolve(op, None, group_ep, ep_size, "group_ep"), resolve(op, None, group_tp, tp_size, "group_tp")
+
+
+def check_domains(op: str, rank: int, mesh: LibComm, ep: LibComm, tp: LibComm, ep_size: Any, tp_size: Any,
+                  sizes: tuple[int, ...] | None = None) -> None:
+    """The rest of the rule, once every member is past the collective set-up (a rank that breaks it
+    keeps the error, agreed at the operation's first call): each domain of the size given (and, with
+    ``sizes``, of one of those), inside ``mesh``, the operator's own communicator.
+
+    Raises:
+        CollectiveArgumentError: naming ``op``, the size or the domain, and ``rank``.
+    """
+    for name, comm, size in (("ep_world_size", ep, ep_size), ("tp_world_size", tp, tp_size)):
+        if sizes is not None and comm.size not in sizes:
+            raise arg_error(op, name, comm.size, rank, f"the domain has {comm.size} members: must be one of "
+                            f"{list(sizes)}")
+        if size is not None and size != comm.size:
+            raise arg_error(op, name, size, rank, f"the domain has {comm.size} members")
+        if not set(comm.world_ranks) <= set(mesh.world_ranks):
+            raise arg_error(op, name[:2] + " domain", list(comm.world_ranks), rank,
+                            f"must lie inside {mesh.label} ({list(mesh.world_ranks)})")

@@ -26,13 +26,11 @@ from typing import Any, Callable
 import numpy as np
 from mpi4py import MPI
 
-from . import _env
 from . import _validate as V
 from ._domains import group_fields, resolve
 from ._errors import CollectiveError, CollectiveTimeout, as_collective_error
-from ._plan import CAPTURING
-from ._watchdog import abort, poll, sleeps
-from ._watchdog import wait as watched_wait
+from ._call import CAPTURING
+from ._watchdog import expire, sleeps, wait
 
 #: the longest the message thread sleeps between two looks at the messages in flight, seconds
 MAX_PAUSE = 1e-3
@@ -124,18 +122,13 @@ class Message:
         if timeout is not None:
             mine = time.monotonic() + timeout
             limit = mine if limit is None else min(limit, mine)
-        own = limit is not None and limit == mine
-        expired = (lambda: CollectiveTimeout(f"{self.fn}: wait(timeout)", param="timeout")) if own else self._expired
+        callers = limit is not None and limit == mine
+        expired = (lambda: CollectiveTimeout(f"{self.fn}: wait(timeout)", param="timeout")) if callers else self._expired
         try:
-            if limit is None and sleeps(self.lib.crowded):
-                poll(self._test)
-            elif limit is None:
-                self._mpi(self.req.Wait)
-            else:
-                watched_wait([self], max(limit - time.monotonic(), 0.0), expired, lambda: str(expired()),
-                             raises=own or self.lib.timeout is not None, polite=sleeps(self.lib.crowded))
+            wait([self], None if limit is None else max(limit - time.monotonic(), 0.0), expired,
+                 own=callers or self.lib.own, polite=sleeps(self.lib.crowded))
         except CollectiveTimeout:
-            if own:
+            if callers:
                 return False               # (the caller's own limit: the message stays posted)
             self._end(self._expired(), cancel=True)
             return True
@@ -145,8 +138,11 @@ class Message:
         self._end(None)
         return True
 
-    def Test(self) -> bool:  # noqa: N802 - the watchdog polls requests by MPI's name
+    def Test(self) -> bool:  # noqa: N802 - the watched wait takes requests by MPI's names
         return self._test()
+
+    def Wait(self) -> None:  # noqa: N802
+        self._mpi(self.req.Wait)
 
     def _test(self) -> bool:
         return self._mpi(self.req.Test)
@@ -270,11 +266,7 @@ class _Progress:
                         m._end(None)
                         moved = True
                     elif m.deadline is not None and time.monotonic() > m.deadline:
-                        error = m._expired()
-                        if m.lib.timeout is None and _env.value("MPICOLL_TIMEOUT_ACTION") == "abort":
-                            abort(f"mpicoll watchdog: {error}; aborting the job (MPICOLL_TIMEOUT_ACTION=raise only "
-                                  "raises)")
-                        m._end(error, cancel=True)
+                        m._end(expire(m._expired(), m.lib.own), cancel=True)
                 except Exception as exc:  # noqa: BLE001 - the message's error; the thread goes on
                     if not m._done.is_set():
                         m._end(as_collective_error(exc, m.fn, m.lib.rank))

@@ -331,14 +331,23 @@ def prefix(counts) -> list[int]:
     return out
 
 
-def pack(views: list[np.ndarray], flat: np.ndarray) -> None:
-    """Copy flat views of arrays one after the other into ``flat`` (a staging buffer), in one call."""
-    if views:
-        np.concatenate(views, out=flat)
+def pack(arrays: list[np.ndarray], flat: np.ndarray) -> None:
+    """Copy ``arrays`` (any layout) one after the other into ``flat`` (a staging buffer), in one call."""
+    if arrays:
+        np.concatenate([a.reshape(-1) for a in arrays], out=flat)
+
+
+def unpack(flat: np.ndarray, arrays: list[np.ndarray]) -> None:
+    """:func:`pack`'s inverse: ``flat``'s parts into ``arrays`` (any layout, strided too)."""
+    pos = 0
+    for a in arrays:
+        np.copyto(a, flat[pos:pos + a.size].reshape(a.shape))
+        pos += a.size
 
 
 def scatter_pairs(flat: np.ndarray, arrays: list[np.ndarray]) -> list[tuple[np.ndarray, np.ndarray]]:
-    """``(array's flat view, its part of flat)`` pairs, :func:`pack`'s layout (made once, at record)."""
+    """``(array's flat view, its part of flat)`` pairs, :func:`pack`'s layout, of C-contiguous arrays
+    (made once, at record: :func:`copy_pairs` then does :func:`unpack`'s work)."""
     pairs, pos = [], 0
     for a in arrays:
         pairs.append((a.reshape(-1), flat[pos:pos + a.size]))

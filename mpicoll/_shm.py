@@ -50,11 +50,12 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 from mpi4py import MPI
 
+from . import _agreement
 from . import _validate as V
 from ._comm import LibComm
 from ._domains import resolve
 from ._dtypes import lookup
-from ._errors import CollectiveError, agree, agreed, arg_error, as_collective_error
+from ._errors import CollectiveError, agreed, arg_error, as_collective_error
 from ._numeric import copy_pairs, prefix, reduce_rows, split_even
 
 if TYPE_CHECKING:
@@ -192,9 +193,8 @@ def _room() -> float:
 def _agree(comm: LibComm, err: int, nbytes: int, what: str) -> str:
     """Gather every member's ``err`` (0: fine) about a shared allocation of ``nbytes`` per member:
     why it cannot be had (the same message on every member, and for every communicator), or ""."""
-    errs = np.empty(comm.size, dtype=np.int64)
-    comm.call("Allgather", ([np.array([err], dtype=np.int64), MPI.INT64_T], [errs, MPI.INT64_T]),
-              comm.call_timeout(), ("shared memory", None, f"agreeing where its {what} fits"))
+    errs = _agreement.gather(comm, np.array([err], dtype=np.int64), comm.call_timeout(),
+                             ("shared memory", None, f"agreeing where its {what} fits")).reshape(-1)
     if not errs.any():
         return ""
     first = int(errs[np.flatnonzero(errs)[0]])                  # (the lowest failing member's)
@@ -378,7 +378,8 @@ def node_buffer(shape: int | tuple, dtype: Any = np.float32, comm: MPI.Comm | No
         error = as_collective_error(exc, "node_buffer", lib.rank)
     if lib.pending:
         lib.drain(None)
-    agree(lib, np.zeros(1, dtype=np.int64), error, lib.call_timeout(), "node_buffer", 0)
+    _agreement.agree(lib, np.zeros(1, dtype=np.int64), error, lib.call_timeout(),
+                     ("node_buffer", 0, _agreement.AGREEMENT))
     if not lib.local:                                   # (agreed when the communicator was made)
         return np.empty(shape, dtype=dt.np)
     if len(lib.buffers) >= 0xFFFF:                      # (the same count on every member)

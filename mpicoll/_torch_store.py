@@ -1,7 +1,7 @@
-"""The torch backend's start-up (mpicoll/torch.py): the store of ``init_method="mpi://"``, a
-TCPStore served by world rank 0, whose address MPI hands to the other ranks, so that store-based
-groups (gloo's) can join an mpicoll job (else, when some rank cannot reach it, a store of this
-process's alone that says why); and the start-up exchanges, each bounded by the group's
+"""The torch backend's start-up (mpicoll/torch.py): ``init_method="mpi://"`` (:func:`mpi_rendezvous`)
+and its store, a TCPStore served by world rank 0, whose address MPI hands to the other ranks, so that
+store-based groups (gloo's) can join an mpicoll job (else, when some rank cannot reach it, a store of
+this process's alone that says why); and the start-up exchanges, each bounded by the group's
 ``timeout=`` (:func:`exchange`, :func:`agree_problem`), on mpicoll's own communicators, never on
 the user's.
 """
@@ -12,19 +12,22 @@ import json
 import os
 import socket
 import struct
+import urllib.parse
 from datetime import timedelta
 from typing import Any
 
 import numpy as np
 import torch.distributed as dist
 from mpi4py import MPI
+from torch.distributed.constants import default_pg_timeout
 
 from . import _env
 from ._comm import LibComm, timed_call
 from ._domains import world as lib_world
-from ._errors import CollectiveArgumentError, CollectiveError, CollectiveTimeout, settle
+from ._agreement import AGREEMENT, SetUp, agree
+from ._errors import CollectiveArgumentError, CollectiveError, CollectiveTimeout
 
-__all__ = ["LocalStore", "agree_problem", "exchange", "refuse_other_world", "shared_store", "world"]
+__all__ = ["LocalStore", "agree_problem", "exchange", "mpi_rendezvous", "refuse_other_world", "shared_store", "world"]
 
 
 def exchange(comm: MPI.Comm, name: str, args: tuple, seconds: float, what: str) -> None:
@@ -32,19 +35,16 @@ def exchange(comm: MPI.Comm, name: str, args: tuple, seconds: float, what: str) 
     (then :class:`~mpicoll.CollectiveTimeout` on the ranks that came, naming ``what``: the start-up
     step a rank never reached)."""
     timed_call(comm, name, args, seconds, lambda: f"{what}: timed out after {seconds:g} s waiting for every rank "
-               "(some rank has not reached it)", raises=True)
+               "(some rank has not reached it)", own=True)
 
 
 def agree_problem(lib: LibComm, problem: BaseException | None, seconds: float, what: str) -> None:
     """Every rank of ``lib`` raises the lowest failing rank's ``problem`` (a start-up check one rank
     can see), or none does: so that no rank waits in the next step for one that raised."""
-    flags = np.empty(lib.size, dtype=np.int64)
-    exchange(lib.mpi, "Allgather", ([np.array([problem is not None], np.int64), MPI.INT64_T], [flags, MPI.INT64_T]),
-             seconds, what)
-    if flags.any():
-        error = problem if problem is None or isinstance(problem, CollectiveError) else \
-            CollectiveArgumentError(str(problem), op=what, rank=lib.rank)
-        settle(lib, error, None, (what, 0, "the exchange of an error (internal MPI Allgather/Allgatherv)"))
+    error = problem if problem is None or isinstance(problem, CollectiveError) else \
+        CollectiveArgumentError(str(problem), op=what, rank=lib.rank)
+    agree(SetUp(lib.mpi, True, lambda step: f"{what}: timed out after {seconds:g} s waiting for every rank (some "
+                "rank has not reached it)"), np.zeros(1, np.int64), error, seconds, (what, 0, AGREEMENT))
 
 
 def _bcast(lib: LibComm, obj: Any, seconds: float, what: str) -> Any:
@@ -187,3 +187,29 @@ def world(limit: float) -> LibComm:
         return lib_world(set_up=limit)
     except CollectiveTimeout as exc:
         raise CollectiveTimeout(f"init_process_group(timeout={limit:g} s): {exc}", param="timeout") from None
+
+
+def mpi_rendezvous(url: str, timeout: timedelta = default_pg_timeout, **kwargs):
+    """``init_method="mpi://"``: MPI's rank and world size, and a TCPStore served by world rank 0
+    whose address MPI gives the others (so that a store-based group, gloo's, can be made). torch
+    passes a ``rank=``/``world_size=`` given to ``init_process_group`` in the URL's query (-1: not
+    given); one that is not MPI's is refused, as is a launcher's WORLD_SIZE that is not MPI's."""
+    rank, size = MPI.COMM_WORLD.Get_rank(), MPI.COMM_WORLD.Get_size()
+    query = dict(urllib.parse.parse_qsl(urllib.parse.urlparse(url).query))
+    problem = None
+    try:
+        refuse_other_world(size, "init_method='mpi://'")
+        for key, mine in (("rank", rank), ("world_size", size)):
+            given = query.get(key, kwargs.get(key, -1))
+            if given not in (-1, "-1", None) and int(given) != mine:
+                raise ValueError(f"init_process_group(init_method='mpi://', {key}={given}): MPI says {mine} on "
+                                 f"world rank {rank}; leave {key} out (mpi:// takes it from MPI)")
+    except (RuntimeError, ValueError) as exc:
+        problem = exc
+    # mpicoll's world, made within the timeout; every rank raises the first rank's problem, so that
+    # none waits in the store's set-up
+    limit = timeout.total_seconds()
+    lib = world(limit)
+    agree_problem(lib, problem, limit, "init_process_group")
+    store, why = shared_store(lib, timeout)
+    yield (store if store is not None else LocalStore(why)), rank, size

@@ -1,5 +1,5 @@
 """THE validation rules: local checks on one rank's arguments, and the cross-rank rules over the
-header table that :func:`mpicoll._errors.agree` gathers.
+header table that :func:`mpicoll._agreement.agree` gathers.
 
 Header layout (int64, the same length on every rank of a communicator whatever the operator, so
 that different operators called on different ranks still meet in one ``Allgather`` and are told
@@ -25,7 +25,8 @@ import numpy as np
 from mpi4py import MPI
 
 from . import _env
-from ._comm import OP_NAMES, op_code, ordinal
+from . import _agreement
+from ._comm import op_code, ordinal
 from ._dtypes import ALL_DTYPES, DType, by_code, of_array, reduce_by_code
 from ._errors import CollectiveError, CollectiveMismatchError, agreed, arg_error, mismatch_error
 
@@ -58,17 +59,32 @@ def validate_default() -> bool:
 
 # ----------------------------------------------------------------------------- the header
 
-#: the operation a prepared plan's sequence row names (mpicoll._plan.Plan._sequence), registered
-#: here so that every rank names it alike in a mismatch
+class Reads:
+    """How the header of a call reads in a mismatch message: its operation's name, the names of its
+    per-peer vectors (the count-pair rule), what its shape is, how its operator parameters read. An
+    operation (``ops._base.Operation``) is one; so are the rows mpicoll agrees for itself (a plan's
+    run, a captured graph's mark)."""
+
+    PAIR_NAMES: tuple[str, str] | None = None
+    SHAPE_NAME = "x.shape"
+
+    def __init__(self, name: str, show_params: Any = str) -> None:
+        self.NAME, self.show_params = name, show_params
+
+
+#: how the exchange of how the calls read names itself in a timeout (on a mismatch's error path)
+NAMES_STEP = "the exchange of its calls' names (internal MPI Allgather/Allgatherv)"
+#: the operation a prepared plan's sequence row names (mpicoll._plan._sequenced)
 PLAN_RUN = "plan run"
-OP_NAMES[op_code(PLAN_RUN)] = PLAN_RUN
+PLAN_READS = Reads(PLAN_RUN, lambda k: f"the {ordinal(k >> 16)} plan made there"
+                   + (f", its round {k & 0xFFFF}" if k & 0xFFFF else ""))
 
 class HeaderOverflow(ValueError):
     """A header value that does not fit in int64: ``args = (field name, value)``."""
 
 
 def header(n: int, code: int, call: Any, validate: bool, seq: int) -> np.ndarray:
-    """This rank's header for one call: the fields of ``call`` (a :class:`~mpicoll._plan.Call`, or
+    """This rank's header for one call: the fields of ``call`` (a :class:`~mpicoll._call.Call`, or
     None when describing failed: then the error flag is set), the operation's ``validate``, ``seq``
     (the communicator's sequence number where it keeps one, else 0). Built as a list: on tiny
     arrays, numpy's per-call cost is the larger part.
@@ -123,22 +139,26 @@ def expected(table: np.ndarray) -> np.ndarray:
     return table[:, H_LEN + n:H_LEN + 2 * n]
 
 
-def check_table_of(k: int, op: str, table: np.ndarray, pair_names: tuple[str, str] | None, where: str) -> None:
+def check_table_of(k: int, op: str, table: np.ndarray, pair_names: tuple[str, str] | None, where: str,
+                   readings: list | None = None) -> None:
     """:func:`check_table` of call ``k`` among several (a captured graph): its errors say so."""
     try:
-        check_table(op, table, pair_names, where)
+        check_table(op, table, pair_names, where, readings)
     except CollectiveMismatchError as exc:
         raise CollectiveMismatchError(f"graph call {k} ({op}): {exc}", op=exc.op, param=exc.param,
                                       rank=exc.rank) from None
 
 
-def check_table(op: str, table: np.ndarray, pair_names: tuple[str, str] | None, where: str) -> None:
+def check_table(op: str, table: np.ndarray, pair_names: tuple[str, str] | None, where: str,
+                readings: list | None = None) -> None:
     """The cross-rank rules, identical on every rank: the agreed fields are equal on every row;
     with ``pair_names`` (how to name the two per-peer vectors), what rank j expects from rank i
-    equals what rank i sends to rank j, for every pair."""
+    equals what rank i sends to rank j, for every pair. ``readings``: how each row's call reads
+    (:func:`reading`), which names the fields of the error; without them the verdict is the same,
+    its words are not."""
     rows = table[:, H_OP:H_AGREED].tolist()        # (Python lists: faster than numpy on tiny tables)
     if rows.count(rows[0]) != len(rows):
-        raise _diagnose(op, table, where)
+        raise _diagnose(op, table, where, readings)
     if pair_names is not None:
         send, recv = sent(table).tolist(), expected(table).tolist()
         if [list(column) for column in zip(*send)] != recv:         # recv[j][i] == send[i][j]
@@ -150,13 +170,35 @@ def check_table(op: str, table: np.ndarray, pair_names: tuple[str, str] | None, 
                                  f"what rank {i} sends to rank {j}", j)
 
 
-def check_agreed(lib, op: str, table: np.ndarray, pair_names: tuple[str, str] | None = None) -> None:
+def check_agreed(lib, op: Any, table: np.ndarray, pair_names: tuple[str, str] | None = None) -> None:
     """:func:`check_table` of a table gathered over ``lib``: its error is marked as raised alike by
-    every member (``agreed``: one traceback per job)."""
+    every member (``agreed``: one traceback per job). ``op``: how this rank's call reads
+    (:class:`Reads`: its operation), or only its name (then ``pair_names``). Where the rows differ,
+    the members exchange how their calls read (:func:`reading`: every member holds the same table,
+    so every member is on this error path) and name the difference in those words: the same
+    message on every member, whatever each has imported."""
+    name, pairs = (op, pair_names) if isinstance(op, str) else (op.NAME, op.PAIR_NAMES)
     try:
-        check_table(op, table, pair_names, lib.label)
+        check_table(name, table, pairs, lib.label)
+        return
+    except CollectiveMismatchError:
+        pass
+    mine = reading(None if isinstance(op, str) else op, name, pairs, int(table[lib.rank, H_PARAMS]))
+    readings = _agreement.values(lib, mine, lib.call_timeout(), (name, None, NAMES_STEP))
+    try:
+        check_table(name, table, pairs, lib.label, readings)
     except CollectiveError as exc:
         raise agreed(exc, lib.world_ranks) from None
+    raise AssertionError("a table that differs once differs again")
+
+
+def reading(op: Any, name: str, pair_names: tuple[str, str] | None, params: int) -> dict:
+    """How one rank's call reads (JSON): ``op``'s name, pair names, shape name and its operator
+    parameters ``params`` as ``op.show_params`` shows them; ``op`` None: only ``name`` and
+    ``pair_names`` are known here."""
+    if op is None:
+        return {"name": name, "pairs": pair_names}
+    return {"name": op.NAME, "pairs": op.PAIR_NAMES, "shape": op.SHAPE_NAME, "params": op.show_params(params)}
 
 
 def _shape(row: np.ndarray) -> str:
@@ -170,20 +212,12 @@ def _shape(row: np.ndarray) -> str:
     return str(tuple(int(v) for v in row[H_DIMS:H_DIMS + ndim]))
 
 
-#: operator name -> how to show its H_PARAMS value in a mismatch message
-PARAM_DESCRIBERS: dict = {PLAN_RUN: lambda k: f"the {ordinal(k >> 16)} plan made there"
-                          + (f", its round {k & 0xFFFF}" if k & 0xFFFF else "")}
-#: operator name -> what its header's shape is, where it is not x's ("the block's shape")
-SHAPE_NAMES: dict = {}
-
 _FIELDS = (
-    ("operation", lambda r: OP_NAMES.get(int(r[H_OP]), f"operator #{int(r[H_OP])}")),
     ("sequence number (MPICOLL_DEBUG or MPICOLL_TIMEOUT)", lambda r: str(int(r[H_SEQ]))),
     ("validate", lambda r: f"validate={bool(r[H_MODE])}"),
     ("dtype", lambda r: by_code(int(r[H_DTYPE])).name if r[H_DTYPE] else "-"),
     ("reduce_type", lambda r: repr(reduce_by_code(int(r[H_REDUCE])).name) if r[H_REDUCE] else "-"),
     ("rank_root", lambda r: str(int(r[H_ROOT]))),
-    ("x.shape", _shape),
 )
 
 
@@ -191,22 +225,25 @@ def _ranks(rs: list[int]) -> str:
     return f"rank {rs[0]}" if len(rs) == 1 else f"ranks {rs}"
 
 
-def _diagnose(op: str, table: np.ndarray, where: str) -> Exception:
+def _diagnose(op: str, table: np.ndarray, where: str, readings: list | None) -> Exception:
     """The error for a table whose agreed fields differ: the first field that differs, with each
     value and the ranks holding it (``dtype differs across ranks: float32 on ranks [0, 2],
-    float64 on rank 1``)."""
+    float64 on rank 1``), in the words of the rows' ``readings`` (:func:`check_table`)."""
     rows = list(table)
-    fields = _FIELDS[:6] + (("operator parameters", lambda r: PARAM_DESCRIBERS.get(op, str)(int(r[H_PARAMS]))),
-                            (SHAPE_NAMES.get(op, "x.shape"), _shape))
-    for name, show in fields:
-        values = [show(r) for r in rows]
-        if len(set(values)) == 1:
+    said = readings or [{} for _ in rows]
+    full = next((x for x in said if "shape" in x), {})     # (the lowest rank that knows how its call reads)
+    names = [x.get("name") or f"operator #{int(r[H_OP])}" for x, r in zip(said, rows)]
+    params = [x.get("params") or str(int(r[H_PARAMS])) for x, r in zip(said, rows)]
+    fields = (("operation", names), *((n, [show(r) for r in rows]) for n, show in _FIELDS),
+              ("operator parameters", params), (full.get("shape", "x.shape"), [_shape(r) for r in rows]))
+    for name, shown in fields:
+        if len(set(shown)) == 1:
             continue
         by: dict[str, list[int]] = {}
-        for r, v in enumerate(values):
+        for r, v in enumerate(shown):
             by.setdefault(v, []).append(r)
         detail = "; ".join(f"{v} on {_ranks(rs)}" for v, rs in by.items())
-        first_odd = next(r for r, v in enumerate(values) if v != values[0])
+        first_odd = next(r for r, v in enumerate(shown) if v != shown[0])
         if name == "operation":
             ops = " vs ".join(by)
             return mismatch_error(ops, name, f"{detail}, on {where}: every rank must call the same collective, in the "

@@ -46,6 +46,7 @@ import sys
 import threading
 import time
 from datetime import timedelta
+from functools import partial
 from typing import Any, Callable
 
 import numpy as np
@@ -66,7 +67,7 @@ BACKSTOP = 3.0      # seconds past a wait's deadline before the backstop thread 
 
 def crowded(sets: list[set[int]]) -> bool:
     """Whether a node runs more ranks than it has cores: ``sets``, the CPU sets of a communicator's
-    members on this node (``_comm.node_affinities``: taskset, cpusets and binding count), their
+    members on this node (``_cpus.node_affinities``: taskset, cpusets and binding count), their
     union the cores; the ranks, the larger of their count and the launcher's count of the job's
     ranks on the node (MPICH's ``MPI_LOCALNRANKS``, Open MPI's ``OMPI_COMM_WORLD_LOCAL_SIZE``: the
     job's other ranks there compete for the cores too)."""
@@ -132,18 +133,45 @@ def _seconds(timeout: Any, said: str, op: str, rank: int, none: str) -> float | 
     return float(value) if value > 0 else None
 
 
-def wait(requests: list[MPI.Request], timeout: float, expired: Callable[[], Any],
-         lost: Callable[[], str], raises: bool = False, polite: bool = False) -> None:
-    """Complete ``requests`` within ``timeout`` seconds, else raise ``expired()`` (an error, or the
-    text of one), or abort the job (``MPICOLL_TIMEOUT_ACTION``; ``raises``: only raise, as on a
-    communicator with its own timeout). ``lost()``: the text the backstop prints if MPI never returns.
-    ``polite``: sleep between polls from the start, as :func:`poll` (a rank that :func:`sleeps`)."""
+
+def aborts(own: bool) -> bool:
+    """Whether a timeout ends the job (the one place raise-vs-abort is decided): by default
+    (``MPICOLL_TIMEOUT_ACTION=abort``), unless the limit that ran out is the waiter's ``own``: a
+    communicator's own timeout (a torch group's ``timeout=``), a caller's ``wait(timeout)``, a
+    start-up step's limit. Such a timeout only raises."""
+    return not own and _env.value("MPICOLL_TIMEOUT_ACTION") == "abort"
+
+
+def expire(error: BaseException, own: bool) -> BaseException:
+    """The error of a timeout, to raise (or to end a message with), once the job is aborted where
+    :func:`aborts` says so."""
+    if aborts(own):
+        abort(f"mpicoll watchdog: {error}; aborting the job (MPICOLL_TIMEOUT_ACTION=raise only raises)")
+    return error
+
+
+def wait(requests: list, timeout: float | None, expired: Callable[..., Any], lost: Callable[..., Any] | None = None,
+         own: bool = False, polite: bool = False, about: tuple = ()) -> None:
+    """THE watched wait: complete ``requests`` (MPI requests, or objects with their ``Test`` and
+    ``Wait``). Untimed (``timeout`` None): MPI's own wait, or, ``polite``, polls between sleeps
+    (:func:`poll`: a rank that :func:`sleeps`). Timed: polled (see the module docstring) until they
+    complete, else ``expired(*about)`` (an error, or the text of one) is raised, or the job aborted
+    (:func:`expire`; ``own``: the limit is the waiter's own, which only raises). ``lost(*about)``
+    (default: ``expired``'s text): what the backstop prints if MPI never returns."""
+    if timeout is None:
+        if polite:
+            poll(partial(done, requests))
+        elif len(requests) == 1:
+            requests[0].Wait()
+        else:
+            MPI.Request.Waitall(requests)
+        return
     if done(requests):
         return
     now = time.monotonic()
     deadline, spin_until = now + timeout, now + (0.0 if polite else min(SPIN_SECONDS, timeout / 10))
     pause, longest = (FIRST_PAUSE, POLL_PAUSE) if polite else (1e-4, MAX_PAUSE)
-    ticket = _BACKSTOP.arm(deadline + BACKSTOP, lost)
+    ticket = _BACKSTOP.arm(deadline + BACKSTOP, partial(lost or expired, *about))
     try:
         while not done(requests):
             now = time.monotonic()
@@ -151,16 +179,22 @@ def wait(requests: list[MPI.Request], timeout: float, expired: Callable[[], Any]
                 os.sched_yield()      # a pure yield (sleep(0) would pay the kernel's ~50 us timer slack)
                 continue
             if now > deadline:
-                error = expired()
+                error = expired(*about)
                 if not isinstance(error, BaseException):
                     error = CollectiveTimeout(str(error), param="timeout", seconds=timeout)
-                if not raises and _env.value("MPICOLL_TIMEOUT_ACTION") == "abort":
-                    abort(f"mpicoll watchdog: {error}; aborting the job (MPICOLL_TIMEOUT_ACTION=raise only raises)")
-                raise error
+                raise expire(error, own)
             time.sleep(pause)
             pause = min(pause * 2, longest)
     finally:
         _BACKSTOP.disarm(ticket)
+
+
+def set_up_limit(timeout: Any, set_up: Any) -> tuple[float | None, bool]:
+    """``(seconds, own)``: the limit of a step that makes a library communicator: ``set_up`` (how
+    long its making may wait), else ``timeout`` (the communicator's own), else ``MPICOLL_TIMEOUT``'s;
+    ``own``: one of the first two was given (a timeout then only raises, :func:`aborts`)."""
+    given = timeout if set_up is None else set_up
+    return timeout_seconds(given), given is not None
 
 
 class _Backstop:
@@ -171,11 +205,11 @@ class _Backstop:
     def __init__(self) -> None:
         self._cond = threading.Condition()
         self._ticket = 0
-        self._armed: dict[int, tuple[float, Callable[[], str]]] = {}
+        self._armed: dict[int, tuple[float, Callable[[], Any]]] = {}
         self._thread: threading.Thread | None = None
         self._wake = float("inf")       # when the thread next looks (inf: it waits to be notified)
 
-    def arm(self, at: float, lost: Callable[[], str]) -> int:
+    def arm(self, at: float, lost: Callable[[], Any]) -> int:
         with self._cond:
             self._ticket += 1
             self._armed[self._ticket] = (at, lost)
@@ -205,7 +239,7 @@ class _Backstop:
                     continue
                 break
         try:
-            text = lost()
+            text = str(lost())
         except Exception as exc:  # noqa: BLE001 - the process ends either way
             text = f"a timed MPI call did not return ({exc})"
         end_process(f"mpicoll watchdog: {text}; ending this process (MPI did not return within "

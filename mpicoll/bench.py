@@ -3,29 +3,25 @@
 It sweeps sizes for every registered operator (``mpicoll.checks.BENCHES``; it never names one), times out-of-place
 and in-place forms as the slowest rank's mean per iteration, checks the results against the golden
 (wrong elements summed over ranks), and optionally runs the same sweep through the raw mpi4py
-buffer call and torch.distributed's gloo backend, interleaved per size so that drift on a shared
-machine hits every implementation alike.
+buffer call and torch.distributed's gloo backend (:mod:`mpicoll._bench_peers`), interleaved per size
+so that drift on a shared machine hits every implementation alike. Its rows, their table, JSON and
+plot: :mod:`mpicoll._bench_report`.
 """
 from __future__ import annotations
 
 import argparse
-import json
 import os
-import platform
-import socket
 import statistics
 import sys
-import textwrap
 import threading
 import time
-from dataclasses import dataclass, field
 
 import numpy as np
 from mpi4py import MPI
 
 from . import __version__
 from . import _shm
-from ._comm import node_affinities
+from ._cpus import node_affinities
 from ._domains import declare_domains, domain, domain_members, lookup, world as lib_world
 from ._dtypes import DTYPES, REDUCE_OPS
 from .checks import BENCHES, BenchCase
@@ -33,6 +29,8 @@ from .checks._golden import count_wrong
 from ._validate import validate_default
 from .check import UsageError
 from ._cli import Parser, epilog, kernels_summary, on_ctrl_c, version_text
+from ._bench_peers import DeepSpeed, Gloo, settle, torch_fn
+from ._bench_report import Row, header, hosts_text, mode_text, plot, plot_usable, row_text, write_json
 
 _SUFFIX = {"": 1, "K": 1024, "M": 1024 ** 2, "G": 1024 ** 3}
 
@@ -111,26 +109,6 @@ def build_parser() -> argparse.ArgumentParser:
     return p
 
 
-@dataclass
-class Row:
-    op: str
-    size: int
-    count: int
-    type: str
-    redop: str
-    root: int
-    time_us: float | None = None
-    algbw: float | None = None
-    busbw: float | None = None
-    wrong: int | None = None
-    ip_time_us: float | None = None
-    ip_algbw: float | None = None
-    ip_busbw: float | None = None
-    ip_wrong: int | None = None
-    compare: dict = field(default_factory=dict)      # impl -> time_us (None = not available)
-    ratio: dict = field(default_factory=dict)        # impl -> time mpicoll/impl, paired per repetition
-
-
 def _select(value: str, known: list[str], what: str) -> list[str]:
     if value.lower() == "all":
         return list(known)
@@ -140,50 +118,6 @@ def _select(value: str, known: list[str], what: str) -> list[str]:
     if bad:
         raise UsageError(f"unknown {what}: {', '.join(bad)}; known: {', '.join(known)}")
     return [lower[v.lower()] for v in names]
-
-
-class _Gloo:
-    """torch.distributed with the gloo backend over the same ranks, if torch is installed."""
-
-    def __init__(self, world: MPI.Comm, colors: list[int]) -> None:
-        import torch
-        import torch.distributed as dist
-        self.torch, self.dist = torch, dist
-        port = None
-        if world.Get_rank() == 0:
-            with socket.socket() as s:
-                s.bind(("127.0.0.1", 0))
-                port = s.getsockname()[1]
-        port = world.bcast(port, root=0)
-        dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=world.Get_rank(),
-                                world_size=world.Get_size())
-        self.group, self.deepspeed = None, None
-        me = colors[world.Get_rank()]
-        for color in sorted(c for c in set(colors) if c >= 0):   # new_group is collective: same order
-            g = dist.new_group([r for r, c in enumerate(colors) if c == color])
-            if color == me:
-                self.group = g
-
-    def close(self) -> None:
-        self.dist.destroy_process_group()
-
-
-class _DeepSpeed:
-    """DeepSpeed's CPU shared-memory allreduce (``deepspeed.comm.inference_all_reduce``, built from
-    its ``shm.cpp`` on first use) over the gloo process group of ``gloo``; only AllReduce. In the
-    shape of torch.distributed for the operators' ``torch_call``: ``all_reduce`` is DeepSpeed's
-    call, any other collective is missing (n/a)."""
-
-    def __init__(self, gloo: _Gloo, world: MPI.Comm) -> None:
-        os.environ.setdefault("DS_ACCELERATOR", "cpu")
-        os.environ["LOCAL_SIZE"], os.environ["LOCAL_RANK"] = str(world.Get_size()), str(world.Get_rank())
-        import deepspeed
-        import deepspeed.comm
-        deepspeed.init_distributed(dist_backend="gloo")     # (wraps the process group gloo made)
-        self._comm, self.torch, self.ReduceOp = deepspeed.comm, gloo.torch, gloo.dist.ReduceOp
-
-    def all_reduce(self, tensor, op, group=None):
-        return self._comm.inference_all_reduce(tensor, op=op)
 
 
 #: points up to this many bytes are timed in at least SMALL_REPS blocks by default (their median kept)
@@ -230,12 +164,12 @@ def run_bench(argv: list[str] | None = None) -> int:
         if unwritable:
             raise UsageError(f"--json {args.json}: {unwritable}")
     if args.plot:
-        _plot_usable(world, printer)
+        plot_usable(world, printer)
     hosts = list(dict.fromkeys(comm.allgather(MPI.Get_processor_name()))) if active else []
     gloo = None
     if "gloo" in compare or "deepspeed" in compare:
         try:
-            gloo = _Gloo(MPI.COMM_WORLD, colors)
+            gloo = Gloo(MPI.COMM_WORLD, colors)
         except ImportError:
             if me == 0:
                 sys.stderr.write(f"--compare {','.join(c for c in compare if c != 'mpi4py')}: torch is not installed: "
@@ -249,7 +183,7 @@ def run_bench(argv: list[str] | None = None) -> int:
             why = "its shared-memory allreduce is for the ranks of one host"
         else:
             try:
-                gloo.deepspeed = _DeepSpeed(gloo, MPI.COMM_WORLD)
+                gloo.deepspeed = DeepSpeed(gloo, MPI.COMM_WORLD)
             except ImportError as e:
                 why = f"{e}: pip install deepspeed ninja"
         why = next((w for w in world.allgather(why) if w), None)     # (every rank drops it alike)
@@ -259,7 +193,7 @@ def run_bench(argv: list[str] | None = None) -> int:
             compare.remove("deepspeed")
     kernels = kernels_summary(world)
     if printer:
-        print(f"# mpicoll {__version__} bench: {nworld} ranks on {_hosts_text(placement['hosts'])}; "
+        print(f"# mpicoll {__version__} bench: {nworld} ranks on {hosts_text(placement['hosts'])}; "
               f"numeric kernels: {kernels}", flush=True)
         lib = lookup(dom) if dom else lib_world()
         print("# " + (f"one node: AllReduce, Reduce from {_shm.ALLREDUCE_BYTES // 1024} KiB (16-bit floats: "
@@ -281,7 +215,7 @@ def run_bench(argv: list[str] | None = None) -> int:
         comes first; a write that Ctrl-C cut short is done again)."""
         with saving:
             if args.json and not saved:
-                _write_json(args, list(rows), comm.Get_size(), compare, validate, placement, kernels, interrupted)
+                write_json(args, list(rows), comm.Get_size(), compare, validate, placement, kernels, interrupted)
                 saved.append(True)
 
     def last_words() -> str:       # Ctrl-C, on the printing rank, from _cli.ctrl_c_ends_the_job's thread
@@ -301,7 +235,7 @@ def run_bench(argv: list[str] | None = None) -> int:
         print("#", flush=True)
         save(interrupted=False)
         if args.plot:
-            _plot(args.plot, rows, comm.Get_size(), compare, mode=_mode(args.plan, validate), hosts=hosts)
+            plot(args.plot, rows, comm.Get_size(), compare, mode=mode_text(args.plan, validate), hosts=hosts)
     if gloo is not None:
         gloo.close()
     if raw_comm != MPI.COMM_NULL:
@@ -386,7 +320,7 @@ def _sweep(args, ops, dtypes, redops, compare, reps, validate, comm, raw_comm, d
             dt = DTYPES[dname]
             for rname in ([r for r in redops if REDUCE_OPS[r].refuses(dt) is None] if spec.uses_reduce else ["none"]):
                 if printer:
-                    print(_header(name, n, dname, rname, compare, validate, args), flush=True)
+                    print(header(name, n, dname, rname, compare, validate, args), flush=True)
                 for size in size_steps(args.minbytes, args.maxbytes, args.stepfactor):
                     count = size // dt.itemsize // mult * mult
                     if progress:
@@ -396,7 +330,7 @@ def _sweep(args, ops, dtypes, redops, compare, reps, validate, comm, raw_comm, d
                                      MPI.COMM_WORLD.Get_rank())
                     row = _point(spec, name, case, args, compare, gloo, reps, comm)
                     if printer:                # (printed first: a row saved at Ctrl-C was always printed)
-                        print(_format(row, compare), flush=True)
+                        print(row_text(row, compare), flush=True)
                     rows.append(row)
     if progress:
         sys.stderr.write("\r" + " " * 60 + "\r")
@@ -421,9 +355,9 @@ def _point(spec, name, case, args, compare, gloo, reps, comm) -> Row:
     if "mpi4py" in compare:
         impls["mpi4py"] = b.raw
     if "gloo" in compare:
-        impls["gloo"] = _torch_fn(b, gloo.dist, gloo, comm) if gloo is not None else None
+        impls["gloo"] = torch_fn(b, gloo.dist, gloo, comm) if gloo is not None else None
     if "deepspeed" in compare:
-        impls["deepspeed"] = _torch_fn(b, gloo.deepspeed, gloo, comm)
+        impls["deepspeed"] = torch_fn(b, gloo.deepspeed, gloo, comm)
     live = {k: fn for k, fn in impls.items() if fn is not None}     # the same keys on every rank
     for fn in live.values():
         for _ in range(args.warmup_iters):
@@ -438,7 +372,7 @@ def _point(spec, name, case, args, compare, gloo, reps, comm) -> Row:
             times[k].append(_time(comm, live[k], args.iters))
         for k in torches:          # last, then a pause: whatever ran right after gloo measured 1.2-1.5x slower
             times[k].append(_time(comm, live[k], args.iters))
-            _settle(comm)
+            settle(comm)
     med = {k: statistics.median(v) for k, v in times.items()}
     factor = spec.bus_factor(n)
     for prefix, key in (("", "oop"), ("ip_", "ip")):
@@ -477,29 +411,6 @@ def _flat(value):
     return None if value is None else np.asarray(value).reshape(-1)
 
 
-def _settle(comm: MPI.Comm, seconds: float = 0.05) -> None:
-    """Let torch/gloo's helper threads go idle before the next timed block."""
-    comm.Barrier()
-    time.sleep(seconds)
-    comm.Barrier()
-
-
-def _torch_fn(b, dist, gloo, comm: MPI.Comm):
-    """The torch.distributed call (``dist``: torch.distributed over gloo, or DeepSpeed's) on this
-    point's memory, or None (agreed on every rank) when the peer cannot run it (dtype or operation
-    not supported)."""
-    fn = None
-    if b.torch_call is not None:
-        try:
-            fn = b.torch_call(dist, gloo.torch, gloo.group)
-            fn()
-        except Exception:  # noqa: BLE001 - unsupported by the peer: reported as n/a
-            fn = None
-    if comm.allreduce(fn is not None, op=MPI.LAND):
-        return fn
-    return None
-
-
 def _placement(world: MPI.Comm) -> dict:
     """How the ranks sit on this rank's node (collective over ``world``): how many share it, how many
     cores they may run on together (the union of their CPU affinities, so taskset and cpusets
@@ -513,169 +424,3 @@ def _placement(world: MPI.Comm) -> dict:
             "hosts": hosts}
 
 
-def _header(name, n, dtype, redop, compare, validate, args) -> str:
-    extra = "".join(f" {c + '(us)':>11} {'mpicoll/' + c:>15}" for c in compare)
-    lines = [f"# {name}: {n} rank(s), dtype {dtype}, redop {redop}, validation {'on' if validate else 'off'}, "
-             f"{'plan.run()' if args.plan else 'execute()'}, "
-             f"iters {args.iters}, warmup {args.warmup_iters}"
-             + (f", compare {','.join(compare)} (mpicoll/<peer>: time ratio, < 1 = mpicoll faster)"
-                if compare else ""),
-             f"#{'':>62}out-of-place{'':>24}in-place",
-             f"# {'size':>10} {'count':>12} {'type':>8} {'redop':>6} {'root':>5} "
-             f"{'time':>9} {'algbw':>7} {'busbw':>7} {'#wrong':>6} {'time':>9} {'algbw':>7} {'busbw':>7} {'#wrong':>6}"
-             + extra,
-             f"# {'(B)':>10} {'(elements)':>12} {'':>8} {'':>6} {'':>5} {'(us)':>9} {'(GB/s)':>7} {'(GB/s)':>7} "
-             f"{'':>6} {'(us)':>9} {'(GB/s)':>7} {'(GB/s)':>7} {'':>6}"]
-    return "\n".join(lines)
-
-
-def _f(v, spec, width):
-    return f"{'n/a':>{width}}" if v is None else f"{v:>{width}{spec}}"
-
-
-def _format(r: Row, compare) -> str:
-    s = (f"  {r.size:>10} {r.count:>12} {r.type:>8} {r.redop:>6} {r.root:>5} "
-         f"{_f(r.time_us, '.2f', 9)} {_f(r.algbw, '.3f', 7)} {_f(r.busbw, '.3f', 7)} {_f(r.wrong, 'd', 6)} "
-         f"{_f(r.ip_time_us, '.2f', 9)} {_f(r.ip_algbw, '.3f', 7)} {_f(r.ip_busbw, '.3f', 7)} {_f(r.ip_wrong, 'd', 6)}")
-    for c in compare:
-        s += f" {_f(r.compare.get(c), '.2f', 11)} {_f(r.ratio.get(c), '.3f', 15)}"
-    return s
-
-
-def _write_json(args, rows, n, compare, validate, placement, kernels, interrupted=False) -> None:
-    import mpi4py
-    doc = {"command": args.command_line, "ratio": "mpicoll/peer", "ranks": n, "validate": validate, "plan": args.plan, "compare": compare,
-           "placement": placement, "interrupted": interrupted, "mpicoll": __version__, "kernels": kernels,
-           "mpi": MPI.Get_library_version().splitlines()[0], "mpi4py": mpi4py.__version__, "numpy": np.__version__,
-           "python": platform.python_version(), "host": platform.node(), "cpus": os.cpu_count(),
-           "rows": [r.__dict__ for r in rows]}
-    with open(args.json, "w", encoding="utf-8") as fh:
-        json.dump(doc, fh, indent=1)
-
-
-def _hosts_text(hosts: list[str], most: int = 8) -> str:
-    """``vm``, ``2 hosts: a, b``; past ``most`` hosts the first ones and how many more."""
-    if len(hosts) == 1:
-        return hosts[0]
-    names = ", ".join(hosts[:most]) + (f", ... ({len(hosts) - most} more)" if len(hosts) > most else "")
-    return f"{len(hosts)} hosts: {names}"
-
-
-def _mode(plan: bool, validate: bool) -> str:
-    """What was timed: ``plan.run()`` or ``execute()``, and whether validation was on."""
-    return f"{'plan.run()' if plan else 'execute()'}, validation {'on' if validate else 'off'}"
-
-
-def size_label(nbytes: float) -> str:
-    """A size for an axis: ``8 B``, ``1 KiB``, ``64 MiB``, ``1.5 GiB`` (powers of 1024)."""
-    for unit, k in (("TiB", 1 << 40), ("GiB", 1 << 30), ("MiB", 1 << 20), ("KiB", 1 << 10)):
-        if nbytes >= k:
-            return f"{nbytes / k:g} {unit}"
-    return f"{nbytes:g} B"
-
-
-def _pyplot():
-    """matplotlib's pyplot, drawing to files (Agg). Raises ImportError when it is not installed."""
-    import matplotlib
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-    return plt
-
-
-def _plot_usable(world: MPI.Comm, printer: bool) -> None:
-    """Before the sweep (collective over ``world``): the rank that will draw ``--plot`` can import
-    matplotlib, else a usage error on every rank."""
-    why = None
-    if printer:
-        try:
-            _pyplot()
-            why = ""
-        except ImportError as exc:
-            why = (f"which world rank {world.Get_rank()} (on {MPI.Get_processor_name()}, where the plot is drawn) "
-                   f"cannot import ({exc})")
-    verdict = next((w for w in world.allgather(why) if w is not None), "")
-    if verdict:
-        raise UsageError(f"--plot needs matplotlib, {verdict}: pip install '.[plot]' (or pip install matplotlib)")
-
-
-def _plot(path: str, rows: list[Row], n: int, compare: list[str], *, mode: str | None = None,
-          hosts: list[str] | None = None) -> None:
-    """Draw busbw vs size, one panel per operator, log-log, to the PNG ``path``; the title says
-    ``mode`` (:func:`_mode`), the rank count ``n`` and the ``hosts`` when given."""
-    plt = _pyplot()
-    fig, title = _figure(plt, rows, n, compare, mode, hosts)
-    fig.savefig(path, dpi=110, metadata={"Title": title, "Software": f"mpicoll {__version__}"})
-    plt.close(fig)
-
-
-def _figure(plt, rows: list[Row], n: int, compare: list[str], mode: str | None, hosts: list[str] | None):
-    """The figure of :func:`_plot` and its title."""
-    from matplotlib.ticker import FixedLocator, FuncFormatter, NullFormatter, NullLocator
-    ops = list(dict.fromkeys(r.op for r in rows))
-    dtypes = sorted({r.type for r in rows})
-    cols = max(1, min(3, len(ops)))
-    nrows = max(1, -(-len(ops) // cols))
-    # (constrained layout leaves the figure's title its own room: tight_layout ignores it, and it
-    # overlapped the first row's panel titles)
-    fig, axes = plt.subplots(nrows, cols, figsize=(5.2 * cols, 3.8 * nrows), squeeze=False, layout="constrained")
-    colors = {"mpicoll": "tab:blue", "mpicoll in-place": "tab:cyan", "mpi4py": "tab:orange", "gloo": "tab:green",
-              "deepspeed": "tab:red"}
-    for ax, op in zip(axes.flat, ops):
-        mine = [r for r in rows if r.op == op and r.size > 0]
-        factor = BENCHES[op].bus_factor(n) if op in BENCHES else None
-        series: dict[str, dict[int, list[float]]] = {}      # implementation -> size -> busbw per dtype
-        for r in mine:
-            values = {"mpicoll": r.busbw, "mpicoll in-place": r.ip_busbw}
-            for c in compare:
-                t = r.compare.get(c)
-                values[c] = r.size / (t * 1e-6) / 1e9 * factor if t and factor is not None else None
-            for label, bw in values.items():
-                if bw is not None and bw > 0:                 # (log scale: a 0 has no place; n/a is not drawn)
-                    series.setdefault(label, {}).setdefault(r.size, []).append(bw)
-        for label, by_size in series.items():
-            sizes = sorted(by_size)
-            kw = dict(color=colors.get(label), ls="--" if "in-place" in label else "-", lw=1.2, marker="o", ms=3)
-            ax.plot(sizes, [statistics.median(by_size[s]) for s in sizes], label=label, **kw)
-            if len(dtypes) > 1:   # one line per implementation: the median over the dtypes, their range shaded
-                ax.fill_between(sizes, [min(by_size[s]) for s in sizes], [max(by_size[s]) for s in sizes],
-                                color=colors.get(label), alpha=0.15, lw=0)
-        ax.set_title(op)
-        ax.set_xlabel("size")
-        ax.set_ylabel("bus bandwidth (GB/s)")
-        if not series:
-            ax.text(0.5, 0.5, "no bus traffic to draw" + (" (bus factor 0 at 1 rank)" if n == 1 else ""),
-                    ha="center", va="center", transform=ax.transAxes, fontsize=8)
-            continue
-        ax.set_xscale("log", base=2)
-        ax.set_yscale("log")
-        sizes = sorted({s for by_size in series.values() for s in by_size})
-        ax.xaxis.set_major_locator(FixedLocator(_size_ticks(sizes[0], sizes[-1])))
-        ax.xaxis.set_major_formatter(FuncFormatter(lambda v, _: size_label(v)))
-        ax.xaxis.set_minor_locator(NullLocator())
-        ax.xaxis.set_minor_formatter(NullFormatter())
-        ax.yaxis.set_major_formatter(FuncFormatter(lambda v, _: f"{v:g}"))
-        ax.tick_params(axis="x", labelsize=7)
-        ax.grid(True, which="major", alpha=0.3)
-        ax.legend(fontsize=7, loc="upper left")
-    for ax in list(axes.flat)[len(ops):]:
-        ax.axis("off")
-    what = dtypes[0] if len(dtypes) == 1 else f"median over {', '.join(dtypes)} (shaded: their range)"
-    where = f"{n} ranks" + (f" on {_hosts_text(hosts)}" if hosts else "")
-    title = (f"mpicoll vs {', '.join(compare) or 'itself'}: bus bandwidth vs size, "
-             f"{mode + ', ' if mode else ''}{where}, {what}")
-    # (wrapped to the figure's width: one panel is narrower than the title; a 9 pt character is
-    # about 5.4 pt wide)
-    fig.suptitle(textwrap.fill(title, width=max(40, int(fig.get_figwidth() * 72 / 5.6)), break_on_hyphens=False),
-                 fontsize=9)
-    return fig, title
-
-
-def _size_ticks(low: int, high: int, most: int = 8) -> list[int]:
-    """Powers of 2 spanning ``low`` .. ``high``, at most ``most``: every one, or every 2nd, 5th,
-    10th, ... exponent, aligned so that 1 KiB, 1 MiB and 1 GiB are among them."""
-    first, last = max(int(low), 1).bit_length() - 1, (max(int(high), 1) - 1).bit_length()
-    for step in (1, 2, 5, 10, 20, 50):
-        exponents = range(first + (-first % step), last + 1, step)
-        if len(exponents) <= most:
-            break
-    return [2 ** e for e in exponents]

@@ -34,7 +34,8 @@ from ._dtypes import REDUCE_RULE, reduce_op
 from ._errors import CollectiveArgumentError, CollectiveError, CollectiveTimeout
 from ._messages import post
 from ._watchdog import wait_seconds
-from .ops._base import ASYNC, RUN, Operation
+from .ops._base import Operation
+from .ops._modes import ASYNC, RUN
 
 __all__ = ["MAX_CACHED", "Work", "all_gather", "all_gather_into_tensor", "all_gather_into_tensor_uneven",
            "all_reduce", "all_to_all", "all_to_all_single", "barrier", "broadcast", "gather", "irecv", "isend",

@@ -39,11 +39,14 @@ from typing import Any
 
 from ._errors import CollectiveError, arg_error, as_collective_error
 from ._async import submit
-from ._plan import CAPTURING, Call, Plan, Recorder
+from ._call import CAPTURING, Call
+from ._go import COLLECTIVES, Recorder
+from ._plan import Plan
 from ._domains import resolve_group
 from .functional import Work
 from .ops._agree import agree_calls
-from .ops._base import ASYNC, PREPARE, Mode, Operation
+from .ops._base import Operation
+from .ops._modes import ASYNC, PREPARE, Mode
 
 __all__ = ["Graph", "capture"]
 
@@ -189,7 +192,7 @@ class Graph:
         self._plan = Plan(rec, self)
         self._results = tuple(call.result for _, call, _ in entries)
         self._groups = groups
-        self._mpi_calls = sum(s.comm is not None for s in rec.steps)
+        self._mpi_calls = sum(s.kind in COLLECTIVES for s in rec.steps)
         self._entries = [(op, call, None) for op, call, _ in entries]
 
     @staticmethod

@@ -2,12 +2,10 @@
 
 Accelerator kernels issue collectives as tasks: prepare one and get an int handle, compute,
 commit it, wait for it later (the Ascend C Hccl API; docs/hccl.md). Each task
-kind is an internal operation (``Hccl.AllReduce``, ...) on the client's domain, so a prepare is the
-``prepare`` of every operation: describe, agree across the ranks once, record; its
-:class:`~mpicoll.Plan` has one part per round of ``repeat`` (``Call.rounds``). A commit releases one more round to
-MPI's persistent collectives; query and wait move them on. ``stride_count`` lays the blocks out
-with an MPI derived datatype (a contiguous block resized to the stride), so one MPI call moves
-every block of a round.
+kind is an internal operation (``Hccl.AllReduce``, ...: :mod:`mpicoll._hccl_tasks`) on the client's
+domain, so a prepare is the ``prepare`` of every operation: describe, agree across the ranks once,
+record; its :class:`~mpicoll.Plan` has one part per round of ``repeat`` (``Call.rounds``). A commit
+releases one more round to MPI's persistent collectives; query and wait move them on.
 
 Every rank of the domain prepares, commits and waits for its tasks in the same order, as with any
 collective. A client is used by one thread.
@@ -22,18 +20,15 @@ from typing import Any
 import numpy as np
 from mpi4py import MPI
 
-from . import _validate as V
 from ._comm import LibComm
 from ._domains import group_fields
-from ._dtypes import HcclDataType, HcclReduceOp, lookup as dtype_row, reduce_op
-from ._errors import CollectiveError, arg_error
-from ._numeric import average
+from ._dtypes import HcclDataType, HcclReduceOp
+from ._errors import CollectiveError
+from ._hccl_tasks import KINDS, AllGather, AllReduce, AllToAll, AllToAllV, ReduceScatter, Task
 from ._params import CommParam
-from ._plan import Call, Plan
+from ._plan import Plan
 from ._watchdog import timeout_seconds
-from .ops._base import PREPARE, Operation
-from .ops._reduce import reduce_scatter, reduction
-from .ops.allreduce import reduce_pieces
+from .ops._modes import PREPARE
 
 __all__ = ["Hccl", "HcclDataType", "HcclReduceOp", "MAX_PREPARES"]
 
@@ -44,157 +39,13 @@ _HANDLES = itertools.count()                      # handles are unique in the pr
 _OWNERS: "weakref.WeakValueDictionary[int, Hccl]" = weakref.WeakValueDictionary()
 
 
-class _Task(Operation):
-    """A task kind of the client: an internal operation on the client's domain whose describe also
-    checks the client's state, and whose prepare records one plan part per round."""
-
-    PUBLIC = False
-
-    def __init__(self, client: "Hccl", param: CommParam, timeout: float | None) -> None:
-        super().__init__(param, timeout=timeout)          # (its prepares always agree)
-        self.client = client
-        self.types: list[MPI.Datatype] = []        # derived datatypes of its tasks (freed by finalize)
-
-    def describe(self, *args: Any) -> Call:
-        self.client._may_prepare(self.NAME, self.rank)
-        return self.describe_task(*args)
-
-    def describe_task(self, *args: Any) -> Call:
-        raise NotImplementedError
-
-    def issue(self, call: Call, table: np.ndarray | None, go: Any) -> None:
-        """The MPI calls of round ``call.round`` (of ``call.rounds``: the task's ``repeat``)."""
-        raise NotImplementedError
-
-
-class _BlockTask(_Task):
-    """AllReduce, AllGather, ReduceScatter, AllToAll: ``count`` elements per block, per round."""
-
-    def _strided(self, call: Call, c: int, s: int) -> MPI.Datatype | None:
-        """The datatype of one block of ``c`` elements every ``s`` (None: blocks are packed)."""
-        if s == c or c == 0:
-            return None
-        if call.type is None:
-            call.type = call.dt.mpi.Create_contiguous(c).Create_resized(0, s * call.dt.itemsize).Commit()
-            self.types.append(call.type)
-        return call.type
-
-    def describe_task(self, send, recv, count, dtype, rop, stride_count, repeat) -> Call:
-        op, rank, n, kind = self.NAME, self.rank, self.size, self.NAME[5:]
-        dt, x, y = _buffers(op, rank, send, recv, dtype, in_place_ok=kind == "AllReduce")
-        c = V.scalar_count(op, "count", count, rank)
-        s = V.scalar_count(op, "stride_count", stride_count, rank) or c
-        r = _repeat(op, rank, repeat)
-        if s < c:
-            raise arg_error(op, "stride_count", s, rank, f"must be 0 or >= the count ({c}): blocks may not overlap")
-        span, how = (r - 1) * c + (n - 1) * s + c, "(repeat-1)*count + (rank_size-1)*stride + count"
-        need = {"AllReduce": ((r * c, "repeat*count"),) * 2, "AllGather": ((r * c, "repeat*count"), (span, how)),
-                "ReduceScatter": ((span, how), (r * c, "repeat*count")), "AllToAll": ((span, how), (span, how))}[kind]
-        for name, buf, (k, why) in zip(("send", "recv"), (x, y), need):
-            _need(op, rank, name, buf, k if c else 0, why)
-        if kind in ("AllGather", "AllToAll") and r > 1 and n > 1 and c and s < r * c:
-            raise arg_error(op, "stride_count", stride_count, rank, f"with repeat={r}, must be >= repeat*count = "
-                            f"{r * c}: else a later round's blocks overwrite an earlier round's in recv")
-        call = Call(dt, x, y, (c, r))
-        call.info = V.BIT_PACKED if s == c or c == 0 else 0       # (each rank's own layout; issue reads all)
-        call.reduce = None if rop is None else reduction(reduce_op(rop, op=op, param="op", rank=rank), dt, op, "op", rank)
-        call.args, call.rounds, call.type, call.in_place = (c, s), r, None, send is recv
-        call.result = recv
-        return call
-
-
-class _AllReduce(_BlockTask):
-    NAME = "Hccl.AllReduce"
-
-    def issue(self, call, table, go) -> None:
-        k = call.round
-        c = call.args[0]
-        x = call.x[k * c:(k + 1) * c]
-        out = x if call.in_place else call.out[k * c:(k + 1) * c]
-        reduce_pieces(go, self._lib, x, out, call.dt, call.reduce)
-        if call.reduce.average:
-            go.local(average, out, self.size)
-
-
-class _AllGather(_BlockTask):
-    NAME = "Hccl.AllGather"
-
-    def issue(self, call, table, go) -> None:
-        k = call.round
-        (c, s), m, n = call.args, call.dt.mpi, self.size
-        t = self._strided(call, c, s)
-        recv = [call.out[k * c:k * c + n * c], m] if t is None else [call.out[k * c:], 1, t]
-        go.mpi(self._lib, "Allgather", [call.x[k * c:(k + 1) * c], m], recv)
-
-
-class _ReduceScatter(_BlockTask):
-    NAME = "Hccl.ReduceScatter"
-
-    def issue(self, call, table, go) -> None:
-        k = call.round
-        (c, s), n = call.args, self.size
-        t = self._strided(call, c, s)
-        if not hasattr(call, "scratch"):             # (rounds run one after the other: one scratch)
-            call.scratch = np.empty(n * c, dtype=call.dt.np)
-        blocks = call.x[k * c:k * c + n * c] if t is None else call.x[k * c:]
-        # the strides are each rank's own layout: MPI's own reduce-scatter only when every rank's
-        # blocks are packed (agreed), so that every rank makes the same collective
-        packed_everywhere = all(b & V.BIT_PACKED for b in table[:, V.H_INFO].tolist())
-        out = call.out[k * c:(k + 1) * c]
-        reduce_scatter(go, self._lib, blocks, [c] * n, call.dt, call.reduce, out, packed_everywhere, t, call.scratch)
-        if call.reduce.average:
-            go.local(average, out, self.size)
-
-
-class _AllToAll(_BlockTask):
-    NAME = "Hccl.AllToAll"
-
-    def issue(self, call, table, go) -> None:
-        k = call.round
-        (c, s), m, n = call.args, call.dt.mpi, self.size
-        t = self._strided(call, c, s)
-        if t is None:
-            go.mpi(self._lib, "Alltoall", [call.x[k * c:k * c + n * c], m], [call.out[k * c:k * c + n * c], m])
-        else:
-            go.mpi(self._lib, "Alltoall", [call.x[k * c:], 1, t], [call.out[k * c:], 1, t])
-
-
-class _AllToAllV(_Task):
-    NAME = "Hccl.AllToAllV"
-    PAIR_NAMES = ("send_counts[{j}]", "recv_counts[{i}]")
-
-    def describe_task(self, send, send_layout, recv, recv_layout, dtype, repeat) -> Call:
-        op, rank, n = self.NAME, self.rank, self.size
-        dt, x, y = _buffers(op, rank, send, recv, dtype)
-        r = _repeat(op, rank, repeat)
-        sc, sd = (V.counts(op, name, v, n, rank) for name, v in zip(("send_counts", "sdispls"), send_layout))
-        rc, rd = (V.counts(op, name, v, n, rank) for name, v in zip(("recv_counts", "rdispls"), recv_layout))
-        # every round's blocks: peer j's r blocks of c[j] elements, from d[j] on, one after the other
-        V.check_layout(op, "send_counts", [r * c for c in sc], "sdispls", sd, x.size, "send.size", rank)
-        V.check_layout(op, "recv_counts", [r * c for c in rc], "rdispls", rd, y.size, "recv.size", rank, receive=True)
-        call = Call(dt, x, y, (r,))
-        call.send, call.recv, call.args, call.rounds = sc, rc, (sc, sd, rc, rd), r
-        call.result = recv
-        return call
-
-    def issue(self, call, table, go) -> None:
-        k = call.round
-        sc, sd, rc, rd = call.args
-        m = call.dt.mpi
-        go.mpi(self._lib, "Alltoallv", [call.x, (sc, [d + k * c for c, d in zip(sc, sd)]), m],
-               [call.out, (rc, [d + k * c for c, d in zip(rc, rd)]), m])
-
-
-_KINDS = (_AllReduce, _AllGather, _ReduceScatter, _AllToAll, _AllToAllV)
-
-
 class _Entry:
     """A prepared task: its operation, its plan (one part per round), where each round's steps
     end, and its state."""
 
     __slots__ = ("op", "plan", "ends", "repeat", "committed", "finished", "ever", "run")
 
-    def __init__(self, op: _Task, plan: Plan) -> None:
+    def __init__(self, op: Task, plan: Plan) -> None:
         self.op, self.plan = op, plan
         self.ends = [p.end for p in plan.parts]
         self.repeat = len(self.ends)
@@ -240,7 +91,7 @@ class Hccl:
         self.max_prepares = int(max_prepares)
         self._timeout = timeout                   # (as given: each task operation reads it at binding)
         self._lib: LibComm | None = None
-        self._tasks: dict[int, _Task] = {}
+        self._tasks: dict[int, Task] = {}
         self._prepares = 0
         self._active = False
 
@@ -249,7 +100,7 @@ class Hccl:
         """The watchdog timeout of the client's tasks in seconds (None: none): after ``init``, the
         one they run with (an operation's rule: ``timeout=``, else the communicator's own, else
         ``MPICOLL_TIMEOUT``'s)."""
-        return self._ops[_AllReduce].timeout if self._active else timeout_seconds(self._timeout)
+        return self._ops[AllReduce].timeout if self._active else timeout_seconds(self._timeout)
 
     # -- lifecycle -------------------------------------------------------------------------------
     def init(self, domain: str | MPI.Comm | None = None, rank_size: int | None = None) -> "Hccl":
@@ -273,10 +124,10 @@ class Hccl:
         param = CommParam(rank_size=rank_size, **group_fields(domain, "Hccl.init", "domain"))
         # one operation per task kind, bound as every operation is (a Param error, such as a
         # rank_size that is not the domain's, is raised on every rank by the first prepare)
-        self._ops = {cls: cls(self, param, self._timeout) for cls in _KINDS}
+        self._ops = {cls: cls(param, self._timeout) for cls in KINDS}
         for op in self._ops.values():
             op._bind()
-        self._lib = self._ops[_AllReduce]._lib
+        self._lib = self._ops[AllReduce]._lib
         self._tasks, self._prepares, self._active = {}, 0, True
         return self
 
@@ -323,7 +174,7 @@ class Hccl:
         Returns:
             the task's handle (an int >= 0).
         """
-        return self._prepare(_AllReduce, commit, send, recv, count, dtype, op, 0, repeat)
+        return self._prepare(AllReduce, commit, send, recv, count, dtype, op, 0, repeat)
 
     def all_gather(self, send: np.ndarray, recv: np.ndarray, send_count: int, dtype: Any, stride_count: int = 0,
                    repeat: int = 1, commit: bool = False) -> int:
@@ -334,7 +185,7 @@ class Hccl:
         ``repeat > 1`` the stride must leave room for every round (``stride >= repeat*send_count``).
         Other arguments as in :meth:`all_reduce`.
         """
-        return self._prepare(_AllGather, commit, send, recv, send_count, dtype, None, stride_count, repeat)
+        return self._prepare(AllGather, commit, send, recv, send_count, dtype, None, stride_count, repeat)
 
     def reduce_scatter(self, send: np.ndarray, recv: np.ndarray, recv_count: int, dtype: Any, op: Any,
                        stride_count: int = 0, repeat: int = 1, commit: bool = False) -> int:
@@ -343,7 +194,7 @@ class Hccl:
         reduction of every rank's block r at ``recv[k*recv_count :]``. Other arguments as in
         :meth:`all_reduce`.
         """
-        return self._prepare(_ReduceScatter, commit, send, recv, recv_count, dtype, op, stride_count, repeat)
+        return self._prepare(ReduceScatter, commit, send, recv, recv_count, dtype, op, stride_count, repeat)
 
     def all_to_all(self, send: np.ndarray, recv: np.ndarray, data_count: int, dtype: Any, stride_count: int = 0,
                    repeat: int = 1, commit: bool = False) -> int:
@@ -351,7 +202,7 @@ class Hccl:
         + j*stride :]``) goes to rank j, landing at ``recv[k*data_count + i*stride :]`` (i: this
         rank), ``stride = stride_count or data_count``. Other arguments as in :meth:`all_gather`.
         """
-        return self._prepare(_AllToAll, commit, send, recv, data_count, dtype, None, stride_count, repeat)
+        return self._prepare(AllToAll, commit, send, recv, data_count, dtype, None, stride_count, repeat)
 
     def all_to_all_v(self, send: np.ndarray, send_counts, sdispls, recv: np.ndarray, recv_counts, rdispls,
                      dtype: Any, repeat: int = 1, commit: bool = False) -> int:
@@ -360,7 +211,7 @@ class Hccl:
         ``send_counts[j]``. Round k advances ``sdispls[j]`` by ``k*send_counts[j]`` and
         ``rdispls[i]`` by ``k*recv_counts[i]``. Other arguments as in :meth:`all_reduce`.
         """
-        return self._prepare(_AllToAllV, commit, send, (send_counts, sdispls), recv, (recv_counts, rdispls),
+        return self._prepare(AllToAllV, commit, send, (send_counts, sdispls), recv, (recv_counts, rdispls),
                              dtype, repeat)
 
     # -- commit / wait / query ---------------------------------------------------------------------
@@ -408,7 +259,7 @@ class Hccl:
         return task.finished
 
     # -- internals ---------------------------------------------------------------------------------
-    def _task(self, handle: Any, what: str) -> _Task:
+    def _task(self, handle: Any, what: str) -> Task:
         task = self._tasks.get(handle) if isinstance(handle, (int, np.integer)) else None
         if task is not None:
             return task
@@ -423,7 +274,7 @@ class Hccl:
         raise CollectiveError(f"Hccl.{what}: handle={handle!r} on rank {rank}: {rule}", op=f"Hccl.{what}",
                               param="handle", rank=rank)
 
-    def _release(self, task: _Task, rounds: int) -> None:
+    def _release(self, task: Task, rounds: int) -> None:
         end = task.ends[rounds - 1]
         if task.run is None:
             task.finished = 0
@@ -432,23 +283,25 @@ class Hccl:
             task.run.release(end)
         task.committed, task.ever = rounds, True
 
-    def _may_prepare(self, op: str, rank: int) -> None:
-        """The client's own rules for one more prepare (part of the task's describe: agreed)."""
+    def _refusal(self, op: str, rank: int) -> CollectiveError | None:
+        """What the client's own rules say of one more prepare (agreed with the task's call, as an
+        error of its describe is: the call's ``failed``), or None."""
         if not self._active:
-            raise CollectiveError(f"{op} on rank {rank}: prepare after finalize(): call init() again", op=op,
-                                  param="init", rank=rank)
+            return CollectiveError(f"{op} on rank {rank}: prepare after finalize(): call init() again", op=op,
+                                   param="init", rank=rank)
         if self._prepares >= self.max_prepares:
-            raise CollectiveError(f"{op} on rank {rank}: more than max_prepares={self.max_prepares} prepares on "
-                                  f"{self._lib.label} between init() and finalize()", op=op, param="max_prepares",
-                                  rank=rank)
+            return CollectiveError(f"{op} on rank {rank}: more than max_prepares={self.max_prepares} prepares on "
+                                   f"{self._lib.label} between init() and finalize()", op=op, param="max_prepares",
+                                   rank=rank)
+        return None
 
-    def _prepare(self, kind: type[_Task], commit: bool, *args: Any) -> int:
+    def _prepare(self, kind: type[Task], commit: bool, *args: Any) -> int:
         """The task's operation prepares it (describe -> agree -> one plan part per round)."""
         if self._lib is None:
             raise CollectiveError(f"{kind.NAME}: prepare before init(): call Hccl().init(domain) first",
                                   op=kind.NAME, param="init")
         op = self._ops[kind]
-        plan = op._call(args, PREPARE)
+        plan = op._call(args, PREPARE, self._refusal(op.NAME, op.rank))
         handle = next(_HANDLES)
         self._tasks[handle] = task = _Entry(op, plan)
         _OWNERS[handle] = self
@@ -460,34 +313,3 @@ class Hccl:
     def __repr__(self) -> str:
         where = self._lib.label if self._lib is not None else "no domain"
         return f"<Hccl on {where}: {len(self._tasks)} task(s){'' if self._active else ', not initialised'}>"
-
-
-# ----------------------------------------------------------------------------- describe: local rules
-
-def _buffers(op: str, rank: int, send: Any, recv: Any, dtype: Any, in_place_ok: bool = False):
-    """The dtype row and the flat send / recv arrays, checked."""
-    dt = dtype_row(dtype, op=op, param="dtype", rank=rank)
-    for name, b in (("send", send), ("recv", recv)):
-        if not isinstance(b, np.ndarray):
-            raise arg_error(op, name, type(b).__name__, rank, "must be a numpy array")
-        if b.dtype != dt.np:
-            raise arg_error(op, f"{name}.dtype", str(b.dtype), rank, f"must be the dtype argument ({dt.name})")
-        if not b.flags.c_contiguous:
-            raise arg_error(op, name, "non-contiguous", rank, "must be C-contiguous (read flat, offsets in elements)")
-    if not recv.flags.writeable:
-        raise arg_error(op, "recv", "read-only", rank, "must be writable")
-    if not (in_place_ok and send is recv) and np.shares_memory(send, recv):
-        raise arg_error(op, "recv", "overlaps send", rank,
-                        "must not overlap send" + (" (pass recv=send itself for in place)" if in_place_ok else ""))
-    return dt, send.reshape(-1), recv.reshape(-1)
-
-
-def _repeat(op: str, rank: int, repeat: Any) -> int:
-    if isinstance(repeat, bool) or not isinstance(repeat, (int, np.integer)) or repeat < 1:
-        raise arg_error(op, "repeat", repeat, rank, "must be an integer >= 1")
-    return int(repeat)
-
-
-def _need(op: str, rank: int, name: str, buf: np.ndarray, need: int, how: str) -> None:
-    if buf.size < need:
-        raise arg_error(op, f"{name}.size", buf.size, rank, f"must be >= {need} = {how}")

@@ -24,16 +24,12 @@ The backend is a ``ProcessGroup`` subclass on every torch it supports (2.13 and 
 Python c10d ``Backend`` route hands back a Work whose completion torch misreports, and names the
 backend "custom" in DDP's logs). It answers what torch's own ProcessGroup would: its name
 (``group_name``, how torch's C++ callers find a group) and its device (``_device_types``); it
-unwraps a functional collective's result (:func:`mpicoll._torch_views.unwrapped`).
+unwraps a functional collective's result (:func:`mpicoll._torch_views.unwrapped`); under
+``torch.compile`` its methods run as they are (:mod:`mpicoll._torch_compile`).
 """
 from __future__ import annotations
 
-import importlib.abc
-import importlib.machinery
-import sys
 import time
-import urllib.parse
-import warnings
 from datetime import timedelta
 from typing import Any, Callable
 
@@ -51,7 +47,8 @@ from ._domains import user_comm
 from ._errors import CollectiveError, arg_error, milliseconds
 from ._messages import TAG_UB, post
 from ._rendezvous import create, rendezvous
-from ._torch_store import LocalStore, agree_problem, exchange, refuse_other_world, shared_store
+from ._torch_compile import eager_under_compile
+from ._torch_store import exchange, mpi_rendezvous, refuse_other_world
 from ._torch_store import world as start_world
 from ._torch_views import array, arrays, one
 from ._torch_work import Work
@@ -76,71 +73,7 @@ def _opts(kind: type, opts: Any) -> Any:
     return opts
 
 
-def _eager_under_compile(cls: type) -> type:
-    """Wrap the group's methods torch calls (``torch.compiler.disable``, ~0.2 us a call): torch's C++
-    side (DDP's reducer, a compiled graph's collectives) calls them while torch.compile runs, and
-    dynamo must run them as they are, not trace into a group it sees as an opaque object (a hard
-    ``InternalTorchDynamoError`` for a compiled DDP model otherwise).
-
-    ``torch.compiler.disable`` imports dynamo (2.4 s of every process's start here), and nothing can
-    compile before dynamo is imported: so the methods are wrapped at once if it is, else right after
-    its import (a one-shot import hook on ``torch._dynamo``)."""
-    def wrap() -> None:
-        for name, fn in list(vars(cls).items()):
-            if callable(fn) and (not name.startswith("_") or name in ("_allgather_base", "_reduce_scatter_base")):
-                setattr(cls, name, torch.compiler.disable(fn))
-
-    if "torch._dynamo" in sys.modules:
-        wrap()
-    else:
-        sys.meta_path.insert(0, _AfterImport("torch._dynamo", wrap))
-    return cls
-
-
-class _AfterImport(importlib.abc.MetaPathFinder):
-    """Runs ``then()`` once, right after module ``name`` has been imported (wherever from). It stays
-    in ``sys.meta_path`` (changing that list could trip another thread's import), disarmed once
-    ``then`` has run; a lookup that imports nothing (``importlib.util.find_spec``) leaves it armed.
-    An error in ``then`` is a warning: the module's own import must not fail for it."""
-
-    def __init__(self, name: str, then: Callable[[], None]) -> None:
-        self.name, self.then, self.done = name, then, False
-
-    def find_spec(self, name, path, target=None):
-        if name != self.name or self.done:
-            return None
-        spec = importlib.machinery.PathFinder.find_spec(name, path, target)
-        if spec is None or spec.loader is None:
-            return None
-        run = spec.loader.exec_module
-
-        def exec_module(module):
-            run(module)
-            if not self.done:
-                self.done = True
-                try:
-                    self.then()
-                except Exception as exc:     # (torch's own import goes on; the group then runs unwrapped)
-                    warnings.warn(f"mpicoll.torch: could not mark the group's methods for torch.compile "
-                                  f"({type(exc).__name__}: {exc}); a compiled DDP model may fail", stacklevel=2)
-        spec.loader = _Loader(spec.loader, exec_module)
-        return spec
-
-
-class _Loader(importlib.abc.Loader):
-    """``loader`` with its ``exec_module`` replaced (:class:`_AfterImport`)."""
-
-    def __init__(self, loader, exec_module) -> None:
-        self._loader, self.exec_module = loader, exec_module
-
-    def create_module(self, spec):
-        return self._loader.create_module(spec)
-
-    def __getattr__(self, name):
-        return getattr(self._loader, name)
-
-
-@_eager_under_compile
+@eager_under_compile
 class ProcessGroupMpicoll(dist.ProcessGroup):
     """A torch.distributed process group on mpicoll (one per torch group; world ranks ``ranks``)."""
 
@@ -509,32 +442,6 @@ def _create(backend_opts, options) -> ProcessGroupMpicoll:
     return pg
 
 
-def _mpi_rendezvous(url: str, timeout: timedelta = default_pg_timeout, **kwargs):
-    """``init_method="mpi://"``: MPI's rank and world size, and a TCPStore served by world rank 0
-    whose address MPI gives the others (so that a store-based group, gloo's, can be made). torch
-    passes a ``rank=``/``world_size=`` given to ``init_process_group`` in the URL's query (-1: not
-    given); one that is not MPI's is refused, as is a launcher's WORLD_SIZE that is not MPI's."""
-    rank, size = MPI.COMM_WORLD.Get_rank(), MPI.COMM_WORLD.Get_size()
-    query = dict(urllib.parse.parse_qsl(urllib.parse.urlparse(url).query))
-    problem = None
-    try:
-        refuse_other_world(size, "init_method='mpi://'")
-        for key, mine in (("rank", rank), ("world_size", size)):
-            given = query.get(key, kwargs.get(key, -1))
-            if given not in (-1, "-1", None) and int(given) != mine:
-                raise ValueError(f"init_process_group(init_method='mpi://', {key}={given}): MPI says {mine} on "
-                                 f"world rank {rank}; leave {key} out (mpi:// takes it from MPI)")
-    except (RuntimeError, ValueError) as exc:
-        problem = exc
-    # mpicoll's world, made within the timeout; every rank raises the first rank's problem, so that
-    # none waits in the store's set-up
-    limit = timeout.total_seconds()
-    world = start_world(limit)
-    agree_problem(world, problem, limit, "init_process_group")
-    store, why = shared_store(world, timeout)
-    yield (store if store is not None else LocalStore(why)), rank, size
-
-
 def _monitored_barrier_on_a_cpu_backend() -> None:
     """torch < 2.14's ``dist.monitored_barrier`` refuses every backend but gloo by its name; torch
     2.14 takes any group with a CPU backend and calls the group's. There, the function (torch's
@@ -564,7 +471,7 @@ def _monitored_barrier_on_a_cpu_backend() -> None:
 def _register() -> None:
     if BACKEND.upper() not in dist.Backend._plugins:
         dist.Backend.register_backend(BACKEND, _create, extended_api=True, devices=["cpu"])
-    register_rendezvous_handler("mpi", _mpi_rendezvous)
+    register_rendezvous_handler("mpi", mpi_rendezvous)
     _monitored_barrier_on_a_cpu_backend()
 
 

@@ -23,7 +23,7 @@ from mpi4py import MPI
 
 from mpicoll import Hccl, HcclDataType
 from mpicoll._domains import world as lib_world
-from mpicoll.ops.fused import _limit, blas_threads
+from mpicoll.ops._moe import blas_limit as _limit, blas_threads
 
 
 def main() -> None:

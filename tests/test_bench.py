@@ -19,7 +19,8 @@ import time
 import pytest
 from mpi4py import MPI
 
-from mpicoll.bench import Row, parse_size, size_label, size_steps, _size_ticks
+from mpicoll._bench_report import Row, size_label, size_ticks as _size_ticks
+from mpicoll.bench import parse_size, size_steps
 from mpicoll.checks import BENCHES
 
 from _mpi import OPEN_MPI, launch_env, left_behind, mpirun, remove, within
@@ -235,7 +236,7 @@ def _rows(op, sizes, busbw, ip=True):
 @single
 @needs_matplotlib
 def test_plot_is_log_log_with_size_ticks_and_a_title_saying_what_was_timed():
-    from mpicoll.bench import _figure, _mode, _pyplot
+    from mpicoll._bench_report import figure as _figure, mode_text as _mode, pyplot as _pyplot
     plt = _pyplot()
     sizes = [8 << (2 * k) for k in range(9)]                        # 8 B .. 512 KiB
     busbw = [1e-5 * 10 ** (k / 2) for k in range(9)]                # small ones too: 1e-5 GB/s at 8 B

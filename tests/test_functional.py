@@ -403,17 +403,20 @@ def test_messages_waited_for_between_sleeps_arrive_whole(monkeypatch, timed):
     timeout; its waits take that path (untimed: the sleeping poll; timed: the watchdog's wait with
     no spinning phase)."""
     import time
-    from mpicoll import _messages
+    from mpicoll import _messages, _watchdog
     setting(monkeypatch, "MPICOLL_WAIT", "sleep")
     taken = []
 
-    def spy(name, fn):
+    def spy(module, name, tag, timed=False):
+        fn = getattr(module, name)
+
         def call(*args, **kwargs):
-            taken.append((name, kwargs.get("polite")))
+            if not timed or args[1] is not None:      # (the watched wait's timeout)
+                taken.append((tag, kwargs.get("polite")))
             return fn(*args, **kwargs)
-        monkeypatch.setattr(_messages, name, call)
-    spy("poll", _messages.poll)
-    spy("watched_wait", _messages.watched_wait)
+        monkeypatch.setattr(module, name, call)
+    spy(_watchdog, "poll", "poll")
+    spy(_messages, "wait", "watched_wait", timed=True)
     to, frm = (RANK + 1) % SIZE, (RANK - 1) % SIZE
     sent = [_data(f"sleeping/{k}", (5 + 3 * k,), "float64") for k in range(3)]
     want = [_data(f"sleeping/{k}", (5 + 3 * k,), "float64", frm) for k in range(3)]

@@ -11,7 +11,7 @@ import pytest
 from mpi4py import MPI
 
 import mpicoll
-from mpicoll import hccl as _hccl
+from mpicoll import _hccl_tasks
 from mpicoll import CollectiveError, CollectiveMismatchError, Hccl, HcclDataType, HcclReduceOp
 from mpicoll._dtypes import DTYPES, HCCL_DTYPES, reduce_op
 from mpicoll.checks._golden import SEED, golden_reduce, rank_data
@@ -43,9 +43,9 @@ def test_seed_multi_round_all_gather_equals_untiled():
     assert y.view(np.uint16).tolist() == untiled.view(np.uint16).tolist()
 
 
-#: the Hccl client's block kinds: every task kind of its registry (``mpicoll.hccl._KINDS``) that moves
+#: the Hccl client's block kinds: every task kind of its registry (``mpicoll._hccl_tasks.KINDS``) that moves
 #: ``count`` elements per block (AllToAllV moves counts per peer: test_all_to_all_v_rounds_...)
-KINDS = [k.NAME.removeprefix("Hccl.") for k in _hccl._KINDS if issubclass(k, _hccl._BlockTask)]
+KINDS = [k.NAME.removeprefix("Hccl.") for k in _hccl_tasks.KINDS if issubclass(k, _hccl_tasks.BlockTask)]
 #: those that reduce (as their primitive operator: it has a reduce_type), and those whose blocks may
 #: lie ``stride_count`` apart (their layout has room for a gap)
 REDUCES = [k for k in KINDS if "reduce_type" in {f.name for f in dataclasses.fields(mpicoll.OPERATIONS[k].PARAM)}]

@@ -9,7 +9,7 @@ import mpicoll
 from mpicoll import CollectiveError, CollectiveMismatchError
 from mpicoll.checks import CHECKS
 from mpicoll.checks._golden import SEED, count_wrong
-from mpicoll.ops._base import ASYNC, PREPARE, RUN
+from mpicoll.ops._modes import ASYNC, PREPARE, RUN
 
 from _mpi import RANK, SAMPLE, SIZE, WORLD, raises_everywhere
 
@@ -218,7 +218,7 @@ class _Overlap(mpicoll.Operation):
         return self._call((x, out), PREPARE)
 
     def describe(self, x, out=None):
-        from mpicoll._plan import Call
+        from mpicoll._call import Call
         x, dt, _ = self._data(x)
         call = Call(dt, x, self._out(out, x.shape, x.dtype), x.shape)
         call.args = (np.empty_like(x), np.empty_like(x), np.empty_like(x))
@@ -259,7 +259,7 @@ def test_steps_in_flight_in_execute_plans_and_one_shot_starts():
 @mpi1
 def test_at_most_max_in_flight():
     """A start beyond MAX_IN_FLIGHT first waits for the oldest, in execute and in plans alike."""
-    from mpicoll._plan import MAX_IN_FLIGHT, Recorder, START, WAIT
+    from mpicoll._go import MAX_IN_FLIGHT, Recorder, START, WAIT
 
     class Many(_Overlap):
         NAME = "Test.Many"

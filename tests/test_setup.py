@@ -12,7 +12,7 @@ from mpi4py import MPI
 
 import mpicoll
 from mpicoll import _validate as V
-from mpicoll._plan import Call
+from mpicoll._call import Call
 
 from _mpi import remove, run_job, within
 
@@ -60,6 +60,20 @@ for _ in range(3):
     assert err.startswith("CollectiveMismatchError: AllReduce: validate differs across ranks: validate=True on "
                           "rank 0; validate=False on rank 1"), err
     assert "set it alike on every rank" in err
+
+
+def test_a_mismatch_reads_alike_whatever_each_rank_imported(tmp_path):
+    """Rank 0 calls torch's name for an AllReduce (``mpicoll.functional``, which rank 1 never
+    imports), rank 1 the operator: both name both calls, in the words of the rank that made each."""
+    err = _agreed(tmp_path, """
+if rank == 0:
+    import mpicoll.functional as F
+    F.all_reduce(np.ones(2))
+else:
+    mpicoll.AllReduceOperation().execute(np.ones(2))
+""")
+    assert err.startswith("CollectiveMismatchError: all_reduce vs AllReduce: operation differs across ranks: "
+                          "all_reduce on rank 0; AllReduce on rank 1"), err
 
 
 @pytest.mark.parametrize("forgets", ["rank 0", "rank 1", "both"])

@@ -1,4 +1,4 @@
-"""AllReduce in tiers over several nodes (``LibComm.tiers``, ``ops/allreduce._tiered``): a
+"""AllReduce in tiers over several nodes (``_making.tiers``, ``ops/allreduce._tiered``): a
 ReduceScatter on each node through its shared window, an AllReduce across nodes, an AllGather on
 each node.
 
@@ -131,7 +131,7 @@ for name, count in [("bfloat16", 1023), ("float32", 50_000), ("int32", 50_000), 
     for x in xs[1:]:
         want = want + x if dt.np.kind == "f" else (want + x).astype(dt.np)
     check(f"flat {name} {count}", got, want.astype(dt.np))
-assert (lib._tiers is not None) == aligned, "a flat call made tiers"
+assert (lib.tiered is not None) == aligned, "a flat call made tiers"
 
 # float32/float64 (the floats MPI reduces) in the tree order (in tiers where aligned), above the threshold, in place too
 for name in [d for d, row in DTYPES.items() if row.floating and row.reduce == "native"]:
@@ -161,7 +161,7 @@ for name in ["float16", "bfloat16", "int8"]:
             y = xs[me].copy()
             op.execute(y, out=y)
             check(f"{name} {rname} {count} in place", y, want)
-assert (lib._tiers is not None) == tiered
+assert (lib.tiered is not None) == tiered
 
 # ReduceScatter(V) in the tree order: node first where aligned (the tiers), else flat; every float
 # against the tree golden, blocks of every size (a zero one too) and in place

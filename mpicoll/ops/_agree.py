@@ -20,18 +20,18 @@ import numpy as np
 from mpi4py import MPI
 
 from .. import _validate as V
-from .._comm import OP_NAMES, LibComm, op_code
-from .._errors import CollectiveError, CollectiveMismatchError, agree, agreed, arg_error
+from .._comm import LibComm, op_code
+from .._agreement import AGREEMENT, agree, values
+from .._errors import CollectiveError, CollectiveMismatchError, agreed, arg_error
 from .._numeric import prefix
-from .._plan import Call
+from .._call import Call
 
-#: the operation a captured graph's agreement names (its first row), registered so that a peer making
-#: another call names it
+#: the operation a captured graph's agreement names (its first row), and how it reads in a mismatch
 GRAPH = "graph capture"
-OP_NAMES[op_code(GRAPH)] = GRAPH
-#: operator code -> Operation class, for every named operation (filled by ``Operation``'s subclasses):
-#: how a graph's agreement names a peer's calls and their count pairs
-CLASSES: dict[int, type] = {}
+GRAPH_READS = V.Reads(GRAPH)
+#: how the per-peer vectors of a graph's call are named where only the verdict is sought (how a
+#: call reads is exchanged for the message: :func:`agree_calls`)
+_SOME_PAIRS = ("send[{j}]", "recv[{i}]")
 
 
 class Agreeing(Protocol):
@@ -41,10 +41,13 @@ class Agreeing(Protocol):
     NAME: ClassVar[str]
     CODE: ClassVar[int]
     PAIR_NAMES: ClassVar[tuple[str, str] | None]
+    SHAPE_NAME: ClassVar[str]
     timeout: float | None
     _lib: LibComm | None            # (bound: a call's operation has its communicator)
     _validate: bool
     _agreed_once: bool
+
+    def show_params(self, value: int) -> str: ...
 
 
 class Slots:
@@ -108,9 +111,9 @@ def agree_call(lib: LibComm, op: Agreeing, call: Call | None, err: BaseException
         send[V.H_RIDE] = -1
     else:
         slots.offer(payload)
-    table = agree(lib, send, err, op.timeout, op.NAME, number, out=slots.table)
+    table = agree(lib, send, err, op.timeout, (op.NAME, number, AGREEMENT), out=slots.table)
     rode = payload is not None and min(slots.rides.tolist()) >= 0
-    V.check_agreed(lib, op.NAME, table, op.PAIR_NAMES)
+    V.check_agreed(lib, op, table)
     op._agreed_once = True
     return table, rode
 
@@ -139,9 +142,17 @@ def agree_calls(lib: LibComm, entries: list[tuple[Agreeing, Call | None, BaseExc
         err = err or e
     every, counts = exchange_rows(lib, rows, err, timeout)
     try:
-        return _check_calls(lib, entries, every, counts)
+        return _check_calls(lib, entries, every, counts, None)
+    except CollectiveError:
+        pass
+    # (every rank holds the same rows: every rank is here, and exchanges how its calls read)
+    mine = [V.reading(op, op.NAME, op.PAIR_NAMES, int(r[4 + V.H_PARAMS])) for (op, _, _), r in zip(entries, rows)]
+    readings = values(lib, mine, timeout, (GRAPH, 1, V.NAMES_STEP))
+    try:
+        _check_calls(lib, entries, every, counts, readings)
     except CollectiveError as exc:
         raise agreed(exc, lib.world_ranks) from None
+    raise AssertionError("rows that differ once differ again")
 
 
 def exchange_rows(lib: LibComm, rows: np.ndarray, error: BaseException | None, timeout: float | None
@@ -159,9 +170,9 @@ def exchange_rows(lib: LibComm, rows: np.ndarray, error: BaseException | None, t
     where = (GRAPH, 1, "its agreement (internal MPI Allgather/Allgatherv)")
     mark = np.zeros(V.row_width(n), dtype=np.int64)
     mark[V.H_OP], mark[V.H_MODE], mark[V.H_INFO], mark[V.H_RIDE] = op_code(GRAPH), 1, rows.shape[0], -1
-    heads = agree(lib, mark, error, timeout, GRAPH, 1, where[2])
+    heads = agree(lib, mark, error, timeout, where)
     if len(set(heads[:, V.H_OP].tolist())) > 1:
-        V.check_agreed(lib, GRAPH, heads)                   # (another call on some rank: named)
+        V.check_agreed(lib, GRAPH_READS, heads)             # (another call on some rank: named)
     counts = heads[:, V.H_INFO]
     every = np.empty((int(counts.sum()), width), dtype=np.int64)
     sizes = counts * width
@@ -171,8 +182,11 @@ def exchange_rows(lib: LibComm, rows: np.ndarray, error: BaseException | None, t
     return every, counts
 
 
-def _check_calls(lib: LibComm, entries: list, every: np.ndarray, counts: np.ndarray) -> list[tuple[np.ndarray, bool]]:
-    """:func:`agree_calls`' comparison of the gathered rows (the same on every rank)."""
+def _check_calls(lib: LibComm, entries: list, every: np.ndarray, counts: np.ndarray, readings: list | None
+                 ) -> list[tuple[np.ndarray, bool]]:
+    """:func:`agree_calls`' comparison of the gathered rows (the same on every rank). ``readings``:
+    how every rank's calls read (``readings[rank][call]``, :func:`~mpicoll._validate.reading`), which
+    words its errors; None: only the verdict counts."""
     owner = np.repeat(np.arange(lib.size), counts)
     local = np.concatenate([np.arange(c) for c in counts.tolist()]) if len(every) else np.zeros(0, np.int64)
     mine: dict[int, tuple[np.ndarray, bool]] = {}
@@ -186,9 +200,11 @@ def _check_calls(lib: LibComm, entries: list, every: np.ndarray, counts: np.ndar
         first = min(on)
         where = f"the communicator of world ranks {[lib.world_ranks[r] for r in members]}"
 
+        def read(k: int) -> dict:
+            return readings[int(owner[k])][int(local[k])] if readings else {}
+
         def name_of(k: int) -> str:
-            cls = CLASSES.get(int(every[k, 4 + V.H_OP]))
-            return cls.NAME if cls else OP_NAMES.get(int(every[k, 4 + V.H_OP]), "?")
+            return read(k).get("name") or f"operator #{int(every[k, 4 + V.H_OP])}"
         if len(on) != size:
             k = on[first][0]
             raise CollectiveMismatchError(
@@ -199,9 +215,9 @@ def _check_calls(lib: LibComm, entries: list, every: np.ndarray, counts: np.ndar
         for j in range(m):
             ks = [on[r][j] for r in members]
             table = every[ks, 4:4 + V.H_LEN + 2 * size]
-            cls = CLASSES.get(int(table[0, V.H_OP]))
-            V.check_table_of(int(local[on[first][j]]), name_of(on[first][j]), table,
-                             cls.PAIR_NAMES if cls else None, where)
+            pairs = read(ks[0]).get("pairs") if readings else _SOME_PAIRS
+            V.check_table_of(int(local[on[first][j]]), name_of(on[first][j]), table, pairs and tuple(pairs), where,
+                             [read(k) for k in ks] if readings else None)
             if lib.rank in on:
                 mine[int(local[on[lib.rank][j]])] = (table, bool(every[ks, 3].all()))
         longer = [r for r in members if len(on[r]) > m]

@@ -1,4 +1,4 @@
-"""The Operation base class, the operator registry, and THE call pipeline.
+"""The Operation base class, the operator registry, and THE call pipeline (its sinks: :mod:`~._modes`).
 
 Every call, in every mode, is one straight line of small stages over one record (docs/design.md)::
 
@@ -6,13 +6,13 @@ Every call, in every mode, is one straight line of small stages over one record 
 
 * **bind** (the first call, :meth:`Operation._bind`): resolve the communicator, check the Param,
   decide the timeout (once: ``Operation.timeout``). Then the call runs here, or is captured into a
-  graph, or is queued on the communicator's worker (:data:`ASYNC`, ``async_op=True``: the rest of
-  the pipeline runs there, in :data:`WORKER`, while the caller goes on, :mod:`mpicoll._async`).
+  graph, or is queued on the communicator's worker (``ASYNC``, ``async_op=True``: the rest of the
+  pipeline runs there, in ``WORKER``, while the caller goes on, :mod:`mpicoll._async`).
 * **lookup** (:mod:`~._compiled`): the call's layout compiled already (its arrays' dtypes, shapes
   and strides, its values): the very arguments of the last call run its bound steps again
   (:meth:`~._compiled.Compiled.repeat`); other arrays of that layout fill its slots and run it. Its
   validation is a step of it: one exchange, compared with the headers of its compilation.
-* **describe** (the operator's own, local and pure): its arguments -> a :class:`~mpicoll._plan.Call`;
+* **describe** (the operator's own, local and pure): its arguments -> a :class:`~mpicoll._call.Call`;
   a failure is kept, to be raised through the agreement on every rank.
 * **must it agree?** (:meth:`Operation._agrees`): with validation on, for the first call of an
   operation, for ``prepare``, and where the operator reads where every rank's input lies
@@ -20,10 +20,11 @@ Every call, in every mode, is one straight line of small stages over one record 
 * **agree** (:func:`~._agree.agree_call`): one ``Allgather`` of agreement rows, which carries the
   payload too where every rank's fits its slot (then the data has moved: :meth:`Operation.land`
   finishes the call locally).
-* **take**, the only stage that differs by mode: :data:`RUN` compiles the call (small calls of a
-  layout it can tell apart, :class:`~._compiled.Compiled`) and runs it, or runs it at once with the
-  operation's :class:`~mpicoll._plan.Runner`; :data:`PREPARE` records a :class:`~mpicoll._plan.Plan`;
-  a graph being captured (:mod:`mpicoll.graph`) takes it described, agreed with the whole graph at its end.
+* **take**, the only stage that differs by mode (the sinks, :mod:`~._modes`): ``RUN`` compiles the
+  call (small calls of a layout it can tell apart, :class:`~._compiled.Compiled`) and runs it, or
+  runs it at once with the operation's :class:`~mpicoll._go.Runner`; ``PREPARE`` records a
+  :class:`~mpicoll._plan.Plan`; a graph being captured (:mod:`mpicoll.graph`) takes it described,
+  agreed with the whole graph at its end.
 
 An operator subclass supplies ``describe``, ``issue`` (the only place that picks its MPI calls, from
 the call and, when agreed, the table), ``ride``/``land`` where its data can travel in the agreement,
@@ -42,15 +43,17 @@ from mpi4py import MPI
 from .. import _comm
 from .. import _validate as V
 from .._async import submit
-from .._comm import OP_NAMES, LibComm, check_live, finalized, op_code
+from .._comm import LibComm, check_live, finalized, op_code
 from .._domains import resolve
 from .._dtypes import BY_NP, DType, ReduceOp, reduce_op
 from .._errors import CollectiveArgumentError, CollectiveError, arg_error, as_collective_error
 from .._params import CommParam
-from .._plan import CAPTURING, Call, Plan, Recorder, Runner, count_call, epilogue, prologue
+from .._call import CAPTURING, Call, prologue
+from .._go import Recorder, Runner, count_call
 from ._compiled import COMPILED, COMPILED_BYTES, MISS, Compiled, layout
 from .._ranktable import rank_table
-from ._agree import CLASSES, Slots, agree_call
+from ._agree import Slots, agree_call
+from ._modes import ASYNC, WORKER, Mode
 from ._reduce import reduction
 
 #: name -> Operation class, for every public operator (check, bench, the CLI and the tests iterate it).
@@ -86,6 +89,8 @@ class Operation:
     WRITES_X: ClassVar[bool] = False
     #: how errors name the per-peer send / expect vectors of the count-pair rule (V operators)
     PAIR_NAMES: ClassVar[tuple[str, str] | None] = None
+    #: how errors name the shape its header carries, where it is not x's ("block shape ...")
+    SHAPE_NAME: ClassVar[str] = "x.shape"
     #: its issue reads where every rank's input lies (a node buffer, ``_shm.resident``): a fact
     #: exchanged whenever the communicator has node buffers, validation on or off
     RESIDES: ClassVar[bool] = False
@@ -111,8 +116,6 @@ class Operation:
         super().__init_subclass__(**kw)
         if cls.__dict__.get("NAME"):     # (a subclass that keeps its parent's NAME does not replace it)
             cls.CODE = op_code(cls.NAME)
-            OP_NAMES[cls.CODE] = cls.NAME
-            CLASSES[cls.CODE] = cls
             if cls.PUBLIC:
                 OPERATIONS[cls.NAME] = cls
         if "execute" in cls.__dict__:
@@ -336,9 +339,15 @@ class Operation:
                 rec.local(*step)
             rec.end(call.result)
 
+    @staticmethod
+    def show_params(value: int) -> str:
+        """How its header's operator parameters (``Call.params``) read in a mismatch: the number,
+        unless the operator says more."""
+        return str(value)
+
     # -- what an operator supplies ---------------------------------------------------------------
     def describe(self, *args: Any) -> Call:
-        """Local and pure: this rank's arguments -> a :class:`~mpicoll._plan.Call`; raise
+        """Local and pure: this rank's arguments -> a :class:`~mpicoll._call.Call`; raise
         :class:`~mpicoll.CollectiveArgumentError` on a rule one rank can see."""
         raise NotImplementedError
 
@@ -394,71 +403,6 @@ class Operation:
         if out is None:
             return np.empty(shape, dtype=dtype)
         return V.check_out(self.NAME, out, shape, dtype, self.rank, x, in_place_ok, name)
-
-
-# ----------------------------------------------------------------------------- the sinks
-
-class Mode:
-    """What a mode does with an agreed call (:meth:`take`), and which stages it takes: ``compiles``
-    (look the call up among the compiled ones, compile it), ``rides`` (offer its payload to the
-    agreement), ``agrees`` (always agree), ``defers`` (take it described, unagreed: a capture)."""
-
-    compiles = rides = True
-    agrees = defers = False
-
-    def take(self, op: Operation, call: Call, table: np.ndarray | None, rode: bool, slots: Slots | None,
-             payload: np.ndarray | None, key: tuple | None, args: tuple, arrays: tuple | None) -> Any:
-        raise NotImplementedError
-
-
-class _Run(Mode):
-    """``execute``: compile the call (``arrays``, its arrays and how they look: a call of a layout it
-    can tell apart, small enough: ``COMPILED_BYTES``) and run it, or run it at once with the
-    operation's Runner."""
-
-    def take(self, op, call, table, rode, slots, payload, key, args, arrays):
-        if arrays is not None:
-            agrees = op._checks(op._lib)                # (its later calls: their agreement is a step of it)
-            c = Compiled(op, op._lib, key, args, *arrays, call, table, rode and agrees, slots if agrees else None,
-                         payload if agrees else None)
-            if c.repeats:
-                op._keep(c)
-                if agrees or not rode:
-                    return c.run_data()
-            # (not kept: described every time; or its later calls make the MPI calls its issue
-            # records, and this one rode its first agreement: landed here)
-        if rode:
-            op.land(call, Slots.rows_of(op._lib, table, call), table, op._runner)
-        else:
-            if payload is None and (call.src is not None or call.before):
-                prologue(call)
-            op.issue(call, table, op._runner)
-        if call.after:
-            epilogue(call)
-        return call.result
-
-
-class _Async(Mode):
-    """``async_op=True``: the call queued on its communicator's worker, which runs its pipeline in
-    :data:`WORKER` (:meth:`Operation._call`; a graph being captured takes it as an async call)."""
-
-
-class _Prepare(Mode):
-    """``prepare``: a Plan, each of whose runs counts as a call."""
-
-    compiles = rides = False
-    agrees = True
-
-    def take(self, op, call, table, rode, slots, payload, key, args, arrays):
-        rec = Recorder(counts=op._counted(op._lib))
-        op._record(call, table, rec)
-        return Plan(rec, op, rounds=call.rounds > 1)
-
-
-#: ``execute`` here; a call queued with ``async_op=True``, on its worker (a capture never takes it:
-#: the worker runs what the caller queued, whatever the caller captures meanwhile)
-RUN, WORKER = _Run(), _Run()
-ASYNC, PREPARE = _Async(), _Prepare()
 
 
 class ReduceTypeOperation(Operation):

@@ -38,8 +38,9 @@ from .. import _validate as V
 from .._comm import LibComm
 from .._shm import _Shared
 from .._dtypes import DType, ReduceOp
-from .._errors import settle
-from .._plan import LOCAL, MPI_CALL, Call, Recorder, Step, bind_steps
+from .._agreement import settle
+from .._call import Call
+from .._go import LOCAL, MPI_CALL, Recorder, Step, bind_steps
 from ._agree import Slots
 
 #: a call is compiled when its arrays hold at most this many bytes together: the describe, checks

@@ -12,6 +12,7 @@ from .. import _shm
 from .._comm import LibComm
 from .._dtypes import DTYPES, DType, ReduceOp
 from .._errors import arg_error
+from .._making import tiers
 from .._numeric import from_f32, pack, prefix, reduce_chunks, reduce_rows
 
 #: A tree-order reduction (:func:`ordered`) that the node window does not take, of at most
@@ -155,7 +156,7 @@ def _tiered_reduce_scatter(go: Any, comm: LibComm, blocks: np.ndarray, counts: l
     rest of the tree). Each node's link carries ``(N - 1) / N`` of a rank's input per member, MPI's
     bytes, where the flat AllToAll sends ``p`` times that for ``p`` members a node. 16-bit floats go in
     float32 and are rounded once at the end (2x the bytes across nodes)."""
-    node, across = comm.tiers()
+    node, across = tiers(comm)
     p, h, k = node.size, across.size, node.rank
     starts = prefix(counts)
     order = [a * p + j for j in range(p) for a in range(h)]         # member j of node a is rank a * p + j

@@ -8,10 +8,13 @@ from mpi4py import MPI
 
 from .. import _shm
 from .._dtypes import DTYPES
+from .._making import tiers
 from .._params import ReduceTypeParam
-from .._plan import Call, Plan
+from .._call import Call
+from .._plan import Plan
 from .._numeric import average, copy_pairs, from_f32, pack, prefix, reduce_chunks, reduce_rows, scatter_pairs, split_even, to_f32
-from ._base import PREPARE, RUN, ReduceTypeOperation
+from ._base import ReduceTypeOperation
+from ._modes import PREPARE, RUN
 from ._reduce import (ALIGNED_TIERED_BYTES, GATHERED_BYTES, aligned, alltoall_reduce, invariant, ordered,
                       reduce_scatter)
 
@@ -165,7 +168,7 @@ def reduce_pieces(go, comm, x: np.ndarray, out: np.ndarray | None, dt, rop, root
 
 
 def _tiered(go, comm, x: np.ndarray, out: np.ndarray, dt, rop) -> None:
-    """AllReduce over several nodes in tiers (:meth:`LibComm.tiers`): a ReduceScatter among the
+    """AllReduce over several nodes in tiers (:func:`~mpicoll._making.tiers`): a ReduceScatter among the
     members on each node (through its shared window: block k, in node rank order, to the node's
     k-th member), an AllReduce of block k among the k-th members of every node (each node's link
     carries ``2 (N - 1) / N`` of the message for N nodes, spread over its members), then an
@@ -176,7 +179,7 @@ def _tiered(go, comm, x: np.ndarray, out: np.ndarray, dt, rop) -> None:
     if dt.reduce == "float32" and ordered(comm, dt, rop):
         _tiered_wide(go, comm, x, out, dt, rop)
         return
-    node, across = comm.tiers()
+    node, across = tiers(comm)
     flat, oflat = x.reshape(-1), out.reshape(-1)
     counts = split_even(flat.size, node.size)
     mine = np.empty(int(counts[node.rank]), dtype=dt.np)
@@ -192,7 +195,7 @@ def _tiered_wide(go, comm, x: np.ndarray, out: np.ndarray, dt, rop) -> None:
     rounded to the dtype once, then gathered in 16 bits: among those members, then on each node.
     Each node's link carries 1.5 times MPI's bytes (float32 one way, 16 bits back): the floor of
     "rounded once" (docs/scaling.md)."""
-    node, across = comm.tiers()
+    node, across = tiers(comm)
     flat, oflat = x.reshape(-1), out.reshape(-1)
     counts, hosts = split_even(flat.size, node.size), across.size
     displs = prefix(counts)

@@ -8,10 +8,12 @@ import numpy as np
 from .. import _validate as V
 from .._errors import CollectiveArgumentError
 from .._params import CommParam
-from .._plan import Call, Plan
+from .._call import Call
+from .._plan import Plan
 from .._numeric import copy_pairs
 from ._agree import uniform
-from ._base import PREPARE, RUN, Operation
+from ._base import Operation
+from ._modes import PREPARE, RUN
 
 
 __all__ = ["AllToAllOperation", "AllToAllParam", "AllToAllVOperation", "AllToAllVParam", "AllToAllVV2Operation",

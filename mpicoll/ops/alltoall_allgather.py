@@ -12,9 +12,11 @@ import numpy as np
 
 from .. import _validate as V
 from .._params import CommParam
-from .._plan import Call, Plan
-from .._domains import resolve
-from ._base import PREPARE, RUN, Operation
+from .._call import Call
+from .._plan import Plan
+from .._mesh import check_domains, mesh_domains
+from ._base import Operation
+from ._modes import PREPARE, RUN
 
 __all__ = ["AllToAllAllGatherOperation", "AllToAllAllGatherParam"]
 
@@ -54,6 +56,10 @@ class AllToAllAllGatherOperation(Operation):
     NAME = "AllToAllAllGather"
     PARAM = AllToAllAllGatherParam
 
+    @staticmethod
+    def show_params(value: int) -> str:
+        return f"ep={value >> 20} x tp={value & 0xFFFFF}"
+
     def execute(self, x: np.ndarray, out: tuple[np.ndarray, np.ndarray] | None = None
                 ) -> tuple[np.ndarray, np.ndarray]:
         """Exchange ``x`` over ep, then gather the result over tp.
@@ -72,20 +78,10 @@ class AllToAllAllGatherOperation(Operation):
         return self._call((x, out), PREPARE)
 
     def _bind_param(self) -> None:
-        p, mesh = self.param, self._lib
-        if not p.group_ep or not p.group_tp or p.group_ep == p.group_tp:
-            raise V.arg_error(self.NAME, "group_tp", p.group_tp, self.rank,
-                              f"group_ep ({p.group_ep!r}) and group_tp must name two different domains")
-        self._ep = resolve(self.NAME, None, p.group_ep, p.ep_world_size, "group_ep")
-        self._tp = resolve(self.NAME, None, p.group_tp, p.tp_world_size, "group_tp")
-        for name, comm, size in (("ep_world_size", self._ep, p.ep_world_size), ("tp_world_size", self._tp,
-                                                                                  p.tp_world_size)):
-            if size is not None and size != comm.size:
-                raise V.arg_error(self.NAME, name, size, self.rank, f"the domain has {comm.size} members")
-            if not set(comm.world_ranks) <= set(mesh.world_ranks):
-                raise V.arg_error(self.NAME, name[:2] + " domain", list(comm.world_ranks), self.rank,
-                                  f"must lie inside {mesh.label} ({list(mesh.world_ranks)})")
-        self._comms = (mesh, self._ep, self._tp)
+        p, op, r = self.param, self.NAME, self.rank
+        self._ep, self._tp = mesh_domains(op, r, p.group_ep, p.group_tp, p.ep_world_size, p.tp_world_size)
+        check_domains(op, r, self._lib, self._ep, self._tp, p.ep_world_size, p.tp_world_size)
+        self._comms = (self._lib, self._ep, self._tp)
 
     def describe(self, x, out=None) -> Call:
         x, dt, src = self._data(x)
@@ -104,6 +100,3 @@ class AllToAllAllGatherOperation(Operation):
         m, z, (y,) = call.dt.mpi, call.out, call.args
         go.mpi(self._ep, "Alltoall", [call.x, m], [z, m])
         go.mpi(self._tp, "Allgather", [z, m], [y, m])
-
-
-V.PARAM_DESCRIBERS["AllToAllAllGather"] = lambda v: f"ep={v >> 20} x tp={v & 0xFFFFF}"

@@ -9,9 +9,11 @@ from .. import _shm
 from .. import _validate as V
 from .._numeric import copy_pairs
 from .._params import CommParam
-from .._plan import Call, Plan
+from .._call import Call
+from .._plan import Plan
 from .._numeric import pack, scatter_pairs
-from ._base import PREPARE, RUN, Operation
+from ._base import Operation
+from ._modes import PREPARE, RUN
 
 
 __all__ = ["BroadcastOperation", "BroadcastParam"]

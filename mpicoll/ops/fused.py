@@ -20,20 +20,21 @@ to its source rank: ``y`` has the forward's input layout, (E, C, H/tp) or (E, C/
 """
 from __future__ import annotations
 
-import math
 from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
 
 from .. import _validate as V
-from .._dtypes import REDUCE_OPS
-from .._numeric import from_f32, to_f32
+from .._dtypes import HALF_FLOATS, REDUCE_OPS
 from .._params import CommParam
-from .._plan import Call, Plan
-from .._comm import node_affinities
-from .._domains import resolve
-from ._base import PREPARE, RUN, Operation
+from .._call import Call
+from .._plan import Plan
+from .._mesh import check_domains, mesh_domains
+from ._base import Operation
+from ._modes import PREPARE, RUN
+from ._moe import (bias_and_pack, blas_threads, bmm, bmm_part, pack_tile, place_tile, rows_of,
+                   unpack_back)
 from ._reduce import reduce_scatter
 
 __all__ = ["AlltoAllAllGatherBatchMatMulOperation", "AlltoAllAllGatherBatchMatMulParam",
@@ -45,89 +46,6 @@ SIZES = (2, 4, 8, 16, 32)
 ACT_TYPES = {"none": 0, "gelu": 1, "silu": 2, "relu": 3, "fastgelu": 4}
 #: chunks of experts by default (measured, docs/fused.md): the work in at most this many chunks
 DEFAULT_CHUNKS = 4
-#: rows of y2 one matmul step takes at most: between steps, MPI moves the collectives in flight on
-ROWS_PER_STEP = 128
-
-
-_ERFC = (np.float32(-0.82215223), np.float32(1.48851587), np.float32(-1.13520398), np.float32(0.27886807),
-         np.float32(-0.18628806), np.float32(0.09678418), np.float32(0.37409196), np.float32(1.00002368),
-         np.float32(-1.26551223))
-
-
-def _erfc(x: np.ndarray) -> np.ndarray:
-    """erfc of float32 ``x``, float32, with a relative error below 1.2e-7 everywhere (the Chebyshev
-    fit of Press et al., Numerical Recipes 6.2): GELU of a large negative value keeps its
-    significant bits, where 1 + erf(x) would cancel. numpy has no erf. In place, pass by pass."""
-    z = np.abs(x)
-    t = np.multiply(z, np.float32(0.5))
-    t += np.float32(1)
-    np.reciprocal(t, out=t)
-    p = np.multiply(t, np.float32(0.17087277))
-    for k in _ERFC[:-1]:
-        p += k
-        p *= t
-    p += _ERFC[-1]
-    np.multiply(z, z, out=z)
-    p -= z
-    np.exp(p, out=p)
-    p *= t
-    np.subtract(np.float32(2), p, out=p, where=x < 0)
-    return p
-
-
-def activate(act: int, v: np.ndarray) -> np.ndarray:
-    """The activation ``act`` of float32 ``v``, in place (returns ``v``)."""
-    if act == 1:                   # 0.5 x (1 + erf(x / sqrt 2)) = 0.5 x erfc(-x / sqrt 2)
-        e = _erfc(v * np.float32(-1 / math.sqrt(2)))
-        v *= np.float32(0.5)
-        v *= e
-    elif act in (2, 4):            # x sigmoid(x) and x sigmoid(1.702 x)
-        d = np.multiply(v, np.float32(-1 if act == 2 else -1.702))
-        with np.errstate(over="ignore"):                  # exp overflow: inf, then x / inf = -0, the limit
-            np.exp(d, out=d)
-        d += np.float32(1)
-        v /= d
-    elif act == 3:
-        np.maximum(v, np.float32(0), out=v)
-    return v
-
-
-def _f32(a: np.ndarray) -> np.ndarray:
-    """A float32 copy of a 16-bit float array (the C kernels where built)."""
-    out = np.empty(a.shape, np.float32)
-    if a.flags.c_contiguous:
-        return to_f32(a.reshape(-1), out.reshape(-1)).reshape(a.shape)
-    np.copyto(out, a)
-    return out
-
-
-def _round(v: np.ndarray, out: np.ndarray) -> np.ndarray:
-    """Round float32 ``v`` into 16-bit ``out`` (contiguous), to nearest even."""
-    return from_f32(np.ascontiguousarray(v).reshape(-1), out.reshape(-1)).reshape(out.shape)
-
-
-# ----------------------------------------------------------------------------- BLAS threads
-
-_THREADS: dict[int, int] = {}
-_CONTROLLER: list = []
-
-
-def blas_threads(lib) -> int:
-    """Cores per rank on this node: the cores this process may use, shared by the node's ranks of
-    ``lib`` (collective over ``lib`` the first time, when the operation binds)."""
-    if lib.ident not in _THREADS:
-        lib.meet("count the cores of its node")
-        sets, here = node_affinities(lib.mpi)
-        _THREADS[lib.ident] = max(1, min(len(here), len(set().union(*sets)) // len(sets)))
-    return _THREADS[lib.ident]
-
-
-def _limit(threads: int):
-    """threadpoolctl's limit of BLAS threads (the controller made once per process)."""
-    if not _CONTROLLER:
-        from threadpoolctl import ThreadpoolController
-        _CONTROLLER.append(ThreadpoolController())
-    return _CONTROLLER[0].limit(limits=threads, user_api="blas")
 
 
 # ----------------------------------------------------------------------------- the forward operator
@@ -169,16 +87,9 @@ class _Mesh(Operation):
 
     def _bind_param(self) -> None:
         p, mesh, op, r = self.param, self._lib, self.NAME, self.rank
-        for name in ("group_ep", "group_tp"):
-            v = getattr(p, name)
-            if not isinstance(v, str) or not 0 < len(v) < 128:
-                raise V.arg_error(op, name, v, r, "must be a domain name of 1 to 127 characters")
-        if p.group_ep == p.group_tp:
-            raise V.arg_error(op, "group_tp", p.group_tp, r, f"must differ from group_ep ({p.group_ep!r})")
         # the collective set-up first (its domains, the node's cores), then the rules one rank may
         # break alone: their error is agreed at the first call, with every member past the set-up
-        self._ep = resolve(op, None, p.group_ep, p.ep_world_size, "group_ep")
-        self._tp = resolve(op, None, p.group_tp, p.tp_world_size, "group_tp")
+        self._ep, self._tp = mesh_domains(op, r, p.group_ep, p.group_tp, p.ep_world_size, p.tp_world_size)
         self._threads = blas_threads(mesh)
         for name, v in (("ep_world_size", p.ep_world_size), ("tp_world_size", p.tp_world_size)):
             if v is not None and v not in SIZES:
@@ -188,16 +99,7 @@ class _Mesh(Operation):
             raise V.arg_error(op, self.SHARD_FIELD, shard, r, "must be 0 (along H) or 1 (along C)")
         if isinstance(p.chunks, bool) or not isinstance(p.chunks, (int, np.integer)) or p.chunks < 0:
             raise V.arg_error(op, "chunks", p.chunks, r, "must be an int >= 0 (0: the default)")
-        for name, comm, size in (("ep_world_size", self._ep, p.ep_world_size), ("tp_world_size", self._tp,
-                                                                                  p.tp_world_size)):
-            if comm.size not in SIZES:
-                raise V.arg_error(op, name, comm.size, r, f"the domain has {comm.size} members: must be one of "
-                                  f"{list(SIZES)}")
-            if size is not None and size != comm.size:
-                raise V.arg_error(op, name, size, r, f"the domain has {comm.size} members")
-            if not set(comm.world_ranks) <= set(mesh.world_ranks):
-                raise V.arg_error(op, name[:2] + " domain", list(comm.world_ranks), r,
-                                  f"must lie inside {mesh.label} ({list(mesh.world_ranks)})")
+        check_domains(op, r, mesh, self._ep, self._tp, p.ep_world_size, p.tp_world_size, SIZES)
         self._comms = (mesh, self._ep, self._tp)
         self._shard = int(shard)
 
@@ -210,8 +112,8 @@ class _Mesh(Operation):
     def _x(self, x: Any) -> tuple[np.ndarray, Any, np.ndarray | None]:
         """:meth:`_data` of x, whose dtype must be float16 or bfloat16 (both fused operators)."""
         x, dt, src = self._data(x)
-        if dt.name not in ("float16", "bfloat16"):
-            raise V.arg_error(self.NAME, "x.dtype", dt.name, self.rank, "must be float16 or bfloat16")
+        if dt.name not in HALF_FLOATS:
+            raise V.arg_error(self.NAME, "x.dtype", dt.name, self.rank, f"must be {' or '.join(HALF_FLOATS)}")
         return x, dt, src
 
 
@@ -304,7 +206,7 @@ class AlltoAllAllGatherBatchMatMulOperation(_Mesh):
 
         def exchange(i):                                 # tile i's AllToAll over ep, started
             e0, e1, c0, c1, send, recv, _ = bufs[i]
-            go.local(_pack_tile, x, send, Ee, e0, e1, c0, c1)
+            go.local(pack_tile, x, send, Ee, e0, e1, c0, c1)
             return go.start(self._ep, "Alltoall", [send, m], [recv, m])
 
         def gather(i):                                   # tile i's AllGather over tp, started
@@ -319,8 +221,8 @@ class AlltoAllAllGatherBatchMatMulOperation(_Mesh):
             a[1] = exchange(1)
         for i, (e0, e1, c0, c1, _, _, gat) in enumerate(bufs):
             go.wait(g[i])
-            go.local(_place, gat, gathered, e0, e1, c0, c1, shard)
-            steps = [(e, r0, r1) for e in range(e0, e1) for r0, r1 in _rows_of(ep, tp, C, cx, c0, c1, shard)]
+            go.local(place_tile, gat, gathered, e0, e1, c0, c1, shard)
+            steps = [(e, r0, r1) for e in range(e0, e1) for r0, r1 in rows_of(ep, tp, C, cx, c0, c1, shard)]
             half = len(steps) // 2
             for k, (e, r0, r1) in enumerate(steps):
                 if k == half and i + 1 < len(bufs):      # the next tile's AllGather, the one after's AllToAll
@@ -328,7 +230,7 @@ class AlltoAllAllGatherBatchMatMulOperation(_Mesh):
                     g[i + 1] = gather(i + 1)
                     if i + 2 < len(bufs):
                         a[i + 2] = exchange(i + 2)
-                go.local(_bmm, gathered, w, b, y3, y1, e, r0, r1, self._act, self._threads)
+                go.local(bmm, gathered, w, b, y3, y1, e, r0, r1, self._act, self._threads)
                 for t in (a.get(i + 1), g.get(i + 1), a.get(i + 2)):
                     if t is not None:
                         go.test(t)
@@ -343,51 +245,6 @@ class AlltoAllAllGatherBatchMatMulOperation(_Mesh):
         bounds = [cx * i // q for i in range(q + 1)]
         return [(e, e + 1, bounds[j], bounds[j + 1]) for e in range(experts) for j in range(q)
                 if bounds[j + 1] > bounds[j]] or [(0, experts, 0, cx)]
-
-
-def _rows_of(ep: int, tp: int, C: int, cx: int, c0: int, c1: int, shard: int):
-    """The runs of y2's rows a tile fills, cut at ROWS_PER_STEP: token rows [c0, c1) of each
-    source block, a block being ``s*C`` (shard 0, cx = C) or ``(s*tp + t)*(C/tp)`` (shard 1)."""
-    if c0 == 0 and c1 == cx:
-        runs = [(0, ep * C)]                          # (whole experts: one run)
-    else:
-        runs = [(blk * cx + c0, blk * cx + c1) for blk in range(ep if shard == 0 else ep * tp)]
-    for first, end in runs:
-        for r0 in range(first, end, ROWS_PER_STEP):
-            yield r0, min(r0 + ROWS_PER_STEP, end)
-
-
-def _pack_tile(x: np.ndarray, send: np.ndarray, Ee: int, e0: int, e1: int, c0: int, c1: int) -> None:
-    """send[j] = x's experts [j*Ee + e0, j*Ee + e1), token rows [c0, c1): block j of dim 0 goes to ep
-    rank j."""
-    ep = send.shape[0]
-    np.copyto(send, x.reshape(ep, Ee, *x.shape[1:])[:, e0:e1, c0:c1])
-
-
-def _place(gat: np.ndarray, y2: np.ndarray, e0: int, e1: int, c0: int, c1: int, shard: int) -> None:
-    """A gathered tile (tp, ep, k, rows c0..c1, H') into y2 by SPEC's index formulas."""
-    tp, ep, k, _, h = gat.shape
-    if shard == 0:    # y2[e, s*C + c, t*(H/tp) + h] = gat[t, s, e, c, h]
-        C = y2.shape[1] // ep
-        y2[e0:e1].reshape(k, ep, C, tp, h)[:, :, c0:c1] = gat.transpose(2, 1, 3, 0, 4)
-    else:             # y2[e, (s*tp + t)*(C/tp) + c, h] = gat[t, s, e, c, h]
-        cs = y2.shape[1] // (ep * tp)
-        y2[e0:e1].reshape(k, ep, tp, cs, h)[:, :, :, c0:c1] = gat.transpose(2, 1, 0, 3, 4)
-
-
-def _bmm(y2: np.ndarray, w: np.ndarray, b: np.ndarray | None, y3: np.ndarray | None, y1: np.ndarray, e: int,
-         r0: int, r1: int, act: int, threads: int) -> None:
-    """Rows [r0, r1) of expert e: y3 = round(f32(y2) @ f32(w) + f32(b)); y1 = round(act(f32(y3)))."""
-    with _limit(threads):
-        v = np.matmul(_f32(y2[e, r0:r1]), _f32(w[e]))
-    if b is not None:
-        v += _f32(b[e]).reshape(1, -1) if b.dtype != np.float32 else b[e].reshape(1, -1)
-    if act == 0:
-        _round(v, y1[e, r0:r1])
-        return
-    tgt = y3[e, r0:r1] if y3 is not None else np.empty(v.shape, y1.dtype)
-    _round(v, tgt)
-    _round(activate(act, _f32(tgt)), y1[e, r0:r1])
 
 
 def _weight(op: str, name: str, w: Any, dt, lead: tuple, rank: int) -> np.ndarray:
@@ -522,45 +379,16 @@ class BatchMatMulReduceScatterAlltoAllOperation(_Mesh):
             mine = np.empty((k, ep, *block), dt.np)              # this rank's share, reduced over tp
             send, back = np.empty((ep, k, *block), dt.np), np.empty((ep, k, *block), dt.np)
             for e in range(e0, e1):                              # (the previous chunk's AllToAll in flight)
-                go.local(_bmm_part, x, w, part, e0, e, shard, self._threads)
+                go.local(bmm_part, x, w, part, e0, e, shard, self._threads)
                 if prev is not None:
                     go.test(prev[0])
             reduce_scatter(go, self._tp, part.reshape(-1), [part[0].size] * tp, dt, REDUCE_OPS["sum"],
                            mine.reshape(-1))
-            go.local(_bias_and_pack, mine, b, e0, e1, send)
+            go.local(bias_and_pack, mine, b, e0, e1, send)
             if prev is not None:
                 go.wait(prev[0])
-                go.local(_unpack_back, *prev[1:])
+                go.local(unpack_back, *prev[1:])
             prev = (go.start(self._ep, "Alltoall", [send, m], [back, m]), back, y, Ee, e0, e1)
         if prev is not None:
             go.wait(prev[0])
-            go.local(_unpack_back, *prev[1:])
-
-
-def _bmm_part(x: np.ndarray, w: np.ndarray, part: np.ndarray, e0: int, e: int, shard: int, threads: int) -> None:
-    """Expert e's partial product, rounded, into its tp blocks: part[t, e - e0, s] is the block of
-    tokens from ep rank s that tp rank t keeps (by the forward's index formulas, inverted)."""
-    with _limit(threads):
-        v = np.matmul(_f32(x[e]), _f32(w[e]))                   # (ep*C, H)
-    tp, _, ep, c, h = part.shape
-    if shard == 0:    # row s*C + c, column t*(H/tp) + h
-        src = v.reshape(ep, c, tp, h).transpose(2, 0, 1, 3)
-    else:             # row (s*tp + t)*(C/tp) + c, column h
-        src = v.reshape(ep, tp, c, h).transpose(1, 0, 2, 3)
-    _round(np.ascontiguousarray(src), part[:, e - e0])
-
-
-def _bias_and_pack(mine: np.ndarray, b: np.ndarray | None, e0: int, e1: int, send: np.ndarray) -> None:
-    """send[s, e] = mine[e, s] + bias[e] (float32, rounded): what goes back to ep rank s."""
-    if b is None:
-        np.copyto(send, mine.transpose(1, 0, 2, 3))
-        return
-    k = e1 - e0
-    v = _f32(mine) + (_f32(b[e0:e1]) if b.dtype != np.float32 else b[e0:e1]).reshape(k, 1, 1, -1)
-    _round(np.ascontiguousarray(v.transpose(1, 0, 2, 3)), send)
-
-
-def _unpack_back(back: np.ndarray, y: np.ndarray, Ee: int, e0: int, e1: int) -> None:
-    """y[j*Ee + e, c, h] = back[j, e - e0, c, h]: expert owner j's results for this rank's tokens."""
-    ep = back.shape[0]
-    y.reshape(ep, Ee, *y.shape[1:])[:, e0:e1] = back
+            go.local(unpack_back, *prev[1:])

@@ -7,8 +7,10 @@ import numpy as np
 
 from .._numeric import copy_pairs
 from .._params import CommParam
-from .._plan import Call, Plan
-from ._base import PREPARE, RUN, Operation
+from .._call import Call
+from .._plan import Plan
+from ._base import Operation
+from ._modes import PREPARE, RUN
 
 __all__ = ["GatherOperation", "GatherParam"]
 

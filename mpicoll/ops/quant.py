@@ -16,14 +16,15 @@ from dataclasses import dataclass
 import numpy as np
 from mpi4py import MPI
 
-from .. import _validate as V
 from .._dtypes import DTYPES
 from .._errors import CollectiveArgumentError, arg_error
 from .._numeric import dequant_sum, dequant_sum_quantize, quantize_into
 from .._params import CommParam
-from .._plan import Call, Plan
+from .._call import Call
+from .._plan import Plan
 from .._numeric import prefix, split_even
-from ._base import PREPARE, RUN, Operation
+from ._base import Operation
+from ._modes import PREPARE, RUN
 
 __all__ = ["QuantAllReduceOperation", "QuantAllReduceParam", "dequantize", "quantize"]
 
@@ -193,7 +194,12 @@ class QuantAllReduceOperation(Operation):
 
     NAME = "QuantAllReduce"
     PARAM = QuantAllReduceParam
+
     RULES_ON_DATA = True                    # (scales must be finite and >= 0)
+
+    @staticmethod
+    def show_params(value: int) -> str:
+        return f"block_size={value // 2}, allgather_dtype={'int8' if value & 1 else 'float16'}"
 
     def execute(self, x: np.ndarray, scale, out: np.ndarray | None = None) -> np.ndarray:
         """Sum the dequantized ``x`` of every rank.
@@ -336,6 +342,3 @@ def bytes_per_rank(size: int, n: int, block_size: int, allgather_dtype: str = "f
     if allgather_dtype == "int8" and block_size:
         sent += -(-size // block_size) * 4 * share
     return int(sent)
-
-
-V.PARAM_DESCRIBERS["QuantAllReduce"] = lambda v: f"block_size={v // 2}, allgather_dtype={'int8' if v & 1 else 'float16'}"

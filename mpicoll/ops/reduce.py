@@ -8,8 +8,10 @@ import numpy as np
 from .. import _shm
 from .._numeric import average, reduce_rows
 from .._params import ReduceTypeParam
-from .._plan import Call, Plan
-from ._base import PREPARE, RUN, ReduceTypeOperation
+from .._call import Call
+from .._plan import Plan
+from ._base import ReduceTypeOperation
+from ._modes import PREPARE, RUN
 from .allreduce import reduce_pieces
 
 __all__ = ["ReduceOperation", "ReduceParam"]

@@ -9,8 +9,10 @@ from .. import _shm
 from .. import _validate as V
 from .._numeric import average, reduce_rows
 from .._params import ReduceTypeParam
-from .._plan import Call, Plan
-from ._base import PREPARE, RUN, ReduceTypeOperation
+from .._call import Call
+from .._plan import Plan
+from ._base import ReduceTypeOperation
+from ._modes import PREPARE, RUN
 from ._reduce import reduce_scatter
 
 

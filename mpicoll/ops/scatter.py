@@ -8,8 +8,10 @@ from mpi4py import MPI
 
 from .. import _validate as V
 from .._params import CommParam
-from .._plan import Call, Plan
-from ._base import PREPARE, RUN, Operation
+from .._call import Call
+from .._plan import Plan
+from ._base import Operation
+from ._modes import PREPARE, RUN
 
 __all__ = ["ScatterOperation", "ScatterParam"]
 
@@ -34,6 +36,7 @@ class ScatterOperation(Operation):
 
     NAME = "Scatter"
     PARAM = ScatterParam
+    SHAPE_NAME = "block shape (out.shape; x.shape[0] // rank_size on the root)"
 
     def execute(self, x: np.ndarray | None, out: np.ndarray | None = None) -> np.ndarray:
         """Receive this rank's block of the root's ``x``.
@@ -90,6 +93,3 @@ class ScatterOperation(Operation):
     def land(self, call, rows, table, go) -> None:
         k = call.out.size
         go.local(np.copyto, call.out.reshape(-1), rows[self._root][self.rank * k:(self.rank + 1) * k])
-
-
-V.SHAPE_NAMES["Scatter"] = "block shape (out.shape; x.shape[0] // rank_size on the root)"

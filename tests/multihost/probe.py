@@ -37,4 +37,4 @@ for dtype in (np.int32, np.int8, np.float32, ml_dtypes.bfloat16):
     sent[np.dtype(dtype).name] = dict(world.gather((host, after - before)) or [])
 hosts = world.gather(host)
 if world.Get_rank() == 0:
-    print(json.dumps({"hosts": hosts, "tx": sent, "nbytes": 16 << 20, "tiers": lib_world()._tiers is not None}))
+    print(json.dumps({"hosts": hosts, "tx": sent, "nbytes": 16 << 20, "tiers": lib_world().tiered is not None}))
