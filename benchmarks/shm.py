@@ -38,6 +38,7 @@ from mpi4py import MPI
 
 import mpicoll
 import mpicoll._shm
+from mpicoll._thresholds import VALUES
 from mpicoll import _env
 from mpicoll._dtypes import DTYPES
 from mpicoll.checks._golden import raw_reduce_type
@@ -57,9 +58,9 @@ def make_plan(cls, param_cls, slot: int | None, *args, one_shot: int | None = No
     os.environ["MPICOLL_SHM"] = "0" if slot is None else "1"
     _env.reread()                 # (mpicoll keeps what it read: read it again, here and below)
     if slot:
-        mpicoll._shm.SLOT_BYTES = slot
+        VALUES["window.slot"] = slot
     if one_shot is not None:
-        mpicoll._shm.ONE_SHOT_BYTES = one_shot
+        VALUES["window.one_shot"] = one_shot
     try:
         more = {"reduce_type": "sum"} if "reduce_type" in param_cls.__dataclass_fields__ else {}
         return cls(param_cls(comm=COMMS[slot], **more), validate=False).prepare(*args, **kw)
@@ -168,17 +169,17 @@ def main() -> None:
                          "results: timing only)")
     ap.add_argument("--tx", action="store_true", help="also the bytes each variant sends from the busiest host, over "
                                                       "the message size (several hosts: the test bed)")
-    ap.add_argument("--slot", default=str(mpicoll._shm.SLOT_BYTES),
+    ap.add_argument("--slot", default=str(VALUES["window.slot"]),
                     help="window bytes per rank per round; several (comma-separated) compare windows of each "
                          "size in the same run (the first is 'window' in the ratios)")
-    ap.add_argument("--one-shot", default=str(mpicoll._shm.ONE_SHOT_BYTES),
+    ap.add_argument("--one-shot", default=str(VALUES["window.one_shot"]),
                     help="ONE_SHOT_BYTES: AllReduce goes in one shot up to this over n (n - 1) bytes per message; "
                          "several compare, paired with --slot's values in order")
     ap.add_argument("--no-threshold", action="store_true",
                     help="use the window at every size (an experiment: how the thresholds were chosen)")
     a = ap.parse_args()
     if a.no_threshold:
-        mpicoll._shm.ALLREDUCE_BYTES = mpicoll._shm.ALLREDUCE_16BIT_BYTES = mpicoll._shm.REDUCE_SCATTER_BYTES = 0
+        VALUES["window.allreduce"] = VALUES["window.allreduce.16bit"] = VALUES["window.reduce_scatter"] = 0
     ap_slots = [int(s) for s in a.slot.split(",")]
     ap_shots = [int(s) for s in a.one_shot.split(",")]
     k = max(len(ap_slots), len(ap_shots))

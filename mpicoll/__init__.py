@@ -12,6 +12,7 @@ from ._handle import Handle
 from ._plan import Plan
 from ._shm import node_buffer
 from .hccl import Hccl
+from .tracing import trace, trace_report
 from .ops import *  # noqa: F401,F403 - every operator module's public names (ops.__all__)
 from .ops import __all__ as _ops_all
 
@@ -21,5 +22,5 @@ __all__ = [
     "ALL_DTYPES", "CollectiveArgumentError", "CollectiveError", "CollectiveMismatchError", "CollectiveTimeout",
     "CommMode", "CommParam", "Handle", "Hccl", "HcclDataType", "HcclReduceOp", "Mesh", "Plan", "RankTable",
     "declare_domains", "domain", "domain_members", "init", "load_rank_table", "mesh", "node_buffer", "rank_table",
-    *_ops_all,
+    "trace", "trace_report", *_ops_all,
 ]

@@ -32,7 +32,7 @@ from typing import Any, Callable
 import numpy as np
 from mpi4py import MPI
 
-from . import _exit, _watchdog
+from . import _exit, _trace, _watchdog
 from ._errors import CollectiveError, CollectiveTimeout
 
 #: guards the process-wide state (caches, the queues) for programs that call mpicoll from threads
@@ -87,7 +87,7 @@ class LibComm:
         local: every member runs on one node and ``MPICOLL_SHM`` is on (agreed): large reductions
             may use the node window (:func:`mpicoll._shm.node_window`).
         exact: ``MPICOLL_EXACT`` (agreed, on by default): float reductions reduce in the tree order on
-            every path (``ops._reduce.ordered``, docs/reproducibility.md), never in MPI's own
+            every path (``ops._paths.ordered``, docs/reproducibility.md), never in MPI's own
             reduction, whose order depends on the size and the MPI library.
         buffers: its node buffers (:func:`mpicoll._shm.node_buffer`), freed with it.
         per_node: the members span several nodes, each holding this many (more than one) of them,
@@ -95,7 +95,7 @@ class LibComm:
             (:func:`mpicoll._making.tiers`).
         blocks: with ``per_node``, each node holds consecutive ranks, the nodes in rank order (block
             placement, agreed): with a power of two on each, a tree-order sum can go in tiers
-            (``ops._reduce.aligned``).
+            (``ops._paths.aligned``).
         crowded: this rank's node runs more ranks than it has cores (:func:`mpicoll._watchdog.crowded`,
             from its members' CPU sets there and the launcher's count): with ``MPICOLL_WAIT=auto`` its
             messages are waited for by polling between sleeps (:mod:`mpicoll._messages`).
@@ -109,13 +109,15 @@ class LibComm:
             plans on it raise (:func:`check_live`) instead of calling MPI on a freed handle.
         node_comm: with ``per_node``, this rank's node's members (an MPI communicator, kept for the
             tiers), else None; tiered: the tiers, once made (:func:`mpicoll._making.tiers`).
+        flight: its flight recorder (:class:`mpicoll._trace.Ring`: its last ``MPICOLL_FLIGHT`` calls),
+            or None (``MPICOLL_FLIGHT=0``).
     """
 
     __slots__ = ("mpi", "label", "rank", "size", "world_ranks", "ident", "validate", "debug", "local", "exact",
                  "timeout", "busy", "worker",
                  "calls", "seq", "pending", "plain", "freed", "per_node", "blocks", "crowded", "buffers", "_win",
                  "_mark", "_node",
-                 "node_comm", "tiered", "__weakref__")
+                 "node_comm", "tiered", "flight", "__weakref__")
 
     def __init__(self, mpi: MPI.Comm, label: str, validate: bool, debug: bool, watched: bool,
                  local: bool = False, split: MPI.Comm | None = None, exact: bool = True,
@@ -138,6 +140,8 @@ class LibComm:
         self.plain = not debug and not watched
         self.freed = False
         self.busy = threading.RLock()      # held by the thread inside a call on it (:meth:`enter`)
+        size = _trace.flight_size()
+        self.flight = _trace.Ring(size, label, self.world_ranks, self.rank) if size else None
         if watched:
             self._win = MPI.Win.Allocate(MARK_WORDS * 8, 8, comm=mpi)
             self._mark = np.frombuffer(self._win.tomemory(), dtype=np.int64)

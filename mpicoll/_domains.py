@@ -22,7 +22,7 @@ from typing import Any
 import numpy as np
 from mpi4py import MPI
 
-from . import _rendezvous, _watchdog
+from . import _rendezvous, _trace, _watchdog
 from ._comm import LOCK, LibComm, alive
 from ._making import make
 from ._errors import CollectiveArgumentError, CollectiveError, arg_error
@@ -69,11 +69,14 @@ def _own(comm: MPI.Comm, name: str, label: str, timeout: float | None = None,
     ``MPI_Init`` returned, with a peer starting 2 s later, left that peer working).
     """
     global _UNLINKED
-    if not _UNLINKED:
+    first = not _UNLINKED
+    if first:
         _UNLINKED = True
         _watchdog.unlink_own_segments()
     comm.Set_name(name)
-    return make(comm, label, timeout, set_up)
+    lib = make(comm, label, timeout, set_up)
+    _trace.from_settings(first, lib.mpi if name == "mpicoll.world" else None)   # (MPICOLL_TRACE)
+    return lib
 
 
 def _dup(comm: MPI.Comm, what: str, timeout: float | None = None, set_up: float | None = None) -> MPI.Comm:

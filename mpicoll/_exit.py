@@ -15,7 +15,7 @@ from typing import Any, Callable
 
 from mpi4py import MPI
 
-from . import _env, _traceback
+from . import _env, _trace, _traceback
 from ._errors import CollectiveError
 
 #: communicators holding a window (arrival marks, a node window, node buffers), in creation order:
@@ -44,6 +44,7 @@ def register(finalizing: Callable[[], None]) -> None:
         _WORLD_RANK.append(MPI.COMM_WORLD.Get_rank())
         _previous_hook.append(sys.excepthook)
         sys.excepthook = _excepthook
+        _trace.on_signal()
 
 
 def hold(comm: Any) -> None:
@@ -66,6 +67,8 @@ def _excepthook(kind, exc, tb) -> None:
     ranks) prints its traceback on the lowest member only, one line on the others: a job prints
     one traceback, not one per rank. Anything else goes to the previous hook; an uncaught
     KeyboardInterrupt (Ctrl-C) then aborts the job, under plain ``python`` too."""
+    if not issubclass(kind, (KeyboardInterrupt, SystemExit)):
+        _trace.dump(f"uncaught {kind.__name__}")     # (the flight recorder, before python -m mpi4py aborts)
     members = getattr(exc, "members", None)
     me = _WORLD_RANK[0] if _WORLD_RANK else None
     if members and me in members and me != min(members):

@@ -40,13 +40,18 @@ class Runner:
     """``go`` for ``execute``: each step at once, on the spot (one per operation, reused, under the
     operation's timeout)."""
 
-    __slots__ = ("where", "op", "_flight", "_next", "_scratch")
+    __slots__ = ("where", "op", "_flight", "_next", "_scratch", "taken")
 
     def __init__(self, op: Any) -> None:
         self.where, self.op = (op.NAME, None, ""), op
         self._flight: dict[int, tuple] = {}         # token -> (comm, name, request), oldest first
         self._next = 0
         self._scratch: tuple = (None, None)
+        self.taken: str | None = None               # the path issue last said its call took (took)
+
+    def took(self, path: str) -> None:
+        """``issue`` says which path its call takes (:mod:`mpicoll.ops._paths`; a trace shows it)."""
+        self.taken = path
 
     def scratch(self, make: Callable, *key: Any) -> Any:
         """``make(*key)``: scratch buffers for a call, kept for the next call with the same ``key``
@@ -135,6 +140,7 @@ class Recorder:
         self._open: dict[int, Step] = {}          # token -> its START, oldest first
         self._part = -1
         self._op: tuple | None = None
+        self.taken: str | None = None               # the path issue said its call takes (took)
 
     def begin(self, op: str, comms: tuple[LibComm, ...]) -> None:
         """A call of ``op`` begins (counted on ``comms`` each time it runs, if the plan ``counts``)."""
@@ -147,6 +153,10 @@ class Recorder:
             self.wait(token)
         op, comms = self._op
         self.parts.append(Part(op, comms, len(self.steps), result))
+
+    def took(self, path: str) -> None:
+        """``issue`` says which path its call takes (a compiled call keeps it for its trace)."""
+        self.taken = path
 
     def mpi(self, comm: LibComm, name: str, *args: Any) -> None:
         self.steps.append(Step(MPI_CALL, comm, name, None, args, -1, self._part))

@@ -12,11 +12,11 @@ run through a window of MPI shared memory (``MPI.Win.Allocate_shared``) instead 
   (:func:`~mpicoll._numeric.reduce_rows`: its own block straight from its input, float16/bfloat16
   accumulated in float32), writing the result where it is needed (ReduceScatter: the output);
 * AllReduce: the ranks synchronise again and each copies the reduced blocks of the others out
-  (streamed from ``STREAM_OUT_BYTES`` of output).
+  (streamed from ``window.stream_out`` of output).
 
-Small AllReduces (up to ``ONE_SHOT_BYTES / (n (n - 1))``: the extra reading) go in one shot instead:
+Small AllReduces (up to ``window.one_shot / (n (n - 1))``: the extra reading) go in one shot instead:
 every rank copies its whole input in and, after one Barrier, reduces the whole message from every
-slot. Large payloads go in rounds of at most ``SLOT_BYTES`` (AllReduce: of the message;
+slot. Large payloads go in rounds of at most ``window.slot`` (AllReduce: of the message;
 ReduceScatter: of all blocks together, each in proportion to its count). The window has two halves
 per rank, used by alternate rounds, so one round's copies-in never overwrite what a peer may still
 read from the round before: a ReduceScatter round or a one-shot AllReduce needs one ``Barrier``, a
@@ -24,7 +24,7 @@ two-shot AllReduce round two. The half in use is state of the window, advanced b
 time: every member runs the same rounds in the same order, and a started run holds a call's steps
 together (``Recorder.hold``), so that runs in flight never interleave them.
 
-One window per communicator, ``2 * SLOT_BYTES`` per rank, made (collectively) by the first call
+One window per communicator, ``2 * window.slot`` per rank, made (collectively) by the first call
 that needs it and freed with the communicator (or at exit). MPI owns the memory: MPICH unlinks its
 backing file once every rank has mapped it, so nothing is left in ``/dev/shm`` however the job ends.
 Where ``/dev/shm`` cannot hold the window (agreed, :class:`_Shared`), it is not made: the
@@ -57,41 +57,13 @@ from ._domains import resolve
 from ._dtypes import lookup
 from ._errors import CollectiveError, agreed, arg_error, as_collective_error
 from ._numeric import copy_pairs, prefix, reduce_rows, split_even
+from ._thresholds import value
 
 if TYPE_CHECKING:
     from ._dtypes import DType, ReduceOp
 
-#: bytes per rank per round (and per half of the window)
-SLOT_BYTES = 2 * 1024 * 1024
-#: AllReduce (and Reduce) payloads of at least this many bytes use the window. Measured with
-#: benchmarks/shm.py --no-threshold, float32, time over raw MPICH's (2 runs each): 2 ranks 1.7-2.0x at
-#: 8-12 KiB, 0.53-0.85x at 16 KiB (MPICH's own time jumps there: its eager limit), 0.43-0.75x at 24-32
-#: KiB; 4 ranks 1.3-1.7x, 0.77-0.85x, 0.57-0.83x. Reduce: 1.5-1.7x at 8 KiB, 0.72-0.89x at 16 KiB.
-#: The Open MPI wheel: 0.82-1.20x at 8 KiB, 0.61-0.87x at 16 KiB (2 and 4 ranks).
-ALLREDUCE_BYTES = 16 * 1024
-#: float16/bfloat16 AllReduce payloads from this size use the window: their MPI path casts to
-#: float32 and back (measured with --no-threshold: the window took 0.30-0.38x that path's time at
-#: 8 KiB, 2 ranks, 0.50-0.55x at 4 ranks; at 1-4 KiB 0.6-1.2x)
-ALLREDUCE_16BIT_BYTES = 8 * 1024
-#: A tree-order reduction (a float reduction over more than 2 ranks, ``ops._reduce.ordered``) uses the
-#: window from this size, where it breaks even with an Allgather of every input plus a reduction on
-#: every rank, and wins from 8 KiB (AllReduce, one node, time with the window / with the Allgather,
-#: float32: 3 ranks 1.05-1.07x at 64 B-2 KiB, 1.02x at 4 KiB, 0.62x at 8 KiB; 4 ranks 1.39x at 64 B-2
-#: KiB, 1.00x at 4 KiB, 0.76x at 8 KiB; bfloat16 alike)
-ORDERED_BYTES = 4 * 1024
-#: ReduceScatter(V) payloads (all blocks of one rank) of at least this many bytes use the window
-REDUCE_SCATTER_BYTES = 64 * 1024
-#: AllReduce payloads go in one shot while the extra reading that costs the node, n (n - 1) times
-#: the message (its reductions read all n inputs on every rank, n^2 messages, where two shots' read
-#: n), is at most this many bytes: every rank copies its whole input into its slot and, after one
-#: Barrier, reduces the whole message from every slot (one Barrier instead of two). Measured over
-#: the two-shot time (benchmarks/shm.py --one-shot, medians of 3 runs): 2 ranks 0.76 and 0.88x at
-#: 0.5 and 1 MiB float32 (bfloat16 1.03 and 1.01x); 3 ranks 0.76 and 0.94x at 256 and 320 KiB
-#: (bfloat16 0.82 and 1.01x); 4 ranks 0.88 and 0.98x at 128 and 160 KiB (bfloat16 0.81 and 0.89x),
-#: but 1.06 and 1.25x at 256 and 512 KiB: hence n (n - 1).
-ONE_SHOT_BYTES = 2 * 1024 * 1024
 #: Copies into the window are streamed (stores that bypass the cache) or plain (``np.copyto``),
-#: whichever this rank measured faster lately. Copies of at least PROBE_BYTES are counted and timed:
+#: whichever this rank measured faster lately. Copies of at least ``window.probe`` bytes are counted and timed:
 #: of every PROBE_EVERY of them the last PROBE_LEN take the other kind to compare, and the kind
 #: changes only at the end of such a period. Smaller copies take the kind in use (timing them cost
 #: a 16-32 KiB one-shot AllReduce a quarter of its time). Of the timed copies only warm ones are
@@ -105,15 +77,6 @@ ONE_SHOT_BYTES = 2 * 1024 * 1024
 #: cache. A local choice: either kind writes the same bytes.
 PROBE_EVERY = 128
 PROBE_LEN = 8
-PROBE_BYTES = 64 * 1024
-#: An AllReduce's reduced blocks are copied out of the window with stores that bypass the cache when
-#: its output has at least this many bytes (plainly below). Measured, streamed over plain copies
-#: out, float32, medians of 7 interleaved repetitions per run (1-2 runs): 4 ranks 0.94x at 8 MiB,
-#: 0.74-0.83x at 16-64 MiB (one 64 MiB run 1.04x), 0.92-0.93x at 4 MiB; 3 ranks 0.76-0.91x at 16-64
-#: MiB; 2 ranks 0.88-0.95x at 8-64 MiB (one 64 MiB run 1.02x; bfloat16 0.90-0.97x at 16-64 MiB), but
-#: 1.12x at 4 MiB and 1.04-1.39x at 1 MiB (2-4 ranks). Plain stores into an output larger than the
-#: cache read every line first.
-STREAM_OUT_BYTES = 8 * 1024 * 1024
 #: ``madvise`` advice that gives a range its pages now, and fails (EFAULT, ENOMEM) where a store
 #: would raise SIGBUS: Linux 5.14 on (older kernels and other systems say EINVAL: not checked there)
 MADV_POPULATE_WRITE = 23
@@ -124,15 +87,6 @@ MADV_POPULATE_WRITE = 23
 #: segment while the others wait in ``Allocate_shared`` for good. MPICH needs the bytes alone: the
 #: margin only makes it refuse a window that would have fitted in the last 5% of ``/dev/shm``.
 ROOM_FACTOR, ROOM_EXTRA = 1.05, 16 * 1024
-#: An AllGather from node buffers (:func:`node_buffer`) copies straight from the peers' buffers,
-#: once, when its output is between these sizes. Measured against raw MPICH's call (2 ranks, output
-#: size): 0.42x at 64 KiB, 0.14-0.15x at 1-4 MiB, 0.50x at 16 MiB, 0.63x at 32 MiB, but 1.20x at
-#: 64 MiB (a prototype; MPI's path from the buffer: 0.99x); 4 ranks, 64 MiB out: 1.06x.
-GATHER_BYTES = (64 * 1024, 32 * 1024 * 1024)
-#: A Broadcast whose array is a node buffer copies straight from the root's from this size on:
-#: 0.87x raw MPICH's time at 64 KiB, 0.40-0.72x at 1-32 MiB, 1.06x at 64 MiB (2 ranks); MPI's own
-#: Bcast of a node buffer took 1.22x at 64 MiB (shared memory comes in 4 KiB pages here).
-BROADCAST_BYTES = 64 * 1024
 
 
 def node_window(comm: LibComm) -> "NodeWindow | None":
@@ -242,13 +196,13 @@ class NodeWindow(_Shared):
 
     Attributes:
         half: the half the next round uses (0 or 1), the same on every member.
-        slot_bytes: bytes per rank per half: ``SLOT_BYTES`` when it was made, rounded down to a
+        slot_bytes: bytes per rank per half: ``window.slot`` when it was made, rounded down to a
             multiple of 64 (every dtype's), and at least 64 per member (an element of every dtype
             for each).
     """
 
     def __init__(self, comm: LibComm) -> None:
-        self.slot_bytes = max(SLOT_BYTES // 64 * 64, 64 * comm.size)   # (every dtype's multiple; >= n elements)
+        self.slot_bytes = max(value("window.slot") // 64 * 64, 64 * comm.size)   # (every dtype's multiple; >= n elements)
         super().__init__(comm, 2 * self.slot_bytes, "shared window")
         self.half = 0
         self.plain = False              # the kind of copy in use (False: streamed)
@@ -271,9 +225,9 @@ class NodeWindow(_Shared):
 
     def _copy(self, at: int, nbytes: int, pairs: list) -> None:
         """Copy ``(dst, src)`` pairs into the window (``at``: where they begin, ``nbytes``: how many
-        bytes; :func:`_keyed`), streamed or plain (``PROBE_EVERY``); copies of ``PROBE_BYTES`` or
+        bytes; :func:`_keyed`), streamed or plain (``PROBE_EVERY``); copies of ``window.probe`` or
         more are counted and timed, smaller ones take the kind in use."""
-        timed = nbytes >= PROBE_BYTES
+        timed = nbytes >= value("window.probe")
         k = self._copies % PROBE_EVERY
         plain = self.plain != (timed and k >= PROBE_EVERY - PROBE_LEN)
         t = time.perf_counter()
@@ -423,7 +377,7 @@ def resident(comm: LibComm, table: np.ndarray | None, x: np.ndarray,
 
 def copies(comm: LibComm, nbytes: int, inputs: tuple[NodeBuffer, list] | None, sizes: tuple[int, float]) -> bool:
     """Whether an AllGather or Broadcast of ``nbytes`` of output copies from node buffers (``sizes``:
-    ``GATHER_BYTES``, or ``BROADCAST_BYTES`` and no upper bound)."""
+    ``nodebuf.gather``, or ``nodebuf.broadcast`` and no upper bound)."""
     return inputs is not None and comm.size > 1 and sizes[0] <= nbytes <= sizes[1]
 
 
@@ -449,9 +403,9 @@ def gather(go, comm: LibComm, inputs: tuple[NodeBuffer, list], dests: list) -> N
 def allreduce(go, comm: LibComm, x: np.ndarray, out: np.ndarray | None, dt: DType, rop: ReduceOp,
               in_place: bool, inputs: tuple[NodeBuffer, list] | None = None) -> None:
     """AllReduce (or Reduce) of ``x`` into ``out`` (``in_place``: ``out`` is ``x``; None: a Reduce's other ranks)
-    through the node window. Up to ``ONE_SHOT_BYTES / (n (n - 1))``, in one shot (each rank with an ``out``
+    through the node window. Up to ``window.one_shot / (n (n - 1))``, in one shot (each rank with an ``out``
     reduces the whole message from every slot, in the tree order); else in rounds of at most
-    ``SLOT_BYTES``: each rank reduces one block of the round (``split_even``: the first ranks get one
+    ``window.slot``: each rank reduces one block of the round (``split_even``: the first ranks get one
     element more), in the tree order, and places it in its slot; then every rank with an ``out`` copies
     the blocks out. ``inputs`` (:func:`resident`): every rank's input is in a node buffer, read
     there instead of copied in (in one shot, a last Barrier keeps the inputs until every peer has
@@ -463,7 +417,7 @@ def allreduce(go, comm: LibComm, x: np.ndarray, out: np.ndarray | None, dt: DTyp
     buf, peers = inputs or (None, None)
     go.hold(True)
     go.local(node.check)
-    if flat.nbytes * n * (n - 1) <= ONE_SHOT_BYTES and flat.nbytes <= node.slot_bytes:
+    if flat.nbytes * n * (n - 1) <= value("window.one_shot") and flat.nbytes <= node.slot_bytes:
         if buf is not None:            # (agreed: the same steps on every rank, in place or not)
             rows = ([flat if r == me else p for r, p in enumerate(peers)],) * 2
             into = np.empty_like(flat) if in_place else oflat      # (in place: x is read by the peers
@@ -506,7 +460,7 @@ def allreduce(go, comm: LibComm, x: np.ndarray, out: np.ndarray | None, dt: DTyp
             os_ = oflat[s:s + per]
             get = tuple([(os_[a:b], slots[r][h][a:b]) for r, (a, b) in enumerate(bounds) if r != me]
                         + ([] if direct else [(os_[lo:hi], mine[:hi - lo])]) for h in (0, 1))
-            go.local(node.get, get, oflat.nbytes >= STREAM_OUT_BYTES)
+            go.local(node.get, get, oflat.nbytes >= value("window.stream_out"))
         go.local(node.flip)
     go.hold(False)
 

@@ -87,14 +87,18 @@ TABLE: dict[str, Threshold] = {t.name: t for t in (
 )}
 
 
+#: the values the paths read (tests and ``benchmarks/crossover.py`` set them here, alike on every rank)
+VALUES: dict[str, int | tuple[int, int]] = {name: t.value for name, t in TABLE.items()}
+
+
 def value(name: str) -> int | tuple[int, int]:
     """Threshold ``name``'s value."""
-    return TABLE[name].value
+    return VALUES[name]
 
 
 def shown(t: Threshold) -> str:
-    """A value as ``--info`` shows it: ``64 KiB``, ``64 KiB-32 MiB``."""
+    """A value as ``--info`` shows it: ``64 KiB``, ``64 KiB, 32 MiB``."""
     def size(b: int) -> str:
         return f"{b // MiB} MiB" if b >= MiB and b % MiB == 0 else f"{b // KiB} KiB" if b % KiB == 0 else f"{b} B"
     v = t.value
-    return "-".join(size(b) for b in v) if isinstance(v, tuple) else size(v)
+    return ", ".join(size(b) for b in v) if isinstance(v, tuple) else size(v)

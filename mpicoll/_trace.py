@@ -31,6 +31,7 @@ import threading
 import time
 import weakref
 
+import numpy as np
 from mpi4py import MPI
 
 from . import _env
@@ -45,40 +46,34 @@ _WRITER: "_Writer | None" = None
 OFFSET = 0
 #: the lanes (threads) events are drawn on: the caller's, then each worker's
 _LANES: dict[int, int] = {}
+#: what the stages of the calling thread's call noted for its event (``path``, ``table``:
+#: mpicoll.ops._observe), where a trace runs
+NOTE = threading.local()
 
 
 # ----------------------------------------------------------------------------- the flight recorder
 
 class Ring:
-    """One communicator's last ``size`` calls: ``entered`` counts the calls begun there, ``ended``
-    those that ended (well or not); each entry ``[seq, name, call, dtype, bytes, t0 (ns), outcome]``,
-    its outcome None while it runs."""
+    """One communicator's last ``size`` calls: ``entered`` counts the calls begun there; each entry
+    ``[seq, name, dtype, bytes, t0 (time_ns), outcome]``, its outcome None while it runs (written
+    inline by the call's door, ``ops/_base.Operation._call``: a few stores a call)."""
 
-    __slots__ = ("items", "size", "entered", "ended", "label", "world_ranks", "rank", "__weakref__")
+    __slots__ = ("items", "size", "entered", "label", "world_ranks", "rank", "__weakref__")
 
     def __init__(self, size: int, label: str, world_ranks: tuple, rank: int) -> None:
         self.items: list = [None] * size
-        self.size, self.entered, self.ended = size, 0, 0
+        self.size, self.entered = size, 0
         self.label, self.world_ranks, self.rank = label, tuple(world_ranks), rank
         RINGS.add(self)
 
-    def enter(self, name: str, call: int, dtype: str, nbytes: int) -> list:
-        """A call begins: its entry (which :meth:`leave` ends)."""
-        k = self.entered
-        entry = self.items[k % self.size] = [k, name, call, dtype, nbytes, time.time_ns() - OFFSET, None]
-        self.entered = k + 1
-        return entry
-
-    def leave(self, entry: list, outcome: str = "ok") -> None:
-        entry[6] = outcome
-        self.ended += 1
-
-    def calls(self) -> list[dict]:
-        """The entries kept, oldest first."""
-        kept = [e for e in self.items if e is not None]
-        kept.sort(key=lambda e: e[0])
-        return [{"seq": e[0], "op": e[1], "call": e[2], "dtype": e[3], "bytes": e[4], "t_us": e[5] / 1e3,
-                 "outcome": e[6] or "in flight"} for e in kept]
+    def dumped(self) -> dict:
+        """What a dump says of this communicator: its calls kept, oldest first; ``ended``: the
+        calls that ended (well or not)."""
+        kept = sorted((e for e in list(self.items) if e is not None), key=lambda e: e[0])
+        calls = [{"seq": e[0], "op": e[1], "dtype": None if e[2] is None else str(e[2]), "bytes": e[3],
+                  "t_us": (e[4] - OFFSET) / 1e3, "outcome": e[5] or "in flight"} for e in kept]
+        return {"label": self.label, "world_ranks": list(self.world_ranks), "rank": self.rank,
+                "entered": self.entered, "ended": self.entered - sum(e[5] is None for e in kept), "calls": calls}
 
 
 def flight_size() -> int:
@@ -103,8 +98,7 @@ def dump(reason: str) -> str | None:
     rank = world_rank()
     body = {"rank": rank, "host": socket.gethostname(), "pid": os.getpid(), "reason": reason,
             "time_us": (time.time_ns() - OFFSET) / 1e3,
-            "comms": [{"label": r.label, "world_ranks": list(r.world_ranks), "rank": r.rank, "entered": r.entered,
-                       "ended": r.ended, "calls": r.calls()} for r in list(RINGS)]}
+            "comms": [r.dumped() for r in list(RINGS)]}
     where = dump_dir()
     path = os.path.join(where, f"flight.{rank}.json")
     try:
@@ -242,6 +236,50 @@ def start(where: str, rank: int, offset: int = 0) -> str:
         ON = True
         _LANES.clear()
     return _WRITER.path
+
+
+def current() -> str | None:
+    """The trace file being written (None: none)."""
+    w = _WRITER
+    return None if w is None else w.path
+
+
+def clock_offset(comm: MPI.Comm) -> int:
+    """This rank's clock less world rank 0's, in ns (collective over ``comm``, the world's
+    members): 0 where every rank runs on one host (they share its clock); else from round trips
+    with rank 0, the one of least delay kept (good to half of it)."""
+    hosts = comm.allgather(socket.gethostname())
+    if len(set(hosts)) == 1:
+        return 0
+    me, buf, best = comm.Get_rank(), np.zeros(1, np.int64), (None, 0)
+    for peer in range(1, comm.Get_size()):
+        for _ in range(8):
+            if me == 0:
+                comm.Recv([buf, MPI.INT64_T], peer, 77)
+                buf[0] = time.time_ns()
+                comm.Send([buf, MPI.INT64_T], peer, 77)
+            elif me == peer:
+                t0 = time.time_ns()
+                comm.Send([buf, MPI.INT64_T], 0, 77)
+                comm.Recv([buf, MPI.INT64_T], 0, 77)
+                t1 = time.time_ns()
+                if best[0] is None or t1 - t0 < best[0]:
+                    best = (t1 - t0, (t0 + t1) // 2 - int(buf[0]))
+    return best[1]
+
+
+def from_settings(first: bool, comm: MPI.Comm | None) -> None:
+    """``MPICOLL_TRACE``: start this rank's trace at its first library communicator (``first``),
+    and measure its clock's offset to world rank 0's when the world's is made (``comm``: its
+    members, collective)."""
+    where = _env.value("MPICOLL_TRACE")
+    if not where:
+        return
+    global OFFSET
+    if first and _WRITER is None:
+        start(where, world_rank(), OFFSET)
+    if comm is not None:
+        OFFSET = clock_offset(comm)
 
 
 def stop() -> str | None:

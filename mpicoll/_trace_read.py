@@ -64,7 +64,7 @@ def stragglers(events: list[dict]) -> list[dict]:
         a = e.get("args", {})
         if e.get("ph") != "X" or a.get("last_rank") is None:
             continue
-        key = (a.get("comm"), a.get("call"), e["name"], a.get("seq"))
+        key = (a.get("comm"), e["name"], a.get("seq"))
         late = float(a.get("late_us") or 0.0)
         if key not in worst or late > worst[key][0]:
             worst[key] = (late, int(a["last_rank"]))
@@ -87,7 +87,7 @@ def late_calls(events: list[dict], rank: int | None = None) -> list[dict]:
             continue
         key = (a.get("comm"), e["name"], a.get("seq"))
         row = seen.setdefault(key, {"op": e["name"], "comm": a.get("comm"), "seq": a.get("seq"),
-                                    "call": a.get("call"), "last_rank": a["last_rank"], "late_us": 0.0})
+                                    "last_rank": a["last_rank"], "late_us": 0.0})
         row["late_us"] = max(row["late_us"], float(a.get("late_us") or 0.0))
     return sorted(seen.values(), key=lambda r: (str(r["comm"]), r["seq"] or 0))
 
@@ -153,12 +153,12 @@ def never_entered(dumps: dict[int, dict]) -> list[dict]:
         if low == high and not missing_dumps:
             in_flight = {r: c for r, c in seen.items() if c["ended"] < c["entered"]}
             if in_flight:
-                found.append({"comm": label, "world_ranks": list(members), "seq": None, "op": None, "call": None,
+                found.append({"comm": label, "world_ranks": list(members), "seq": None, "op": None,
                               "missing": [], "no_dump": [], "last": _last_calls(seen)})
             continue
         call = next((c for r, sc in seen.items() for c in sc["calls"] if c["seq"] == low), None)
         found.append({"comm": label, "world_ranks": list(members), "seq": low,
-                      "op": None if call is None else call["op"], "call": None if call is None else call["call"],
+                      "op": None if call is None else call["op"],
                       "missing": sorted(r for r, k in counts.items() if k == low), "no_dump": missing_dumps,
                       "last": _last_calls(seen)})
     return found
@@ -221,12 +221,12 @@ def report(where: str, merge: str | None = None, plot: str | None = None) -> str
             if s["seq"] is None:
                 lines.append(f"{s['comm']}: every member entered {_count(s)}; some are still in it")
             else:
-                lines.append(f"{s['comm']}: call {s['seq']} there ({s['op']}, its call {s['call']}) was never entered "
+                lines.append(f"{s['comm']}: call {s['seq']} there ({s['op']}) was never entered "
                              f"by world rank(s) {s['missing']}" + (f"; no dump from {s['no_dump']}" if s["no_dump"]
                                                                     else ""))
             for r, c in s["last"].items():
                 lines.append(f"    world rank {r}: " + ("no call" if c is None else
-                                                        f"last {c['op']} (seq {c['seq']}, call {c['call']}): "
+                                                        f"last {c['op']} (seq {c['seq']}, {c['dtype']}, {c['bytes']} B): "
                                                         f"{c['outcome']}"))
     return "\n".join(lines)
 

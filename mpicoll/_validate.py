@@ -7,11 +7,12 @@ apart instead of deadlocking): the fields ``H_OP`` up to ``H_AGREED`` must be eq
 (a row comparison), among them ``H_MODE``, the operation's ``validate`` (it decides whether a rank
 makes this agreement on later calls); ``H_INFO`` carries facts about each rank that the issuer
 may read (its layout bits); ``H_RIDE`` the bytes of payload this rank's row carries (-1: none);
+``H_TIME`` when this rank arrived, where a trace runs (:mod:`mpicoll._trace`; else 0, not compared);
 then two per-peer vectors of ``n`` entries: what this rank sends to each peer and what it expects
 from each (the count-pair rule of the V operators).
 
 Every agreement on a communicator of ``n`` members exchanges rows of :func:`row_width` int64: the
-header, then a slot of ``RIDE_BYTES`` where a small call's payload travels with it
+header, then a slot of ``ride`` (:mod:`mpicoll._thresholds`) where a small call's payload travels with it
 (:mod:`mpicoll.ops._agree`). The width is the communicator's, never the call's: a rank whose call
 differs meets its peers in the same ``Allgather``, and nothing can be truncated.
 """
@@ -29,24 +30,21 @@ from . import _agreement
 from ._comm import op_code, ordinal
 from ._dtypes import ALL_DTYPES, DType, by_code, of_array, reduce_by_code
 from ._errors import CollectiveError, CollectiveMismatchError, agreed, arg_error, mismatch_error
+from ._thresholds import value
 
 H_FLAG, H_OP, H_DTYPE, H_REDUCE, H_ROOT, H_PARAMS, H_SEQ, H_MODE, H_SIZE, H_NDIM, H_DIMS = range(11)
 MAX_DIMS = 8
 H_AGREED = H_DIMS + MAX_DIMS       # [H_OP, H_AGREED) must agree on every rank
 H_INFO = H_AGREED                  # per-rank facts, not compared (BIT_PACKED: counts packed in rank order)
 H_RIDE = H_INFO + 1                # bytes of payload in this rank's slot (-1: none)
-H_LEN = H_RIDE + 1
+H_TIME = H_RIDE + 1                # when this rank arrived (ns, world rank 0's clock), where a trace runs; else 0
+H_LEN = H_TIME + 1
 BIT_PACKED = 1
-#: the payload bytes an agreement row carries (its slot): a validated call whose every rank's
-#: payload fits moves its data in the agreement itself (docs/design.md, "The agreement rides on the
-#: data"). Measured at 2 ranks: an Allgather of the 1.2 KB row costs 3.4 us against 3.1 us for the
-#: header alone and 3.1 us for an 8-byte Allreduce.
-RIDE_BYTES = 1024
 
 
 def row_width(n: int) -> int:
     """The int64 width of every agreement row on a communicator of ``n`` members."""
-    return H_LEN + 2 * n + RIDE_BYTES // 8
+    return H_LEN + 2 * n + value("ride") // 8
 
 _BACKENDS = ("mpi", "hccl", "lccl", "nccl")
 
@@ -94,7 +92,7 @@ def header(n: int, code: int, call: Any, validate: bool, seq: int) -> np.ndarray
             the caller agrees it as this rank's local error.
     """
     if call is None:
-        return np.array([1, code, 0, 0, 0, 0, seq, validate] + [0] * (H_RIDE - H_SIZE) + [-1] + [0] * (2 * n),
+        return np.array([1, code, 0, 0, 0, 0, seq, validate] + [0] * (H_RIDE - H_SIZE) + [-1, 0] + [0] * (2 * n),
                         dtype=np.int64)
     shape = call.shape
     if shape is None:
@@ -105,7 +103,7 @@ def header(n: int, code: int, call: Any, validate: bool, seq: int) -> np.ndarray
             shape = (*shape[:MAX_DIMS - 1], zlib.crc32(np.asarray(shape[MAX_DIMS - 1:], dtype=np.int64).tobytes()))
         dims = [math.prod(call.shape), ndim, *shape] + [0] * (MAX_DIMS - len(shape))
     row = [0, code, call.dt.code if call.dt is not None else 0, call.reduce.code if call.reduce is not None else 0,
-           call.root, call.params, seq, validate, *dims, call.info, -1]
+           call.root, call.params, seq, validate, *dims, call.info, -1, 0]
     row += ([*call.send, *call.recv] if call.send is not None else [0] * (2 * n))
     try:
         return np.array(row, dtype=np.int64)

@@ -52,7 +52,7 @@ from typing import Any, Callable
 import numpy as np
 from mpi4py import MPI
 
-from . import _env
+from . import _env, _trace
 from ._errors import CollectiveArgumentError, CollectiveTimeout
 
 SPIN_SECONDS = 1.0  # poll continuously this long (capped at timeout / 10): full progress, full speed
@@ -143,8 +143,11 @@ def aborts(own: bool) -> bool:
 
 
 def expire(error: BaseException, own: bool) -> BaseException:
-    """The error of a timeout, to raise (or to end a message with), once the job is aborted where
+    """The error of a timeout, to raise (or to end a message with), once the flight recorder is
+    written (the error says where: :func:`mpicoll._trace.dumped_note`) and the job aborted where
     :func:`aborts` says so."""
+    if error.args and isinstance(error.args[0], str):
+        error.args = (error.args[0] + _trace.dumped_note("timeout"), *error.args[1:])
     if aborts(own):
         abort(f"mpicoll watchdog: {error}; aborting the job (MPICOLL_TIMEOUT_ACTION=raise only raises)")
     return error
@@ -293,9 +296,10 @@ def stale_segments(candidates: set[str] | None = None) -> list[str]:
 
 
 def abort(message: str, code: int = 1) -> None:
-    """Print ``message``, unlink this job's shared-memory files (only those this process maps: the
-    peers keep their mappings), and abort every rank."""
+    """Print ``message``, write the flight recorder, unlink this job's shared-memory files (only those
+    this process maps: the peers keep their mappings), and abort every rank."""
     _say(message)
+    _trace.dump("abort")
     # Give mpirun's output forwarder a moment: when two ranks time out together, the first Abort
     # kills the job and a message still in the other's pipe was lost (seen once in CI).
     time.sleep(0.2)

@@ -20,13 +20,13 @@ import numpy as np
 from mpi4py import MPI
 
 from . import __version__
-from . import _shm
 from ._cpus import node_affinities
 from ._domains import declare_domains, domain, domain_members, lookup, world as lib_world
 from ._dtypes import DTYPES, REDUCE_OPS
 from .checks import BENCHES, BenchCase
 from .checks._golden import count_wrong
 from ._validate import validate_default
+from ._thresholds import value
 from .check import UsageError
 from ._cli import Parser, epilog, kernels_summary, on_ctrl_c, version_text
 from ._bench_peers import DeepSpeed, Gloo, settle, torch_fn
@@ -196,9 +196,9 @@ def run_bench(argv: list[str] | None = None) -> int:
         print(f"# mpicoll {__version__} bench: {nworld} ranks on {hosts_text(placement['hosts'])}; "
               f"numeric kernels: {kernels}", flush=True)
         lib = lookup(dom) if dom else lib_world()
-        print("# " + (f"one node: AllReduce, Reduce from {_shm.ALLREDUCE_BYTES // 1024} KiB (16-bit floats: "
-                      f"{_shm.ALLREDUCE_16BIT_BYTES // 1024} KiB) and ReduceScatter(V) from "
-                      f"{_shm.REDUCE_SCATTER_BYTES // 1024} KiB through the shared window (docs/shm.md)" if lib.local
+        print("# " + (f"one node: AllReduce, Reduce from {value('window.allreduce') // 1024} KiB (16-bit floats: "
+                      f"{value('window.allreduce.16bit') // 1024} KiB) and ReduceScatter(V) from "
+                      f"{value('window.reduce_scatter') // 1024} KiB through the shared window (docs/shm.md)" if lib.local
                       else "no shared window (ranks on several hosts, or MPICOLL_SHM=0): MPI's collectives"),
               flush=True)
     if printer and placement["oversubscribed"] and not placement["bound"]:

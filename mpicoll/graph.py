@@ -20,7 +20,7 @@ operator. Then the calls are issued into one recorded :class:`~mpicoll.Plan`, af
 * **coalescing**: calls of the same kind, communicator, dtype, reduce op and root (AllReduce,
   Broadcast, AllGather and the functional calls on them) run as one MPI call over a staging buffer,
   where every output stays bit-identical to eager execution (AllReduce: every reduction whose
-  bits cannot depend on the message, ``ops._base.invariant``: all of them with ``MPICOLL_EXACT``
+  bits cannot depend on the message, ``ops._paths.invariant``: all of them with ``MPICOLL_EXACT``
   on, docs/reproducibility.md; with it off, a float reduction over more than 2 ranks stays apart).
   A call may move up to an earlier call of its group only if its
   arrays touch no array of any call before it (on every rank of its communicator): calls that

@@ -21,6 +21,7 @@ from ._cli import by_rank
 from ._domains import world as lib_world
 from ._errors import CollectiveArgumentError
 from ._numeric import kernels_in_use
+from ._thresholds import TABLE, shown
 from ._watchdog import sleeps
 
 _THREADS = {MPI.THREAD_SINGLE: "MPI_THREAD_SINGLE", MPI.THREAD_FUNNELED: "MPI_THREAD_FUNNELED",
@@ -148,6 +149,9 @@ def run_info(world: MPI.Comm = MPI.COMM_WORLD) -> int:
         others = _env.strangers()
         if others:
             lines.append(f"  not settings (ignored): {', '.join(others)}")
+        tw = max(len(name) for name in TABLE) + 2
+        lines.append(f"{'thresholds':<{tw + 2}}{'value':<16}(what it chooses; docs/benchmark.md, benchmarks/crossover.py)")
+        lines += [f"  {t.name:<{tw}}{shown(t):<16}{t.chooses}" for t in TABLE.values()]
         print("\n".join(lines), flush=True)
         if error is not None:
             sys.stderr.write(f"python -m mpicoll.run --info: error: {error}\n")

@@ -214,15 +214,14 @@ def test_large_byte_allreduce_through_alltoall_matches_mpi(dtype, rname):
 @pytest.mark.mpi(min_size=1)
 @pytest.mark.parametrize("dtype", mpicoll.ALL_DTYPES)
 def test_large_allreduce_in_pieces(monkeypatch, dtype):
-    """From PIECED_BYTES up an AllReduce runs piece by piece (here with 48-byte pieces, so small
+    """From ``allreduce.pieces`` up an AllReduce runs piece by piece (here with 48-byte pieces, so small
     arrays take the path): the same results, out of place and in place, whatever the dtype's path."""
     from mpicoll._dtypes import DTYPES, reduce_op
     from mpicoll.checks._golden import golden_reduce, rank_data
-    from mpicoll.ops import allreduce
-    monkeypatch.setattr(allreduce, "PIECE_BYTES", 48)      # (alike on every rank: they pick the MPI calls)
-    monkeypatch.setattr(allreduce, "PIECED_BYTES", 4 * 48)
-    monkeypatch.setattr(allreduce, "SMALL_F32_BYTES", 16)    # 16-bit floats: the AllToAll path in pieces
-    monkeypatch.setattr(allreduce, "BYTE_ALLTOALL_BYTES", 8)  # 8-bit ints too
+    from mpicoll._thresholds import VALUES
+    monkeypatch.setitem(VALUES, "allreduce.pieces", (4 * 48, 48))    # (alike on every rank: they pick the MPI calls)
+    monkeypatch.setitem(VALUES, "allreduce.f32", 16)    # 16-bit floats: the AllToAll path in pieces
+    monkeypatch.setitem(VALUES, "allreduce.bytes_alltoall", 8)  # 8-bit ints too
     dt = DTYPES[dtype]
     for rname in ("sum", "max"):
         for shape in ((7, 31), (1000,)):

@@ -24,7 +24,7 @@ import mpicoll
 from mpicoll import _env, _shm, functional as F, graph
 from mpicoll._dtypes import DTYPES, reduce_op
 from mpicoll.checks._golden import golden_reduce
-from mpicoll.ops import allreduce as A
+from mpicoll._thresholds import VALUES
 
 from _mpi import FLOATS, RANK, SIZE, WORLD, agreed, digest_job, reduce_ops
 
@@ -35,30 +35,28 @@ mpi1 = pytest.mark.mpi(min_size=1)
 pytestmark = pytest.mark.skipif(not _env.value("MPICOLL_EXACT"), reason="MPICOLL_EXACT=0: float sums in MPI's order")
 
 BIG = 1 << 40
-#: path -> the thresholds that force it (module constants, read when a call picks its MPI calls)
+#: path -> the thresholds that force it (mpicoll._thresholds, read when a call picks its MPI calls)
 PATHS = {
     "chosen": {},
-    "window": {(_shm, "ORDERED_BYTES"): 0, (_shm, "REDUCE_SCATTER_BYTES"): 0},
-    "window-two-shots": {(_shm, "ORDERED_BYTES"): 0, (_shm, "REDUCE_SCATTER_BYTES"): 0, (_shm, "ONE_SHOT_BYTES"): 0},
-    "gather": {(_shm, "ORDERED_BYTES"): BIG, (_shm, "REDUCE_SCATTER_BYTES"): BIG, (A, "GATHERED_BYTES"): BIG},
-    "alltoall": {(_shm, "ORDERED_BYTES"): BIG, (_shm, "REDUCE_SCATTER_BYTES"): BIG, (A, "GATHERED_BYTES"): 0},
-    "pieces": {(_shm, "ORDERED_BYTES"): BIG, (A, "PIECED_BYTES"): 8192, (A, "PIECE_BYTES"): 4096},
-    "pieces-alltoall": {(_shm, "ORDERED_BYTES"): BIG, (A, "PIECED_BYTES"): 8192, (A, "PIECE_BYTES"): 4096,
-                        (A, "GATHERED_BYTES"): 0},
+    "window": {"window.ordered": 0, "window.reduce_scatter": 0},
+    "window-two-shots": {"window.ordered": 0, "window.reduce_scatter": 0, "window.one_shot": 0},
+    "gather": {"window.ordered": BIG, "window.reduce_scatter": BIG, "gathered": BIG},
+    "alltoall": {"window.ordered": BIG, "window.reduce_scatter": BIG, "gathered": 0},
+    "pieces": {"window.ordered": BIG, "allreduce.pieces": (8192, 4096)},
+    "pieces-alltoall": {"window.ordered": BIG, "allreduce.pieces": (8192, 4096),
+                        "gathered": 0},
 }
 COMMS: dict = {}
 
 
 @contextlib.contextmanager
 def forced(path: str):
-    old = {k: getattr(*k) for k in PATHS[path]}
-    for (mod, name), v in PATHS[path].items():
-        setattr(mod, name, v)
+    old = {k: VALUES[k] for k in PATHS[path]}
+    VALUES.update(PATHS[path])
     try:
         yield
     finally:
-        for (mod, name), v in old.items():
-            setattr(mod, name, v)
+        VALUES.update(old)
 
 
 def comm_param(kind: str) -> dict:

@@ -20,7 +20,7 @@ import pytest
 import mpicoll
 from mpicoll import _env, _shm
 from mpicoll._domains import user_comm
-from mpicoll import _validate as V
+from mpicoll._thresholds import VALUES
 from mpicoll._dtypes import DTYPES, REDUCE_OPS, reduce_ops_for
 from mpicoll.checks._golden import SEED, count_wrong, golden_reduce, rank_data
 
@@ -38,13 +38,13 @@ def comm(monkeypatch, request):
     """A fresh duplicate of the world with a small window (freed after the test); AllReduce in one
     shot up to the slot size, or always in two. No call rides its agreement (the slot is empty on
     every rank alike): the small sizes here reach the window."""
-    monkeypatch.setattr(V, "RIDE_BYTES", 0)
-    monkeypatch.setattr(_shm, "ONE_SHOT_BYTES", SLOT * SIZE * SIZE if request.param == "one-shot" else 0)
-    monkeypatch.setattr(_shm, "SLOT_BYTES", SLOT)
-    monkeypatch.setattr(_shm, "ALLREDUCE_BYTES", THRESHOLD)
-    monkeypatch.setattr(_shm, "ALLREDUCE_16BIT_BYTES", THRESHOLD)
-    monkeypatch.setattr(_shm, "ORDERED_BYTES", THRESHOLD)
-    monkeypatch.setattr(_shm, "REDUCE_SCATTER_BYTES", THRESHOLD)
+    monkeypatch.setitem(VALUES, "ride", 0)
+    monkeypatch.setitem(VALUES, "window.one_shot", SLOT * SIZE * SIZE if request.param == "one-shot" else 0)
+    monkeypatch.setitem(VALUES, "window.slot", SLOT)
+    monkeypatch.setitem(VALUES, "window.allreduce", THRESHOLD)
+    monkeypatch.setitem(VALUES, "window.allreduce.16bit", THRESHOLD)
+    monkeypatch.setitem(VALUES, "window.ordered", THRESHOLD)
+    monkeypatch.setitem(VALUES, "window.reduce_scatter", THRESHOLD)
     c = WORLD.Dup()
     yield c
     c.Free()
@@ -192,8 +192,8 @@ def test_two_communicators_with_windows_at_once(comm, monkeypatch):
 @mpi1
 def test_mpicoll_shm_off_keeps_mpi_paths(monkeypatch):
     setting(monkeypatch, "MPICOLL_SHM", "0")
-    monkeypatch.setattr(_shm, "ALLREDUCE_BYTES", THRESHOLD)
-    monkeypatch.setattr(_shm, "ALLREDUCE_16BIT_BYTES", THRESHOLD)
+    monkeypatch.setitem(VALUES, "window.allreduce", THRESHOLD)
+    monkeypatch.setitem(VALUES, "window.allreduce.16bit", THRESHOLD)
     c = WORLD.Dup()
     try:
         x = np.ones(4096, np.float32)
@@ -295,14 +295,15 @@ SMALL_SHM_JOB = """
     from mpi4py import MPI
     import mpicoll
     from mpicoll import _shm
+    from mpicoll._thresholds import VALUES
     n = MPI.COMM_WORLD.Get_size()
     if {margin!r}:                                  # (a window that /dev/shm holds, but not with Open MPI's 5% more)
         room = MPI.COMM_WORLD.bcast(_shm._room())
-        _shm.SLOT_BYTES = int(room / 1.025) // (2 * n) // 64 * 64
-        window = 2 * _shm.SLOT_BYTES * n
+        VALUES["window.slot"] = int(room / 1.025) // (2 * n) // 64 * 64
+        window = 2 * VALUES["window.slot"] * n
         assert window <= room < 1.05 * window, (window, room)     # (Open MPI's own rule: 5% more)
     else:
-        _shm.SLOT_BYTES = 8 << 20                   # (a window of 16 MiB per rank: more than /dev/shm holds)
+        VALUES["window.slot"] = 8 << 20                   # (a window of 16 MiB per rank: more than /dev/shm holds)
     if {pages!r}:
         _shm._room = lambda: float("inf")           # (past the check of room: the pages themselves fail)
     x = np.arange(1 << 18, dtype=np.float32)
@@ -311,7 +312,7 @@ SMALL_SHM_JOB = """
         y = mpicoll.AllReduceOperation(mpicoll.AllReduceParam(reduce_type="sum")).execute(x)
         z = mpicoll.ReduceScatterOperation(mpicoll.ReduceScatterParam(reduce_type="sum")).execute(x)
     assert np.array_equal(y, x * n) and np.array_equal(z, (x * n).reshape(n, -1)[MPI.COMM_WORLD.Get_rank()])
-    said = f"shared window of {{2 * _shm.SLOT_BYTES}} bytes per member"
+    said = f"shared window of {{2 * VALUES['window.slot']}} bytes per member"
     assert len(caught) == 1 and said in str(caught[0].message), [str(w.message) for w in caught]
     print(f"WARNED {{caught[0].message}}", flush=True)
     assert not {margin!r} or _shm._room() >= window, "the window came to exceed the room: not the margin's case"
@@ -417,8 +418,8 @@ def test_started_plans_in_flight_complete_at_start_and_keep_order(comm):
 
 @mpi2
 def test_a_plan_on_a_freed_communicator_raises_instead_of_touching_its_window(monkeypatch):
-    monkeypatch.setattr(_shm, "ALLREDUCE_BYTES", THRESHOLD)
-    monkeypatch.setattr(_shm, "ALLREDUCE_16BIT_BYTES", THRESHOLD)
+    monkeypatch.setitem(VALUES, "window.allreduce", THRESHOLD)
+    monkeypatch.setitem(VALUES, "window.allreduce.16bit", THRESHOLD)
     c = WORLD.Dup()
     plan = mpicoll.AllReduceOperation(mpicoll.AllReduceParam(comm=c)).prepare(np.ones(4096, np.float32))
     assert plan.run()[0] == SIZE and used_window(c)
@@ -550,7 +551,7 @@ def test_node_buffer_where_there_is_no_window(monkeypatch):
 @mpi1
 def test_a_plan_on_a_freed_node_buffer_raises():
     c = WORLD.Dup()
-    buf = mpicoll.node_buffer(_shm.ALLREDUCE_BYTES // 4, np.float32, comm=c)      # (through the window)
+    buf = mpicoll.node_buffer(VALUES["window.allreduce"] // 4, np.float32, comm=c)      # (through the window)
     buf[:] = 1
     plan = mpicoll.AllReduceOperation(mpicoll.AllReduceParam(comm=c)).prepare(buf)
     assert plan.run()[0] == SIZE
@@ -567,10 +568,10 @@ def test_streamed_and_plain_copies_give_the_same_bits(comm, dtype, monkeypatch):
     warm ones timed; AllReduce outputs of a slot and more are copied out streamed
     (STREAM_OUT_BYTES), smaller ones plainly: the results stay bit-identical, and both kinds were
     measured."""
-    monkeypatch.setattr(_shm, "STREAM_OUT_BYTES", SLOT)
+    monkeypatch.setitem(VALUES, "window.stream_out", SLOT)
     monkeypatch.setattr(_shm, "PROBE_EVERY", 16)
     monkeypatch.setattr(_shm, "PROBE_LEN", 8)
-    monkeypatch.setattr(_shm, "PROBE_BYTES", 1)
+    monkeypatch.setitem(VALUES, "window.probe", 1)
     kinds_out: set = set()
     get = _shm.NodeWindow.get
     monkeypatch.setattr(_shm.NodeWindow, "get",
@@ -586,7 +587,7 @@ def test_streamed_and_plain_copies_give_the_same_bits(comm, dtype, monkeypatch):
             assert count_wrong(op.execute(xs[RANK]), golden) == 0, size
             assert count_wrong(rs.execute(xs[RANK]), golden[RANK * size:(RANK + 1) * size]) == 0, size
     assert all(_shm.node_window(user_comm(comm))._cost)
-    assert kinds_out == ({False, True} if _shm.ONE_SHOT_BYTES == 0 else {True}), kinds_out    # (one shot: no copy out)
+    assert kinds_out == ({False, True} if VALUES["window.one_shot"] == 0 else {True}), kinds_out    # (one shot: no copy out)
 
 
 @mpi2
@@ -594,7 +595,7 @@ def test_small_copies_take_the_kind_in_use_untimed(comm, monkeypatch):
     """Copies into the window of fewer than PROBE_BYTES take the kind in use (streamed, on a new
     window), are neither counted nor timed, and record their kind at their place; larger ones are
     counted, in one shot and in two (results exact either way)."""
-    monkeypatch.setattr(_shm, "PROBE_BYTES", SLOT // 2)
+    monkeypatch.setitem(VALUES, "window.probe", SLOT // 2)
     streamed: list = []
     copy = _shm.copy_pairs
     monkeypatch.setattr(_shm, "copy_pairs",
@@ -617,8 +618,8 @@ def test_allgather_and_broadcast_copy_from_node_buffers(comm, dtype, monkeypatch
     """From a node buffer (the same place on every rank), AllGather and Broadcast copy straight
     from the peers' buffers (``_shm.gather``) between GATHER_BYTES / from BROADCAST_BYTES, and
     through MPI otherwise; every dtype, every root, plans and started plans; bit for bit."""
-    monkeypatch.setattr(_shm, "GATHER_BYTES", (THRESHOLD, 4 * SLOT))
-    monkeypatch.setattr(_shm, "BROADCAST_BYTES", THRESHOLD)
+    monkeypatch.setitem(VALUES, "nodebuf.gather", (THRESHOLD, 4 * SLOT))
+    monkeypatch.setitem(VALUES, "nodebuf.broadcast", THRESHOLD)
     used: list = []
     gather = _shm.gather
     monkeypatch.setattr(_shm, "gather", lambda *a, **k: (used.append(1), gather(*a, **k))[1])
@@ -655,7 +656,7 @@ def test_allgather_and_broadcast_copy_from_node_buffers(comm, dtype, monkeypatch
 def test_allgatherv_copies_from_node_buffers(comm, dtype, monkeypatch):
     """AllGatherV of node buffers (each rank's first send_count elements, at the same place on
     every rank): uneven, zero and one-rank-only counts, permuted rdispls, in plans."""
-    monkeypatch.setattr(_shm, "GATHER_BYTES", (THRESHOLD, 4 * SLOT))
+    monkeypatch.setitem(VALUES, "nodebuf.gather", (THRESHOLD, 4 * SLOT))
     used: list = []
     gather = _shm.gather
     monkeypatch.setattr(_shm, "gather", lambda *a, **k: (used.append(1), gather(*a, **k))[1])

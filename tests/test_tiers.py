@@ -38,14 +38,14 @@ from mpi4py import MPI
 import mpicoll
 import mpicoll.functional
 from mpicoll import _shm
-from mpicoll.ops import allreduce
+from mpicoll._thresholds import VALUES
 from mpicoll._domains import user_comm
 from mpicoll._dtypes import DTYPES, REDUCE_OPS
 from mpicoll.checks._golden import golden_reduce, rank_data
 
-_shm.SLOT_BYTES = 4096                       # (small rounds: the node tier's ReduceScatter takes many)
-allreduce.TIERED_BYTES = 2048
-allreduce.BYTE_ALLTOALL_BYTES = 8192
+VALUES["window.slot"] = 4096                       # (small rounds: the node tier's ReduceScatter takes many)
+VALUES["allreduce.tiers"] = 2048
+VALUES["allreduce.bytes_alltoall"] = 8192
 W = MPI.COMM_WORLD
 n, me = W.size, W.rank
 
@@ -58,7 +58,7 @@ regular = len({len(m) for m in nodes}) == 1 and len(nodes[0]) > 1 and len(nodes)
 window = os.environ.get("MPICOLL_SHM", "1") != "0"          # MPICOLL_SHM=0: no window, so no tiers
 tiered = regular and window
 # nodes aligned with the tree order (consecutive ranks, a power of two on each): a float32/float64
-# reduction in the tree order goes in tiers (ops._reduce.aligned)
+# reduction in the tree order goes in tiers (ops._paths.aligned)
 L = len(nodes[0])
 aligned = tiered and L & (L - 1) == 0 and all(m == list(range(m[0], m[0] + len(m))) for m in nodes)
 

@@ -3,7 +3,7 @@
 Every agreement on a communicator is one ``Allgather`` of rows of the same width
 (:func:`mpicoll._validate.row_width`), whatever the call: an int64 header (:func:`header_row`:
 operator, dtype, reduce op, root, shape, the per-peer counts, this rank's facts, its local error
-flag), then a slot of ``RIDE_BYTES``. A rank whose call fits offers its payload in the slot
+flag), then a slot of ``ride``. A rank whose call fits offers its payload in the slot
 (``Operation.ride``); when every rank did, the exchange carried the data too, and each rank computes
 its result from the gathered rows (``Operation.land``): one exchange per small call, safety riding
 on the data. Either way the gathered headers are checked first (:func:`~mpicoll._validate.check_table`):
@@ -19,12 +19,14 @@ from typing import ClassVar, Protocol
 import numpy as np
 from mpi4py import MPI
 
+from .. import _trace
 from .. import _validate as V
 from .._comm import LibComm, op_code
 from .._agreement import AGREEMENT, agree, values
 from .._errors import CollectiveError, CollectiveMismatchError, agreed, arg_error
 from .._numeric import prefix
 from .._call import Call
+from ._observe import stamp
 
 #: the operation a captured graph's agreement names (its first row), and how it reads in a mismatch
 GRAPH = "graph capture"
@@ -64,7 +66,7 @@ class Slots:
         self.rides = self.table[:, V.H_RIDE]                           # (every rank's payload bytes, -1: none)
 
     def offer(self, payload: np.ndarray) -> None:
-        """Put ``payload`` (C-contiguous, at most ``RIDE_BYTES``) in this rank's slot."""
+        """Put ``payload`` (C-contiguous, at most ``ride``) in this rank's slot."""
         size = payload.nbytes
         self.payload[:size] = payload.reshape(-1).view(np.uint8)
         self.send[V.H_RIDE] = size
@@ -95,7 +97,7 @@ def header_row(lib: LibComm, op: Agreeing, call: Call | None, err: BaseException
 def agree_call(lib: LibComm, op: Agreeing, call: Call | None, err: BaseException | None, number: int,
                payload: np.ndarray | None, slots: Slots | None = None) -> tuple[np.ndarray, bool]:
     """Agree one call over ``lib``: one ``Allgather`` of every rank's row (its header, built now,
-    and ``payload``, a C-contiguous array of at most ``RIDE_BYTES``, or None, in its slot). Every
+    and ``payload``, a C-contiguous array of at most ``ride``, or None, in its slot). Every
     rank raises the same error (a local one flagged by any rank, then a mismatch of the gathered
     headers), or every rank gets the same table.
 
@@ -111,7 +113,11 @@ def agree_call(lib: LibComm, op: Agreeing, call: Call | None, err: BaseException
         send[V.H_RIDE] = -1
     else:
         slots.offer(payload)
+    if _trace.ON:
+        stamp(send)
     table = agree(lib, send, err, op.timeout, (op.NAME, number, AGREEMENT), out=slots.table)
+    if _trace.ON:
+        _trace.NOTE.table = table
     rode = payload is not None and min(slots.rides.tolist()) >= 0
     V.check_agreed(lib, op, table)
     op._agreed_once = True

@@ -34,13 +34,14 @@ from __future__ import annotations
 
 import inspect
 from functools import partial
+from time import time_ns as _time_ns
 from collections import OrderedDict
 from typing import Any, ClassVar
 
 import numpy as np
 from mpi4py import MPI
 
-from .. import _comm
+from .. import _comm, _trace
 from .. import _validate as V
 from .._async import submit
 from .._comm import LibComm, check_live, finalized, op_code
@@ -50,11 +51,13 @@ from .._errors import CollectiveArgumentError, CollectiveError, arg_error, as_co
 from .._params import CommParam
 from .._call import CAPTURING, Call, prologue
 from .._go import Recorder, Runner, count_call
-from ._compiled import COMPILED, COMPILED_BYTES, MISS, Compiled, layout
+from ._compiled import COMPILED, MISS, Compiled, layout
 from .._ranktable import rank_table
 from ._agree import Slots, agree_call
 from ._modes import ASYNC, WORKER, Mode
+from ._observe import traced
 from ._reduce import reduction
+from .._thresholds import value
 
 #: name -> Operation class, for every public operator (check, bench, the CLI and the tests iterate it).
 OPERATIONS: dict[str, type["Operation"]] = {}
@@ -66,7 +69,7 @@ class Operation:
     Args:
         param: the operator's Param (default: all defaults, on the world).
         validate: run the cross-rank checks on every call (default: ``MPICOLL_VALIDATE``, on). A
-            validated call of at most ``RIDE_BYTES`` a rank moves its data in its agreement: one
+            validated call of at most ``ride`` a rank moves its data in its agreement: one
             exchange; a larger one makes a small ``Allgather`` before its data calls. Off, bad input
             may hang or give wrong results, as in raw MPI; the first call always agrees, and so do
             ``prepare`` and the calls whose MPI calls depend on the other ranks (the operator's
@@ -232,17 +235,36 @@ class Operation:
             lib.drain(None)
         if not lib.busy.acquire(False):
             lib.enter(self.NAME)                        # (raises: another thread is inside a call on it)
+        ring = lib.flight                               # (the flight recorder: this call, inline)
+        if ring is not None:
+            k, a = ring.entered, args[0] if args else None
+            ring.entered = k + 1
+            entry = ring.items[k % ring.size] = [k, self.NAME, a.dtype if type(a) is np.ndarray else None,
+                                                 a.nbytes if type(a) is np.ndarray else 0, _time_ns(), None]
         try:
-            last = self._last
-            if last is not None and mode.compiles and failed is None:
-                result = last.repeat(args)              # (the very arguments of the last call)
-                if result is MISS:
-                    result = last.similar(args)         # (other arrays of its layout)
-                if result is not MISS:
-                    return result
-            return self._pipeline(lib, args, mode, failed)
+            result = traced(self, lib, args, mode, failed, entry[0] if ring is not None else -1) if _trace.ON \
+                else self._here(lib, args, mode, failed)
+        except BaseException as exc:
+            if ring is not None:
+                entry[5] = type(exc).__name__
+            raise
         finally:
             lib.busy.release()
+        if ring is not None:
+            entry[5] = "ok"
+        return result
+
+    def _here(self, lib: LibComm, args: tuple, mode: "Mode", failed: CollectiveError | None) -> Any:
+        """The call, here and now (the caller holds the communicator): the last call's compiled
+        call again or filled with other arrays of its layout, else the pipeline."""
+        last = self._last
+        if last is not None and mode.compiles and failed is None:
+            result = last.repeat(args)              # (the very arguments of the last call)
+            if result is MISS:
+                result = last.similar(args)         # (other arrays of its layout)
+            if result is not MISS:
+                return result
+        return self._pipeline(lib, args, mode, failed)
 
     def _pipeline(self, lib: LibComm, args: tuple, mode: "Mode", failed: CollectiveError | None) -> Any:
         """THE pipeline of a call (see the module docstring): lookup -> describe -> must it agree?
@@ -254,7 +276,7 @@ class Operation:
             if found is not None and found.fill(args, mine, looks):
                 self._last = found
                 return found.run()
-            if key is not None and sum(a.nbytes for a in mine) <= COMPILED_BYTES:
+            if key is not None and sum(a.nbytes for a in mine) <= value("compiled"):
                 arrays = (mine, looks)                  # (it compiles: the layout and its arrays)
         call, err = self._described(args, failed)
         number = count_call(self._comms, self.NAME) if self._counted(lib) else 0
@@ -306,7 +328,7 @@ class Operation:
     def _payload(self, call: Call) -> np.ndarray | None:
         """What this rank offers its agreement to carry: its :meth:`ride`, where it fits the slot."""
         payload = self.ride(call)
-        return payload if payload is not None and payload.nbytes <= V.RIDE_BYTES else None
+        return payload if payload is not None and payload.nbytes <= value("ride") else None
 
     def _described(self, args: tuple, failed: CollectiveError | None = None
                    ) -> tuple[Call | None, BaseException | None]:
@@ -359,7 +381,7 @@ class Operation:
 
     def ride(self, call: Call) -> np.ndarray | None:
         """This rank's payload, if the call's data can travel in its agreement (every rank's of at
-        most ``RIDE_BYTES``): an array (a view; any layout) whose contents the peers' :meth:`land`
+        most ``ride``): an array (a view; any layout) whose contents the peers' :meth:`land`
         needs. None: the operator does not ride (its data always moves by ``issue``)."""
         return None
 

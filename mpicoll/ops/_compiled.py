@@ -35,6 +35,7 @@ import numpy as np
 from mpi4py import MPI
 
 from .. import _validate as V
+from .. import _trace
 from .._comm import LibComm
 from .._shm import _Shared
 from .._dtypes import DType, ReduceOp
@@ -42,11 +43,8 @@ from .._agreement import settle
 from .._call import Call
 from .._go import LOCAL, MPI_CALL, Recorder, Step, bind_steps
 from ._agree import Slots
+from ._observe import stamp
 
-#: a call is compiled when its arrays hold at most this many bytes together: the describe, checks
-#: and bindings it saves cost microseconds, which matter for small calls only, and a compiled call
-#: keeps its scratch (a large call reuses its operation's, :class:`~mpicoll._plan.Runner`)
-COMPILED_BYTES = 1 << 16
 #: layouts an operation keeps compiled (the least recently compiled goes first)
 COMPILED = 8
 _SCALARS = (int, float, bool, str, type(None))
@@ -382,7 +380,7 @@ class Compiled:
 
     __slots__ = ("op", "lib", "key", "args", "mine", "shapes", "allocs", "agree", "data", "result_t", "result",
                  "slots", "heads", "expected", "rode", "counting", "fillable", "repeats", "plain", "plain_run",
-                 "agree_go", "data_go", "shape", "shapes_of", "overlaps")
+                 "agree_go", "data_go", "shape", "shapes_of", "overlaps", "path")
 
     def __init__(self, op: Any, lib: LibComm, key: tuple | None, args: tuple, mine: list, looks: list, call: Call,
                  table: np.ndarray | None, rode: bool, slots: Slots | None, payload: np.ndarray | None) -> None:
@@ -393,11 +391,12 @@ class Compiled:
         allocs = _allocated(call.result, mine)
         self.allocs = [(a.shape, a.dtype) for a in allocs]
         every = mine + allocs
-        agree_steps, data_steps, tokens = _record(op, call, table, slots, payload, rode)
+        agree_steps, data_steps, tokens, self.path = _record(op, call, table, slots, payload, rode)
         self.heads = self.expected = None
         if slots is not None:
             self.heads = slots.table[:, :slots.header]
             self.expected = self._seen(self.heads)
+            slots.send[V.H_TIME] = 0
         timeout = op.timeout
         where = [(op.NAME, None, _AGREEMENT)], [(op.NAME, None, "")]
         try:
@@ -445,7 +444,7 @@ class Compiled:
             return MISS
         if self.allocs:                                # (a new output, every call)
             self._bind(self.mine + [np.empty(s, d) for s, d in self.allocs])
-        if self.plain_run:                             # (no agreement, nothing counted: its steps alone)
+        if self.plain_run and not _trace.ON:           # (no agreement, nothing counted: its steps alone)
             for step in self.data_go:
                 step()
             return self.result
@@ -492,35 +491,45 @@ class Compiled:
             calls = self.lib.calls
             calls[self.op.NAME] = calls.get(self.op.NAME, 0) + 1
         if self.slots is not None:
-            if self.plain:
+            if self.plain and not _trace.ON:
                 for step in self.agree_go:
                     step()
                 if self.heads.tobytes() != self.expected:
                     return self.differs()
-            else:
-                self.slots.send[V.H_SEQ] = self.lib.seq   # (as a described call's header: LibComm.call counts it)
+            else:                                      # (a sequence number to write, or a trace's time)
+                send = self.slots.send
+                send[V.H_SEQ] = 0 if self.plain else self.lib.seq    # (as a described call's header)
+                if _trace.ON:
+                    stamp(send)
                 for step in self.agree_go:
                     step()
+                send[V.H_TIME] = 0
+                if _trace.ON:
+                    _trace.NOTE.table = self.slots.table
                 if self._seen(self.heads) != self.expected:
                     return self.differs()
         for step in self.data_go:
             step()
+        if _trace.ON:
+            _trace.NOTE.path = self.path
         return self.result
 
     def run_data(self) -> Any:
         """The data part of the call its compilation has just agreed."""
         for step in self.data_go:
             step()
+        if _trace.ON:
+            _trace.NOTE.path = self.path
         return self.result
 
     def _seen(self, heads: np.ndarray) -> bytes:
-        """The gathered headers as compared (without the sequence numbers, where they are kept:
-        those are compared among themselves)."""
-        if self.plain:
-            return heads.tobytes()
+        """The gathered headers as compared: without the arrival times (a trace's), and without the
+        sequence numbers, where they are kept (those are compared among themselves)."""
         h = heads.copy()
-        seqs = h[:, V.H_SEQ].tolist()
-        h[:, V.H_SEQ] = 0 if seqs.count(seqs[0]) == len(seqs) else -1
+        h[:, V.H_TIME] = 0
+        if not self.plain:
+            seqs = h[:, V.H_SEQ].tolist()
+            h[:, V.H_SEQ] = 0 if seqs.count(seqs[0]) == len(seqs) else -1
         return h.tobytes()
 
     def differs(self) -> Any:
@@ -541,10 +550,10 @@ class Compiled:
 
 
 def _record(op: Any, call: Call, table: np.ndarray | None, slots: Slots | None, payload: np.ndarray | None,
-            rode: bool) -> tuple[list[Step], list[Step], int]:
+            rode: bool) -> tuple[list[Step], list[Step], int, str]:
     """The steps of a compiled call: its agreement (``slots`` given: the row's payload copy and its
     ``Allgather``) and its data (its landing where it ``rode``, else its ``issue``, with its local
-    work around)."""
+    work around); and the path its data takes (what ``issue`` said: ``go.took``; else ``mpi``)."""
     agree = Recorder(counts=False)
     agree.begin(op.NAME, op._comms)
     if slots is not None:
@@ -568,4 +577,4 @@ def _record(op: Any, call: Call, table: np.ndarray | None, slots: Slots | None, 
     for step in call.after:
         data.local(*step)
     data.end(call.result)
-    return agree.steps, data.steps, data.tokens
+    return agree.steps, data.steps, data.tokens, "riding" if rode else data.taken or "mpi"

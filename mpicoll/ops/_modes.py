@@ -11,6 +11,7 @@ from typing import Any
 
 import numpy as np
 
+from .. import _trace
 from .._call import Call, epilogue, prologue
 from .._go import Recorder
 from .._plan import Plan
@@ -33,7 +34,7 @@ class Mode:
 
 class _Run(Mode):
     """``execute``: compile the call (``arrays``, its arrays and how they look: a call of a layout it
-    can tell apart, small enough: ``COMPILED_BYTES``) and run it, or run it at once with the
+    can tell apart, small enough: ``compiled`` (:mod:`mpicoll._thresholds`)) and run it, or run it at once with the
     operation's Runner."""
 
     def take(self, op, call, table, rode, slots, payload, key, args, arrays):
@@ -47,14 +48,18 @@ class _Run(Mode):
                     return c.run_data()
             # (not kept: described every time; or its later calls make the MPI calls its issue
             # records, and this one rode its first agreement: landed here)
+        runner = op._runner
+        runner.taken = None
         if rode:
-            op.land(call, Slots.rows_of(op._lib, table, call), table, op._runner)
+            op.land(call, Slots.rows_of(op._lib, table, call), table, runner)
         else:
             if payload is None and (call.src is not None or call.before):
                 prologue(call)
-            op.issue(call, table, op._runner)
+            op.issue(call, table, runner)
         if call.after:
             epilogue(call)
+        if _trace.ON:
+            _trace.NOTE.path = "riding" if rode else runner.taken or "mpi"
         return call.result
 
 

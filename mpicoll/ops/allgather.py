@@ -12,6 +12,7 @@ from .._numeric import copy_pairs
 from .._params import CommParam
 from .._call import Call
 from .._plan import Plan
+from .._thresholds import value
 from .._numeric import pack
 from ._base import Operation
 from ._modes import PREPARE, RUN
@@ -75,7 +76,7 @@ class AllGatherOperation(Operation):
 
     def issue(self, call, table, go) -> None:
         inputs = _shm.resident(self._lib, table, call.x)
-        if _shm.copies(self._lib, call.out.nbytes, inputs, _shm.GATHER_BYTES):   # node buffers: copied once
+        if _shm.copies(self._lib, call.out.nbytes, inputs, value("nodebuf.gather")):   # node buffers: copied once
             _shm.gather(go, self._lib, inputs, list(call.out.reshape(self.size, -1)))
             return
         m = call.dt.mpi
@@ -174,7 +175,7 @@ class AllGatherVOperation(Operation):
     def issue(self, call, table, go) -> None:
         x, out, m, (sc, rc, rd, packed), comm = call.x, call.out, call.dt.mpi, call.args, self._lib
         inputs = _shm.resident(comm, table, x, rc)        # (recv_counts: every rank's send count, agreed)
-        if _shm.copies(comm, out.nbytes, inputs, _shm.GATHER_BYTES):
+        if _shm.copies(comm, out.nbytes, inputs, value("nodebuf.gather")):
             flat = out.reshape(-1)
             _shm.gather(go, comm, inputs, [flat[d:d + c] for c, d in zip(rc, rd)])
             return

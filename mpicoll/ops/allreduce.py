@@ -15,32 +15,11 @@ from .._plan import Plan
 from .._numeric import average, copy_pairs, from_f32, pack, prefix, reduce_chunks, reduce_rows, scatter_pairs, split_even, to_f32
 from ._base import ReduceTypeOperation
 from ._modes import PREPARE, RUN
-from ._reduce import (ALIGNED_TIERED_BYTES, GATHERED_BYTES, aligned, alltoall_reduce, invariant, ordered,
-                      reduce_scatter)
+from . import _paths
+from .._thresholds import value
+from ._paths import invariant, ordered
+from ._reduce import alltoall_reduce, reduce_scatter
 
-#: float16/bfloat16 AllReduce of at most this many bytes: cast to float32, one native float32
-#: Allreduce, cast back (one collective beats two at small sizes); above: the AllToAll path.
-SMALL_F32_BYTES = 64 * 1024
-#: 8-bit integer AllReduce (or piece of one) of at least this many bytes: AllToAll + a numpy
-#: reduction + AllGather. MPICH's own 8-bit reduction loop is the slow part: at 2 ranks 1.8x
-#: faster at 1-2 MiB, 1.6x at 4 MiB; no gain below 1 MiB.
-BYTE_ALLTOALL_BYTES = 1024 * 1024
-#: An AllReduce of at least PIECED_BYTES runs as AllReduces of PIECE_BYTES pieces, one after the
-#: other: MPICH maps and unmaps a temporary buffer as large as the message on every call (glibc
-#: serves >= 32 MiB requests with mmap), and small pieces keep the reduction in cache. float32 at
-#: 64 MiB: 44 -> 22 ms at 2 ranks, 116 -> 64 ms at 4 (one MPI call vs 2 MiB pieces).
-#: (Constants, the same on every rank: they pick the MPI calls, which every rank must make alike.)
-PIECE_BYTES = 2 * 1024 * 1024
-PIECED_BYTES = 4 * PIECE_BYTES
-#: An AllReduce of at least this many bytes on members spread evenly over several nodes, more than
-#: one on each (``LibComm.per_node``), goes in tiers (:func:`_tiered`) where that sends fewer bytes
-#: across nodes than the flat path: where MPI does not reduce the message itself (16-bit floats,
-#: large 8-bit integers: the flat path's AllToAll + AllGather is blind to nodes). MPICH's own
-#: reduction is node-aware already (measured on the test bed, 2 hosts x 2 ranks: the optimum,
-#: 2 (N - 1) / N of the message per host for N hosts, in block and round-robin placement).
-#: Measured there: bfloat16 at 128 KiB 1.27x the flat path's time (the middle tier then goes as
-#: float32 too), 256 KiB 0.87x and 0.51x at 1 Gbit/s.
-TIERED_BYTES = 256 * 1024
 
 
 __all__ = ["AllReduceOperation", "AllReduceParam"]
@@ -109,7 +88,7 @@ class AllReduceOperation(ReduceTypeOperation):
 
     def coalesce_key(self, call, exact=True) -> tuple | None:
         """``exact``: only where the result cannot depend on the size of the message
-        (:func:`~._base.invariant`: always with ``MPICOLL_EXACT`` on)."""
+        (:func:`~._paths.invariant`: always with ``MPICOLL_EXACT`` on)."""
         if (exact and not invariant(self._lib, call.dt, call.reduce)) or not self._one_issue(AllReduceOperation):
             return None
         return ("AllReduce", self._lib.ident, call.dt.code, self._rop.code)
@@ -128,43 +107,31 @@ class AllReduceOperation(ReduceTypeOperation):
 def reduce_pieces(go, comm, x: np.ndarray, out: np.ndarray | None, dt, rop, root: int | None = None,
                   inputs=None) -> None:
     """The MPI calls of AllReduce (``root`` None: every rank gets ``out``) or Reduce (only rank
-    ``root`` gets it; ``out`` None elsewhere), chosen from the dtype and the size alone (the same on
-    every rank): on one node from ``_shm.ALLREDUCE_BYTES`` on (16-bit floats:
-    ``ALLREDUCE_16BIT_BYTES``; a tree-order reduction: ``ORDERED_BYTES``), the node's shared window
-    (:mod:`mpicoll._shm`); over several nodes with more than one member each, an AllReduce that MPI
-    does not reduce itself, from TIERED_BYTES on, in tiers (:func:`_tiered`); else MPI's own
-    reduction in one call; 16-bit floats up to SMALL_F32_BYTES as one float32 reduction; else, and
-    from PIECED_BYTES on in PIECE_BYTES pieces, AllToAll + a local reduction in the tree order +
-    AllGather (or Gather). A reduction that must run in the tree order (:func:`~._reduce.ordered`:
-    float reduction over more than 2 ranks, or a MAX/MIN over 2) never takes MPI's reduction:
-    over nodes aligned with the tree (:func:`~._reduce.aligned`), from ``_reduce.ALIGNED_TIERED_BYTES`` on, in
-    tiers (each node's partial is a subtree of the order); else up to
-    GATHERED_BYTES over all inputs an Allgather (Gather) and a reduction in the tree order, else
-    the AllToAll path. ``out`` may be ``x`` (in place). ``inputs``: every rank's ``x`` in a node
-    buffer (:func:`_shm.resident`)."""
-    n, in_place, order = comm.size, out is x, ordered(comm, dt, rop)
-    window = _shm.ORDERED_BYTES if order else _shm.ALLREDUCE_BYTES if dt.reduce != "float32" else \
-        _shm.ALLREDUCE_16BIT_BYTES
-    if _shm.serves(comm, x.nbytes, window):                                    # one node: the shared window
+    ``root`` gets it; ``out`` None elsewhere), on the path :func:`~._paths.allreduce` picks from the
+    dtype and the size alone (the same on every rank): the node's shared window (:mod:`mpicoll._shm`),
+    tiers (:func:`_tiered`), MPI's own reduction in one call, or pieces (from ``allreduce.pieces``
+    bytes, of its second value; below, one piece of the whole), each on the path
+    :func:`~._paths.piece` picks. ``out`` may be ``x`` (in place). ``inputs``: every rank's ``x`` in
+    a node buffer (:func:`_shm.resident`)."""
+    n, in_place = comm.size, out is x
+    path = _paths.allreduce(comm, x.nbytes, dt, rop, root is not None)
+    if path == "window":
         _shm.allreduce(go, comm, x, out, dt, rop, in_place, inputs)
-        return
-    mpi_reduces = _mpi_reduces(dt, x.size, n, order)
-    if root is None and comm.per_node and not mpi_reduces:
-        # several nodes, and the flat path would be our own (blind to nodes): in tiers, which
-        # group a sum by node: in the tree order only where each node holds a subtree of it
-        if (x.nbytes >= ALIGNED_TIERED_BYTES and aligned(comm)) if order else x.nbytes >= TIERED_BYTES:
-            _tiered(go, comm, x, out, dt, rop)
-            return
-    pieced = x.nbytes >= PIECED_BYTES and n > 1
-    if not pieced and mpi_reduces:                                             # MPI's own reduction, one call
+    elif path == "tiers":
+        _tiered(go, comm, x, out, dt, rop)
+    elif path == "mpi":
         _native(go, comm, x, out, dt, rop, root, in_place)
-        return
-    flat, oflat = x.reshape(-1), None if out is None else out.reshape(-1)
-    step = max(PIECE_BYTES // dt.itemsize, 1) if pieced else max(flat.size, 1)
-    scratch: dict = {}                    # the buffers the pieces share (they run one after the other)
-    for s in range(0, flat.size, step):
-        _piece(go, comm, flat[s:s + step], None if oflat is None else oflat[s:s + step], dt, rop, root, in_place,
-               scratch, order)
+    else:
+        at, size = value("allreduce.pieces")
+        pieced = x.nbytes >= at and n > 1
+        flat, oflat = x.reshape(-1), None if out is None else out.reshape(-1)
+        step = max(size // dt.itemsize, 1) if pieced else max(flat.size, 1)
+        scratch: dict = {}                # the buffers the pieces share (they run one after the other)
+        for s in range(0, flat.size, step):
+            path = _piece(go, comm, flat[s:s + step], None if oflat is None else oflat[s:s + step], dt, rop, root,
+                          in_place, scratch)
+        path = f"pieces:{path}" if pieced else path
+    go.took(path)
 
 
 def _tiered(go, comm, x: np.ndarray, out: np.ndarray, dt, rop) -> None:
@@ -172,7 +139,7 @@ def _tiered(go, comm, x: np.ndarray, out: np.ndarray, dt, rop) -> None:
     members on each node (through its shared window: block k, in node rank order, to the node's
     k-th member), an AllReduce of block k among the k-th members of every node (each node's link
     carries ``2 (N - 1) / N`` of the message for N nodes, spread over its members), then an
-    AllGather among the members on each node. In the tree order (nodes :func:`~._reduce.aligned`)
+    AllGather among the members on each node. In the tree order (nodes :func:`~._paths.aligned`)
     each tier reduces in it: a node's partial is the subtree of its ranks, and the tree over nodes
     is the rest; 16-bit floats then reduce in float32 until the end (:func:`_tiered_wide`).
     Otherwise (integers, ``MPICOLL_EXACT=0``) 16-bit floats round to their dtype between the tiers."""
@@ -213,13 +180,6 @@ def _tiered_wide(go, comm, x: np.ndarray, out: np.ndarray, dt, rop) -> None:
     go.mpi(node, "Allgatherv", MPI.IN_PLACE, [oflat, (counts, displs), dt.mpi])
 
 
-def _mpi_reduces(dt, size: int, n: int, order: bool) -> bool:
-    """Whether MPI's own reduction serves a (piece of an) AllReduce or Reduce: the dtypes MPI
-    reduces natively, but not 8-bit integers from BYTE_ALLTOALL_BYTES on (MPICH's byte loop), and
-    never a reduction that must run in the tree order (``order``: :func:`~._reduce.ordered`)."""
-    return dt.reduce != "float32" and not order and (dt.itemsize > 1 or size < BYTE_ALLTOALL_BYTES or n == 1)
-
-
 def _native(go, comm, x, out, dt, rop, root, in_place) -> None:
     m = dt.mpi
     if root is None:
@@ -229,13 +189,14 @@ def _native(go, comm, x, out, dt, rop, root, in_place) -> None:
         go.mpi(comm, "Reduce", MPI.IN_PLACE if mine and in_place else [x, m], [out, m] if mine else None, rop.mpi, root)
 
 
-def _piece(go, comm, x, out, dt, rop, root, in_place, scratch, order) -> None:
-    """One flat piece of :func:`reduce_pieces` (``order``: it must reduce in the tree order)."""
+def _piece(go, comm, x, out, dt, rop, root, in_place, scratch) -> str:
+    """One flat piece of :func:`reduce_pieces`, on the path :func:`~._paths.piece` picks; that path."""
     n, mine, m = comm.size, out is not None, dt.mpi
-    if _mpi_reduces(dt, x.size, n, order):
+    path = _paths.piece(comm, x.nbytes, dt, rop)
+    if path == "mpi":
         _native(go, comm, x, out, dt, rop, root, in_place)
-        return
-    if order and n * x.nbytes <= GATHERED_BYTES:       # every input to every rank (the root), the tree order there
+        return path
+    if path == "gather":                              # every input to every rank (the root), the tree order there
         rows = go.scratch(_rows, n, x.size, dt.np)
         if root is None:
             go.mpi(comm, "Allgather", [x, m], [rows, m])
@@ -243,8 +204,8 @@ def _piece(go, comm, x, out, dt, rop, root, in_place, scratch, order) -> None:
             go.mpi(comm, "Gather", [x, m], [rows, m] if mine else None, root)
         if mine:
             go.local(reduce_chunks, rows, dt, rop, out)
-        return
-    if not order and dt.reduce == "float32" and (x.nbytes <= SMALL_F32_BYTES or n == 1):
+        return path
+    if path == "f32":
         if "f32" not in scratch:                      # (the first piece is the largest)
             scratch["f32"] = np.empty(x.size, dtype=np.float32)
         acc = scratch["f32"][:x.size]
@@ -255,7 +216,7 @@ def _piece(go, comm, x, out, dt, rop, root, in_place, scratch, order) -> None:
             go.mpi(comm, "Reduce", MPI.IN_PLACE if mine else [acc, _F32], [acc, _F32] if mine else None, rop.mpi, root)
         if mine:
             go.local(from_f32, acc, out)
-        return
+        return path
     # reduce-scatter as AllToAll + a local reduction (16-bit floats, large 8-bit ints), then AllGather / Gather
     counts = split_even(x.size, n)
     if "recv" not in scratch:                         # (the first piece is the largest)
@@ -269,6 +230,7 @@ def _piece(go, comm, x, out, dt, rop, root, in_place, scratch, order) -> None:
     else:
         recv_spec = ([out, m] if even else [out, (counts, prefix(counts)), m]) if mine else None
         go.mpi(comm, "Gather" if even else "Gatherv", [chunk, m], recv_spec, root)
+    return path
 
 
 def _rows(n: int, size: int, dtype) -> np.ndarray:

@@ -11,6 +11,7 @@ from .._numeric import copy_pairs
 from .._params import CommParam
 from .._call import Call
 from .._plan import Plan
+from .._thresholds import value
 from .._numeric import pack, scatter_pairs
 from ._base import Operation
 from ._modes import PREPARE, RUN
@@ -67,7 +68,7 @@ class BroadcastOperation(Operation):
 
     def issue(self, call, table, go) -> None:
         inputs = _shm.resident(self._lib, table, call.x)
-        if _shm.copies(self._lib, call.x.nbytes, inputs, (_shm.BROADCAST_BYTES, np.inf)):   # node buffers: copied once
+        if _shm.copies(self._lib, call.x.nbytes, inputs, (value("nodebuf.broadcast"), np.inf)):   # node buffers: copied once
             dests = [call.x.reshape(-1) if r == self._root != self.rank else None for r in range(self.size)]
             _shm.gather(go, self._lib, inputs, dests)
             return
