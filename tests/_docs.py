@@ -155,7 +155,7 @@ def run(block: tuple[str, ...]) -> list[tuple[int | str, str]]:
         script = f'mpirun() {{ command mpirun {flags} "$@"; }}\nexec 2>&1\n'
         for command in block:          # (each followed by its status and a mark; $? is the command's again)
             script += f'{command}\n__status=$?; echo "{_MARK} $__status"; ( exit $__status )\n'
-        env = {k: v for k, v in launch_env().items() if not k.startswith("MPICOLL_") or k.startswith("MPICOLL_TEST_")}
+        env = launch_env(settings=False)
         env.update(PATH=f"{Path(sys.executable).parent}{os.pathsep}{env.get('PATH', '')}", PYTHONUNBUFFERED="1",
                    COLUMNS="80", PYTHONPATH=str(ROOT))
         # A session of its own, so that a hung command can be killed whole (mpirun and its ranks).

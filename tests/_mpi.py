@@ -91,13 +91,14 @@ def setting(monkeypatch, name: str, value: str | None) -> None:
 KEPT = ("OMPI_ALLOW_RUN_AS_ROOT", "OMPI_MCA_pml", "OMPI_MCA_btl", "OMPI_MCA_osc")
 
 
-def launch_env(**extra: str) -> dict[str, str]:
+def launch_env(settings: bool = True, **extra: str) -> dict[str, str]:
     """The environment for a nested job (the one helper every test that launches a job uses): this
-    one without the outer launcher's variables, the test harness' own (``MPICOLL_TEST_*``) and the
-    outer job's ``MPIEXEC_TIMEOUT``, plus ``MPICOLL_TEST_NESTED`` (its processes are killed after the
-    test if still running: tests/conftest.py) and ``extra``."""
-    env = {k: v for k, v in os.environ.items()
-           if not k.startswith(LAUNCHER_PREFIXES + ("MPICOLL_TEST", "MPIEXEC_TIMEOUT")) or k.startswith(KEPT)}
+    one without the outer launcher's variables, the test harness' own (``MPICOLL_TEST_*``), the
+    outer job's ``MPIEXEC_TIMEOUT`` and, without ``settings``, mpicoll's settings (``MPICOLL_*``),
+    plus ``MPICOLL_TEST_NESTED`` (its processes are killed after the test if still running:
+    tests/conftest.py) and ``extra``."""
+    dropped = LAUNCHER_PREFIXES + (("MPICOLL_TEST", "MPIEXEC_TIMEOUT") if settings else ("MPICOLL_", "MPIEXEC_TIMEOUT"))
+    env = {k: v for k, v in os.environ.items() if not k.startswith(dropped) or k.startswith(KEPT)}
     env["MPICOLL_TEST_NESTED"] = nested_token()
     env.update(extra)
     return env
@@ -119,12 +120,16 @@ def run_job(tmp_path, body: str, np_: int = 3, env: dict | None = None, timeout:
     setting but ``env``; returns (result, seconds, the shared-memory files it left behind)."""
     script = tmp_path / "job.py"
     script.write_text(textwrap.dedent(body))
-    clean = {k: v for k, v in launch_env().items() if not k.startswith("MPICOLL_")}
-    clean.update(env or {})
+    clean = launch_env(settings=False, **(env or {}))
     before = set(glob.glob("/dev/shm/mpich_shm_*"))
     t0 = time.monotonic()
-    res = subprocess.run(mpirun(np_, sys.executable, "-m", "mpi4py", str(script)),
-                         capture_output=True, text=True, timeout=within(timeout), env=clean)
+    try:
+        res = subprocess.run(mpirun(np_, sys.executable, "-m", "mpi4py", str(script)),
+                             capture_output=True, text=True, timeout=within(timeout), env=clean)
+    except subprocess.TimeoutExpired as exc:
+        said = "".join(x.decode(errors="replace") if isinstance(x, bytes) else x or "" for x in (exc.stdout, exc.stderr))
+        raise AssertionError(f"the job did not end within {within(timeout):g} s (its limit, {timeout:g} s x "
+                             f"MPICOLL_TEST_SLOWDOWN={SLOWDOWN:g}: raise that to allow more)\n{said[-3000:]}") from None
     seconds = time.monotonic() - t0
     return res, seconds, left_behind(before)
 
@@ -213,8 +218,7 @@ def digest_job(python: str, np_: int = 4) -> dict:
     root = Path(__file__).resolve().parent.parent
     version = subprocess.run([str(Path(python).with_name("mpirun")), "--version"], capture_output=True, text=True,
                              timeout=60).stdout
-    env = {k: v for k, v in launch_env(PYTHONPATH=str(root), OMPI_MCA_osc="^ucx").items()
-           if not k.startswith("MPICOLL_")}
+    env = launch_env(settings=False, PYTHONPATH=str(root), OMPI_MCA_osc="^ucx")
     proc = subprocess.run(mpirun(np_, python, str(root / "tests" / "multihost" / "digest.py"), python=python,
                                  open_mpi="Open MPI" in version), capture_output=True, text=True, timeout=within(240),
                           env=env, cwd=root)

@@ -297,7 +297,7 @@ def test_domain_formed_by_its_members_alone_in_a_fresh_job(tmp_path_factory, tim
         pytest.skip("runs its own 4-rank job once")
     script = tmp_path_factory.mktemp("alone") / "alone.py"
     script.write_text(NOTHING_ELSEWHERE)
-    env = {k: v for k, v in launch_env().items() if not k.startswith("MPICOLL_")}
+    env = launch_env(settings=False)
     env["MPICOLL_TIMEOUT"] = timeout
     for _ in range(3):                 # (an unread message failed the finalize only now and then)
         res = subprocess.run(mpirun(4, sys.executable, str(script)), capture_output=True, text=True,

@@ -61,8 +61,7 @@ def test_under_plain_python_one_traceback_whole_and_a_misspelt_setting_warned_on
     """
     script = tmp_path / "job.py"
     script.write_text(textwrap.dedent(body))
-    env = {k: v for k, v in launch_env(MPICOLL_TIMOUT="5").items() if not k.startswith("MPICOLL_") or
-           k == "MPICOLL_TIMOUT"}
+    env = launch_env(settings=False, MPICOLL_TIMOUT="5")
     res = subprocess.run(mpirun(2, sys.executable, str(script)), capture_output=True, text=True, timeout=60, env=env)
     err = res.stderr
     assert res.returncode != 0, err

@@ -158,7 +158,7 @@ def test_cli_error_on_one_rank_aborts_the_job(tmp_path):
     rank, before any check: test_cli.)"""
     (tmp_path / "logs").mkdir()
     (tmp_path / "logs" / "rank.2").symlink_to("/dev/full")
-    clean = {k: v for k, v in launch_env().items() if not k.startswith("MPICOLL_")}
+    clean = launch_env(settings=False)
     before = set(glob.glob("/dev/shm/mpich_shm_*"))
     t0 = time.monotonic()
     res = subprocess.run(mpirun(3, sys.executable, "-m", "mpicoll.run", "--op", "AllReduce",

@@ -17,7 +17,7 @@ from pathlib import Path
 
 import pytest
 
-from _mpi import launch_env, left_behind, mpirun, within
+from _mpi import SLOWDOWN, launch_env, left_behind, mpirun, within
 
 HERE = Path(__file__).resolve().parent
 HARD_TIMEOUT_S = 60
@@ -155,6 +155,8 @@ def test_deadlock_is_ended_by_the_watchdog(tmp_path):
     assert elapsed < within(30), info
     assert "Thread" in out or "File" in out, info
     assert "test_both_ranks_receive_first" in out, info
+    assert "still running after 3 s, its limit (MPICOLL_TEST_TIMEOUT=3 s x MPICOLL_TEST_SLOWDOWN=1): ending this " \
+           "process; raise MPICOLL_TEST_TIMEOUT or MPICOLL_TEST_SLOWDOWN to allow more" in out, info
 
 
 def test_timeout_marker_overrides_the_default(tmp_path):
@@ -172,6 +174,7 @@ def test_timeout_marker_overrides_the_default(tmp_path):
     assert rc != 0, info
     assert elapsed < within(30), info
     assert "Thread" in out or "File" in out, info
+    assert "(its @pytest.mark.timeout_s(3) x MPICOLL_TEST_SLOWDOWN=1)" in out and "raise the marker" in out, info
 
 
 def test_no_abort_env_disables_the_abort(tmp_path):
@@ -230,9 +233,24 @@ def test_each_rank_has_its_own_temporary_folder(tmp_path):
 
 
 def test_scripts_test_prints_the_mpi_information_once(tmp_path):
-    env = _clean_env(MPICOLL_TEST_NPS="1 2")
+    env = _clean_env(MPICOLL_TEST_NPS="1 2", MPICOLL_TEST_SLOWDOWN=f"{SLOWDOWN:.1f}")   # (this run's: not measured again)
     env.pop("MPICOLL_TEST_MPI_INFO", None)
     proc = subprocess.run([str(HERE.parent / "scripts" / "test"), "-q", "tests/test_bench.py", "-k", "parse_size"],
                           cwd=HERE.parent, env=env, capture_output=True, text=True, timeout=300)
     assert proc.returncode == 0, proc.stdout + proc.stderr
     assert proc.stdout.count("MPI Information") == 1 and "scripts/test: 2 passed, 0 failed" in proc.stdout
+
+
+def test_a_run_out_of_time_names_the_variables_and_leaves_nothing_running(tmp_path):
+    """scripts/test's own limit for a rank count, when it fires, says which variables raise it, and
+    what the run started is gone."""
+    (tmp_path / "test_sleeps.py").write_text("import time\n\ndef test_sleeps():\n    time.sleep(120)\n")
+    env = _clean_env(MPICOLL_TEST_NPS="1", MPICOLL_TEST_RUN_TIMEOUT="3", MPICOLL_TEST_SLOWDOWN="1")
+    proc = subprocess.run([str(HERE.parent / "scripts" / "test"), "-q", str(tmp_path / "test_sleeps.py")],
+                          cwd=HERE.parent, env=env, capture_output=True, text=True, timeout=within(120))
+    assert proc.returncode != 0, proc.stdout + proc.stderr
+    assert "MPICOLL_TEST_RUN_TIMEOUT=3 s x MPICOLL_TEST_SLOWDOWN=1.0" in proc.stderr and \
+        "raise MPICOLL_TEST_RUN_TIMEOUT to allow more" in proc.stderr, proc.stderr
+    time.sleep(0.5)
+    left = subprocess.run(["pgrep", "-f", str(tmp_path / "test_sleeps.py")], capture_output=True, text=True).stdout
+    assert not left.strip(), f"still running: {left}"

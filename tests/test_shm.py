@@ -214,7 +214,7 @@ def test_the_world_is_one_node_here():
 def run(tmp_path, body: str, np_: int = 2, env: dict | None = None, timeout: float = 60):
     script = tmp_path / "job.py"
     script.write_text(textwrap.dedent(body))
-    clean = {k: v for k, v in launch_env().items() if not k.startswith("MPICOLL_")}
+    clean = launch_env(settings=False)
     clean.update(env or {})
     return subprocess.run(mpirun(np_, sys.executable, "-m", "mpi4py", str(script)), capture_output=True, text=True,
                           timeout=timeout, env=clean)
@@ -351,7 +351,7 @@ def test_a_small_dev_shm_gives_mpis_path_and_node_buffers_raise(tmp_path, case):
                     "checked before (the no-room case)")
     script = tmp_path / "job.py"
     script.write_text(textwrap.dedent(SMALL_SHM_JOB.format(pages=pages, margin=case == "margin")))
-    env = {k: v for k, v in launch_env().items() if not k.startswith("MPICOLL_")}
+    env = launch_env(settings=False)
     res = subprocess.run(small_dev_shm(mpirun(2, sys.executable, "-m", "mpi4py", str(script)), "12m"),
                          capture_output=True, text=True, timeout=90, env=env)
     out = res.stdout + res.stderr

@@ -221,7 +221,7 @@ print(f"rank {me}: tiers ok ({len(nodes)} nodes: {nodes}; {'in tiers' if tiered 
 def _job(tmp_path, np_: int, cliques: int, **env: str) -> subprocess.CompletedProcess:
     script = tmp_path / "tiers_job.py"
     script.write_text(textwrap.dedent(JOB))
-    clean = {k: v for k, v in launch_env().items() if not k.startswith("MPICOLL_")}
+    clean = launch_env(settings=False)
     clean.update({"MPIR_CVAR_NUM_CLIQUES": str(cliques), "MPICOLL_TIMEOUT": "60", **env})
     return subprocess.run(mpirun(np_, sys.executable, "-m", "mpi4py", str(script)), capture_output=True, text=True,
                           timeout=240, env=clean)

@@ -385,7 +385,7 @@ def test_torch_torchrun_is_refused_at_init(tmp_path):
         res = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2",
                               "--master_addr", "127.0.0.1", "--master_port", str(port),
                               str(script), method, str(tmp_path)], capture_output=True, text=True, timeout=120,
-                             env={k: v for k, v in launch_env().items() if not k.startswith("MPICOLL_")})
+                             env=launch_env(settings=False))
         assert res.returncode != 0 and "TRAINED" not in res.stdout, (method, res.stdout, res.stderr[-3000:])
         refusals = [p.read_text() for p in tmp_path.glob(method[:3] + "*")]
         assert len(refusals) == 2 and all("Launch with `mpirun -np 2 python ...` instead" in r

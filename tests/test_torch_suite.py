@@ -22,7 +22,7 @@ SUITE = Path(__file__).resolve().parent / "torch_suite.py"
 
 @pytest.mark.timeout_s(900)
 def test_torch_own_suite_at_three_ranks():
-    env = {k: v for k, v in launch_env().items() if not k.startswith("MPICOLL_")}
+    env = launch_env(settings=False)
     res = subprocess.run(mpirun(3, sys.executable, "-m", "mpi4py", str(SUITE)), capture_output=True, text=True,
                          timeout=840, env=env)
     summary = [ln for ln in res.stdout.splitlines() if ln.startswith("mpicoll, 3 ranks:")]
