@@ -140,8 +140,7 @@ class LibComm:
         self.plain = not debug and not watched
         self.freed = False
         self.busy = threading.RLock()      # held by the thread inside a call on it (:meth:`enter`)
-        size = _trace.flight_size()
-        self.flight = _trace.Ring(size, label, self.world_ranks, self.rank) if size else None
+        self.flight = _trace.Ring(_trace.flight_size(), label, self.world_ranks, self.rank)
         if watched:
             self._win = MPI.Win.Allocate(MARK_WORDS * 8, 8, comm=mpi)
             self._mark = np.frombuffer(self._win.tomemory(), dtype=np.int64)

@@ -67,9 +67,9 @@ def _excepthook(kind, exc, tb) -> None:
     ranks) prints its traceback on the lowest member only, one line on the others: a job prints
     one traceback, not one per rank. Anything else goes to the previous hook; an uncaught
     KeyboardInterrupt (Ctrl-C) then aborts the job, under plain ``python`` too."""
-    if not issubclass(kind, (KeyboardInterrupt, SystemExit)):
-        _trace.dump(f"uncaught {kind.__name__}")     # (the flight recorder, before python -m mpi4py aborts)
     members = getattr(exc, "members", None)
+    if not issubclass(kind, (KeyboardInterrupt, SystemExit)):   # (the flight recorders, before mpi4py aborts)
+        (_trace.dump if members else _trace.dump_all)(f"uncaught {kind.__name__}")    # (agreed: each rank its own)
     me = _WORLD_RANK[0] if _WORLD_RANK else None
     if members and me in members and me != min(members):
         _traceback.write(f"world rank {me}: the same {kind.__module__}.{kind.__qualname__} as world rank "

@@ -14,15 +14,21 @@ a watchdog (``MPICOLL_TIMEOUT``): then every member keeps arrival marks.
 """
 from __future__ import annotations
 
+import hashlib
+import os
+import socket
+
 import numpy as np
 from mpi4py import MPI
 
-from . import _comm, _env, _exit, _watchdog
+from . import _comm, _env, _exit, _trace, _watchdog
 from ._agreement import SetUp, agree
 from ._comm import LOCK, LibComm
 from ._cpus import cpu_sets
 from ._errors import CollectiveError, CollectiveMismatchError, CollectiveTimeout
 
+#: this host, as a number (the set-up's row says where each member runs: :data:`mpicoll._trace.PEERS`)
+_HOST = int.from_bytes(hashlib.blake2b(socket.gethostname().encode(), digest_size=7).digest(), "little")
 #: the settings every member of a library communicator must have alike (flags: they decide which MPI
 #: calls a rank makes), in the order of the columns of :func:`make`'s table
 ALIKE_SETTINGS = tuple(name for name, s in _env.SETTINGS.items() if s.agreed == _env.ALIKE)
@@ -45,7 +51,7 @@ def make(mpi: MPI.Comm, label: str, timeout: float | None = None, set_up: float 
     error = _env.error(MPI.COMM_WORLD.Get_rank())
     # columns: this member's error flag, whether it runs a watchdog, then the settings alike everywhere
     mine = np.array([error is not None, timeout is not None or _watchdog.timeout_default() is not None,
-                     *(_env.value(name) for name in ALIKE_SETTINGS)], dtype=np.int64)
+                     *(_env.value(name) for name in ALIKE_SETTINGS), os.getpid(), _HOST], dtype=np.int64)
     set_up, own = _watchdog.set_up_limit(timeout, set_up)
     making = SetUp(mpi, own, lambda step: f"setting up {label}: timed out in {step}")
     try:
@@ -56,6 +62,7 @@ def make(mpi: MPI.Comm, label: str, timeout: float | None = None, set_up: float 
         mpi.Free()                           # (every member raises here: every member frees it)
         raise
     agreed = dict(zip(ALIKE_SETTINGS, table[0, 2:].tolist()))
+    _trace.PEERS.update(pid for pid, host in table[:, -2:].tolist() if host == _HOST and pid != os.getpid())
     for col, name in enumerate(ALIKE_SETTINGS, 2):
         values = table[:, col].tolist()
         if len(set(values)) > 1:

@@ -26,6 +26,7 @@ from typing import Any, Callable
 import numpy as np
 from mpi4py import MPI
 
+from . import _trace
 from . import _validate as V
 from ._domains import group_fields, resolve
 from ._errors import CollectiveError, CollectiveTimeout, as_collective_error
@@ -41,7 +42,7 @@ class Message:
     a receive is complete, ``source`` is its sender's rank in the communicator."""
 
     __slots__ = ("fn", "req", "status", "lib", "peer", "tag", "nbytes", "timeout", "deadline", "source", "error",
-                 "_lock", "_done", "_then", "_due")
+                 "_lock", "_done", "_then", "_due", "t0")
 
     def __init__(self, fn: str, lib: Any, peer: int, tag: int, data: np.ndarray) -> None:
         self.fn, self.lib, self.peer, self.tag, self.nbytes = fn, lib, peer, tag, data.size
@@ -51,6 +52,7 @@ class Message:
         self._done = threading.Event()
         self._then: list[Callable[["Message"], None]] = []
         self._due: list[Callable[["Message"], None]] = []    # (callbacks of its end, run once unlocked)
+        self.t0 = time.time_ns() if _trace.ON else 0           # (a trace's event: from its post to its end)
         self.req = lib.message(fn.endswith("send"), data, peer, tag)
         _PROGRESS.add(self)
 
@@ -183,6 +185,10 @@ class Message:
         if error is None:
             self.source = self.status.Get_source() if self.peer == MPI.ANY_SOURCE else self.peer
         self.error = error
+        if self.t0 and _trace.ON:
+            _trace.event(self.fn, "message", self.t0, time.time_ns(), {"comm": self.lib.label, "peer": self.peer,
+                         "tag": self.tag, "bytes": self.nbytes, "path": "mpi",
+                         "outcome": "ok" if error is None else type(error).__name__})
         with _PROGRESS.cond:
             self._done.set()
             self._due, self._then = self._then, []

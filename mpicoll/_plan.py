@@ -13,7 +13,7 @@ from typing import Any, Callable
 import numpy as np
 from mpi4py import MPI
 
-from . import _comm
+from . import _comm, _trace
 from . import _validate as V
 from ._agreement import flagged
 from ._comm import LibComm
@@ -82,7 +82,11 @@ class Plan:
             for c in self._used:
                 if c.pending:
                     c.drain(None)
-        self._go()
+        if _trace.ON:
+            _trace.timed(self.op, "plan" if len(self.parts) == 1 else "graph", {"comm": [c.label for c in self._used],
+                         "steps": len(self._steps), "path": "plan"}, self._go)
+        else:
+            self._go()
         return self.result
 
     def _bind(self) -> Callable[[], None]:

@@ -393,6 +393,7 @@ def gather(go, comm: LibComm, inputs: tuple[NodeBuffer, list], dests: list) -> N
     """AllGather(V) or Broadcast by copying from the peers' node buffers once: rank r's input into
     ``dests[r]`` (None: nothing of rank r's), between two Barriers: the first publishes the inputs,
     the second keeps them until every rank has copied them."""
+    go.took("nodebuf")
     buf, peers = inputs
     pairs = [(d, p) for d, p in zip(dests, peers) if d is not None]
     _publish(go, comm, buf)

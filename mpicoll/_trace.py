@@ -13,8 +13,8 @@ starts (0 on rank 0's host: the ranks of one host share its clock). Tracing off,
 module global (:data:`ON`).
 
 **The flight recorder**: every library communicator keeps its last ``MPICOLL_FLIGHT`` calls
-(:class:`Ring`: the call's sequence number there, its operator, call number, dtype, bytes, when it
-began, whether it ended), which each rank writes to ``MPICOLL_DUMP_DIR`` (:func:`dump`) when a call
+(:class:`Ring`: the call's number there, 1 for the first, its operator, whether it ended, and
+how: ok or the error's class), which each rank writes to ``MPICOLL_DUMP_DIR`` (:func:`dump`) when a call
 times out, when mpicoll aborts the job, when an uncaught error ends it, and when the process gets
 ``SIGUSR1`` (a live job: ``kill -USR1 <pid>``, or ``mpirun``'s signal forwarding). ``python -m
 mpicoll.run trace DIR`` reads both (:mod:`mpicoll._trace_read`).
@@ -30,6 +30,7 @@ import sys
 import threading
 import time
 import weakref
+from typing import Any
 
 import numpy as np
 from mpi4py import MPI
@@ -39,11 +40,16 @@ from . import _env
 #: a trace is being written (the one test a call makes; set by :func:`start`, cleared by :func:`stop`)
 ON = False
 #: the communicators' flight recorders, for a dump
+#: the process ids of the ranks on this host that share a communicator with this one (learnt as the
+#: communicators are made: :func:`mpicoll._making.make`), asked to dump with it (:func:`dump_all`)
+PEERS: set[int] = set()
 RINGS: "weakref.WeakSet[Ring]" = weakref.WeakSet()
 _LOCK = threading.Lock()
 _WRITER: "_Writer | None" = None
 #: this process's clock less world rank 0's, in ns (measured when a trace starts over several hosts)
 OFFSET = 0
+#: events kept in memory before they are written (a call's event costs a tuple, its JSON is written later)
+FLUSH_EVERY = 1 << 16
 #: the lanes (threads) events are drawn on: the caller's, then each worker's
 _LANES: dict[int, int] = {}
 #: what the stages of the calling thread's call noted for its event (``path``, ``table``:
@@ -54,26 +60,31 @@ NOTE = threading.local()
 # ----------------------------------------------------------------------------- the flight recorder
 
 class Ring:
-    """One communicator's last ``size`` calls: ``entered`` counts the calls begun there; each entry
-    ``[seq, name, dtype, bytes, t0 (time_ns), outcome]``, its outcome None while it runs (written
-    inline by the call's door, ``ops/_base.Operation._call``: a few stores a call)."""
+    """One communicator's last ``size`` calls, written inline by the call's door
+    (``ops/_base.Operation._call``: two stores a call): ``entered`` counts the calls begun there
+    (the k-th call is number k), ``ended`` is the number of the last one that ended; entry
+    ``k % size`` is call k's operator, or ``(operator, error class)`` for a call that failed. A
+    recorder of ``size`` 0 (``MPICOLL_FLIGHT=0``) keeps one entry and is never dumped."""
 
-    __slots__ = ("items", "size", "entered", "label", "world_ranks", "rank", "__weakref__")
+    __slots__ = ("items", "size", "entered", "ended", "label", "world_ranks", "rank", "__weakref__")
 
     def __init__(self, size: int, label: str, world_ranks: tuple, rank: int) -> None:
-        self.items: list = [None] * size
-        self.size, self.entered = size, 0
+        self.items: list = [None] * max(size, 1)
+        self.size, self.entered, self.ended = max(size, 1), 0, 0
         self.label, self.world_ranks, self.rank = label, tuple(world_ranks), rank
-        RINGS.add(self)
+        if size:
+            RINGS.add(self)
 
     def dumped(self) -> dict:
-        """What a dump says of this communicator: its calls kept, oldest first; ``ended``: the
-        calls that ended (well or not)."""
-        kept = sorted((e for e in list(self.items) if e is not None), key=lambda e: e[0])
-        calls = [{"seq": e[0], "op": e[1], "dtype": None if e[2] is None else str(e[2]), "bytes": e[3],
-                  "t_us": (e[4] - OFFSET) / 1e3, "outcome": e[5] or "in flight"} for e in kept]
+        """What a dump says of this communicator: its calls kept, oldest first."""
+        entered, ended, items = self.entered, self.ended, list(self.items)
+        calls = []
+        for k in range(max(1, entered - self.size + 1), entered + 1):
+            item = items[k % self.size]
+            op, outcome = item if isinstance(item, tuple) else (item, "ok" if k <= ended else "in flight")
+            calls.append({"seq": k, "op": op, "outcome": outcome})
         return {"label": self.label, "world_ranks": list(self.world_ranks), "rank": self.rank,
-                "entered": self.entered, "ended": self.entered - sum(e[5] is None for e in kept), "calls": calls}
+                "entered": entered, "ended": ended, "calls": calls}
 
 
 def flight_size() -> int:
@@ -95,6 +106,7 @@ def dump(reason: str) -> str | None:
     """Write this rank's flight recorders (every communicator's last calls) to
     ``<dump dir>/flight.<world rank>.json``; its path (None: it could not be written). Safe to call
     from any thread and from a signal's thread, several times (each dump replaces the last)."""
+    flush()                                     # (the trace's events so far, if one runs)
     rank = world_rank()
     body = {"rank": rank, "host": socket.gethostname(), "pid": os.getpid(), "reason": reason,
             "time_us": (time.time_ns() - OFFSET) / 1e3,
@@ -109,6 +121,32 @@ def dump(reason: str) -> str | None:
         os.replace(tmp, path)
     except OSError:
         return None
+    return path
+
+
+def dump_all(reason: str, within: float = 2.0) -> str | None:
+    """:func:`dump`, and ask this rank's peers on its host (:data:`PEERS`) to dump theirs too
+    (``SIGUSR1``) before the job ends (an abort through mpicoll, an uncaught error): wait up to
+    ``within`` seconds for their files. Peers on other hosts dump when their own watchdog fires, or
+    on a ``SIGUSR1`` that mpirun forwards."""
+    path, t0 = dump(reason), time.time()
+    asked = 0
+    for pid in PEERS:
+        try:
+            os.kill(pid, signal.SIGUSR1)
+            asked += 1
+        except (OSError, AttributeError):     # (gone already; or no SIGUSR1 here)
+            pass
+    where = dump_dir()
+    while asked and time.time() < t0 + within:
+        try:
+            fresh = sum(os.path.getmtime(os.path.join(where, n)) >= t0 for n in os.listdir(where)
+                        if n.startswith("flight.") and n.endswith(".json"))
+        except OSError:
+            fresh = 0
+        if fresh >= asked + (path is not None):
+            break
+        time.sleep(0.01)
     return path
 
 
@@ -168,8 +206,9 @@ def on_signal() -> None:
 # ----------------------------------------------------------------------------- the trace
 
 class _Writer:
-    """The events of this rank, written to ``DIR/trace.<rank>.json`` as they come (a JSON array,
-    closed at the end)."""
+    """The events of this rank, kept as tuples as they come (a call pays for a tuple, not for its
+    JSON) and written to ``DIR/trace.<rank>.json`` every :data:`FLUSH_EVERY` events, when a dump
+    is written and when the trace stops (a JSON array, closed then)."""
 
     def __init__(self, where: str, rank: int) -> None:
         os.makedirs(where, exist_ok=True)
@@ -178,6 +217,7 @@ class _Writer:
         self.file = open(self.path, "w", encoding="utf-8")  # noqa: SIM115 - closed by close()
         self.file.write("[\n")
         self.count = 0
+        self.pending: list[tuple] = []
         self.meta({"name": "process_name", "ph": "M", "pid": rank, "args": {"name": f"rank {rank} "
                                                                               f"({socket.gethostname()})"}})
         self.meta({"name": "process_sort_index", "ph": "M", "pid": rank, "args": {"sort_index": rank}})
@@ -185,13 +225,19 @@ class _Writer:
     def meta(self, event: dict) -> None:
         self.file.write(json.dumps(event) + ",\n")
 
-    def write(self, event: dict) -> None:
-        self.file.write(json.dumps(event) + ",\n")
-        self.count += 1
-        if self.count % 256 == 0:
-            self.file.flush()
+    def flush(self) -> None:
+        """Write the events kept (under :data:`_LOCK`)."""
+        events, self.pending = self.pending, []
+        pid = self.rank
+        self.file.write("".join(json.dumps({"name": name, "cat": cat, "ph": "X", "ts": (t0 - OFFSET) / 1e3,
+                                            "dur": (t1 - t0) / 1e3, "pid": pid, "tid": tid,
+                                            "args": args if type(args) is dict else args[0](*args[1:])}) + ",\n"
+                                for name, cat, t0, t1, tid, args in events))
+        self.file.flush()
+        self.count += len(events)
 
     def close(self) -> None:
+        self.flush()
         self.meta({"name": "mpicoll", "ph": "M", "pid": self.rank, "args": {"events": self.count,
                                                                              "clock_offset_ns": OFFSET}})
         self.file.write("{}]\n")
@@ -213,16 +259,35 @@ def lane() -> int:
 
 
 def event(name: str, cat: str, t0: int, t1: int, args: dict) -> None:
-    """Write one complete event: ``name`` (the operator), ``cat`` (collective, plan, graph, hccl,
-    message, async), from ``t0`` to ``t1`` (``time.time_ns()``), ``args`` its fields."""
+    """Keep one complete event: ``name`` (the operator), ``cat`` (collective, plan, graph, hccl,
+    message), from ``t0`` to ``t1`` (``time.time_ns()``), ``args`` its fields: a dict, or
+    ``(fn, *facts)`` whose ``fn(*facts)`` makes them when the event is written."""
     w = _WRITER
     if w is None:
         return
-    ev = {"name": name, "cat": cat, "ph": "X", "ts": (t0 - OFFSET) / 1e3, "dur": (t1 - t0) / 1e3, "pid": w.rank,
-          "tid": lane(), "args": args}
+    w.pending.append((name, cat, t0, t1, lane(), args))
+    if len(w.pending) >= FLUSH_EVERY:
+        flush()
+
+
+def flush() -> None:
+    """Write the trace's events kept so far (before a dump, and every :data:`FLUSH_EVERY`)."""
     with _LOCK:
-        if _WRITER is w:
-            w.write(ev)
+        if _WRITER is not None:
+            _WRITER.flush()
+
+
+def timed(name: str, cat: str, fields: dict, fn: Any) -> Any:
+    """``fn()``, and its event (``fields`` and its outcome: ok, or the error's class)."""
+    t0, outcome = time.time_ns(), "ok"
+    try:
+        return fn()
+    except BaseException as exc:
+        outcome = type(exc).__name__
+        raise
+    finally:
+        fields["outcome"] = outcome
+        event(name, cat, t0, time.time_ns(), fields)
 
 
 def start(where: str, rank: int, offset: int = 0) -> str:

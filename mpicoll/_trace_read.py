@@ -13,6 +13,7 @@ from __future__ import annotations
 import json
 import os
 import re
+import sys
 from collections import defaultdict
 
 
@@ -77,7 +78,7 @@ def stragglers(events: list[dict]) -> list[dict]:
     return sorted(by.values(), key=lambda r: (-r["late_us"], -r["last"]))
 
 
-def late_calls(events: list[dict], rank: int | None = None) -> list[dict]:
+def late_calls(events: list[dict]) -> list[dict]:
     """Every call that agreed, once, with the rank that came last and how late (us): the call's
     events merged (for a test, or to look one call up)."""
     seen: dict[tuple, dict] = {}
@@ -120,7 +121,7 @@ def picture(events: list[dict], out: str) -> None:
         y = ranks.index(e["pid"])
         ax.barh(y, max(e["dur"], 0.5), left=e["ts"] - t0, height=0.6, color=colours[e["name"]])
         a = e.get("args", {})
-        if a.get("last_rank") is not None and a.get("world_last") == e["pid"] and a.get("late_us", 0) > 0:
+        if a.get("last_rank") is not None and a.get("last_rank") == e["pid"] and a.get("late_us", 0) > 0:
             ax.plot(e["ts"] - t0, y, marker="v", color="red", markersize=7)
     ax.set_yticks(range(len(ranks)), [f"rank {r}" for r in ranks])
     ax.set_xlabel("us since the first event")
@@ -156,8 +157,8 @@ def never_entered(dumps: dict[int, dict]) -> list[dict]:
                 found.append({"comm": label, "world_ranks": list(members), "seq": None, "op": None,
                               "missing": [], "no_dump": [], "last": _last_calls(seen)})
             continue
-        call = next((c for r, sc in seen.items() for c in sc["calls"] if c["seq"] == low), None)
-        found.append({"comm": label, "world_ranks": list(members), "seq": low,
+        call = next((c for r, sc in seen.items() for c in sc["calls"] if c["seq"] == low + 1), None)
+        found.append({"comm": label, "world_ranks": list(members), "seq": low + 1,
                       "op": None if call is None else call["op"],
                       "missing": sorted(r for r, k in counts.items() if k == low), "no_dump": missing_dumps,
                       "last": _last_calls(seen)})
@@ -177,6 +178,28 @@ def load_dumps(where: str) -> dict[int, dict]:
 
 
 # ----------------------------------------------------------------------------- the report
+
+def main(argv: list[str]) -> int:
+    """``python -m mpicoll.run trace DIR [--merge FILE] [--plot FILE]`` (one process, no mpirun)."""
+    import argparse
+    p = argparse.ArgumentParser(prog="python -m mpicoll.run trace",
+                                description="Read the per-rank files of a trace (MPICOLL_TRACE, mpicoll.trace) or "
+                                            "of the flight recorders' dumps (MPICOLL_DUMP_DIR) and say what they "
+                                            "show (docs/trace.md).")
+    p.add_argument("dir", help="the directory of trace.<rank>.json or flight.<rank>.json files")
+    p.add_argument("--merge", metavar="FILE", help="also write every rank's events into FILE, one Chrome trace")
+    p.add_argument("--plot", metavar="FILE", help="also draw the timeline into FILE (needs matplotlib)")
+    a = p.parse_args(argv)
+    try:
+        print(report(a.dir, a.merge, a.plot))
+    except (OSError, ValueError) as exc:
+        sys.stderr.write(f"python -m mpicoll.run trace: error: {exc}\n")
+        return 2
+    except ImportError as exc:
+        sys.stderr.write(f"python -m mpicoll.run trace: error: --plot needs matplotlib ({exc})\n")
+        return 2
+    return 0
+
 
 def report(where: str, merge: str | None = None, plot: str | None = None) -> str:
     """The text ``python -m mpicoll.run trace DIR`` prints.
@@ -204,6 +227,11 @@ def report(where: str, merge: str | None = None, plot: str | None = None) -> str
             lines.append(f"{'world rank':<12}{'times last':>11}{'late (us)':>12}{'worst (us)':>12}")
             for r in late:
                 lines.append(f"{r['rank']:<12}{r['last']:>11}{r['late_us']:>12.1f}{r['worst_us']:>12.1f}")
+            worst = sorted(late_calls(events), key=lambda r: -r["late_us"])[:5]
+            lines.append("# the latest arrivals (call: its number on its communicator)")
+            for r in worst:
+                lines.append(f"{r['comm']} call {r['seq']} ({r['op']}): world rank {r['last_rank']} came "
+                             f"{r['late_us']:.1f} us after the first")
         else:
             lines.append("# no call agreed with its arrival times (validation off): no straggler to name")
         if merge:
@@ -226,7 +254,7 @@ def report(where: str, merge: str | None = None, plot: str | None = None) -> str
                                                                     else ""))
             for r, c in s["last"].items():
                 lines.append(f"    world rank {r}: " + ("no call" if c is None else
-                                                        f"last {c['op']} (seq {c['seq']}, {c['dtype']}, {c['bytes']} B): "
+                                                        f"last {c['op']} (call {c['seq']}): "
                                                         f"{c['outcome']}"))
     return "\n".join(lines)
 

@@ -299,7 +299,7 @@ def abort(message: str, code: int = 1) -> None:
     """Print ``message``, write the flight recorder, unlink this job's shared-memory files (only those
     this process maps: the peers keep their mappings), and abort every rank."""
     _say(message)
-    _trace.dump("abort")
+    _trace.dump_all("abort")
     # Give mpirun's output forwarder a moment: when two ranks time out together, the first Abort
     # kills the job and a message still in the other's pipe was lost (seen once in CI).
     time.sleep(0.2)

@@ -13,6 +13,7 @@ collective. A client is used by one thread.
 from __future__ import annotations
 
 import itertools
+import time
 import weakref
 from bisect import bisect_right
 from typing import Any
@@ -20,6 +21,7 @@ from typing import Any
 import numpy as np
 from mpi4py import MPI
 
+from . import _trace
 from ._comm import LibComm
 from ._domains import group_fields
 from ._dtypes import HcclDataType, HcclReduceOp
@@ -43,7 +45,7 @@ class _Entry:
     """A prepared task: its operation, its plan (one part per round), where each round's steps
     end, and its state."""
 
-    __slots__ = ("op", "plan", "ends", "repeat", "committed", "finished", "ever", "run")
+    __slots__ = ("op", "plan", "ends", "repeat", "committed", "finished", "ever", "run", "t0")
 
     def __init__(self, op: Task, plan: Plan) -> None:
         self.op, self.plan = op, plan
@@ -52,6 +54,7 @@ class _Entry:
         self.committed = self.finished = 0        # in the current cycle of `repeat` rounds
         self.ever = False                         # committed at least once
         self.run = None                           # the plan's Handle while rounds are in flight
+        self.t0 = 0                               # when its rounds were first released (a trace's event)
 
     def progress(self, block: bool) -> None:
         """Move the committed rounds on (blocking: until they are all complete)."""
@@ -65,6 +68,9 @@ class _Entry:
         self.finished = bisect_right(self.ends, done)
         if done == self.ends[-1]:                 # every round done (a wait() starts a new cycle)
             self.run = None
+            if _trace.ON and self.t0:             # (the task's event: its first commit to its end)
+                _trace.event(self.op.NAME, "hccl", self.t0, time.time_ns(), {"comm": self.op._lib.label,
+                             "rounds": self.repeat, "path": "plan", "outcome": "ok"})
 
 
 class Hccl:
@@ -278,6 +284,7 @@ class Hccl:
         end = task.ends[rounds - 1]
         if task.run is None:
             task.finished = 0
+            task.t0 = time.time_ns() if _trace.ON else 0
             task.run = task.plan.start(end)
         else:
             task.run.release(end)

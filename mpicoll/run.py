@@ -28,6 +28,7 @@ examples:
   python -m mpicoll.run list                              operators and dtypes
   python -m mpicoll.run --info                            what this installation is: versions, MPI, settings
   mpirun -np 2 python -m mpicoll.run bench -b 8 -e 64M -f 4 --compare mpi4py
+  python -m mpicoll.run trace mpicoll-trace               what a trace or the flight recorders say
 """
 
 
@@ -41,9 +42,10 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--info", action="store_true",
                    help="print what this installation is (versions, MPI, kernels, torch, ranks per node, "
                         "settings in effect), and exit; status 2 if a setting is refused")
-    p.add_argument("command", nargs="?", default="check", choices=["check", "demo", "list", "bench"],
+    p.add_argument("command", nargs="?", default="check", choices=["check", "demo", "list", "bench", "trace"],
                    help="check (default): golden check; demo: documented examples; list: operators and dtypes; "
-                        "bench: the nccl-tests-style benchmark (see: bench --help)")
+                        "bench: the nccl-tests-style benchmark (see: bench --help); trace DIR: what a trace or the "
+                        "flight recorders say (see: trace --help)")
     p.add_argument("--demo", action="store_true", help="same as the demo command")
     p.add_argument("--op", help="comma-separated operator names (default: all)")
     p.add_argument("-d", "--dtype", help="comma-separated dtypes (default: all)")
@@ -62,6 +64,9 @@ def _split(v: str | None) -> list[str] | None:
 def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
     from . import check, demo
+    if argv[:1] == ["trace"]:
+        from ._trace_read import main as run_trace
+        return run_trace(argv[1:])
     if argv[:1] == ["bench"]:
         from .bench import run_bench
         if not {"-h", "--help"} & set(argv):

@@ -29,6 +29,7 @@ unwraps a functional collective's result (:func:`mpicoll._torch_views.unwrapped`
 """
 from __future__ import annotations
 
+import contextlib
 import time
 from datetime import timedelta
 from typing import Any, Callable
@@ -40,6 +41,7 @@ from mpi4py import MPI
 from torch._C._distributed_c10d import AllgatherOptions
 from torch.distributed.constants import default_pg_timeout
 from torch.distributed.rendezvous import register_rendezvous_handler
+from torch.profiler import record_function
 
 from . import _adapters as A
 from . import functional as F
@@ -63,6 +65,10 @@ _DEFAULTS: dict[type, Any] = {}
 #: the tag of monitored_barrier's messages (MPI's largest): a user's tags stay below it
 _MONITOR_TAG = TAG_UB
 
+
+#: whether torch.profiler records (a backend's call is then an event of its own: ``mpicoll:<call>``)
+_profiling = torch._C._autograd._profiler_enabled
+_NOTHING = contextlib.nullcontext()
 
 def _opts(kind: type, opts: Any) -> Any:
     """``opts``, or torch's default ``kind`` options."""
@@ -141,6 +147,15 @@ class ProcessGroupMpicoll(dist.ProcessGroup):
     # --------------------------------------------------------------- collectives
     def _run(self, cls: type, opts: Any, result: Any, build: Callable[[str, int], tuple], root: str | None = None,
              op: Any = None) -> Work:
+        """:meth:`_post`, inside a ``torch.profiler`` event named as gloo's (``mpicoll:all_reduce``)
+        while the profiler records."""
+        if _profiling():
+            with record_function(f"mpicoll:{cls.NAME}"):
+                return self._post(cls, opts, result, build, root, op)
+        return self._post(cls, opts, result, build, root, op)
+
+    def _post(self, cls: type, opts: Any, result: Any, build: Callable[[str, int], tuple], root: str | None,
+              op: Any) -> Work:
         """One call of the functional operation ``cls`` on this group: ``build(call, rank)`` maps
         torch's tensors to its arguments (one it cannot map is the call's error, agreed: raised on
         every rank of the group); ``root``: the name of ``opts.rootRank`` (src or dst); ``op``: the
@@ -356,8 +371,9 @@ class ProcessGroupMpicoll(dist.ProcessGroup):
             raise arg_error(call, "tag", tag, r, f"must be in [0, {_MONITOR_TAG}) (MPI's TAG_UB is "
                             "monitored_barrier's)")
         sends = call == "send"
-        message = post("isend" if sends else "irecv", array(one(tensors, call, r), call, r), None, peer, self._group,
-                       tag, "dst" if sends else "src")
+        with record_function(f"mpicoll:{call}") if _profiling() else _NOTHING:
+            message = post("isend" if sends else "irecv", array(one(tensors, call, r), call, r), None, peer,
+                           self._group, tag, "dst" if sends else "src")
         return Work((message,), tensors, call)
 
     def send(self, tensors, dstRank, tag):  # noqa: N803 - torch's names

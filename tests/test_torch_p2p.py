@@ -171,3 +171,26 @@ def test_torch_wait_takes_what_timeout_takes_and_refuses_the_rest_by_name():
         with pytest.raises(mpicoll.CollectiveArgumentError, match=r"wait\(timeout=nan\)"):
             work.wait(math.nan)
     assert got.tolist() == [float(prv)] * 3
+
+
+def test_torch_profiler_and_mpicolls_trace_show_the_backends_calls(tmp_path):
+    """torch.profiler holds each collective and message of the backend under a name like gloo's
+    (``mpicoll:all_reduce``, also for an async call); mpicoll's trace holds them under torch's names."""
+    from torch.profiler import profile
+    from mpicoll._trace_read import load_trace
+    from _mpi import WORLD
+    where = WORLD.bcast(str(tmp_path) if RANK == 0 else None)
+    t = torch.ones(8)
+    with profile() as prof, mpicoll.trace(where) as path:
+        dist.all_reduce(t)
+        dist.all_reduce(t, async_op=True).wait()
+        dist.broadcast(t, 0)
+        if RANK == 0:
+            dist.send(t, 1)
+        elif RANK == 1:
+            dist.recv(t, 0)
+    names = {e.name for e in prof.events()}
+    assert {"mpicoll:all_reduce", "mpicoll:broadcast"} <= names, names
+    assert {0: "mpicoll:send", 1: "mpicoll:recv"}.get(RANK, "mpicoll:broadcast") in names, names
+    traced = {e["name"] for e in load_trace(path) if e.get("ph") == "X"}
+    assert {"all_reduce", "broadcast"} <= traced, traced

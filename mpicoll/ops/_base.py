@@ -236,22 +236,16 @@ class Operation:
         if not lib.busy.acquire(False):
             lib.enter(self.NAME)                        # (raises: another thread is inside a call on it)
         ring = lib.flight                               # (the flight recorder: this call, inline)
-        if ring is not None:
-            k, a = ring.entered, args[0] if args else None
-            ring.entered = k + 1
-            entry = ring.items[k % ring.size] = [k, self.NAME, a.dtype if type(a) is np.ndarray else None,
-                                                 a.nbytes if type(a) is np.ndarray else 0, _time_ns(), None]
+        k = ring.entered = ring.entered + 1             # (the k-th call on this communicator)
+        ring.items[k % ring.size] = self.NAME
         try:
-            result = traced(self, lib, args, mode, failed, entry[0] if ring is not None else -1) if _trace.ON \
-                else self._here(lib, args, mode, failed)
+            result = traced(self, lib, args, mode, failed, k) if _trace.ON else self._here(lib, args, mode, failed)
         except BaseException as exc:
-            if ring is not None:
-                entry[5] = type(exc).__name__
+            ring.items[k % ring.size] = (self.NAME, type(exc).__name__)
             raise
         finally:
+            ring.ended = k
             lib.busy.release()
-        if ring is not None:
-            entry[5] = "ok"
         return result
 
     def _here(self, lib: LibComm, args: tuple, mode: "Mode", failed: CollectiveError | None) -> Any:

@@ -18,8 +18,9 @@ from .._comm import LibComm
 
 
 def traced(op: Any, lib: LibComm, args: tuple, mode: Any, failed: Any, seq: int) -> Any:
-    """``op._here(lib, args, mode, failed)``, and its event (``seq``: the call's number on ``lib``
-    as its flight recorder counts, -1: none)."""
+    """``op._here(lib, args, mode, failed)``, and its event (``seq``: the call's number on ``lib``,
+    1 for the first). The event keeps the facts as they are (:func:`fields` reads them when the
+    trace is written): the call pays for a tuple."""
     note = _trace.NOTE
     note.path = note.table = None
     t0, outcome = time.time_ns(), "ok"
@@ -29,26 +30,26 @@ def traced(op: Any, lib: LibComm, args: tuple, mode: Any, failed: Any, seq: int)
         outcome = type(exc).__name__
         raise
     finally:
-        a = args[0] if args else None
-        fields = {"comm": lib.label, "seq": seq, "dtype": str(a.dtype) if type(a) is np.ndarray else None,
-                  "bytes": int(a.nbytes) if type(a) is np.ndarray else 0, "path": note.path or "mpi",
-                  "agreed": note.table is not None, "outcome": outcome}
-        fields.update(arrivals(lib, note.table))
-        _trace.event(op.NAME, "collective", t0, time.time_ns(), fields)
+        t1, a, table = time.time_ns(), args[0] if args else None, note.table
+        mine = type(a) is np.ndarray
+        _trace.event(op.NAME, "collective", t0, t1, (fields, lib, seq, a.dtype if mine else None,
+                                                     a.nbytes if mine else 0, note.path, outcome,
+                                                     None if table is None else table[:, V.H_TIME].tolist()))
 
 
-def arrivals(lib: LibComm, table: np.ndarray | None) -> dict:
-    """Who came last to an agreed call, from its gathered ``table`` (``H_TIME``: every rank's
-    arrival): ``last_rank`` (a world rank), ``wait_us`` (how long this rank waited for it),
-    ``late_us`` (how long after the first it came); nothing where some rank wrote no time."""
-    if table is None:
-        return {}
-    times = table[:, V.H_TIME].tolist()
-    if not all(times):
-        return {}
-    last = max(range(len(times)), key=times.__getitem__)
-    return {"last_rank": lib.world_ranks[last], "wait_us": (times[last] - times[lib.rank]) / 1e3,
-            "late_us": (times[last] - min(times)) / 1e3}
+def fields(lib: LibComm, seq: int, dtype: Any, nbytes: int, path: str | None, outcome: str,
+           times: list[int] | None) -> dict:
+    """A traced call's event fields: its communicator, its number there, dtype, bytes, path,
+    whether it agreed, its outcome, and who came last (``times``: every rank's arrival, where it
+    agreed): ``last_rank`` (a world rank), ``wait_us`` (how long this rank waited for it),
+    ``late_us`` (how long after the first it came); no arrivals where some rank wrote no time."""
+    out = {"comm": lib.label, "seq": seq, "dtype": None if dtype is None else str(dtype), "bytes": int(nbytes),
+           "path": path or "mpi", "agreed": times is not None, "outcome": outcome}
+    if times and all(times):
+        last = max(range(len(times)), key=times.__getitem__)
+        out.update(last_rank=lib.world_ranks[last], wait_us=(times[last] - times[lib.rank]) / 1e3,
+                   late_us=(times[last] - min(times)) / 1e3)
+    return out
 
 
 def stamp(send: np.ndarray) -> None:
