@@ -329,7 +329,7 @@ def _barrier(m: Machine, p: int) -> Cost:
 
 
 def window_allreduce(m: Machine, p: int, S: float, bf16: bool = False, cores_of: Group | None = None) -> Cost:
-    """_shm.allreduce: one shot up to 2 MiB / (p (p - 1)) (copy in, Barrier, reduce all p rows), else
+    """ops/_window.allreduce: one shot up to 2 MiB / (p (p - 1)) (copy in, Barrier, reduce all p rows), else
     rounds of 2 MiB (copy the others' parts in, Barrier, reduce this rank's block, Barrier, copy out)."""
     g = cores_of or Group(p, p)
     if S * p * (p - 1) <= 2 * MiB and S <= 2 * MiB:
@@ -344,7 +344,7 @@ def window_allreduce(m: Machine, p: int, S: float, bf16: bool = False, cores_of:
 
 
 def window_reduce_scatter(m: Machine, p: int, S: float, bf16: bool = False, cores_of: Group | None = None) -> Cost:
-    """_shm.reduce_scatter: rounds of 2 MiB (copy the others' blocks in, Barrier, reduce this rank's)."""
+    """ops/_window.reduce_scatter: rounds of 2 MiB (copy the others' blocks in, Barrier, reduce this rank's)."""
     g = cores_of or Group(p, p)
     cost = Cost(m.win_step)
     for r in range(max(math.ceil(S / (2 * MiB)), 1)):

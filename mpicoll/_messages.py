@@ -18,6 +18,7 @@ MPI calls) and so that ``is_completed()``, callbacks (a torch future's) and the 
 from __future__ import annotations
 
 import atexit
+import functools
 import threading
 import time
 import traceback
@@ -318,11 +319,13 @@ def post(fn: str, tensor: Any, peer: Any, group_peer: Any, group: Any, tag: Any,
                 not 0 <= group_peer < n:
             raise V.arg_error(fn, f"group_{peer_name}", group_peer, r, f"must be in [0, {n})")
         at = int(group_peer)
-    top = TAG_UB
+    top = tag_ub()
     if isinstance(tag, bool) or not isinstance(tag, (int, np.integer)) or not 0 <= tag <= top:
         raise V.arg_error(fn, "tag", tag, r, f"must be an int in [0, {top}] (MPI's TAG_UB)")
     return Message(fn, lib, at, int(tag), tensor.reshape(-1).view(np.uint8))
 
 
-#: MPI's largest tag (every message's tag is at most this)
-TAG_UB = MPI.COMM_WORLD.Get_attr(MPI.TAG_UB)
+@functools.cache
+def tag_ub() -> int:
+    """MPI's largest tag (every message's tag is at most this); asked once MPI runs, never at import."""
+    return MPI.COMM_WORLD.Get_attr(MPI.TAG_UB)

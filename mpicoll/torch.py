@@ -47,7 +47,7 @@ from . import _adapters as A
 from . import functional as F
 from ._domains import user_comm
 from ._errors import CollectiveError, arg_error, milliseconds
-from ._messages import TAG_UB, post
+from ._messages import post, tag_ub
 from ._rendezvous import create, rendezvous
 from ._torch_compile import eager_under_compile
 from ._torch_store import exchange, mpi_rendezvous, refuse_other_world
@@ -62,9 +62,6 @@ BACKEND = "mpicoll"
 
 #: the options of a call made without them (torch's C++ callers pass theirs), by their type
 _DEFAULTS: dict[type, Any] = {}
-#: the tag of monitored_barrier's messages (MPI's largest): a user's tags stay below it
-_MONITOR_TAG = TAG_UB
-
 
 #: whether torch.profiler records (a backend's call is then an event of its own: ``mpicoll:<call>``)
 _profiling = torch._C._autograd._profiler_enabled
@@ -312,13 +309,14 @@ class ProcessGroupMpicoll(dist.ProcessGroup):
             while int(token[0]) != serial:
                 if token[0]:
                     other[p] = int(token[0])
-                message = post("monitored_barrier recv", token, None, p, self._group, _MONITOR_TAG, "src")
+                # (its tag MPI's largest: a user's tags stay below it)
+                message = post("monitored_barrier recv", token, None, p, self._group, tag_ub(), "src")
                 if not message.wait(max(deadline - time.monotonic(), 0.0)):
                     message.cancel()
                     raise RuntimeError(why())
 
         def send(p: int) -> None:
-            post("monitored_barrier send", np.full(1, serial, np.int64), None, p, self._group, _MONITOR_TAG,
+            post("monitored_barrier send", np.full(1, serial, np.int64), None, p, self._group, tag_ub(),
                  "dst").wait()
 
         def step(ps: list[int]) -> str:
@@ -367,8 +365,8 @@ class ProcessGroupMpicoll(dist.ProcessGroup):
     def _message(self, call: str, tensors, peer: int | None, tag: int) -> Work:
         """A message posted on the group's communicator (:mod:`mpicoll._messages`): its Work."""
         r = self._rank
-        if not 0 <= tag < _MONITOR_TAG:
-            raise arg_error(call, "tag", tag, r, f"must be in [0, {_MONITOR_TAG}) (MPI's TAG_UB is "
+        if not 0 <= tag < tag_ub():
+            raise arg_error(call, "tag", tag, r, f"must be in [0, {tag_ub()}) (MPI's TAG_UB is "
                             "monitored_barrier's)")
         sends = call == "send"
         with record_function(f"mpicoll:{call}") if _profiling() else _NOTHING:

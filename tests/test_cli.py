@@ -63,6 +63,15 @@ def test_help_and_list():
     assert res.returncode == 0 and res.stdout.count("operators:") == 1 and "bfloat16" in res.stdout
 
 
+def test_importing_mpicoll_and_its_torch_backend_needs_no_mpi():
+    """A tool that parses a rank table before any job runs (scripts/ranktable2hosts) imports mpicoll
+    with MPI left uninitialized: no module asks MPI anything at import."""
+    code = ("import importlib.util, mpi4py; mpi4py.rc.initialize = False; import mpicoll, mpicoll.functional, "
+            "mpicoll.tracing; importlib.util.find_spec('torch') and __import__('mpicoll.torch'); print('ok')")
+    res = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120, env=launch_env())
+    assert res.returncode == 0 and res.stdout == "ok\n", res.stderr
+
+
 def test_log_dir_one_file_per_rank():
     """(docs/cli.md's run of it, in its own folder. An unknown operator's usage error: docs/cli.md's
     sample, tests/test_docs_outputs.py.)"""

@@ -139,7 +139,7 @@ def test_a_layout_checked_in_place_is_the_layouts_key():
     whose layout key (``layout``) is its own, over every pair of argument tuples drawn from a pool
     of arrays, views, overlapping blocks, dtypes, None and scalars."""
     import itertools
-    from mpicoll.ops._compiled import layout
+    from mpicoll.ops._slots import layout
     op = mpicoll.AllGatherOperation(validate=False)
     pool = _pool()
     tuples = [t for t in itertools.product(range(len(pool)), repeat=2)]
@@ -150,8 +150,8 @@ def test_a_layout_checked_in_place_is_the_layouts_key():
         if key is None or not mine:
             continue
         c = object.__new__(mpicoll.ops._compiled.Compiled)
-        c.shape, c.shapes_of = mpicoll.ops._compiled._flat_shape(args, op), looks
-        c.overlaps = mpicoll.ops._compiled._overlaps(mine) if any(m.base is not None for m in mine) else None
+        c.shape, c.shapes_of = mpicoll.ops._slots.flat_shape(args, op), looks
+        c.overlaps = mpicoll.ops._slots.overlaps(mine) if any(m.base is not None for m in mine) else None
         for second in tuples:
             other = tuple(pool[i] for i in second)
             k2 = layout(other, frozenset(), frozenset())[0]

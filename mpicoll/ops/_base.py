@@ -34,7 +34,6 @@ from __future__ import annotations
 
 import inspect
 from functools import partial
-from time import time_ns as _time_ns
 from collections import OrderedDict
 from typing import Any, ClassVar
 
@@ -51,7 +50,8 @@ from .._errors import CollectiveArgumentError, CollectiveError, arg_error, as_co
 from .._params import CommParam
 from .._call import CAPTURING, Call, prologue
 from .._go import Recorder, Runner, count_call
-from ._compiled import COMPILED, MISS, Compiled, layout
+from ._compiled import COMPILED, MISS, Compiled
+from ._slots import layout
 from .._ranktable import rank_table
 from ._agree import Slots, agree_call
 from ._modes import ASYNC, WORKER, Mode

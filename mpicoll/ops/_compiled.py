@@ -1,17 +1,16 @@
 """Compiled calls: what the first call of a layout decides, kept; every later call of that layout
 fills the slots and runs (docs/design.md, "Compiled calls").
 
-A call's *layout* (:func:`layout`) is what does not change from one call to the next: each data
+A call's *layout* (:func:`._slots.layout`) is what does not change from one call to the next: each data
 array's dtype, shape, strides and flags (not its identity, not its contents), which arguments are
 the same array, and the values that describe the call (counts, split sizes: ``Operation.VALUES``) by
 their contents; the operation (its params, communicator, validation) is the one that keeps it. An
 operator whose values change with every call (``Operation.SLOTS``: AllToAllVV2's counts) keeps them
-out of the layout: they are slots of its compiled call, described on every call
-(:class:`ValueSlots`).
+out of the layout and is never compiled: its calls are described every time.
 
 The first call of a layout is described, agreed (validation on, or the operation's first call) and
 its steps recorded (``issue``, or ``land`` where its data rode the agreement): its compilation
-(:func:`compile_call`). The steps are kept with every array of the call replaced by a *slot*: the
+(:class:`Compiled`). The steps are kept with every array of the call replaced by a *slot*: the
 caller's arrays (in the order :func:`layout` finds them) and the outputs the call allocated (new for
 every call), each referred to itself or by a view into it. A later call of that layout fills the
 slots with its own arrays and runs the steps (:meth:`Compiled.fill`); the very arrays of the last
@@ -27,9 +26,7 @@ calls still agree, this call run from the new table and compiled again.
 from __future__ import annotations
 
 import operator
-import types
-from functools import partial
-from typing import Any, Callable
+from typing import Any
 
 import numpy as np
 from mpi4py import MPI
@@ -37,335 +34,18 @@ from mpi4py import MPI
 from .. import _validate as V
 from .. import _trace
 from .._comm import LibComm
-from .._shm import _Shared
-from .._dtypes import DType, ReduceOp
 from .._agreement import settle
 from .._call import Call
-from .._go import LOCAL, MPI_CALL, Recorder, Step, bind_steps
+from .._go import Recorder, Step
 from ._agree import Slots
 from ._observe import stamp
+from ._slots import LOOK, Steps, Unfillable, allocated, filled, flat_shape, layout, overlaps, slotted, touched
 
 #: layouts an operation keeps compiled (the least recently compiled goes first)
 COMPILED = 8
-_SCALARS = (int, float, bool, str, type(None))
 #: what ``repeat`` returns when the call is not the last one
 MISS = object()
 _AGREEMENT = "its header agreement (an internal MPI Allgather)"
-#: how an array looks: what describe checks of it, and what may change in place (part of a layout;
-#: what a repeat compares of the arrays it holds)
-_LOOK = operator.attrgetter("dtype", "shape", "strides", "flags.num")
-
-
-# ----------------------------------------------------------------------------- the layout
-
-def layout(args: tuple, values: frozenset, slots: frozenset) -> tuple[tuple | None, list, list]:
-    """``(key, arrays, looks)``: the layout of a call's arguments, its data arrays (each once, in
-    the order found: the slots they fill) and how each looks (``_LOOK``: dtype, shape, strides,
-    flags; part of the key). ``values``: the positions read by contents, ``slots``: the value
-    positions left out (slot values). Key None: an argument it cannot tell apart (a list of
-    numbers as data, an object): such a call is never compiled."""
-    key: list = []
-    arrays: list = []
-    looks: list = []
-    try:
-        for i, a in enumerate(args):
-            if type(a) is np.ndarray and i not in values:      # (the common case, inline)
-                for k, b in enumerate(arrays):
-                    if b is a:
-                        key.append(k)                  # (the same array as an earlier argument: in place)
-                        break
-                else:
-                    arrays.append(a)
-                    look = _LOOK(a)
-                    looks.append(look)
-                    key.append(look)
-            elif i in slots:
-                key.append(a is None)
-            elif i in values:
-                key.append(_value(a))
-            else:
-                key.append(_data(a, arrays, looks))
-    except TypeError:
-        return None, arrays, looks
-    if len(arrays) > 1:
-        for a in arrays:
-            if a.base is not None:
-                key += _overlaps(arrays)
-                break
-    return tuple(key), arrays, looks
-
-
-def _overlaps(arrays: list) -> list:
-    """Which of a call's arrays (views among them) overlap, and where: part of its layout (an
-    in-place form, ``out`` a block of ``x``, is another call than two arrays apart)."""
-    found = []
-    n = len(arrays)
-    for i in range(n):
-        a = arrays[i]
-        for j in range(i + 1, n):
-            b = arrays[j]
-            if (a.base is not None or b.base is not None) and np.may_share_memory(a, b):
-                found.append((i, j, _address(b) - _address(a)))
-    return found
-
-
-def _data(a: Any, arrays: list, looks: list) -> Any:
-    t = type(a)
-    if t is np.ndarray:
-        for k, b in enumerate(arrays):
-            if b is a:
-                return k                       # (the same array as an earlier argument: in place)
-        arrays.append(a)
-        looks.append(_LOOK(a))
-        return looks[-1]
-    if t in _SCALARS:
-        return (t, a)                          # (2, 2.0 and True are equal, not the same argument)
-    if (t is list or t is tuple) and a and all(type(v) is np.ndarray or v is None for v in a):
-        return (t, tuple([_data(v, arrays, looks) for v in a]))
-    raise TypeError(t)                         # (a list of numbers is data: its contents are read)
-
-
-def _value(a: Any) -> Any:
-    """A value's contents, hashable and copied (a list or an array may change later)."""
-    t = type(a)
-    if t is np.ndarray:
-        return (a.dtype, a.shape, a.tobytes())
-    if t in _SCALARS:
-        return (t, a)
-    if (t is list or t is tuple) and all(type(v) is int for v in a):
-        return tuple(a)
-    if t is list or t is tuple:
-        return tuple([_value(v) for v in a])
-    v = np.asarray(a)                          # (a numpy scalar, a memoryview, ...)
-    if v.dtype.hasobject:
-        raise TypeError(t)
-    return (v.dtype, v.shape, v.tobytes())
-
-
-# ----------------------------------------------------------------------------- slots
-
-class _Slot:
-    """Slot ``k`` itself, in a recorded step."""
-
-    __slots__ = ("k",)
-
-    def __init__(self, k: int) -> None:
-        self.k = k
-
-
-class _View:
-    """A view into slot ``k`` (C-contiguous), ``offset`` bytes in."""
-
-    __slots__ = ("k", "offset", "shape", "strides", "dtype")
-
-    def __init__(self, k: int, offset: int, a: np.ndarray) -> None:
-        self.k, self.offset, self.shape, self.strides, self.dtype = k, offset, a.shape, a.strides, a.dtype
-
-    def of(self, arrays: list) -> np.ndarray:
-        return np.ndarray(self.shape, self.dtype, arrays[self.k], self.offset, self.strides)
-
-
-class _Unfillable(Exception):
-    """A recorded step holds a slot's memory where the slots cannot reach it (a closure, an
-    object): the compiled call runs its repeats, and a call with other arrays compiles anew."""
-
-
-#: objects a step may hold that hold no array of a call
-_PLAIN = (int, float, bool, str, bytes, type(None), slice, type(Ellipsis), np.dtype, np.generic, MPI.Datatype,
-          MPI.Op, type(MPI.IN_PLACE), LibComm, DType, ReduceOp, type, types.BuiltinFunctionType, np.ufunc,
-          type(np.copyto), Slots, _Shared)
-
-
-def _address(a: np.ndarray) -> int:
-    return a.__array_interface__["data"][0]
-
-
-def _slotted(v: Any, slots: list) -> Any:
-    """``v`` with every array of ``slots`` in it, and every view into one, a slot marker."""
-    t = type(v)
-    if t is np.ndarray:
-        for k, s in enumerate(slots):
-            if v is s:
-                return _Slot(k)
-        for k, s in enumerate(slots):
-            if np.may_share_memory(v, s):
-                offset = _address(v) - _address(s)
-                if not (s.flags.c_contiguous and 0 <= offset and offset + v.nbytes <= s.nbytes):
-                    raise _Unfillable(v)
-                return _View(k, offset, v)
-        return v
-    if t is list:
-        return [_slotted(w, slots) for w in v]
-    if t is tuple:
-        return tuple([_slotted(w, slots) for w in v])
-    if t is partial:
-        if _touches(v.args, slots) or _touches(tuple(v.keywords.values()), slots):
-            raise _Unfillable(v)
-        return v
-    if isinstance(v, _PLAIN):
-        return v
-    if t is types.FunctionType:
-        if v.__closure__ and _touches(tuple(c.cell_contents for c in v.__closure__), slots):
-            raise _Unfillable(v)
-        return v
-    if t is types.MethodType and isinstance(v.__self__, _PLAIN):
-        return v
-    if t is memoryview and not any(np.may_share_memory(np.asarray(v), s) for s in slots):
-        return v
-    raise _Unfillable(v)                      # (an object whose arrays the slots cannot see)
-
-
-def _touches(values: tuple, slots: list) -> bool:
-    """Whether ``values`` hold (in arrays, lists, tuples) memory of a slot."""
-    for v in values:
-        if isinstance(v, np.ndarray):
-            if any(np.may_share_memory(v, s) for s in slots):
-                return True
-        elif isinstance(v, (list, tuple)):
-            if _touches(tuple(v), slots):
-                return True
-        elif not isinstance(v, _PLAIN) and not callable(v):
-            return True
-    return False
-
-
-def _marked(v: Any) -> bool:
-    t = type(v)
-    if t is _Slot or t is _View:
-        return True
-    if t is list or t is tuple:
-        return any(_marked(w) for w in v)
-    return False
-
-
-def _touched(steps: list[Step], result: Any, mine: list) -> bool:
-    """Whether every array of ``mine`` is read or written by a step (or is the result)."""
-    left = list(mine)
-
-    def walk(v: Any) -> None:
-        if type(v) is np.ndarray:
-            left[:] = [a for a in left if not (a is v or np.may_share_memory(a, v))]
-        elif isinstance(v, (list, tuple)):
-            for w in v:
-                walk(w)
-        elif type(v) is partial:
-            walk(v.args)
-    for s in steps:
-        if left:
-            walk(s.args)
-            walk(s.fn)
-    walk(result)
-    return not left
-
-
-def _filled(v: Any, arrays: list) -> Any:
-    t = type(v)
-    if t is _Slot:
-        return arrays[v.k]
-    if t is _View:
-        return v.of(arrays)
-    if t is list:
-        return [_filled(w, arrays) for w in v]
-    if t is tuple:
-        return tuple([_filled(w, arrays) for w in v])
-    return v
-
-
-class _Steps:
-    """Recorded steps, bound once, and how a fill points them at other arrays: the slots' places
-    in the lists the bound steps hold (``cells``: each overwritten in place), and the steps that
-    hold a slot's array in their own arguments (``loose``: each bound again)."""
-
-    __slots__ = ("go", "cells", "views", "loose", "timeout", "where", "tokens")
-
-    def __init__(self, steps: list[Step], slots: list | None, arrays: list, timeout: float | None, where: list,
-                 tokens: int) -> None:
-        self.cells: list[tuple[list, int, int]] = []          # (a list, a place in it, the slot there)
-        self.views: list[tuple[list, int, Any]] = []          # (a list, a place in it, what goes there)
-        self.loose: list[tuple[int, Step]] = []
-        self.timeout, self.where, self.tokens = timeout, where, tokens
-        own = []
-        for i, s in enumerate(steps):
-            if slots is None:                   # (not fillable: bound to its compilation's arrays)
-                own.append(s)
-                continue
-            fn = s.fn if s.fn is None else _slotted(s.fn, slots)
-            marked = _slotted(s.args, slots)
-            if any(type(a) is not list and _marked(a) for a in marked):
-                if s.kind not in (LOCAL, MPI_CALL):         # (a started collective's token is shared)
-                    raise _Unfillable(s)
-                self.loose.append((i, Step(s.kind, s.comm, s.name, fn, marked, s.token, s.part)))
-            args = tuple([self._held(a, arrays) if type(a) is list else _filled(a, arrays) for a in marked])
-            own.append(Step(s.kind, s.comm, s.name, fn, args, s.token, s.part))
-        self.go = list(bind_steps(own, timeout, where, tokens))
-
-    def _held(self, marked: list, arrays: list) -> list:
-        """A list of the bound steps' own, filled with ``arrays``; its slots' places are cells."""
-        held = []
-        for i, w in enumerate(marked):
-            if type(w) is list:
-                held.append(self._held(w, arrays))
-                continue
-            if type(w) is _Slot:
-                self.cells.append((held, i, w.k))
-            elif _marked(w):
-                self.views.append((held, i, w))
-            held.append(_filled(w, arrays))
-        return held
-
-    def fill(self, arrays: list) -> None:
-        for held, i, k in self.cells:
-            held[i] = arrays[k]
-        for held, i, w in self.views:
-            held[i] = _filled(w, arrays)
-        if self.loose:
-            go = self.go
-            for i, s in self.loose:
-                args = _filled(s.args, arrays)
-                go[i] = partial(s.fn, *args) if s.kind == LOCAL else s.comm.bind(s.name, args, self.timeout,
-                                                                                  self.where[s.part])
-
-
-def _flat_shape(args: tuple, op: Any) -> list | None:
-    """What :meth:`Compiled.similar` checks of each argument of a call whose arguments are arrays,
-    None and scalars only (None: another call): None, a new array; an int, the same array as that
-    earlier one; ``(type, value)``, None or a scalar as it was."""
-    if op._VALUES_AT:
-        return None
-    shape, arrays = [], []
-    for a in args:
-        t = type(a)
-        if t is np.ndarray:
-            k = next((k for k, b in enumerate(arrays) if b is a), None)
-            if k is None:
-                arrays.append(a)
-            shape.append(k)
-        elif t in _SCALARS:
-            shape.append((t, a))
-        else:
-            return None
-    return shape
-
-
-def _allocated(result: Any, mine: list) -> list[np.ndarray]:
-    """The arrays a call's result holds that its describe allocated (the memory of none of the
-    caller's ``mine``): new for every call."""
-    found: list[np.ndarray] = []
-
-    def walk(v: Any) -> None:
-        if isinstance(v, np.ndarray):
-            if any(np.may_share_memory(v, s) for s in mine):
-                return
-            root = v if v.base is None else v.base
-            if isinstance(root, np.ndarray) and root.flags.c_contiguous and not any(root is f for f in found):
-                found.append(root)
-        elif isinstance(v, (list, tuple)):
-            for w in v:
-                walk(w)
-    walk(result)
-    return found
-
-
 # ----------------------------------------------------------------------------- the compiled call
 
 class Compiled:
@@ -388,7 +68,7 @@ class Compiled:
         self.plain = lib.plain
         self.counting = op._counted(lib)
         self.plain_run = slots is None and not self.counting
-        allocs = _allocated(call.result, mine)
+        allocs = allocated(call.result, mine)
         self.allocs = [(a.shape, a.dtype) for a in allocs]
         every = mine + allocs
         agree_steps, data_steps, tokens, self.path = _record(op, call, table, slots, payload, rode)
@@ -400,23 +80,23 @@ class Compiled:
         timeout = op.timeout
         where = [(op.NAME, None, _AGREEMENT)], [(op.NAME, None, "")]
         try:
-            self.agree = _Steps(agree_steps, every, every, timeout, where[0], 0)
-            self.data = _Steps(data_steps, every, every, timeout, where[1], tokens)
-            self.result_t = _slotted(call.result, every)
+            self.agree = Steps(agree_steps, every, every, timeout, where[0], 0)
+            self.data = Steps(data_steps, every, every, timeout, where[1], tokens)
+            self.result_t = slotted(call.result, every)
             self.fillable = True
-        except _Unfillable:
-            self.agree = _Steps(agree_steps, None, every, timeout, where[0], 0)
-            self.data = _Steps(data_steps, None, every, timeout, where[1], tokens)
+        except Unfillable:
+            self.agree = Steps(agree_steps, None, every, timeout, where[0], 0)
+            self.data = Steps(data_steps, None, every, timeout, where[1], tokens)
             self.result_t, self.fillable = call.result, False
         self.agree_go, self.data_go = self.agree.go, self.data.go     # (lists a fill changes in place)
-        self.shape, self.shapes_of, self.overlaps = _flat_shape(args, op), looks, None
+        self.shape, self.shapes_of, self.overlaps = flat_shape(args, op), looks, None
         if any(a.base is not None for a in mine):
-            self.overlaps = _overlaps(mine)
+            self.overlaps = overlaps(mine)
         # (an array of a list no step touches was read into a copy when the call was described, as
         # x given as a list of arrays is: such a call is described every time; a call that
         # allocates its output and cannot fill a new one neither)
         listed = [a for v in args if type(v) is list or type(v) is tuple for a in v if type(a) is np.ndarray]
-        self.repeats = _touched(agree_steps + data_steps, call.result, listed) and (self.fillable or not allocs)
+        self.repeats = touched(agree_steps + data_steps, call.result, listed) and (self.fillable or not allocs)
         self.result = call.result
         self.args, self.mine, self.shapes = args, mine, looks
 
@@ -425,7 +105,7 @@ class Compiled:
         """Point the steps at ``arrays`` (the caller's, then new outputs)."""
         self.agree.fill(arrays)
         self.data.fill(arrays)
-        self.result = _filled(self.result_t, arrays)
+        self.result = filled(self.result_t, arrays)
 
     def fill(self, args: tuple, mine: list, looks: list) -> bool:
         """Fill the slots with another call's arrays (of this layout: they overlap as its did);
@@ -440,7 +120,7 @@ class Compiled:
         """Run again with the very arguments of the last call (MISS: not them)."""
         held = self.args
         if len(args) != len(held) or not all(map(operator.is_, args, held)) or \
-                list(map(_LOOK, self.mine)) != self.shapes:        # (reshaped, restrided, retyped, made read-only)
+                list(map(LOOK, self.mine)) != self.shapes:        # (reshaped, restrided, retyped, made read-only)
             return MISS
         if self.allocs:                                # (a new output, every call)
             self._bind(self.mine + [np.empty(s, d) for s, d in self.allocs])
@@ -478,8 +158,8 @@ class Compiled:
                     return None
             elif type(a) is not want[0] or a != want[1]:   # (None or a scalar, as it was)
                 return None
-        looks = list(map(_LOOK, arrays))
-        if looks != self.shapes_of or (self.overlaps is not None and _overlaps(arrays) != self.overlaps):
+        looks = list(map(LOOK, arrays))
+        if looks != self.shapes_of or (self.overlaps is not None and overlaps(arrays) != self.overlaps):
             return None
         return arrays, looks
 

@@ -8,8 +8,7 @@ from typing import Any
 import numpy as np
 from mpi4py import MPI
 
-from .. import _shm
-from . import _paths
+from . import _paths, _window
 from .._comm import LibComm
 from .._dtypes import DTYPES, DType, ReduceOp
 from .._errors import arg_error
@@ -67,14 +66,14 @@ def reduce_scatter(go: Any, comm: LibComm, blocks: np.ndarray, counts: list[int]
     equal counts, else ``Reduce_scatter``; ``gather``: an Allgather of every rank's blocks and a
     reduction of this rank's in the tree order; ``alltoall``: an AllToAll of the blocks and a
     reduction in the tree order (:func:`alltoall_reduce`: float16/bfloat16 accumulated in float32).
-    ``inputs``: every rank's ``blocks`` in a node buffer (:func:`_shm.resident`), read there by the
+    ``inputs``: every rank's ``blocks`` in a node buffer (:func:`mpicoll._shm.resident`), read there by the
     window path.
     """
     equal, total, n = counts.count(counts[0]) == len(counts), sum(counts), comm.size
     path = _paths.reduce_scatter(comm, total * dt.itemsize, dt, rop, packed_everywhere and block_type is None,
                                  inputs is None)
     if path == "window":
-        _shm.reduce_scatter(go, comm, blocks, counts, dt, rop, out, inputs)
+        _window.reduce_scatter(go, comm, blocks, counts, dt, rop, out, inputs)
     elif path == "tiers":
         _tiered_reduce_scatter(go, comm, blocks, counts, dt, rop, out)
     elif path == "mpi":

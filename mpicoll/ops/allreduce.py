@@ -15,7 +15,7 @@ from .._plan import Plan
 from .._numeric import average, copy_pairs, from_f32, pack, prefix, reduce_chunks, reduce_rows, scatter_pairs, split_even, to_f32
 from ._base import ReduceTypeOperation
 from ._modes import PREPARE, RUN
-from . import _paths
+from . import _paths, _window
 from .._thresholds import value
 from ._paths import invariant, ordered
 from ._reduce import alltoall_reduce, reduce_scatter
@@ -116,7 +116,7 @@ def reduce_pieces(go, comm, x: np.ndarray, out: np.ndarray | None, dt, rop, root
     n, in_place = comm.size, out is x
     path = _paths.allreduce(comm, x.nbytes, dt, rop, root is not None)
     if path == "window":
-        _shm.allreduce(go, comm, x, out, dt, rop, in_place, inputs)
+        _window.allreduce(go, comm, x, out, dt, rop, in_place, inputs)
     elif path == "tiers":
         _tiered(go, comm, x, out, dt, rop)
     elif path == "mpi":
