@@ -24,7 +24,7 @@ import numpy as np
 from mpi4py import MPI
 
 from ._comm import timed_call, world_ranks
-from ._errors import agreed, from_reports
+from ._errors import CollectiveError, agreed, from_reports
 from ._numeric import prefix
 
 #: how an agreement's step names itself in a timeout ("waiting in ..."): a call's header agreement,
@@ -66,25 +66,36 @@ def agree(comm, row: np.ndarray, error: BaseException | None, timeout: float | N
     """
     row[0] = error is not None
     table = gather(comm, row, timeout, where, out)
-    flagged(comm, table, error, timeout, where)
+    failure = flagged(comm, table, error, timeout, where)
+    if failure is not None:
+        raise failure
     return table
 
 
-def flagged(comm, table: np.ndarray, error: BaseException | None, timeout: float | None, where: tuple) -> None:
-    """The second half of :func:`agree`, for a table gathered otherwise (a plan's recorded
-    ``Allgather``): if any member flagged an error (the first column), every member raises the
-    same one (:func:`settle`)."""
+def flagged(comm, table: np.ndarray, error: BaseException | None, timeout: float | None,
+            where: tuple) -> CollectiveError | None:
+    """The second half of :func:`agree`, for a table gathered otherwise too (a plan's recorded
+    ``Allgather``): if any member flagged an error (the first column), the error every member
+    raises (:func:`settled`: collective), else None. (The caller raises it: a traceback ends where
+    the call met its peers.)"""
     if any(table[:, 0].tolist()):
-        settle(comm, error, timeout, (where[0], where[1], ERROR_STEP))
+        return settled(comm, error, timeout, (where[0], where[1], ERROR_STEP))
+    return None
 
 
 def settle(comm, error: BaseException | None, timeout: float | None, where: tuple) -> None:
-    """Every member raises the same error: the lowest failing member's, the others' messages
-    appended (collective over ``comm``; called when a gathered error flag is set)."""
+    """Raise :func:`settled`'s error (collective over ``comm``; called when a gathered error flag is
+    set)."""
+    raise settled(comm, error, timeout, where)
+
+
+def settled(comm, error: BaseException | None, timeout: float | None, where: tuple) -> CollectiveError:
+    """The error every member raises: the lowest failing member's, the others' messages appended
+    (collective over ``comm``: the members exchange their reports)."""
     mine = None if error is None else [type(error).__name__, str(error), getattr(error, "op", None),
                                        getattr(error, "param", None), getattr(error, "rank", None)]
     reports = [r for r in values(comm, mine, timeout, where) if r is not None]
-    raise agreed(from_reports(reports), comm.world_ranks)
+    return agreed(from_reports(reports), comm.world_ranks)
 
 
 def values(comm, mine: object, timeout: float | None, where: tuple) -> list:

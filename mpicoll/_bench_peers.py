@@ -54,7 +54,7 @@ class DeepSpeed:
         return self._comm.inference_all_reduce(tensor, op=op)
 
 
-def settle(comm: MPI.Comm, seconds: float = 0.05) -> None:
+def settle_threads(comm: MPI.Comm, seconds: float = 0.05) -> None:
     """Let torch/gloo's helper threads go idle before the next timed block."""
     comm.Barrier()
     time.sleep(seconds)

@@ -242,7 +242,9 @@ def check_sequence(c: LibComm, table: np.ndarray, owner: Any) -> None:
     """The gathered sequence rows (:func:`_sequenced`): a peer's local error (its call failed to
     describe) is exchanged and raised, as a validated call's; any other difference is a named
     mismatch, the same on every rank."""
-    flagged(c, table, None, owner.timeout, (V.PLAN_RUN, None, ""))
+    failure = flagged(c, table, None, owner.timeout, (V.PLAN_RUN, None, ""))
+    if failure is not None:
+        raise failure
     V.check_agreed(c, V.PLAN_READS, table)
 
 

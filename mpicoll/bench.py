@@ -29,7 +29,7 @@ from ._validate import validate_default
 from ._thresholds import value
 from .check import UsageError
 from ._cli import Parser, epilog, kernels_summary, on_ctrl_c, version_text
-from ._bench_peers import DeepSpeed, Gloo, settle, torch_fn
+from ._bench_peers import DeepSpeed, Gloo, settle_threads, torch_fn
 from ._bench_report import Row, header, hosts_text, mode_text, plot, plot_usable, row_text, write_json
 
 _SUFFIX = {"": 1, "K": 1024, "M": 1024 ** 2, "G": 1024 ** 3}
@@ -372,7 +372,7 @@ def _point(spec, name, case, args, compare, gloo, reps, comm) -> Row:
             times[k].append(_time(comm, live[k], args.iters))
         for k in torches:          # last, then a pause: whatever ran right after gloo measured 1.2-1.5x slower
             times[k].append(_time(comm, live[k], args.iters))
-            settle(comm)
+            settle_threads(comm)
     med = {k: statistics.median(v) for k, v in times.items()}
     factor = spec.bus_factor(n)
     for prefix, key in (("", "oop"), ("ip_", "ip")):
