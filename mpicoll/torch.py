@@ -30,7 +30,6 @@ unwraps a functional collective's result (:func:`mpicoll._torch_views.unwrapped`
 from __future__ import annotations
 
 import contextlib
-import time
 from datetime import timedelta
 from typing import Any, Callable
 
@@ -46,9 +45,10 @@ from torch.profiler import record_function
 from . import _adapters as A
 from . import functional as F
 from ._domains import user_comm
-from ._errors import CollectiveError, arg_error, milliseconds
+from ._errors import CollectiveError, arg_error
 from ._messages import post, tag_ub
 from ._rendezvous import create, rendezvous
+from ._torch_monitor import barrier, on_a_cpu_backend
 from ._torch_compile import eager_under_compile
 from ._torch_store import exchange, mpi_rendezvous, refuse_other_world
 from ._torch_store import world as start_world
@@ -283,84 +283,14 @@ class ProcessGroupMpicoll(dist.ProcessGroup):
     # --------------------------------------------------------------- monitored_barrier, point-to-point
     def monitored_barrier(self, timeout: Any = None, wait_all_ranks: bool = False) -> None:
         """gloo's ``monitored_barrier``, ``dist.monitored_barrier()`` (on torch 2.13 too, whose own
-        refuses every backend but gloo by name: :func:`_monitored_barrier_on_a_cpu_backend`). Group rank 0 waits up to ``timeout`` (default: the group's; torch passes its
-        ``BarrierOptions``) for a message from every other rank, then answers each; a rank that did
-        not come is named in the ``RuntimeError`` rank 0 raises (all of them with
-        ``wait_all_ranks``); the ranks that came then time out too. Each message names the ranks
-        in mpicoll's words, then says it in gloo's (``Rank 1 failed to pass monitoredBarrier in
-        2000 ms``, ``Rank 0 timed out in monitoredBarrier``, ``Rank 2 successfully reached
-        monitoredBarrier, but received errors while waiting for send/recv from rank 0``): programs
-        and log scrapers written for gloo look for those."""
+        refuses every backend but gloo by name): :func:`mpicoll._torch_monitor.barrier`, for
+        ``timeout`` (default: the group's; torch passes its ``BarrierOptions``)."""
         if isinstance(timeout, dist.BarrierOptions):
             timeout = timeout.timeout
         timeout = self._timeout if timeout is None else timeout
-        seconds = timeout.total_seconds() if isinstance(timeout, timedelta) else float(timeout)
-        ms = milliseconds(seconds)
-        deadline = time.monotonic() + seconds
         self._barriers += 1
-        serial = self._barriers
-        other: dict[int, int] = {}              # group rank -> the call number of the last token it dropped
-
-        def receive(p: int, why: Callable[[], str]) -> None:
-            """A token of this barrier from group rank ``p`` (one of an earlier, failed barrier that
-            came late is dropped); a receive that times out is withdrawn (a late token must not land
-            in a later barrier's buffer)."""
-            token = np.zeros(1, np.int64)
-            while int(token[0]) != serial:
-                if token[0]:
-                    other[p] = int(token[0])
-                # (its tag MPI's largest: a user's tags stay below it)
-                message = post("monitored_barrier recv", token, None, p, self._group, tag_ub(), "src")
-                if not message.wait(max(deadline - time.monotonic(), 0.0)):
-                    message.cancel()
-                    raise RuntimeError(why())
-
-        def send(p: int) -> None:
-            post("monitored_barrier send", np.full(1, serial, np.int64), None, p, self._group, tag_ub(),
-                 "dst").wait()
-
-        def step(ps: list[int]) -> str:
-            """Why ranks ``ps`` seem absent when they came to another call: the ranks are out of step."""
-            seen = [p for p in ps if p in other]
-            return "" if not seen else (
-                f" (rank {seen[0]} is behind: it sent the token of its monitored_barrier call {other[seen[0]]}, "
-                f"this is call {serial} on rank 0; if a rank skipped a call, the ranks are out of step: use a new "
-                "group)")
-
-        def ranks(ps: list[int]) -> str:
-            return (f"rank {ps[0]} (world rank {self._ranks[ps[0]]})" if len(ps) == 1 else
-                    f"ranks {ps} (world ranks {[self._ranks[p] for p in ps]})")
-
-        r = self._rank
-        if r != 0:
-            send(0)
-            receive(0, lambda: f"monitored_barrier: rank {r} waited {seconds:g} s for rank 0 to answer: some rank did "
-                               f"not reach monitored_barrier; in gloo's words: Rank {r} successfully reached "
-                               "monitoredBarrier, but received errors while waiting for send/recv from rank 0. Please "
-                               "check rank 0 logs for faulty rank.")
-            return
-        missing: list[int] = []
-        for p in range(1, self._size):
-            if deadline - time.monotonic() < 0 and not wait_all_ranks:      # (as gloo: its time is up first)
-                came = list(range(1, p))
-                raise RuntimeError(f"monitored_barrier: rank 0's {seconds:g} s ran out before it saw "
-                                   f"{ranks(list(range(p, self._size)))}{step([p])}" +
-                                   (f"; {ranks(came)} came" if came else "") +
-                                   f"; in gloo's words: Rank 0 timed out in monitoredBarrier after {ms} ms.")
-            try:
-                receive(p, lambda p=p: f"monitored_barrier: {ranks([p])} did not reach it within {seconds:g} s"
-                                       f"{step([p])}; in gloo's words: [Rank 0]: Rank {p} failed to pass "
-                                       f"monitoredBarrier in {ms} ms")
-            except RuntimeError:
-                if not wait_all_ranks:
-                    raise
-                missing.append(p)
-        if missing:
-            raise RuntimeError(f"monitored_barrier: {ranks(missing)} did not reach it within {seconds:g} s"
-                               f"{step(missing)}; in gloo's words: [Rank 0]: Rank{'s' if len(missing) > 1 else ''} "
-                               f"{', '.join(map(str, missing))} failed to pass monitoredBarrier in {ms} ms")
-        for p in range(1, self._size):
-            send(p)
+        barrier(self._group, self._rank, self._ranks, self._barriers,
+                timeout.total_seconds() if isinstance(timeout, timedelta) else float(timeout), wait_all_ranks)
 
     def _message(self, call: str, tensors, peer: int | None, tag: int) -> Work:
         """A message posted on the group's communicator (:mod:`mpicoll._messages`): its Work."""
@@ -456,37 +386,11 @@ def _create(backend_opts, options) -> ProcessGroupMpicoll:
     return pg
 
 
-def _monitored_barrier_on_a_cpu_backend() -> None:
-    """torch < 2.14's ``dist.monitored_barrier`` refuses every backend but gloo by its name; torch
-    2.14 takes any group with a CPU backend and calls the group's. There, the function (torch's
-    module's, and ``torch.distributed``'s name for it) does as 2.14 does for an mpicoll group, and
-    leaves every other group to torch's own."""
-    c10d = dist.distributed_c10d
-    original = c10d.monitored_barrier
-    if tuple(int(v) for v in torch.__version__.split("+")[0].split(".")[:2]) >= (2, 14) or \
-            getattr(original, "_mpicoll", False):
-        return
-
-    def monitored_barrier(group=None, timeout=None, wait_all_ranks=False):
-        if c10d._rank_not_in_group(group) or c10d.get_backend(group) != BACKEND:
-            return original(group, timeout, wait_all_ranks)
-        if timeout is None:
-            timeout = c10d._get_default_timeout(BACKEND)
-        elif isinstance(timeout, (int, float)) and not isinstance(timeout, bool):
-            timeout = timedelta(seconds=timeout)       # (torch's own takes seconds too, with a warning)
-        c10d._check_valid_timeout(timeout)
-        return (group or c10d._get_default_group()).monitored_barrier(timeout, wait_all_ranks=wait_all_ranks)
-
-    monitored_barrier.__doc__, monitored_barrier.__wrapped__ = original.__doc__, original
-    monitored_barrier._mpicoll = True
-    c10d.monitored_barrier = dist.monitored_barrier = monitored_barrier
-
-
 def _register() -> None:
     if BACKEND.upper() not in dist.Backend._plugins:
         dist.Backend.register_backend(BACKEND, _create, extended_api=True, devices=["cpu"])
     register_rendezvous_handler("mpi", mpi_rendezvous)
-    _monitored_barrier_on_a_cpu_backend()
+    on_a_cpu_backend(BACKEND)
 
 
 _register()
