@@ -17,7 +17,9 @@ The thresholds swept are the one-node switches with two paths for one call: ``wi
 (float32 AllReduce: MPI's own reduction or the shared window), ``window.allreduce.16bit``
 (bfloat16), ``window.ordered`` (float32 at 3+ ranks, the tree order: an Allgather of every input or
 the window), ``window.reduce_scatter`` (float32 ReduceScatter, the size of each rank's input),
-``nodebuf.broadcast`` (a Broadcast of a node buffer: MPI's or a copy from the root's buffer).
+``nodebuf.broadcast`` (a Broadcast of a node buffer: MPI's or a copy from the root's buffer). At 3+
+ranks a float reduction takes the tree order (``window.ordered``): ``window.allreduce`` is swept with
+int32 there, ``window.allreduce.16bit`` not at all.
 """
 from __future__ import annotations
 
@@ -35,13 +37,14 @@ from mpicoll._thresholds import TABLE, VALUES, shown
 W = MPI.COMM_WORLD
 NEVER = 1 << 62
 
-#: threshold -> (operator, dtype, least ranks)
+#: threshold -> (operator, dtype at 2 ranks, dtype at 3+ ranks: a float reduction over 3+ ranks takes the
+#: tree order, whose window threshold is window.ordered; None: not swept there)
 SWEPT = {
-    "window.allreduce": ("AllReduce", "float32", 2),
-    "window.allreduce.16bit": ("AllReduce", "bfloat16", 2),
-    "window.ordered": ("AllReduce", "float32", 3),
-    "window.reduce_scatter": ("ReduceScatter", "float32", 2),
-    "nodebuf.broadcast": ("Broadcast", "float32", 2),
+    "window.allreduce": ("AllReduce", "float32", "int32"),
+    "window.allreduce.16bit": ("AllReduce", "bfloat16", None),
+    "window.ordered": ("AllReduce", None, "float32"),
+    "window.reduce_scatter": ("ReduceScatter", "float32", "float32"),
+    "nodebuf.broadcast": ("Broadcast", "float32", "float32"),
 }
 
 
@@ -87,10 +90,12 @@ def main() -> None:
         print(f"# mpicoll {mpicoll.__version__}: threshold crossovers, {W.size} ranks, "
               f"{MPI.Get_library_version().splitlines()[0].strip()}; us = median of the slowest rank's mean")
     for name in a.names.split(","):
-        op, dtype, least = SWEPT[name]
-        if W.size < least:
+        op, *dtypes = SWEPT[name]
+        dtype = dtypes[W.size > 2]
+        if dtype is None:
             if W.rank == 0:
-                print(f"# {name}: needs {least}+ ranks, skipped")
+                print(f"# {name}: not at {W.size} ranks (" + ("3+ ranks take the tree order: window.ordered)"
+                                                           if W.size > 2 else "it is the tree order's, at 3+ ranks)"))
             continue
         value = TABLE[name].value
         sizes = [value // a.span << k for k in range(2 * a.span.bit_length() - 1)]

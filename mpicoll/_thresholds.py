@@ -41,14 +41,16 @@ TABLE: dict[str, Threshold] = {t.name: t for t in (
     Threshold("window.allreduce.16bit", 8 * KiB, "one node: a float16/bfloat16 AllReduce from here goes through the "
               "window (below: cast to float32, MPI's float32 reduction, cast back)",
               "the window 0.30-0.38x that path's time at 8 KiB (2 ranks), 0.50-0.55x (4 ranks); 0.6-1.2x at 1-4 KiB"),
-    Threshold("window.ordered", 4 * KiB, "one node, a float reduction over 3+ ranks (the tree order): the window from "
+    Threshold("window.ordered", 8 * KiB, "one node, a float reduction over 3+ ranks (the tree order): the window from "
               "here (below: an Allgather of every input, reduced in the tree order on every rank)",
-              "window / Allgather, float32: 3 ranks 1.05x at 64 B-2 KiB, 1.02x at 4 KiB, 0.62x at 8 KiB; 4 ranks "
-              "1.39x, 1.00x, 0.76x; bfloat16 alike"),
+              "benchmarks/crossover.py, float32, window / Allgather (2026-12-07, 3 and 4 ranks on 2 cores): 3 ranks 1.26x "
+              "at 4 KiB, 0.73x at 8 KiB, 0.54x at 32 KiB; 4 ranks 1.10x at 4 KiB, 0.87x at 8 KiB; bfloat16 alike "
+              "(earlier runs: 3 ranks 1.02x at 4 KiB, 0.62x at 8 KiB)"),
     Threshold("window.reduce_scatter", 64 * KiB, "one node: a ReduceScatter(V) of at least this many bytes a rank "
               "goes through the window (below: MPI's own)",
               "2026-12-07, 2 ranks, float32, window / raw: 2.45x at 4 KiB, 1.32x at 16 KiB, 1.04x at 64 KiB, 0.67x "
-              "at 256 KiB"),
+              "at 256 KiB; benchmarks/crossover.py, window / MPI's path, three runs: 1.02-1.14x at 16 KiB, "
+              "0.91-1.12x at 32 KiB, 0.75-1.01x at 64 KiB, 0.57-0.58x at 128 KiB"),
     Threshold("window.one_shot", 2 * MiB, "a window AllReduce goes in one shot (every rank reduces the whole message) "
               "while n (n - 1) times its bytes are at most this; above: two shots",
               "benchmarks/shm.py --one-shot, over two shots: 2 ranks 0.76-0.88x at 0.5-1 MiB; 3 ranks 0.76-0.94x at "
@@ -64,8 +66,10 @@ TABLE: dict[str, Threshold] = {t.name: t for t in (
     Threshold("nodebuf.gather", (64 * KiB, 32 * MiB), "AllGather(V) whose inputs are node buffers copies straight "
               "from the peers' between these output sizes", "over raw MPICH, 2 ranks: 0.42x at 64 KiB, 0.14x at 1-4 "
               "MiB, 0.63x at 32 MiB, 1.20x at 64 MiB"),
-    Threshold("nodebuf.broadcast", 64 * KiB, "a Broadcast of a node buffer copies straight from the root's from here",
-              "over raw MPICH, 2 ranks: 0.87x at 64 KiB, 0.40-0.72x at 1-32 MiB, 1.06x at 64 MiB"),
+    Threshold("nodebuf.broadcast", 256 * KiB, "a Broadcast of a node buffer copies straight from the root's from "
+              "here", "benchmarks/crossover.py, 2 ranks, float32, copy / MPI's Bcast (2026-12-07, three runs): 1.19-1.23x "
+              "at 64 KiB, 1.02-1.05x at 128 KiB, 0.85-0.86x at 256 KiB, 0.77-0.78x at 512 KiB; over raw MPICH: "
+              "0.40-0.72x at 1-32 MiB, 1.06x at 64 MiB"),
     Threshold("allreduce.f32", 64 * KiB, "a float16/bfloat16 AllReduce (off the window) up to here: one float32 "
               "reduction (above: AllToAll, reduction, AllGather in 16 bits)", "one collective beats two below it"),
     Threshold("allreduce.bytes_alltoall", 1 * MiB, "an 8-bit integer AllReduce from here: AllToAll, a numpy "

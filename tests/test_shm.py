@@ -24,7 +24,7 @@ from mpicoll._thresholds import VALUES
 from mpicoll._dtypes import DTYPES, REDUCE_OPS, reduce_ops_for
 from mpicoll.checks._golden import SEED, count_wrong, golden_reduce, rank_data
 
-from _mpi import OPEN_MPI, RANK, SAMPLE, SIZE, WORLD, launch_env, mpirun, raises_everywhere, setting
+from _mpi import OPEN_MPI, RANK, SAMPLE, SIZE, WORLD, launch_env, mpirun, raises_everywhere, setting, within
 
 mpi1 = pytest.mark.mpi(min_size=1)
 mpi2 = pytest.mark.mpi(min_size=2)
@@ -712,3 +712,16 @@ def test_node_buffer_bad_argument_on_one_rank_raises_everywhere(comm):
                       mpicoll.CollectiveArgumentError, "node_buffer", "rank 1")
     raises_everywhere(lambda: mpicoll.node_buffer((2, -1) if RANK == 0 else (2, 1), np.int8, comm=comm),
                       mpicoll.CollectiveArgumentError, "node_buffer: shape=(2, -1) on rank 0")
+
+
+@pytest.mark.skipif(SIZE != 1, reason="runs its own 2-rank job once")
+def test_the_crossover_script_measures_each_threshold_it_names():
+    """benchmarks/crossover.py (how the window's thresholds were measured, for a user's own node):
+    every threshold it sweeps at 2 ranks prints its rows and a measured crossover beside the table's."""
+    script = os.path.join(os.path.dirname(__file__), "..", "benchmarks", "crossover.py")
+    res = subprocess.run(mpirun(2, sys.executable, script, "--reps", "1", "--span", "2"), capture_output=True,
+                         text=True, timeout=within(120), env=launch_env(settings=False))
+    assert res.returncode == 0, res.stderr
+    for name in ("window.allreduce", "window.allreduce.16bit", "window.reduce_scatter", "nodebuf.broadcast"):
+        assert f"# {name}: measured crossover " in res.stdout, res.stdout
+    assert "# window.ordered: not at 2 ranks" in res.stdout, res.stdout
