@@ -4,6 +4,7 @@ same arrays, same run.
     mpirun -bind-to core -np 2 python benchmarks/overhead.py [--sizes 8,65536,16777216] [--reps 21] [--ops AllReduce,...]
                                                                [--min-iters 10] [--max-iters 4000]
     LD_PRELOAD=$(python benchmarks/mpicalls.py) mpirun ... benchmarks/overhead.py ...   # with MPI call counts
+    mpirun -bind-to core -np 2 python benchmarks/overhead.py --sizes 8 --trace /tmp/t   # with tracing's cost
 
 (``-bind-to core``, Open MPI ``--bind-to core``: unbound, more ranks than cores are moved by the
 scheduler and synchronizing calls change speed from run to run; docs/benchmark.md.)
@@ -22,7 +23,11 @@ AllGatherV with equal counts (mpicoll: ``Allgather``), ReduceScatterV with equal
 (``Alltoall``); mpicoll hands counts to mpi4py as lists where the raw rows pass integer arrays (as a
 user's code most often has them). The raw calls run on their own duplicate of the world; mpicoll on
 its own. With the PMPI shim of ``benchmarks/mpicalls.c`` preloaded it also prints the MPI calls each
-implementation makes per call, counted over 10 warm calls (exact, where times are noise).
+implementation makes per call, counted over 10 warm calls (exact, where times are noise). With
+``--trace DIR`` it also times plan, off and on inside a traced region (``mpicoll.trace(DIR)``, entered
+around each of their blocks, outside the timing; the writing of the block's events timed with it)
+and prints what tracing adds to a call: the median of the differences paired with the untraced
+blocks of the same repetition.
 """
 from __future__ import annotations
 
@@ -30,6 +35,7 @@ import argparse
 import re
 import statistics
 import sys
+import time
 import timeit
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -38,6 +44,7 @@ import numpy as np
 from mpi4py import MPI
 
 import mpicoll
+from mpicoll import _trace
 
 sys.path.insert(0, str(Path(__file__).parent))
 import mpicalls  # noqa: E402
@@ -126,11 +133,19 @@ def loop(stmt: str, ns: dict, **more) -> timeit.Timer:
     return timeit.Timer(stmt, setup=setup, globals={"_ns": names})
 
 
-def block_time(comm: MPI.Comm, timer: timeit.Timer, iters: int) -> float:
-    """Mean time per call of ``iters`` calls, the slowest rank's."""
-    comm.Barrier()
-    t = timer.timeit(iters) / iters
-    return comm.allreduce(t, MPI.MAX)
+def block_time(comm: MPI.Comm, timer: timeit.Timer, iters: int, trace: str | None = None) -> float:
+    """Mean time per call of ``iters`` calls, the slowest rank's (``trace``: inside a traced region
+    writing there, entered and left outside the timing; the writing of the block's events is timed)."""
+    if trace is None:
+        comm.Barrier()
+        return comm.allreduce(timer.timeit(iters) / iters, MPI.MAX)
+    with mpicoll.trace(trace):
+        comm.Barrier()
+        t = timer.timeit(iters)
+        t0 = time.perf_counter()
+        _trace.flush()                          # (the events' JSON: in batches of _trace.FLUSH_EVERY, timed here)
+        t += time.perf_counter() - t0
+        return comm.allreduce(t / iters, MPI.MAX)
 
 
 def main() -> None:
@@ -142,6 +157,8 @@ def main() -> None:
                     help="calls per timed block at least (16 MiB: 10 calls, blocks of 50-400 ms)")
     ap.add_argument("--max-iters", type=int, default=4000,
                     help="calls per timed block at most (small sizes; lower it when ranks outnumber cores)")
+    ap.add_argument("--trace", default=None, metavar="DIR",
+                    help="also time plan, off and on traced (events written to DIR): what tracing adds to a call")
     args = ap.parse_args()
     if args.reps < 2:
         ap.error("--reps must be >= 2 (the quartiles need two repetitions)")
@@ -165,6 +182,7 @@ def main() -> None:
             impls = {"raw": loop(c.raw, c.ns), "off": loop(c.call, c.ns, op=off), "on": loop(c.call, c.ns, op=on),
                      "plan": loop("run()", c.ns, run=plan.run), "alloc": loop(c.alloc, c.ns, op=off),
                      "fresh": loop(fresh, c.ns, op=off)}
+            traced = {f"{k}+trace": impls[k] for k in ("plan", "off", "on")} if args.trace else {}
             for t in impls.values():            # binds the ops; warms up
                 t.timeit(2)
             counted = {}
@@ -173,11 +191,12 @@ def main() -> None:
                     mpicalls.reset()
                     t.timeit(10)
                     counted[k] = {name: v / 10 for name, v in mpicalls.counts().items()}
-            times = {k: [] for k in impls}
-            order = list(impls)
+            times = {k: [] for k in [*impls, *traced]}
+            order = list(times)
             for rep in range(args.reps):        # interleaved, each in turn first: drift hits all alike
                 for k in order[rep % len(order):] + order[:rep % len(order)]:
-                    times[k].append(block_time(raw_comm, impls[k], iters))
+                    times[k].append(block_time(raw_comm, {**impls, **traced}[k], iters, args.trace if k in traced
+                                               else None))
             med = {k: statistics.median(v) for k, v in times.items()}
             # ratios paired within each repetition (the blocks compared ran back to back), then
             # the median and the quartiles over the repetitions: the spread is the noise band
@@ -185,6 +204,8 @@ def main() -> None:
                       for k in ("off", "on", "plan", "alloc", "fresh")}
             extra = {k: statistics.median([a - b for a, b in zip(times[k], times["raw"])])
                      for k in ("off", "on", "fresh")}
+            extra.update({k: statistics.median([a - b for a, b in zip(times[k], times[k.split("+")[0]])])
+                          for k in traced})
             rows.append((c.name, nbytes, med, ratios, extra, counted))
             plan.free()
     if W.Get_rank() == 0:
@@ -206,6 +227,12 @@ def main() -> None:
                   f"{m['on'] * 1e6:>10.2f}{q['plan'][1]:>9.3f}{q['plan'][0]:>7.3f}-{q['plan'][2]:.3f}"
                   f"{q['off'][1]:>9.3f}{q['off'][0]:>7.3f}-{q['off'][2]:.3f}{q['on'][1]:>8.3f}{q['alloc'][1]:>10.3f}"
                   f"{q['fresh'][1]:>10.3f}{d['off'] * 1e6:>9.2f}{d['on'] * 1e6:>8.2f}{d['fresh'] * 1e6:>10.2f}")
+        if args.trace:
+            print(f"# tracing on (events in {args.trace}): what it adds to a call, its event written, us (median "
+                  "of the differences paired with the untraced blocks)")
+            print(f"{'op':<15}{'bytes':>10}{'plan +us':>10}{'off +us':>10}{'on +us':>10}")
+            for name, nbytes, m, q, d, _ in rows:
+                print(f"{name:<15}{nbytes:>10}" + "".join(f"{d[k + '+trace'] * 1e6:>10.2f}" for k in ("plan", "off", "on")))
         if any(r[5] for r in rows):
             print("# MPI calls per call (PMPI shim, 10 warm calls), by implementation")
             for name, nbytes, *_, counted in rows:

@@ -6,6 +6,7 @@ raises the same error).
 from __future__ import annotations
 
 import atexit
+import json
 import weakref
 from functools import partial
 from typing import Any, Callable
@@ -45,7 +46,7 @@ class Plan:
     """
 
     __slots__ = ("op", "result", "parts", "_owner", "_steps", "_used", "_tokens", "_persistent",
-                 "_handle", "_state", "_go", "_where", "__weakref__")
+                 "_handle", "_state", "_go", "_where", "_fields", "__weakref__")
 
     def __init__(self, rec: Recorder, owner: Any, rounds: bool = False) -> None:
         self._owner = owner            # (the operation or graph that made it: its timeout is the plan's)
@@ -59,6 +60,7 @@ class Plan:
         self._handle: Handle | None = None
         self._state = _IDLE
         self._go: Callable[[], None] | None = None
+        self._fields: str | None = None              # (its trace event's fields, made at its first traced run)
         _LIVE.add(self)
 
     @property
@@ -83,8 +85,10 @@ class Plan:
                 if c.pending:
                     c.drain(None)
         if _trace.ON:
-            _trace.timed(self.op, "plan" if len(self.parts) == 1 else "graph", {"comm": [c.label for c in self._used],
-                         "steps": len(self._steps), "path": "plan"}, self._go)
+            if self._fields is None:
+                self._fields = (f'{{"comm": {json.dumps([c.label for c in self._used])}, "steps": {len(self._steps)}, '
+                                '"path": "plan"')
+            _trace.timed(self.op, "plan" if len(self.parts) == 1 else "graph", self._fields, self._go)
         else:
             self._go()
         return self.result

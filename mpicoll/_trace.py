@@ -228,10 +228,10 @@ class _Writer:
     def flush(self) -> None:
         """Write the events kept (under :data:`_LOCK`)."""
         events, self.pending = self.pending, []
-        pid = self.rank
-        self.file.write("".join(json.dumps({"name": name, "cat": cat, "ph": "X", "ts": (t0 - OFFSET) / 1e3,
-                                            "dur": (t1 - t0) / 1e3, "pid": pid, "tid": tid,
-                                            "args": args if type(args) is dict else args[0](*args[1:])}) + ",\n"
+        pid, dumps = f', "pid": {self.rank}, "tid": ', json.dumps      # (what json.dumps of the event writes)
+        self.file.write("".join(f'{{"name": {quoted(name)}, "cat": "{cat}", "ph": "X", "ts": {(t0 - OFFSET) / 1e3}, '
+                                f'"dur": {(t1 - t0) / 1e3}{pid}{tid}, '
+                                f'"args": {dumps(args) if type(args) is dict else args[0](*args[1:])}}},\n'
                                 for name, cat, t0, t1, tid, args in events))
         self.file.flush()
         self.count += len(events)
@@ -242,6 +242,14 @@ class _Writer:
                                                                              "clock_offset_ns": OFFSET}})
         self.file.write("{}]\n")
         self.file.close()
+
+
+def quoted(text: str, _seen: dict[str, str] = {}) -> str:     # noqa: B006 - the cache
+    """``json.dumps(text)``, kept: an event's name and its fields' names and dtypes come from a few."""
+    q = _seen.get(text)
+    if q is None:
+        q = _seen[text] = json.dumps(text)
+    return q
 
 
 def lane() -> int:
@@ -261,7 +269,7 @@ def lane() -> int:
 def event(name: str, cat: str, t0: int, t1: int, args: dict) -> None:
     """Keep one complete event: ``name`` (the operator), ``cat`` (collective, plan, graph, hccl,
     message), from ``t0`` to ``t1`` (``time.time_ns()``), ``args`` its fields: a dict, or
-    ``(fn, *facts)`` whose ``fn(*facts)`` makes them when the event is written."""
+    ``(fn, *facts)`` whose ``fn(*facts)`` makes their JSON object when the event is written."""
     w = _WRITER
     if w is None:
         return
@@ -277,8 +285,9 @@ def flush() -> None:
             _WRITER.flush()
 
 
-def timed(name: str, cat: str, fields: dict, fn: Any) -> Any:
-    """``fn()``, and its event (``fields`` and its outcome: ok, or the error's class)."""
+def timed(name: str, cat: str, fields: str, fn: Any) -> Any:
+    """``fn()``, and its event: ``fields``, the JSON object of its fields without its closing brace,
+    and its outcome (ok, or the error's class)."""
     t0, outcome = time.time_ns(), "ok"
     try:
         return fn()
@@ -286,8 +295,11 @@ def timed(name: str, cat: str, fields: dict, fn: Any) -> Any:
         outcome = type(exc).__name__
         raise
     finally:
-        fields["outcome"] = outcome
-        event(name, cat, t0, time.time_ns(), fields)
+        event(name, cat, t0, time.time_ns(), (_closed, fields, outcome))
+
+
+def _closed(fields: str, outcome: str) -> str:
+    return f'{fields}, "outcome": {quoted(outcome)}}}'
 
 
 def start(where: str, rank: int, offset: int = 0) -> str:

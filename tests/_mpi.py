@@ -97,12 +97,13 @@ def launch_env(settings: bool = True, **extra: str) -> dict[str, str]:
     one without the outer launcher's variables, the test harness' own (``MPICOLL_TEST_*``), the
     outer job's ``MPIEXEC_TIMEOUT`` and, without ``settings``, mpicoll's settings (``MPICOLL_*``),
     plus ``MPICOLL_TEST_NESTED`` (its processes are killed after the test if still running:
-    tests/conftest.py), a flight recorder's dumps in the temporary directory (not the working one)
-    and ``extra``."""
+    tests/conftest.py), with ``settings`` a flight recorder's dumps in the temporary directory (not
+    the working one), and ``extra``."""
     dropped = LAUNCHER_PREFIXES + (("MPICOLL_TEST", "MPIEXEC_TIMEOUT") if settings else ("MPICOLL_", "MPIEXEC_TIMEOUT"))
     env = {k: v for k, v in os.environ.items() if not k.startswith(dropped) or k.startswith(KEPT)}
     env["MPICOLL_TEST_NESTED"] = nested_token()
-    env.setdefault("MPICOLL_DUMP_DIR", os.path.join(tempfile.gettempdir(), "mpicoll-test-flight"))
+    if settings:
+        env.setdefault("MPICOLL_DUMP_DIR", os.path.join(tempfile.gettempdir(), "mpicoll-test-flight"))
     env.update(extra)
     return env
 

@@ -566,7 +566,7 @@ def test_a_plan_on_a_freed_node_buffer_raises():
 def test_streamed_and_plain_copies_give_the_same_bits(comm, dtype, monkeypatch):
     """Copies into the window take the other kind for 8 of every 16 (PROBE_EVERY, PROBE_LEN), the
     warm ones timed; AllReduce outputs of a slot and more are copied out streamed
-    (STREAM_OUT_BYTES), smaller ones plainly: the results stay bit-identical, and both kinds were
+    (window.stream_out), smaller ones plainly: the results stay bit-identical, and both kinds were
     measured."""
     monkeypatch.setitem(VALUES, "window.stream_out", SLOT)
     monkeypatch.setattr(_shm, "PROBE_EVERY", 16)
@@ -592,7 +592,7 @@ def test_streamed_and_plain_copies_give_the_same_bits(comm, dtype, monkeypatch):
 
 @mpi2
 def test_small_copies_take_the_kind_in_use_untimed(comm, monkeypatch):
-    """Copies into the window of fewer than PROBE_BYTES take the kind in use (streamed, on a new
+    """Copies into the window of fewer than window.probe bytes take the kind in use (streamed, on a new
     window), are neither counted nor timed, and record their kind at their place; larger ones are
     counted, in one shot and in two (results exact either way)."""
     monkeypatch.setitem(VALUES, "window.probe", SLOT // 2)
@@ -616,7 +616,7 @@ def test_small_copies_take_the_kind_in_use_untimed(comm, monkeypatch):
 @pytest.mark.parametrize("dtype", list(DTYPES))
 def test_allgather_and_broadcast_copy_from_node_buffers(comm, dtype, monkeypatch):
     """From a node buffer (the same place on every rank), AllGather and Broadcast copy straight
-    from the peers' buffers (``_shm.gather``) between GATHER_BYTES / from BROADCAST_BYTES, and
+    from the peers' buffers (``_shm.gather``) between nodebuf.gather / from nodebuf.broadcast, and
     through MPI otherwise; every dtype, every root, plans and started plans; bit for bit."""
     monkeypatch.setitem(VALUES, "nodebuf.gather", (THRESHOLD, 4 * SLOT))
     monkeypatch.setitem(VALUES, "nodebuf.broadcast", THRESHOLD)

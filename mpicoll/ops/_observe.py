@@ -37,19 +37,30 @@ def traced(op: Any, lib: LibComm, args: tuple, mode: Any, failed: Any, seq: int)
                                                      None if table is None else table[:, V.H_TIME].tolist()))
 
 
+#: a dtype's name as written (``null``: none), kept (a numpy dtype's name takes microseconds)
+_NAMES: dict = {None: "null"}
+
+
+def _named(dtype: Any) -> str:
+    return _NAMES.setdefault(dtype, _trace.quoted(str(dtype)))
+
+
 def fields(lib: LibComm, seq: int, dtype: Any, nbytes: int, path: str | None, outcome: str,
-           times: list[int] | None) -> dict:
-    """A traced call's event fields: its communicator, its number there, dtype, bytes, path,
-    whether it agreed, its outcome, and who came last (``times``: every rank's arrival, where it
-    agreed): ``last_rank`` (a world rank), ``wait_us`` (how long this rank waited for it),
+           times: list[int] | None) -> str:
+    """A traced call's event fields, as the JSON object written (made when the trace is written,
+    cheaply: a loop of calls makes one each): its communicator, its number there, dtype, bytes,
+    path, whether it agreed, its outcome, and who came last (``times``: every rank's arrival, where
+    it agreed): ``last_rank`` (a world rank), ``wait_us`` (how long this rank waited for it),
     ``late_us`` (how long after the first it came); no arrivals where some rank wrote no time."""
-    out = {"comm": lib.label, "seq": seq, "dtype": None if dtype is None else str(dtype), "bytes": int(nbytes),
-           "path": path or "mpi", "agreed": times is not None, "outcome": outcome}
+    q = _trace.quoted
+    text = (f'{{"comm": {q(lib.label)}, "seq": {seq}, "dtype": {_NAMES.get(dtype) or _named(dtype)}, '
+            f'"bytes": {nbytes}, "path": {q(path or "mpi")}, "agreed": {"false" if times is None else "true"}, '
+            f'"outcome": {q(outcome)}')
     if times and all(times):
         last = max(range(len(times)), key=times.__getitem__)
-        out.update(last_rank=lib.world_ranks[last], wait_us=(times[last] - times[lib.rank]) / 1e3,
-                   late_us=(times[last] - min(times)) / 1e3)
-    return out
+        text += (f', "last_rank": {lib.world_ranks[last]}, "wait_us": {(times[last] - times[lib.rank]) / 1e3}, '
+                 f'"late_us": {(times[last] - min(times)) / 1e3}')
+    return text + "}"
 
 
 def stamp(send: np.ndarray) -> None:
