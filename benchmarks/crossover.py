@@ -85,6 +85,9 @@ def main() -> None:
     ap.add_argument("--reps", type=int, default=7)
     ap.add_argument("--span", type=int, default=8, help="sweep from value / span to value x span")
     a = ap.parse_args()
+    unknown = [name for name in a.names.split(",") if name not in SWEPT]
+    if unknown:
+        ap.error(f"--names: {', '.join(unknown)}: not swept here (these are: {', '.join(SWEPT)})")
     comm = W.Dup()
     if W.rank == 0:
         print(f"# mpicoll {mpicoll.__version__}: threshold crossovers, {W.size} ranks, "

@@ -13,7 +13,7 @@ block the slowest rank's mean, the three in turn, each in turn first. Prints the
 median of the ratios paired within a repetition (SUM). At 1 or 2 ranks both settings make the same
 calls for a SUM (one operation per element: any order gives the same bits), so the ratio is 1 there.
 Plans run with validation off: the loop a user writes for speed. ``--validated`` times the default
-instead: ``execute`` with validation on, whose small calls (at most ``RIDE_BYTES`` a rank) move their
+instead: ``execute`` with validation on, whose small calls (at most the ``ride`` threshold, 1 KiB, a rank) move their
 data in their agreement and reduce it in the tree order under either setting.
 """
 from __future__ import annotations

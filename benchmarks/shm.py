@@ -173,7 +173,7 @@ def main() -> None:
                     help="window bytes per rank per round; several (comma-separated) compare windows of each "
                          "size in the same run (the first is 'window' in the ratios)")
     ap.add_argument("--one-shot", default=str(VALUES["window.one_shot"]),
-                    help="ONE_SHOT_BYTES: AllReduce goes in one shot up to this over n (n - 1) bytes per message; "
+                    help="window.one_shot: AllReduce goes in one shot up to this over n (n - 1) bytes per message; "
                          "several compare, paired with --slot's values in order")
     ap.add_argument("--no-threshold", action="store_true",
                     help="use the window at every size (an experiment: how the thresholds were chosen)")

@@ -1,9 +1,10 @@
-"""Reductions through one MPI shared window per node-local communicator.
+"""One MPI shared window per node-local communicator, and node buffers.
 
 Where every member of a communicator runs on one node (``LibComm.local``: agreed when mpicoll makes
 the communicator, and ``MPICOLL_SHM`` on), AllReduce and ReduceScatter(V) from a size up (the
-thresholds below: constants, the same on every rank, so the choice is made from agreed facts only)
-run through a window of MPI shared memory (``MPI.Win.Allocate_shared``) instead of MPI's collective:
+thresholds of :mod:`mpicoll._thresholds`: constants, the same on every rank, so the choice is made
+from agreed facts only, in :mod:`mpicoll.ops._paths`) run through a window of MPI shared memory
+(``MPI.Win.Allocate_shared``) instead of MPI's collective (the rounds: :mod:`mpicoll.ops._window`):
 
 * each rank copies the blocks the other ranks reduce into its own slot of the window;
 * the ranks synchronise (``Win.Sync`` + ``Barrier`` + ``Win.Sync``: the MPI memory model's rule for

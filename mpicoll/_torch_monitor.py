@@ -13,11 +13,12 @@ import numpy as np
 import torch
 import torch.distributed as dist
 
+from ._comm import LibComm
 from ._errors import milliseconds
 from ._messages import post, tag_ub
 
 
-def barrier(lib, r: int, world_ranks: list[int], serial: int, seconds: float, wait_all_ranks: bool) -> None:
+def barrier(lib: LibComm, r: int, world_ranks: list[int], serial: int, seconds: float, wait_all_ranks: bool) -> None:
     """Call number ``serial`` of gloo's ``monitored_barrier`` on group rank ``r`` of ``lib``.
     Group rank 0 waits up to ``seconds`` for a message from every other rank, then answers each; a
     rank that did not come is named in the ``RuntimeError`` rank 0 raises (all of them with
@@ -90,7 +91,6 @@ def barrier(lib, r: int, world_ranks: list[int], serial: int, seconds: float, wa
                            f"{', '.join(map(str, missing))} failed to pass monitoredBarrier in {ms} ms")
     for p in range(1, size):
         send(p)
-
 
 
 def on_a_cpu_backend(backend: str) -> None:

@@ -229,7 +229,7 @@ class _Writer:
         """Write the events kept (under :data:`_LOCK`)."""
         events, self.pending = self.pending, []
         pid, dumps = f', "pid": {self.rank}, "tid": ', json.dumps      # (what json.dumps of the event writes)
-        self.file.write("".join(f'{{"name": {quoted(name)}, "cat": "{cat}", "ph": "X", "ts": {(t0 - OFFSET) / 1e3}, '
+        self.file.write("".join(f'{{"name": {quoted(name)}, "cat": {quoted(cat)}, "ph": "X", "ts": {(t0 - OFFSET) / 1e3}, '
                                 f'"dur": {(t1 - t0) / 1e3}{pid}{tid}, '
                                 f'"args": {dumps(args) if type(args) is dict else args[0](*args[1:])}}},\n'
                                 for name, cat, t0, t1, tid, args in events))
@@ -266,7 +266,7 @@ def lane() -> int:
     return k
 
 
-def event(name: str, cat: str, t0: int, t1: int, args: dict) -> None:
+def event(name: str, cat: str, t0: int, t1: int, args: dict | tuple) -> None:
     """Keep one complete event: ``name`` (the operator), ``cat`` (collective, plan, graph, hccl,
     message), from ``t0`` to ``t1`` (``time.time_ns()``), ``args`` its fields: a dict, or
     ``(fn, *facts)`` whose ``fn(*facts)`` makes their JSON object when the event is written."""

@@ -288,9 +288,9 @@ class ProcessGroupMpicoll(dist.ProcessGroup):
         if isinstance(timeout, dist.BarrierOptions):
             timeout = timeout.timeout
         timeout = self._timeout if timeout is None else timeout
-        self._barriers += 1
-        barrier(self._group, self._rank, self._ranks, self._barriers,
-                timeout.total_seconds() if isinstance(timeout, timedelta) else float(timeout), wait_all_ranks)
+        seconds = timeout.total_seconds() if isinstance(timeout, timedelta) else float(timeout)
+        self._barriers += 1                     # (after a bad timeout raised: the ranks' calls stay in step)
+        barrier(self._group, self._rank, self._ranks, self._barriers, seconds, wait_all_ranks)
 
     def _message(self, call: str, tensors, peer: int | None, tag: int) -> Work:
         """A message posted on the group's communicator (:mod:`mpicoll._messages`): its Work."""

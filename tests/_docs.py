@@ -156,6 +156,7 @@ def run(block: tuple[str, ...]) -> list[tuple[int | str, str]]:
         for command in block:          # (each followed by its status and a mark; $? is the command's again)
             script += f'{command}\n__status=$?; echo "{_MARK} $__status"; ( exit $__status )\n'
         env = launch_env(settings=False)
+        del env["MPICOLL_DUMP_DIR"]    # (a user's default: mpicoll-flight in the working directory, here the home)
         env.update(PATH=f"{Path(sys.executable).parent}{os.pathsep}{env.get('PATH', '')}", PYTHONUNBUFFERED="1",
                    COLUMNS="80", PYTHONPATH=str(ROOT))
         # A session of its own, so that a hung command can be killed whole (mpirun and its ranks).

@@ -97,13 +97,12 @@ def launch_env(settings: bool = True, **extra: str) -> dict[str, str]:
     one without the outer launcher's variables, the test harness' own (``MPICOLL_TEST_*``), the
     outer job's ``MPIEXEC_TIMEOUT`` and, without ``settings``, mpicoll's settings (``MPICOLL_*``),
     plus ``MPICOLL_TEST_NESTED`` (its processes are killed after the test if still running:
-    tests/conftest.py), with ``settings`` a flight recorder's dumps in the temporary directory (not
-    the working one), and ``extra``."""
+    tests/conftest.py), a flight recorder's dumps in the temporary directory (not the working one)
+    and ``extra``."""
     dropped = LAUNCHER_PREFIXES + (("MPICOLL_TEST", "MPIEXEC_TIMEOUT") if settings else ("MPICOLL_", "MPIEXEC_TIMEOUT"))
     env = {k: v for k, v in os.environ.items() if not k.startswith(dropped) or k.startswith(KEPT)}
     env["MPICOLL_TEST_NESTED"] = nested_token()
-    if settings:
-        env.setdefault("MPICOLL_DUMP_DIR", os.path.join(tempfile.gettempdir(), "mpicoll-test-flight"))
+    env.setdefault("MPICOLL_DUMP_DIR", os.path.join(tempfile.gettempdir(), "mpicoll-test-flight"))
     env.update(extra)
     return env
 
@@ -121,10 +120,11 @@ def within(seconds: float) -> float:
 
 def run_job(tmp_path, body: str, np_: int = 3, env: dict | None = None, timeout: float = 60):
     """Run ``body`` as a script under ``mpirun -np np_ python -m mpi4py``, with no ``MPICOLL_*``
-    setting but ``env``; returns (result, seconds, the shared-memory files it left behind)."""
+    setting but ``env`` (and a flight recorder's dumps in ``tmp_path``, not the working directory);
+    returns (result, seconds, the shared-memory files it left behind)."""
     script = tmp_path / "job.py"
     script.write_text(textwrap.dedent(body))
-    clean = launch_env(settings=False, **(env or {}))
+    clean = launch_env(settings=False, **{"MPICOLL_DUMP_DIR": str(tmp_path / "flight"), **(env or {})})
     before = set(glob.glob("/dev/shm/mpich_shm_*"))
     t0 = time.monotonic()
     try:

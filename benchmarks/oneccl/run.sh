@@ -9,7 +9,8 @@
 # libccl.so.2 the wheel does not ship and takes only the Intel compiler runtime's symbols from it, so
 # a stand-in libccl.so.2 links libintlc.so.5 (pip's intel-cmplr-lib-rt). cclbench.cpp times oneCCL
 # under Intel MPI's mpiexec; mpicoll's own bench runs under the MPICH of the current environment.
-# The two alternate REPS times (default 3); each prints its median per size.
+# The two alternate REPS times (default 3); each prints its median per size. The table of
+# docs/benchmark.md from the output:  benchmarks/oneccl/run.sh > out.txt; python benchmarks/oneccl/table.py out.txt
 set -euo pipefail
 here=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
 venv=${ONECCL_VENV:-/tmp/mpicoll-oneccl}
@@ -32,7 +33,7 @@ for ((k = 0; k < reps; k++)); do
         echo "# mpicoll (validation $v) and raw mpi4py, round $k"
         for s in $sizes; do
             mpirun -bind-to core -np 2 python -m mpicoll.run bench --op AllReduce,AllGather,ReduceScatter,AllToAll,Broadcast \
-                -b "$s" -e "$s" --validate "$v" --reps 3 --compare mpi4py -c 0 2>/dev/null | grep -v "^#" || true
+                -b "$s" -e "$s" --validate "$v" --reps 3 --compare mpi4py -c 0 2>/dev/null | grep -E "^# [A-Za-z]+: |^ +[0-9]" || true
         done
     done
 done

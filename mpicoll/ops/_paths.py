@@ -1,7 +1,7 @@
 """THE choice of how a reduction moves its data: the one place each operator family's algorithm is
 picked, from the thresholds of :mod:`mpicoll._thresholds` and from facts every rank holds alike
 (the dtype, the size, the communicator's agreed layout). Each choice names its path; the
-implementations (:mod:`mpicoll._shm`, ``ops/allreduce.py``, ``ops/_reduce.py``) follow it, and a
+implementations (:mod:`._window`, ``ops/allreduce.py``, ``ops/_reduce.py``) follow it, and a
 trace shows it for each call (docs/trace.md).
 
 Paths: ``window`` (one node: the shared window), ``tiers`` (several nodes: node first, then across),

@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import numpy as np
 
-from .. import _validate as V
 from .._comm import LibComm
 from .._dtypes import DType, ReduceOp
 from .._numeric import prefix, reduce_rows, split_even
@@ -20,7 +19,7 @@ def allreduce(go, comm: LibComm, x: np.ndarray, out: np.ndarray | None, dt: DTyp
     reduces the whole message from every slot, in the tree order); else in rounds of at most
     ``window.slot``: each rank reduces one block of the round (``split_even``: the first ranks get one
     element more), in the tree order, and places it in its slot; then every rank with an ``out`` copies
-    the blocks out. ``inputs`` (:func:`resident`): every rank's input is in a node buffer, read
+    the blocks out. ``inputs`` (:func:`~mpicoll._shm.resident`): every rank's input is in a node buffer, read
     there instead of copied in (in one shot, a last Barrier keeps the inputs until every peer has
     read them; an in-place result waits for it in a private array)."""
     node, n, me = node_window(comm), comm.size, comm.rank
@@ -85,7 +84,7 @@ def reduce_scatter(go, comm: LibComm, blocks: np.ndarray, counts: list[int], dt:
     block j (``take`` in proportion to the counts, together at most a slot, so that skewed counts
     need no more rounds than even ones); each rank copies the others' parts into its slot and, after
     a Barrier, reduces its own part from every slot (its own straight from ``blocks``) into ``out``.
-    ``inputs`` (:func:`resident`): every rank's blocks are in a node buffer: after one Barrier each
+    ``inputs`` (:func:`~mpicoll._shm.resident`): every rank's blocks are in a node buffer: after one Barrier each
     rank reduces its whole block straight from them, and a second keeps them until all have read."""
     n, me = comm.size, comm.rank
     flat, oflat = blocks.reshape(-1), out.reshape(-1)
