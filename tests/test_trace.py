@@ -159,7 +159,9 @@ def test_a_traced_region_writes_each_ranks_events_and_stops():
     calls = [e for e in chrome_events(path) if e["ph"] == "X"]
     assert len(calls) == 3 and calls[0]["args"]["agreed"] and not calls[2]["args"]["agreed"], calls
     if SIZE > 1:
-        assert calls[0]["args"]["last_rank"] in range(SIZE) and calls[0]["args"]["wait_us"] >= 0
+        first = calls[0]["args"]
+        assert first["last_rank"] in range(SIZE) and first["wait_us"] >= 0 and first["move_us"] >= 0, first
+        assert first["wait_us"] + first["move_us"] <= calls[0]["dur"] + 1, calls[0]     # (rounding: us)
     assert calls[0]["args"]["bytes"] == 32 and calls[0]["args"]["dtype"] == "float32"
     assert load_trace(path) == [e for e in chrome_events(path)]
     WORLD.Barrier()

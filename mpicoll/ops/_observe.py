@@ -34,7 +34,7 @@ def traced(op: Any, lib: LibComm, args: tuple, mode: Any, failed: Any, seq: int)
         mine = type(a) is np.ndarray
         _trace.event(op.NAME, "collective", t0, t1, (fields, lib, seq, a.dtype if mine else None,
                                                      a.nbytes if mine else 0, note.path, outcome,
-                                                     None if table is None else table[:, V.H_TIME].tolist()))
+                                                     None if table is None else table[:, V.H_TIME].tolist(), t1))
 
 
 #: a dtype's name as written (``null``: none), kept (a numpy dtype's name takes microseconds)
@@ -46,12 +46,13 @@ def _named(dtype: Any) -> str:
 
 
 def fields(lib: LibComm, seq: int, dtype: Any, nbytes: int, path: str | None, outcome: str,
-           times: list[int] | None) -> str:
+           times: list[int] | None, t1: int) -> str:
     """A traced call's event fields, as the JSON object written (made when the trace is written,
     cheaply: a loop of calls makes one each): its communicator, its number there, dtype, bytes,
     path, whether it agreed, its outcome, and who came last (``times``: every rank's arrival, where
     it agreed): ``last_rank`` (a world rank), ``wait_us`` (how long this rank waited for it),
-    ``late_us`` (how long after the first it came); no arrivals where some rank wrote no time."""
+    ``late_us`` (how long after the first it came), ``move_us`` (from its arrival to the call's end
+    ``t1``: the data moving, and the local work around it); no arrivals where some rank wrote no time."""
     q = _trace.quoted
     text = (f'{{"comm": {q(lib.label)}, "seq": {seq}, "dtype": {_NAMES.get(dtype) or _named(dtype)}, '
             f'"bytes": {nbytes}, "path": {q(path or "mpi")}, "agreed": {"false" if times is None else "true"}, '
@@ -59,7 +60,7 @@ def fields(lib: LibComm, seq: int, dtype: Any, nbytes: int, path: str | None, ou
     if times and all(times):
         last = max(range(len(times)), key=times.__getitem__)
         text += (f', "last_rank": {lib.world_ranks[last]}, "wait_us": {(times[last] - times[lib.rank]) / 1e3}, '
-                 f'"late_us": {(times[last] - min(times)) / 1e3}')
+                 f'"late_us": {(times[last] - min(times)) / 1e3}, "move_us": {(t1 - _trace.OFFSET - times[last]) / 1e3}')
     return text + "}"
 
 
