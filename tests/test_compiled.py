@@ -158,3 +158,31 @@ def test_a_layout_checked_in_place_is_the_layouts_key():
             assert (c.of_layout(other) is not None) == (k2 == key), (first, second)
             checked += 1
     assert checked > 100
+
+
+@pytest.mark.mpi(min_size=2)
+@pytest.mark.parametrize("validate", [True, False], ids=["validated", "off"])
+@pytest.mark.parametrize("kind", [np.array, list], ids=["array", "list"])
+def test_values_changed_in_place_are_read_again(kind, validate):
+    """Counts and displacements given in an array or a list and changed in place between two calls
+    with the very same arguments: the second call follows the new values (a call is found by its
+    values' contents, never by the identity of the containers that hold them)."""
+    n = SIZE
+    x = np.arange(4, dtype=np.float32) + 10 * RANK
+    rc, rd = kind([4] * n), kind([4 * k for k in range(n)])
+    out = np.zeros(4 * n, np.float32)
+    gather = mpicoll.AllGatherVOperation(validate=validate)
+    gather.execute(x, 4, rc, rd, out=out)
+    rd[:] = [4 * (n - 1 - k) for k in range(n)]          # (the blocks in reverse rank order, in place)
+    gather.execute(x, 4, rc, rd, out=out)
+    want = np.concatenate([np.arange(4, dtype=np.float32) + 10 * k for k in reversed(range(n))])
+    assert np.array_equal(out, want), out
+    y = np.arange(2 * n, dtype=np.float32) * (RANK + 1)
+    sc, sd = kind([2] * n), kind([2 * k for k in range(n)])
+    block = np.zeros(2, np.float32)
+    rs = mpicoll.ReduceScatterVOperation(mpicoll.ReduceScatterVParam(reduce_type="sum"), validate=validate)
+    rs.execute(y, sc, sd, 2, out=block)
+    sd[:] = [2 * (n - 1 - k) for k in range(n)]          # (rank j now gets the block at 2 (n - 1 - j))
+    rs.execute(y, sc, sd, 2, out=block)
+    j = n - 1 - RANK
+    assert np.array_equal(block, np.arange(2 * j, 2 * j + 2, dtype=np.float32) * sum(range(1, n + 1))), block

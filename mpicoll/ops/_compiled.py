@@ -60,7 +60,7 @@ class Compiled:
 
     __slots__ = ("op", "lib", "key", "args", "mine", "shapes", "allocs", "agree", "data", "result_t", "result",
                  "slots", "heads", "expected", "rode", "counting", "fillable", "repeats", "plain", "plain_run",
-                 "agree_go", "data_go", "shape", "shapes_of", "overlaps", "path")
+                 "agree_go", "data_go", "shape", "shapes_of", "overlaps", "path", "values_change")
 
     def __init__(self, op: Any, lib: LibComm, key: tuple | None, args: tuple, mine: list, looks: list, call: Call,
                  table: np.ndarray | None, rode: bool, slots: Slots | None, payload: np.ndarray | None) -> None:
@@ -97,6 +97,9 @@ class Compiled:
         # allocates its output and cannot fill a new one neither)
         listed = [a for v in args if type(v) is list or type(v) is tuple for a in v if type(a) is np.ndarray]
         self.repeats = touched(agree_steps + data_steps, call.result, listed) and (self.fillable or not allocs)
+        # (values given in an array or a list may be changed in place between calls: such a call is
+        # found by its values' contents, never by the very arguments)
+        self.values_change = any(type(args[i]) is np.ndarray or type(args[i]) is list for i in op._VALUES_AT)
         self.result = call.result
         self.args, self.mine, self.shapes = args, mine, looks
 
@@ -119,7 +122,7 @@ class Compiled:
     def repeat(self, args: tuple) -> Any:
         """Run again with the very arguments of the last call (MISS: not them)."""
         held = self.args
-        if len(args) != len(held) or not all(map(operator.is_, args, held)) or \
+        if self.values_change or len(args) != len(held) or not all(map(operator.is_, args, held)) or \
                 list(map(LOOK, self.mine)) != self.shapes:        # (reshaped, restrided, retyped, made read-only)
             return MISS
         if self.allocs:                                # (a new output, every call)
