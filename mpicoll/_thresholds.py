@@ -29,12 +29,13 @@ class Threshold:
 TABLE: dict[str, Threshold] = {t.name: t for t in (
     Threshold("ride", 1 * KiB, "a validated call whose every rank's payload fits rides its agreement: one exchange",
               "2 ranks: an Allgather of the 1.2 KB row 3.4 us, the header alone 3.1 us, an 8 B Allreduce 3.1 us"),
-    Threshold("compiled", 32 * MiB, "calls whose arrays hold at most this many bytes together are compiled (their "
-              "steps kept, their arrays slots; the last call's arrays stay referenced until the next call of its "
-              "layout); larger ones are described every call", "benchmarks/overhead.py, 2 ranks, float32, execute "
-              "with validation off / raw, described every call -> compiled (2026-12-07): AllReduce 64 KiB 2.23 -> "
-              "0.91, 1 MiB 1.26 -> 1.00; ReduceScatter 64 KiB 3.32 -> 0.93, 1 MiB 1.48 -> 1.10; AllToAll 64 KiB "
-              "1.76 -> 1.27; at 16 MiB the describe is under 1% of a call"),
+    Threshold("compiled", 2 * MiB, "calls whose arrays hold at most this many bytes together are compiled (their "
+              "steps kept, their arrays slots; the last call's arrays and the temporaries its steps use stay "
+              "referenced until the next call of its layout); larger ones are described every call",
+              "benchmarks/overhead.py, 2 ranks, float32, execute with validation off / raw, described every call -> "
+              "compiled (2026-12-07): AllReduce 64 KiB 2.23 -> 0.91, 1 MiB 1.26 -> 1.00; ReduceScatter 64 KiB "
+              "3.32 -> 0.93, 1 MiB 1.48 -> 1.10; AllToAll 64 KiB 1.76 -> 1.27; at 16 MiB the describe is under 1% "
+              "of a call, and 8 layouts of an operation would keep hundreds of MiB"),
     Threshold("window.allreduce", 16 * KiB, "one node: an AllReduce or Reduce from here goes through the shared "
               "window (below: MPI's own reduction)",
               "benchmarks/shm.py --no-threshold, float32, window / raw MPICH: 2 ranks 1.7-2.0x at 8-12 KiB, "

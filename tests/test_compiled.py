@@ -4,6 +4,9 @@ same arrays, a call with other arrays of the same layout, and one with new views
 against the golden, validated and not; and the MPI calls a compiled call makes."""
 from __future__ import annotations
 
+import array
+import collections
+
 import numpy as np
 import pytest
 
@@ -162,18 +165,26 @@ def test_a_layout_checked_in_place_is_the_layouts_key():
 
 @pytest.mark.mpi(min_size=2)
 @pytest.mark.parametrize("validate", [True, False], ids=["validated", "off"])
-@pytest.mark.parametrize("kind", [np.array, list], ids=["array", "list"])
+@pytest.mark.parametrize("kind", [np.array, list, lambda v: array.array("q", v), collections.deque],
+                         ids=["ndarray", "list", "array.array", "deque"])
 def test_values_changed_in_place_are_read_again(kind, validate):
-    """Counts and displacements given in an array or a list and changed in place between two calls
-    with the very same arguments: the second call follows the new values (a call is found by its
-    values' contents, never by the identity of the containers that hold them)."""
+    """Counts and displacements given in a container that can change in place (an array, a list, any
+    iterable) and changed between two calls with the very same arguments: the second call follows
+    the new values (a repeat compares their contents, not only the containers' identity)."""
+    def _set(c, values):
+        if isinstance(c, collections.deque):
+            c.clear()
+            c.extend(values)
+        else:
+            c[:] = type(c)("q", values) if isinstance(c, array.array) else values
+
     n = SIZE
     x = np.arange(4, dtype=np.float32) + 10 * RANK
     rc, rd = kind([4] * n), kind([4 * k for k in range(n)])
     out = np.zeros(4 * n, np.float32)
     gather = mpicoll.AllGatherVOperation(validate=validate)
     gather.execute(x, 4, rc, rd, out=out)
-    rd[:] = [4 * (n - 1 - k) for k in range(n)]          # (the blocks in reverse rank order, in place)
+    _set(rd, [4 * (n - 1 - k) for k in range(n)])        # (the blocks in reverse rank order, in place)
     gather.execute(x, 4, rc, rd, out=out)
     want = np.concatenate([np.arange(4, dtype=np.float32) + 10 * k for k in reversed(range(n))])
     assert np.array_equal(out, want), out
@@ -182,7 +193,7 @@ def test_values_changed_in_place_are_read_again(kind, validate):
     block = np.zeros(2, np.float32)
     rs = mpicoll.ReduceScatterVOperation(mpicoll.ReduceScatterVParam(reduce_type="sum"), validate=validate)
     rs.execute(y, sc, sd, 2, out=block)
-    sd[:] = [2 * (n - 1 - k) for k in range(n)]          # (rank j now gets the block at 2 (n - 1 - j))
+    _set(sd, [2 * (n - 1 - k) for k in range(n)])        # (rank j now gets the block at 2 (n - 1 - j))
     rs.execute(y, sc, sd, 2, out=block)
     j = n - 1 - RANK
     assert np.array_equal(block, np.arange(2 * j, 2 * j + 2, dtype=np.float32) * sum(range(1, n + 1))), block

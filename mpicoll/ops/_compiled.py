@@ -31,15 +31,15 @@ from typing import Any
 import numpy as np
 from mpi4py import MPI
 
+from .. import _comm, _trace
 from .. import _validate as V
-from .. import _trace
 from .._comm import LibComm
 from .._agreement import settle
 from .._call import Call
 from .._go import Recorder, Step
 from ._agree import Slots
 from ._observe import stamp
-from ._slots import LOOK, Steps, Unfillable, allocated, filled, flat_shape, layout, overlaps, slotted, touched
+from ._slots import LOOK, Steps, Unfillable, allocated, contents, filled, flat_shape, layout, overlaps, slotted, touched
 
 #: layouts an operation keeps compiled (the least recently compiled goes first)
 COMPILED = 8
@@ -53,14 +53,13 @@ class Compiled:
 
     Attributes:
         op, lib: the operation and the communicator it agrees and counts on.
-        args: the arguments of the last call (held: their identities stay theirs), or None once a
-            large call's were let go.
+        args: the arguments of the last call (held: their identities stay theirs).
         result: what the last call returned.
     """
 
     __slots__ = ("op", "lib", "key", "args", "mine", "shapes", "allocs", "agree", "data", "result_t", "result",
                  "slots", "heads", "expected", "rode", "counting", "fillable", "repeats", "plain", "plain_run",
-                 "agree_go", "data_go", "shape", "shapes_of", "overlaps", "path", "values_change")
+                 "agree_go", "data_go", "shape", "shapes_of", "overlaps", "path", "values", "others", "resides")
 
     def __init__(self, op: Any, lib: LibComm, key: tuple | None, args: tuple, mine: list, looks: list, call: Call,
                  table: np.ndarray | None, rode: bool, slots: Slots | None, payload: np.ndarray | None) -> None:
@@ -97,9 +96,13 @@ class Compiled:
         # allocates its output and cannot fill a new one neither)
         listed = [a for v in args if type(v) is list or type(v) is tuple for a in v if type(a) is np.ndarray]
         self.repeats = touched(agree_steps + data_steps, call.result, listed) and (self.fillable or not allocs)
-        # (values given in an array or a list may be changed in place between calls: such a call is
-        # found by its values' contents, never by the very arguments)
-        self.values_change = any(type(args[i]) is np.ndarray or type(args[i]) is list for i in op._VALUES_AT)
+        # (values given in a container that may change in place between calls, an array or a list of
+        # counts: a repeat compares their contents, kept here)
+        self.values = [(i, contents(args[i])) for i in op._VALUES_AT if not _fixed(args[i])]
+        # (the other communicators its steps call on: work queued there runs first, as for a plan)
+        self.others = tuple(dict.fromkeys(s.comm for s in agree_steps + data_steps
+                                          if s.comm is not None and s.comm is not lib))
+        self.resides = op.RESIDES and slots is None    # (not agreed: a node buffer made later changes it)
         self.result = call.result
         self.args, self.mine, self.shapes = args, mine, looks
 
@@ -122,9 +125,15 @@ class Compiled:
     def repeat(self, args: tuple) -> Any:
         """Run again with the very arguments of the last call (MISS: not them)."""
         held = self.args
-        if self.values_change or len(args) != len(held) or not all(map(operator.is_, args, held)) or \
+        if len(args) != len(held) or not all(map(operator.is_, args, held)) or \
                 list(map(LOOK, self.mine)) != self.shapes:        # (reshaped, restrided, retyped, made read-only)
             return MISS
+        if self.values and any(contents(args[i]) != v for i, v in self.values):   # (counts changed in place)
+            return MISS
+        if self.resides and self.lib.buffers:         # (where each input lies is agreed now: described)
+            return MISS
+        if self.others and _comm.QUEUED:
+            self._drain()
         if self.allocs:                                # (a new output, every call)
             self._bind(self.mine + [np.empty(s, d) for s, d in self.allocs])
         if self.plain_run and not _trace.ON:           # (no agreement, nothing counted: its steps alone)
@@ -167,9 +176,17 @@ class Compiled:
         return arrays, looks
 
     # -- running ---------------------------------------------------------------------------------
+    def _drain(self) -> None:
+        """Run first what is queued on the other communicators its steps call on (as a plan's run)."""
+        for c in self.others:
+            if c.pending:
+                c.drain(None)
+
     def run(self) -> Any:
         """One call: its agreement (validated), its data, its result. The caller holds the
         communicator (``LibComm.busy``)."""
+        if self.others and _comm.QUEUED:
+            self._drain()
         if self.counting:
             calls = self.lib.calls
             calls[self.op.NAME] = calls.get(self.op.NAME, 0) + 1
@@ -199,6 +216,8 @@ class Compiled:
 
     def run_data(self) -> Any:
         """The data part of the call its compilation has just agreed."""
+        if self.others and _comm.QUEUED:
+            self._drain()
         for step in self.data_go:
             step()
         if _trace.ON:
@@ -230,6 +249,12 @@ class Compiled:
         c = Compiled(op, lib, key, self.args, mine, looks, call, table, rode, self.slots, payload)
         op._keep(c)
         return c.run_data()
+
+
+def _fixed(v: Any) -> bool:
+    """Whether a value argument cannot change in place (None, a number, a tuple of numbers)."""
+    return v is None or isinstance(v, (int, float, np.number)) or \
+        (type(v) is tuple and all(isinstance(x, (int, np.integer)) for x in v))
 
 
 def _record(op: Any, call: Call, table: np.ndarray | None, slots: Slots | None, payload: np.ndarray | None,

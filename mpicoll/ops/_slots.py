@@ -51,7 +51,7 @@ def layout(args: tuple, values: frozenset, slots: frozenset) -> tuple[tuple | No
             elif i in slots:
                 key.append(a is None)
             elif i in values:
-                key.append(_value(a))
+                key.append(contents(a))
             else:
                 key.append(_data(a, arrays, looks))
     except TypeError:
@@ -94,7 +94,7 @@ def _data(a: Any, arrays: list, looks: list) -> Any:
     raise TypeError(t)                         # (a list of numbers is data: its contents are read)
 
 
-def _value(a: Any) -> Any:
+def contents(a: Any) -> Any:
     """A value's contents, hashable and copied (a list or an array may change later)."""
     t = type(a)
     if t is np.ndarray:
@@ -104,7 +104,7 @@ def _value(a: Any) -> Any:
     if (t is list or t is tuple) and all(type(v) is int for v in a):
         return tuple(a)
     if t is list or t is tuple:
-        return tuple([_value(v) for v in a])
+        return tuple([contents(v) for v in a])
     v = np.asarray(a)                          # (a numpy scalar, a memoryview, ...)
     if v.dtype.hasobject:
         raise TypeError(t)
