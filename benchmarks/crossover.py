@@ -25,13 +25,13 @@ from __future__ import annotations
 
 import argparse
 import statistics
-import time
 
 import numpy as np
 from mpi4py import MPI
 
 import mpicoll
 from mpicoll._dtypes import DTYPES
+from mpicoll.bench import _time as block      # (the bench's timing: the slowest rank's mean a call)
 from mpicoll._thresholds import TABLE, VALUES, shown
 
 W = MPI.COMM_WORLD
@@ -70,15 +70,6 @@ def plan(name: str, op: str, dtype: str, nbytes: int, setting: int, comm: MPI.Co
         VALUES[name] = kept
 
 
-def block(fn, iters: int) -> float:
-    """The slowest rank's mean time per call over ``iters`` calls."""
-    W.Barrier()
-    t = time.perf_counter()
-    for _ in range(iters):
-        fn()
-    return W.allreduce((time.perf_counter() - t) / iters, op=MPI.MAX)
-
-
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--names", default=",".join(SWEPT), help="thresholds to sweep (comma-separated)")
@@ -110,11 +101,11 @@ def main() -> None:
             runs = {"above": plan(name, op, dtype, nbytes, 0, comm), "below": plan(name, op, dtype, nbytes, NEVER, comm)}
             for fn in runs.values():
                 fn()
-            iters = max(5, min(2000, int(0.02 / max(block(runs["below"], 3), 1e-7))))
+            iters = max(5, min(2000, int(0.02 / max(block(W, runs["below"], 3), 1e-7))))
             times: dict[str, list[float]] = {k: [] for k in runs}
             for rep in range(a.reps):
                 for k in (list(runs) if rep % 2 else list(runs)[::-1]):
-                    times[k].append(block(runs[k], iters))
+                    times[k].append(block(W, runs[k], iters))
             ratio = statistics.median(x / y for x, y in zip(times["above"], times["below"]))
             ratios.append(ratio)
             if W.rank == 0:

@@ -132,11 +132,11 @@ class Compiled:
             return MISS
         if self.resides and self.lib.buffers:         # (where each input lies is agreed now: described)
             return MISS
-        if self.others and _comm.QUEUED:
-            self._drain()
         if self.allocs:                                # (a new output, every call)
             self._bind(self.mine + [np.empty(s, d) for s, d in self.allocs])
         if self.plain_run and not _trace.ON:           # (no agreement, nothing counted: its steps alone)
+            if self.others and _comm.QUEUED:
+                self._drain()
             for step in self.data_go:
                 step()
             return self.result
