@@ -68,21 +68,20 @@ def _excepthook(kind, exc, tb) -> None:
     one traceback, not one per rank. Anything else goes to the previous hook; an uncaught
     KeyboardInterrupt (Ctrl-C) then aborts the job, under plain ``python`` too."""
     members = getattr(exc, "members", None)
-    if not issubclass(kind, (KeyboardInterrupt, SystemExit)):   # (the flight recorders, before mpi4py aborts)
-        (_trace.dump if members else _trace.dump_all)(f"uncaught {kind.__name__}")    # (agreed: each rank its own)
     me = _WORLD_RANK[0] if _WORLD_RANK else None
     if members and me in members and me != min(members):
         _traceback.write(f"world rank {me}: the same {kind.__module__}.{kind.__qualname__} as world rank "
                          f"{min(members)}, whose traceback is printed\n")
-        if _EXIT:
-            time.sleep(0.2)                  # (python -m mpi4py aborts next: let that rank print first)
-        return
-    if isinstance(exc, CollectiveError) and _previous_hook[0] is sys.__excepthook__:
+    elif isinstance(exc, CollectiveError) and _previous_hook[0] is sys.__excepthook__:
         # (mpicoll's frames out, MPICOLL_TRACEBACK_FILTERING; in one write: no other rank's line inside)
         _traceback.write(_traceback.render(kind, exc, tb, "MPICOLL_TRACEBACK_FILTERING",
                                            _env.value("MPICOLL_TRACEBACK_FILTERING")))
     else:
         _previous_hook[0](kind, exc, tb)
+    if not issubclass(kind, (KeyboardInterrupt, SystemExit)):   # (the flight recorders, after the error is out)
+        (_trace.dump if members else _trace.dump_all)(f"uncaught {kind.__name__}")    # (agreed: each rank its own)
+    if members and me in members and me != min(members) and _EXIT:
+        time.sleep(0.2)                      # (python -m mpi4py aborts next: let the lowest member print first)
     if issubclass(kind, KeyboardInterrupt) and not MPI.Is_finalized():
         sys.stderr.flush()
         MPI.COMM_WORLD.Abort(130)            # Ctrl-C stops the job: peers inside a collective never return
@@ -121,7 +120,10 @@ def _shutdown() -> None:
     After an unhandled exception or a non-zero exit (``python -m mpi4py`` then aborts the job) skip
     it: freeing is collective and would wait for ranks that are still inside some collective,
     turning a prompt abort into a hang."""
-    if MPI.Is_finalized() or failing_exit():
-        return
-    for comm in reversed(list(_OPEN)):
-        comm.close()
+    try:
+        if MPI.Is_finalized() or failing_exit():
+            return
+        for comm in reversed(list(_OPEN)):
+            comm.close()
+    finally:
+        _trace.deaf()                        # (a peer's late SIGUSR1 must not end this rank in MPI_Finalize)

@@ -50,8 +50,10 @@ def make(mpi: MPI.Comm, label: str, timeout: float | None = None, set_up: float 
         _exit.register(_comm.finalizing)     # (its excepthook prints an error every member raises once)
     error = _env.error(MPI.COMM_WORLD.Get_rank())
     # columns: this member's error flag, whether it runs a watchdog, then the settings alike everywhere
+    # (and, where it dumps on SIGUSR1, its process id and host: _trace.PEERS)
     mine = np.array([error is not None, timeout is not None or _watchdog.timeout_default() is not None,
-                     *(_env.value(name) for name in ALIKE_SETTINGS), os.getpid(), _HOST], dtype=np.int64)
+                     *(_env.value(name) for name in ALIKE_SETTINGS), os.getpid() if _trace.LISTENING else 0, _HOST],
+                    dtype=np.int64)
     set_up, own = _watchdog.set_up_limit(timeout, set_up)
     making = SetUp(mpi, own, lambda step: f"setting up {label}: timed out in {step}")
     try:
@@ -62,7 +64,7 @@ def make(mpi: MPI.Comm, label: str, timeout: float | None = None, set_up: float 
         mpi.Free()                           # (every member raises here: every member frees it)
         raise
     agreed = dict(zip(ALIKE_SETTINGS, table[0, 2:].tolist()))
-    _trace.PEERS.update(pid for pid, host in table[:, -2:].tolist() if host == _HOST and pid != os.getpid())
+    _trace.PEERS.update(pid for pid, host in table[:, -2:].tolist() if host == _HOST and pid not in (0, os.getpid()))
     for col, name in enumerate(ALIKE_SETTINGS, 2):
         values = table[:, col].tolist()
         if len(set(values)) > 1:

@@ -39,10 +39,10 @@ from . import _env
 
 #: a trace is being written (the one test a call makes; set by :func:`start`, cleared by :func:`stop`)
 ON = False
-#: the communicators' flight recorders, for a dump
 #: the process ids of the ranks on this host that share a communicator with this one (learnt as the
 #: communicators are made: :func:`mpicoll._making.make`), asked to dump with it (:func:`dump_all`)
 PEERS: set[int] = set()
+#: the communicators' flight recorders, for a dump
 RINGS: "weakref.WeakSet[Ring]" = weakref.WeakSet()
 _LOCK = threading.Lock()
 _WRITER: "_Writer | None" = None
@@ -160,12 +160,16 @@ def dumped_note(reason: str) -> str:
 
 
 _SIGNALLED: list = []
+#: this process dumps on ``SIGUSR1`` (:func:`on_signal` set it up; a peer asks only such a process:
+#: ``SIGUSR1``'s default action ends a process)
+LISTENING = False
 
 
 def on_signal() -> None:
     """Dump on ``SIGUSR1`` (once per process; from the main thread at the first communicator):
     Python runs a handler only between bytecodes of the main thread, so a thread woken by the
     signal (through ``signal.set_wakeup_fd``) dumps while the main thread waits inside MPI."""
+    global LISTENING
     if _SIGNALLED or threading.current_thread() is not threading.main_thread() or not hasattr(signal, "SIGUSR1"):
         return
     _SIGNALLED.append(True)
@@ -201,6 +205,16 @@ def on_signal() -> None:
                                      f"{path}\n")
                     sys.stderr.flush()
     threading.Thread(target=wait, name="mpicoll flight recorder", daemon=True).start()
+    LISTENING = True
+
+
+def deaf() -> None:
+    """At exit: ignore ``SIGUSR1`` from now on. Python restores its default action (end the
+    process) when it finalizes, before ``MPI_Finalize``, which waits for the peers: a peer's late
+    request to dump would end this rank, and its ``mpirun`` the whole job, before the failing rank
+    has printed its error."""
+    if LISTENING:
+        signal.signal(signal.SIGUSR1, signal.SIG_IGN)
 
 
 # ----------------------------------------------------------------------------- the trace

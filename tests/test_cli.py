@@ -185,6 +185,28 @@ def test_an_uncaught_error_under_plain_python_prints_only_the_error(tmp_path):
     assert len(lines) <= 20 + 3, res.stderr           # one traceback of a few frames, one line per other rank
 
 
+def test_an_error_on_one_rank_while_the_others_end_prints_it_and_exits_as_raw_mpi4py(tmp_path):
+    """``mpirun -np 2 python script.py``: rank 0 raises after a call while rank 1 ends cleanly. As
+    raw mpi4py, the job prints rank 0's traceback and exits 1 (rank 0 asks its peers to dump their
+    flight recorders with SIGUSR1: a rank already exiting ignores it; it used to end that rank by
+    the signal, and mpirun the job before rank 0 had printed its error)."""
+    script = tmp_path / "fails.py"
+    script.write_text(textwrap.dedent("""
+        import time
+        import numpy as np
+        from mpi4py import MPI
+        import mpicoll
+        mpicoll.AllReduceOperation().execute(np.ones(4, np.float32))
+        if MPI.COMM_WORLD.Get_rank() == 0:
+            time.sleep(0.5)
+            raise ValueError("only on rank 0")
+    """))
+    res = subprocess.run(mpirun(2, sys.executable, str(script)), capture_output=True, text=True, timeout=120,
+                         env=launch_env(MPICOLL_DUMP_DIR=str(tmp_path / "flight")))
+    assert res.returncode == 1, (res.returncode, res.stdout, res.stderr)
+    assert "ValueError: only on rank 0" in res.stderr and "signal" not in res.stdout + res.stderr, res.stderr
+
+
 def test_bench_help_and_usage_errors_print_once_per_job():
     """``bench --help`` and a bench usage error print once per job (world rank 0), as the top-level
     ``--help`` does; every rank exits alike (0 for --help, 2 for a usage error)."""
