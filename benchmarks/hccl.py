@@ -90,6 +90,8 @@ def main() -> None:
     ap.add_argument("--reps", type=int, default=15)
     ap.add_argument("--min-iters", type=int, default=10)
     args = ap.parse_args()
+    if args.reps < 2:
+        ap.error("--reps must be at least 2 (the ratios' quartiles)")
     stale = sorted(set(STATEMENTS) - set(KINDS))
     if stale:
         ap.error(f"STATEMENTS names {stale}: not task kinds of the Hccl client ({KINDS})")

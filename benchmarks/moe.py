@@ -75,6 +75,8 @@ def main() -> None:
     ap.add_argument("--steps", type=int, default=400, help="steps per timed block")
     ap.add_argument("--reps", type=int, default=11)
     args = ap.parse_args()
+    if args.reps < 2:
+        ap.error("--reps must be at least 2 (the ratios' quartiles)")
     world = MPI.COMM_WORLD
     comm = world.Dup()
     n, rank = comm.Get_size(), comm.Get_rank()

@@ -161,6 +161,8 @@ def main() -> None:
                     help="also time plan, off and on traced (events written to DIR): what tracing adds to a call")
     args = ap.parse_args()
     if args.reps < 2:
+        ap.error("--reps must be at least 2 (the ratios' quartiles)")
+    if args.reps < 2:
         ap.error("--reps must be >= 2 (the quartiles need two repetitions)")
     wanted = set(filter(None, args.ops.split(",")))
     missing = untimed()
