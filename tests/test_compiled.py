@@ -138,9 +138,9 @@ def _pool():
 
 @pytest.mark.mpi(min_size=1)
 def test_a_layout_checked_in_place_is_the_layouts_key():
-    """Compiled.of_layout (a call of its layout, checked without a key) accepts exactly the calls
-    whose layout key (``layout``) is its own, over every pair of argument tuples drawn from a pool
-    of arrays, views, overlapping blocks, dtypes, None and scalars."""
+    """``of_layout`` (a call of a compiled call's layout, checked without a key) accepts exactly the
+    calls whose layout key (``layout``) is its own, over every pair of argument tuples drawn from a
+    pool of arrays, views, overlapping blocks, dtypes, None and scalars."""
     import itertools
     from mpicoll.ops._slots import layout
     op = mpicoll.AllGatherOperation(validate=False)
@@ -152,13 +152,13 @@ def test_a_layout_checked_in_place_is_the_layouts_key():
         key, mine, looks = layout(args, frozenset(), frozenset())
         if key is None or not mine:
             continue
-        c = object.__new__(mpicoll.ops._compiled.Compiled)
-        c.shape, c.shapes_of = mpicoll.ops._slots.flat_shape(args, op), looks
-        c.overlaps = mpicoll.ops._slots.overlaps(mine) if any(m.base is not None for m in mine) else None
+        shape = mpicoll.ops._slots.flat_shape(args, op)
+        overlapping = mpicoll.ops._slots.overlaps(mine) if any(m.base is not None for m in mine) else None
         for second in tuples:
             other = tuple(pool[i] for i in second)
             k2 = layout(other, frozenset(), frozenset())[0]
-            assert (c.of_layout(other) is not None) == (k2 == key), (first, second)
+            found = mpicoll.ops._slots.of_layout(other, shape, looks, overlapping)
+            assert (found is not None) == (k2 == key), (first, second)
             checked += 1
     assert checked > 100
 
@@ -197,3 +197,72 @@ def test_values_changed_in_place_are_read_again(kind, validate):
     rs.execute(y, sc, sd, 2, out=block)
     j = n - 1 - RANK
     assert np.array_equal(block, np.arange(2 * j, 2 * j + 2, dtype=np.float32) * sum(range(1, n + 1))), block
+
+
+def _routing(step: int, n: int, big: bool = False) -> np.ndarray:
+    """``[i, j]``: how many elements rank i sends rank j at ``step`` (the same on every rank; new
+    every step, some uniform, some zero, ``big`` too large to ride an agreement)."""
+    rng = np.random.default_rng(SEED + step)
+    if step % 3 == 2:
+        return np.full((n, n), 3 if not big else 700, np.int64)
+    return rng.integers(0, 5 if not big else 900, (n, n))
+
+
+def _exchange(op, step: int, n: int, big: bool = False, out=None):
+    route = _routing(step, n, big)
+    sc, rc = route[RANK], route[:, RANK]
+    x = np.zeros(900 * n, np.float32)            # (of a fixed capacity, as a MoE layer's tokens)
+    blocks = np.concatenate([1000 * RANK + 100 * j + np.arange(c, dtype=np.float32) for j, c in enumerate(sc)])
+    x[:blocks.size] = blocks
+    sd, rd = np.concatenate([[0], np.cumsum(sc)[:-1]]), np.concatenate([[0], np.cumsum(rc)[:-1]])
+    got = op.execute(x, sc, sd, rc, rd, out=out)
+    want = np.concatenate([1000 * i + 100 * RANK + np.arange(c, dtype=np.float32) for i, c in enumerate(rc)])
+    return got, want, (x, sc, sd, rc, rd)
+
+
+@pytest.mark.mpi(min_size=1)
+@pytest.mark.parametrize("validate", [True, False], ids=["validated", "off"])
+def test_alltoallvv2_counts_are_the_slots_of_one_compiled_call(validate):
+    """AllToAllVV2 with new counts every call (a MoE layer's routing: uniform ones, zeros, blocks
+    too large to ride the agreement between small ones): every call against the golden, all of
+    them run by one compiled call (``Slotted``: its counts are slots, never a new layout)."""
+    n = SIZE
+    op = mpicoll.AllToAllVV2Operation(validate=validate)
+    for step in range(9):
+        got, want, _ = _exchange(op, step, n, big=step in (4, 5))
+        assert got.shape == (1, want.size) and np.array_equal(got.ravel(), want), (step, got, want)
+    slotted = op._last
+    assert type(slotted).__name__ == "Slotted"
+    route = _routing(9, n)
+    out = np.full((1, int(route[:, RANK].sum())), -1, np.float32)
+    got, want, _ = _exchange(op, 9, n, out=out)            # (a given output: the same compiled call)
+    assert got is out and np.array_equal(out.ravel(), want)
+    assert op._last is slotted
+
+
+@pytest.mark.mpi(min_size=1)
+def test_alltoallvv2_compiled_errors_are_raised_on_every_rank_and_the_next_call_runs():
+    """A compiled AllToAllVV2 (validated) whose counts break a rule: a count pair that does not
+    match (rank 0 expects one element more from the last rank) and a negative count on the last
+    rank only: every rank raises the same error, naming the parameter; the next valid call runs."""
+    n = SIZE
+    op = mpicoll.AllToAllVV2Operation(validate=True)
+    for step in range(3):
+        got, want, _ = _exchange(op, step, n)
+        assert np.array_equal(got.ravel(), want)
+    route = _routing(3, n)
+    sc, rc = route[RANK].copy(), route[:, RANK].copy()
+    if RANK == 0:
+        rc[n - 1] += 1
+    x = np.zeros(int(sc.sum()), np.float32)
+    sd, rd = np.concatenate([[0], np.cumsum(sc)[:-1]]), np.concatenate([[0], np.cumsum(rc)[:-1]])
+    with pytest.raises(mpicoll.CollectiveMismatchError, match=rf"recv_counts\[{n - 1}\]"):
+        op.execute(x, sc, sd, rc, rd)
+    sc = route[RANK].copy()
+    if RANK == n - 1:
+        sc[0] = -1
+    with pytest.raises(mpicoll.CollectiveArgumentError, match=rf"send_counts\[0\]=-1 on rank {n - 1}"):
+        op.execute(x, sc, sd, route[:, RANK], rd)
+    got, want, _ = _exchange(op, 4, n)
+    assert np.array_equal(got.ravel(), want)
+    assert type(op._last).__name__ == "Slotted"

@@ -264,7 +264,9 @@ class Operation:
         """THE pipeline of a call (see the module docstring): lookup -> describe -> must it agree?
         -> agree -> ``mode.take``."""
         key = arrays = None
-        if mode.compiles and failed is None and not self._SLOTS_AT and not self.RULES_ON_DATA:
+        if mode.compiles and failed is None and self._SLOTS_AT and not self.RULES_ON_DATA:
+            arrays = ()                                 # (its values are slots: compiled whatever its arrays)
+        elif mode.compiles and failed is None and not self.RULES_ON_DATA:
             key, mine, looks = layout(args, self._VALUES_AT, self._SLOTS_AT)
             found = None if key is None else self._compiled.get(key)
             if found is not None and found.fill(args, mine, looks):

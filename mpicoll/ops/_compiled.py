@@ -5,8 +5,10 @@ A call's *layout* (:func:`._slots.layout`) is what does not change from one call
 array's dtype, shape, strides and flags (not its identity, not its contents), which arguments are
 the same array, and the values that describe the call (counts, split sizes: ``Operation.VALUES``) by
 their contents; the operation (its params, communicator, validation) is the one that keeps it. An
-operator whose values change with every call (``Operation.SLOTS``: AllToAllVV2's counts) keeps them
-out of the layout and is never compiled: its calls are described every time.
+operator whose values change with every call (``Operation.SLOTS``: AllToAllVV2's counts, a MoE
+layer's routing) has one compiled call, whatever its arrays (:class:`Slotted`): its values are the
+slots, each call described (the operator's local rules on its values; its output sized by them)
+and its varying fields written into the header row it keeps.
 
 The first call of a layout is described, agreed (validation on, or the operation's first call) and
 its steps recorded (``issue``, or ``land`` where its data rode the agreement): its compilation
@@ -35,17 +37,19 @@ from .. import _comm, _trace
 from .. import _validate as V
 from .._comm import LibComm
 from .._agreement import settle
-from .._call import Call
+from .._call import Call, epilogue, prologue
 from .._go import Recorder, Step
 from ._agree import Slots
 from ._observe import stamp
-from ._slots import LOOK, Steps, Unfillable, allocated, contents, filled, flat_shape, layout, overlaps, slotted, touched
+from ._slots import (LOOK, Steps, Unfillable, allocated, contents, filled, flat_shape, layout, of_layout, overlaps,
+                     slotted, touched)
 
 #: layouts an operation keeps compiled (the least recently compiled goes first)
 COMPILED = 8
 #: what ``repeat`` returns when the call is not the last one
 MISS = object()
 _AGREEMENT = "its header agreement (an internal MPI Allgather)"
+_ERROR_STEP = "the exchange of an error (internal MPI Allgather/Allgatherv)"
 # ----------------------------------------------------------------------------- the compiled call
 
 class Compiled:
@@ -144,36 +148,10 @@ class Compiled:
 
     def similar(self, args: tuple) -> Any:
         """Run with other arrays of its layout (MISS: not of it)."""
-        found = self.of_layout(args)
+        found = of_layout(args, self.shape, self.shapes_of, self.overlaps)
         if found is None or not self.fill(args, *found):
             return MISS
         return self.run()
-
-    def of_layout(self, args: tuple) -> tuple[list, list] | None:
-        """``(arrays, looks)`` of a call of its layout (None: not of it), for a call whose arguments
-        are arrays, None and scalars only (``shape``, found when it compiled): what :func:`layout`
-        finds of them, checked in place, without building a key."""
-        shape = self.shape
-        if shape is None or len(args) != len(shape):
-            return None
-        arrays: list = []
-        for a, want in zip(args, shape):
-            if want is None:                           # (a new array)
-                if type(a) is not np.ndarray:
-                    return None
-                for b in arrays:
-                    if a is b:
-                        return None
-                arrays.append(a)
-            elif type(want) is int:                    # (the same array as an earlier argument)
-                if a is not arrays[want]:
-                    return None
-            elif type(a) is not want[0] or a != want[1]:   # (None or a scalar, as it was)
-                return None
-        looks = list(map(LOOK, arrays))
-        if looks != self.shapes_of or (self.overlaps is not None and overlaps(arrays) != self.overlaps):
-            return None
-        return arrays, looks
 
     # -- running ---------------------------------------------------------------------------------
     def _drain(self) -> None:
@@ -225,14 +203,7 @@ class Compiled:
         return self.result
 
     def _seen(self, heads: np.ndarray) -> bytes:
-        """The gathered headers as compared: without the arrival times (a trace's), and without the
-        sequence numbers, where they are kept (those are compared among themselves)."""
-        h = heads.copy()
-        h[:, V.H_TIME] = 0
-        if not self.plain:
-            seqs = h[:, V.H_SEQ].tolist()
-            h[:, V.H_SEQ] = 0 if seqs.count(seqs[0]) == len(seqs) else -1
-        return h.tobytes()
+        return seen(heads, self.plain)
 
     def differs(self) -> Any:
         """The gathered headers are not those of the compilation: a peer's local error (raised on
@@ -240,7 +211,7 @@ class Compiled:
         agree: this call then runs from the new table, and is compiled again with it."""
         op, lib, table = self.op, self.lib, self.slots.table
         if any(table[:, V.H_FLAG].tolist()):
-            settle(lib, None, op.timeout, (op.NAME, None, "the exchange of an error (internal MPI Allgather/Allgatherv)"))
+            settle(lib, None, op.timeout, (op.NAME, None, _ERROR_STEP))
         V.check_agreed(lib, op.NAME, table, op.PAIR_NAMES)
         key, mine, looks = layout(self.args, op._VALUES_AT, op._SLOTS_AT)
         call = op.describe(*self.args)          # (it described the same layout before: no local error)
@@ -249,6 +220,115 @@ class Compiled:
         c = Compiled(op, lib, key, self.args, mine, looks, call, table, rode, self.slots, payload)
         op._keep(c)
         return c.run_data()
+
+
+def seen(heads: np.ndarray, plain: bool) -> bytes:
+    """Gathered headers as a compiled call compares them: without the arrival times (a trace's), and
+    without the sequence numbers, where they are kept (those are compared among themselves)."""
+    h = heads.copy()
+    if h.shape[1] > V.H_TIME:
+        h[:, V.H_TIME] = 0
+    if not plain:
+        seqs = h[:, V.H_SEQ].tolist()
+        h[:, V.H_SEQ] = 0 if seqs.count(seqs[0]) == len(seqs) else -1
+    return h.tobytes()
+
+
+class Slotted:
+    """The compiled call of an operator whose values change with every call (``Operation.SLOTS``:
+    AllToAllVV2's counts, ``all_to_all_single``'s split sizes): one an operation, whatever its
+    arrays. Each call is described (the operator's local rules on its values, its output sized by
+    them); validated, the fields of the header row it keeps that change (sequence, layout bit,
+    counts, payload) are written, one ``Allgather``, the gathered headers compared with those of
+    its compilation but for the counts, which must pair (:func:`~mpicoll._validate.pairs_hold`); any
+    difference goes to the named-error path. Its data then moves at once from the described call
+    (:func:`run_now`: its landing where every rank's payload rode, else its ``issue``: the agreed
+    table picks ``Alltoall`` for uniform counts). A call whose dtype or shape is not its
+    compilation's is compiled again (the fields its header holds).
+
+    Attributes:
+        op, lib: as :class:`Compiled`'s; args: the arguments of the call it runs.
+    """
+
+    __slots__ = ("op", "lib", "args", "slots", "plain", "counting", "dt", "shape", "expected", "exchange")
+
+    def __init__(self, op: Any, lib: LibComm, call: Call, slots: Slots | None) -> None:
+        self.op, self.lib, self.slots, self.args = op, lib, slots, ()
+        self.plain, self.counting = lib.plain, op._counted(lib)
+        self.dt, self.shape = call.dt, call.shape
+        self.expected = self.exchange = None
+        if slots is not None:
+            self.expected = slots.table[:, :V.H_INFO].tobytes() if self.plain else seen(slots.table[:, :V.H_INFO], False)
+            self.exchange = lib.bind("Allgather", ([slots.send, MPI.INT64_T], [slots.table, MPI.INT64_T]),
+                                     op.timeout, (op.NAME, None, _AGREEMENT))
+
+    def repeat(self, args: tuple) -> Any:
+        self.args = args
+        return self.run()
+
+    def similar(self, args: tuple) -> Any:
+        return MISS                      # (``repeat`` ran it, or found it is not its call)
+
+    def run(self) -> Any:
+        """One call (the caller holds the communicator); MISS: its describe failed here (the
+        pipeline describes it again, and agrees the error), or it is of another dtype or shape."""
+        op, lib = self.op, self.lib
+        try:
+            call = op.describe(*self.args)
+        except Exception:  # noqa: BLE001 - raised through the pipeline's agreement
+            return MISS
+        slots = self.slots
+        if slots is not None and (call.dt is not self.dt or call.shape != self.shape):
+            return MISS
+        if self.counting:
+            calls = lib.calls
+            calls[op.NAME] = calls.get(op.NAME, 0) + 1
+        if slots is None:
+            return run_now(op, call, None, False, None)
+        send = slots.send
+        if not self.plain:
+            send[V.H_SEQ] = lib.seq                    # (as a described call's header)
+        send[V.H_INFO] = call.info
+        send[V.H_LEN:slots.header] = call.send + call.recv
+        payload = op._payload(call)
+        if payload is None:
+            send[V.H_RIDE] = -1
+        else:
+            if call.src is not None or call.before:
+                prologue(call)                         # (its payload is read now, into the agreement)
+            slots.offer(payload)
+        if _trace.ON:
+            stamp(send)
+        self.exchange()
+        send[V.H_TIME] = 0
+        table = slots.table
+        if _trace.ON:
+            _trace.NOTE.table = table
+        heads = table[:, :V.H_INFO]
+        if (heads.tobytes() if self.plain else seen(heads, False)) != self.expected or not V.pairs_hold(table):
+            if any(table[:, V.H_FLAG].tolist()):
+                settle(lib, None, op.timeout, (op.NAME, None, _ERROR_STEP))
+            V.check_agreed(lib, op, table)             # (raises on every rank: the same table)
+        return run_now(op, call, table, payload is not None and min(slots.rides.tolist()) >= 0, payload)
+
+
+def run_now(op: Any, call: Call, table: np.ndarray | None, rode: bool, payload: np.ndarray | None) -> Any:
+    """A described (and, ``table``, agreed) call's data, moved at once by the operation's Runner:
+    its landing where it ``rode`` its agreement, else its ``issue`` (its local work before it, unless
+    its ``payload`` was read already), then its local work after."""
+    runner = op._runner
+    runner.taken = None
+    if rode:
+        op.land(call, Slots.rows_of(op._lib, table, call), table, runner)
+    else:
+        if payload is None and (call.src is not None or call.before):
+            prologue(call)
+        op.issue(call, table, runner)
+    if call.after:
+        epilogue(call)
+    if _trace.ON:
+        _trace.NOTE.path = "riding" if rode else runner.taken or "mpi"
+    return call.result
 
 
 def _fixed(v: Any) -> bool:

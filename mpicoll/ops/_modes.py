@@ -12,11 +12,11 @@ from typing import Any
 import numpy as np
 
 from .. import _trace
-from .._call import Call, epilogue, prologue
+from .._call import Call
 from .._go import Recorder
 from .._plan import Plan
 from ._agree import Slots
-from ._compiled import Compiled
+from ._compiled import Compiled, Slotted, run_now
 
 
 class Mode:
@@ -38,7 +38,9 @@ class _Run(Mode):
     operation's Runner."""
 
     def take(self, op, call, table, rode, slots, payload, key, args, arrays):
-        if arrays is not None:
+        if arrays == ():                                # (its values are slots: one compiled call)
+            op._last = Slotted(op, op._lib, call, slots if op._checks(op._lib) else None)
+        elif arrays is not None:
             agrees = op._checks(op._lib)                # (its later calls: their agreement is a step of it)
             c = Compiled(op, op._lib, key, args, *arrays, call, table, rode and agrees, slots if agrees else None,
                          payload if agrees else None)
@@ -48,19 +50,7 @@ class _Run(Mode):
                     return c.run_data()
             # (not kept: described every time; or its later calls make the MPI calls its issue
             # records, and this one rode its first agreement: landed here)
-        runner = op._runner
-        runner.taken = None
-        if rode:
-            op.land(call, Slots.rows_of(op._lib, table, call), table, runner)
-        else:
-            if payload is None and (call.src is not None or call.before):
-                prologue(call)
-            op.issue(call, table, runner)
-        if call.after:
-            epilogue(call)
-        if _trace.ON:
-            _trace.NOTE.path = "riding" if rode else runner.taken or "mpi"
-        return call.result
+        return run_now(op, call, table, rode, payload)
 
 
 class _Async(Mode):

@@ -296,8 +296,8 @@ class Steps:
 
 
 def flat_shape(args: tuple, op: Any) -> list | None:
-    """What :meth:`Compiled.similar` checks of each argument of a call whose arguments are arrays,
-    None and scalars only (None: another call): None, a new array; an int, the same array as that
+    """What :func:`of_layout` checks of each argument of a call whose arguments are arrays, None
+    and scalars only (None: another call): None, a new array; an int, the same array as that
     earlier one; ``(type, value)``, None or a scalar as it was."""
     if op._VALUES_AT:
         return None
@@ -314,6 +314,34 @@ def flat_shape(args: tuple, op: Any) -> list | None:
         else:
             return None
     return shape
+
+
+def of_layout(args: tuple, shape: list | None, looks_of: list, overlapping: list | None
+              ) -> tuple[list, list] | None:
+    """``(arrays, looks)`` of a call of a compiled call's layout (None: not of it), for a call whose
+    arguments :func:`flat_shape` could tell apart (``shape``; ``looks_of``, its arrays' looks;
+    ``overlapping``, where they overlap, or None): what :func:`layout` finds of them, checked in
+    place, without building a key."""
+    if shape is None or len(args) != len(shape):
+        return None
+    arrays: list = []
+    for a, want in zip(args, shape):
+        if want is None:                           # (a new array)
+            if type(a) is not np.ndarray:
+                return None
+            for b in arrays:
+                if a is b:
+                    return None
+            arrays.append(a)
+        elif type(want) is int:                    # (the same array as an earlier argument)
+            if a is not arrays[want]:
+                return None
+        elif type(a) is not want[0] or a != want[1]:   # (None or a scalar, as it was)
+            return None
+    looks = list(map(LOOK, arrays))
+    if looks != looks_of or (overlapping is not None and overlaps(arrays) != overlapping):
+        return None
+    return arrays, looks
 
 
 def allocated(result: Any, mine: list) -> list[np.ndarray]:
