@@ -115,7 +115,7 @@ def dump(reason: str) -> str | None:
     path = os.path.join(where, f"flight.{rank}.json")
     try:
         os.makedirs(where, exist_ok=True)
-        tmp = f"{path}.{os.getpid()}.tmp"
+        tmp = f"{path}.{os.getpid()}.{threading.get_ident()}.tmp"   # (a signal's thread may dump meanwhile)
         with open(tmp, "w", encoding="utf-8") as f:
             json.dump(body, f)
         os.replace(tmp, path)

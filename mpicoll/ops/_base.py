@@ -104,8 +104,9 @@ class Operation:
     #: declaration, checked against its ``execute`` signature at import.
     VALUES: ClassVar[tuple[str, ...]] = ()
     #: the value arguments among ``VALUES`` that change with (almost) every call (AllToAllVV2's
-    #: counts, a MoE layer's routing): slots of the call, described with every call, never part
-    #: of a compiled layout (such a call runs with the operation's Runner)
+    #: counts, a MoE layer's routing): the slots of the operation's one compiled call
+    #: (:class:`~._compiled.Slotted`), which describes every call, never part of a layout (not for
+    #: an operator whose issue reads where inputs lie: ``RESIDES``)
     SLOTS: ClassVar[tuple[str, ...]] = ()
     #: ``describe`` has a rule on the contents of a data argument (finite scales): its calls are
     #: described every time, never compiled (a compiled call is not described again)
@@ -264,9 +265,11 @@ class Operation:
         """THE pipeline of a call (see the module docstring): lookup -> describe -> must it agree?
         -> agree -> ``mode.take``."""
         key = arrays = None
-        if mode.compiles and failed is None and self._SLOTS_AT and not self.RULES_ON_DATA:
-            arrays = ()                                 # (its values are slots: compiled whatever its arrays)
-        elif mode.compiles and failed is None and not self.RULES_ON_DATA:
+        compiles = mode.compiles and failed is None and not self.RULES_ON_DATA
+        if compiles and self._SLOTS_AT:
+            if not self.RESIDES:
+                arrays = ()                             # (its values are slots: compiled whatever its arrays)
+        elif compiles:
             key, mine, looks = layout(args, self._VALUES_AT, self._SLOTS_AT)
             found = None if key is None else self._compiled.get(key)
             if found is not None and found.fill(args, mine, looks):

@@ -258,7 +258,7 @@ class Slotted:
         self.dt, self.shape = call.dt, call.shape
         self.expected = self.exchange = None
         if slots is not None:
-            self.expected = slots.table[:, :V.H_INFO].tobytes() if self.plain else seen(slots.table[:, :V.H_INFO], False)
+            self.expected = seen(slots.table[:, :V.H_INFO], self.plain)
             self.exchange = lib.bind("Allgather", ([slots.send, MPI.INT64_T], [slots.table, MPI.INT64_T]),
                                      op.timeout, (op.NAME, None, _AGREEMENT))
 
