@@ -194,7 +194,10 @@ def run(cls: type, group: Any, args: tuple, async_op: bool, outputs: Any, root: 
     if reduce is NO_OP:
         reduce = None
     else:
-        name = _reduce_name(reduce)
+        try:
+            name = _REDUCE_NAMES[reduce]           # (an op seen before: the common case, inline)
+        except (KeyError, TypeError):
+            name = _reduce_name(reduce)
         if name is None:
             refused = ("op", getattr(reduce, "name", reduce), REDUCE_RULE)
         reduce = name or "sum"

@@ -67,12 +67,11 @@ _DEFAULTS: dict[type, Any] = {}
 _profiling = torch._C._autograd._profiler_enabled
 _NOTHING = contextlib.nullcontext()
 
-def _opts(kind: type, opts: Any) -> Any:
-    """``opts``, or torch's default ``kind`` options."""
+def _opts(kind: type) -> Any:
+    """torch's default ``kind`` options (for a call made without options: ``opts or _opts(kind)``)."""
+    opts = _DEFAULTS.get(kind)
     if opts is None:
-        opts = _DEFAULTS.get(kind)
-        if opts is None:
-            opts = _DEFAULTS[kind] = kind()
+        opts = _DEFAULTS[kind] = kind()
     return opts
 
 
@@ -143,20 +142,15 @@ class ProcessGroupMpicoll(dist.ProcessGroup):
 
     # --------------------------------------------------------------- collectives
     def _run(self, cls: type, opts: Any, result: Any, build: Callable[[str, int], tuple], root: str | None = None,
-             op: Any = None) -> Work:
-        """:meth:`_post`, inside a ``torch.profiler`` event named as gloo's (``mpicoll:all_reduce``)
-        while the profiler records."""
-        if _profiling():
-            with record_function(f"mpicoll:{cls.NAME}"):
-                return self._post(cls, opts, result, build, root, op)
-        return self._post(cls, opts, result, build, root, op)
-
-    def _post(self, cls: type, opts: Any, result: Any, build: Callable[[str, int], tuple], root: str | None,
-              op: Any) -> Work:
+             op: Any = None, event: bool = True) -> Work:
         """One call of the functional operation ``cls`` on this group: ``build(call, rank)`` maps
         torch's tensors to its arguments (one it cannot map is the call's error, agreed: raised on
         every rank of the group); ``root``: the name of ``opts.rootRank`` (src or dst); ``op``: the
-        reduce op (``opts.reduceOp.op``). On the worker unless torch waits for it at once."""
+        reduce op (``opts.reduceOp.op``). On the worker unless torch waits for it at once. While
+        ``torch.profiler`` records, inside an event named as gloo's (``mpicoll:all_reduce``)."""
+        if event and _profiling():
+            with record_function(f"mpicoll:{cls.NAME}"):
+                return self._run(cls, opts, result, build, root, op, False)
         call, r = cls.NAME, self._rank
         try:
             args, failed = build(call, r), None
@@ -167,7 +161,7 @@ class ProcessGroupMpicoll(dist.ProcessGroup):
         return Work(() if work is None else (work._handle,), result, call)
 
     def allreduce(self, tensors, opts=None):
-        opts = _opts(dist.AllreduceOptions, opts)
+        opts = opts or _opts(dist.AllreduceOptions)
         op = opts.reduceOp.op
         if len(tensors) == 1 and tensors[0].is_sparse:
             return self._sparse_allreduce(tensors[0], op)
@@ -198,44 +192,44 @@ class ProcessGroupMpicoll(dist.ProcessGroup):
         return Work((), [t], call)
 
     def broadcast(self, tensors, opts=None):
-        return self._run(A.Broadcast, _opts(dist.BroadcastOptions, opts), tensors,
+        return self._run(A.Broadcast, opts or _opts(dist.BroadcastOptions), tensors,
                          lambda c, r: (array(one(tensors, c, r), c, r),), "src")
 
     def reduce(self, tensors, opts=None):
-        opts = _opts(dist.ReduceOptions, opts)
+        opts = opts or _opts(dist.ReduceOptions)
         op = opts.reduceOp.op
         return self._run(A.Reduce, opts, tensors, lambda c, r: (array(one(tensors, c, r), c, r, op=op),), "dst", op)
 
     def allgather(self, output_tensors, input_tensors, opts=None):
-        return self._run(A.AllGatherList, _opts(AllgatherOptions, opts), output_tensors, lambda c, r: (
+        return self._run(A.AllGatherList, opts or _opts(AllgatherOptions), output_tensors, lambda c, r: (
             arrays(one(output_tensors, c, r), c, r), array(one(input_tensors, c, r), c, r)))
 
     def _allgather_base(self, output, input, opts=None):  # noqa: A002 - torch's names
-        return self._run(A.AllGatherIntoTensor, _opts(AllgatherOptions, opts), [output],
+        return self._run(A.AllGatherIntoTensor, opts or _opts(AllgatherOptions), [output],
                          lambda c, r: (array(output, c, r), array(input, c, r)))
 
     all_gather_single = _allgather_base
 
     def gather(self, output_tensors, input_tensors, opts=None):
-        opts = _opts(dist.GatherOptions, opts)
+        opts = opts or _opts(dist.GatherOptions)
         return self._run(A.Gather, opts, output_tensors, lambda c, r: (
             array(one(input_tensors, c, r), c, r),
             arrays(one(output_tensors, c, r), c, r) if r == opts.rootRank else None), "dst")
 
     def scatter(self, output_tensors, input_tensors, opts=None):
-        opts = _opts(dist.ScatterOptions, opts)
+        opts = opts or _opts(dist.ScatterOptions)
         return self._run(A.Scatter, opts, output_tensors, lambda c, r: (
             array(one(output_tensors, c, r), c, r),
             arrays(one(input_tensors, c, r), c, r) if r == opts.rootRank else None), "src")
 
     def reduce_scatter(self, output_tensors, input_tensors, opts=None):
-        opts = _opts(dist.ReduceScatterOptions, opts)
+        opts = opts or _opts(dist.ReduceScatterOptions)
         op = opts.reduceOp.op
         return self._run(A.ReduceScatterList, opts, output_tensors, lambda c, r: (
             array(one(output_tensors, c, r), c, r, op=op), arrays(one(input_tensors, c, r), c, r)), op=op)
 
     def _reduce_scatter_base(self, output, input, opts=None):  # noqa: A002
-        opts = _opts(dist.ReduceScatterOptions, opts)
+        opts = opts or _opts(dist.ReduceScatterOptions)
         op = opts.reduceOp.op
         return self._run(A.ReduceScatterTensor, opts, [output],
                          lambda c, r: (array(output, c, r, op=op), array(input, c, r, op=op)), op=op)
@@ -243,18 +237,18 @@ class ProcessGroupMpicoll(dist.ProcessGroup):
     reduce_scatter_single = _reduce_scatter_base
 
     def alltoall(self, output_tensors, input_tensors, opts=None):
-        return self._run(A.AllToAllList, _opts(dist.AllToAllOptions, opts), output_tensors,
+        return self._run(A.AllToAllList, opts or _opts(dist.AllToAllOptions), output_tensors,
                          lambda c, r: (arrays(output_tensors, c, r), arrays(input_tensors, c, r)))
 
     def alltoall_base(self, output, input, output_split_sizes, input_split_sizes, opts=None):  # noqa: A002
-        return self._run(A.AllToAllSingle, _opts(dist.AllToAllOptions, opts), [output], lambda c, r: (
+        return self._run(A.AllToAllSingle, opts or _opts(dist.AllToAllOptions), [output], lambda c, r: (
             array(output, c, r), array(input, c, r), list(output_split_sizes) or None,
             list(input_split_sizes) or None))
 
     all_to_all_single = alltoall_base
 
     def barrier(self, opts=None):
-        return self._run(A.Barrier, _opts(dist.BarrierOptions, opts), [], lambda c, r: ())
+        return self._run(A.Barrier, opts or _opts(dist.BarrierOptions), [], lambda c, r: ())
 
     # torch's coalescing manager hands over the calls it gathered: they run one after the other (on
     # the worker, in order, when torch does not wait at once), one Work for all
@@ -263,7 +257,7 @@ class ProcessGroupMpicoll(dist.ProcessGroup):
         return Work(tuple(h for w in works for h in w._handles), result, "coalesced")
 
     def allreduce_coalesced(self, tensors, opts=None):
-        opts = _opts(dist.AllreduceCoalescedOptions, opts)
+        opts = opts or _opts(dist.AllreduceCoalescedOptions)
         return self._each(self.allreduce, [([t],) for t in tensors], opts, tensors)
 
     def allgather_coalesced(self, output_lists, input_list, opts=None):
