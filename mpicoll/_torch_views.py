@@ -60,11 +60,14 @@ def _typestr(dtype: torch.dtype) -> tuple[str, Any]:
     return found
 
 
-def array(t: torch.Tensor, call: str, rank: int, strided: bool = False, op: Any = None) -> np.ndarray:
-    """A numpy view of the CPU tensor ``t`` (shares its memory; bfloat16 via int16, complex via its
-    real view). ``strided``: a strided tensor is fine (an element of a list, which mpicoll copies to
-    or from); ``op``: the call's reduce op (torch's ``RedOpType``), if it reduces. Every tensor it
-    cannot view is a ``CollectiveArgumentError`` (agreed by the call, as any)."""
+def array(t: torch.Tensor | list, call: str, rank: int, strided: bool = False, op: Any = None) -> np.ndarray:
+    """A numpy view of the CPU tensor ``t``, or of the one tensor of torch's list ``t`` (:func:`one`)
+    (shares its memory; bfloat16 via int16, complex via its real view). ``strided``: a strided tensor
+    is fine (an element of a list, which mpicoll copies to or from); ``op``: the call's reduce op
+    (torch's ``RedOpType``), if it reduces. Every tensor it cannot view is a
+    ``CollectiveArgumentError`` (agreed by the call, as any)."""
+    if type(t) is list or type(t) is tuple:
+        t = t[0] if len(t) == 1 else one(t, call, rank)
     if type(t) is not torch.Tensor and is_traceable_wrapper_subclass(t):
         t = unwrapped(t, call, rank)
     if not t.is_cpu:

@@ -165,7 +165,7 @@ class ProcessGroupMpicoll(dist.ProcessGroup):
         op = opts.reduceOp.op
         if len(tensors) == 1 and tensors[0].is_sparse:
             return self._sparse_allreduce(tensors[0], op)
-        return self._run(A.AllReduce, opts, tensors, lambda c, r: (array(one(tensors, c, r), c, r, op=op),), op=op)
+        return self._run(A.AllReduce, opts, tensors, lambda c, r: (array(tensors, c, r, op=op),), op=op)
 
     def _sparse_allreduce(self, t: torch.Tensor, op: Any) -> Any:
         """A sparse COO tensor's SUM, as gloo makes it: every rank's indices and values gathered
@@ -193,16 +193,16 @@ class ProcessGroupMpicoll(dist.ProcessGroup):
 
     def broadcast(self, tensors, opts=None):
         return self._run(A.Broadcast, opts or _opts(dist.BroadcastOptions), tensors,
-                         lambda c, r: (array(one(tensors, c, r), c, r),), "src")
+                         lambda c, r: (array(tensors, c, r),), "src")
 
     def reduce(self, tensors, opts=None):
         opts = opts or _opts(dist.ReduceOptions)
         op = opts.reduceOp.op
-        return self._run(A.Reduce, opts, tensors, lambda c, r: (array(one(tensors, c, r), c, r, op=op),), "dst", op)
+        return self._run(A.Reduce, opts, tensors, lambda c, r: (array(tensors, c, r, op=op),), "dst", op)
 
     def allgather(self, output_tensors, input_tensors, opts=None):
         return self._run(A.AllGatherList, opts or _opts(AllgatherOptions), output_tensors, lambda c, r: (
-            arrays(one(output_tensors, c, r), c, r), array(one(input_tensors, c, r), c, r)))
+            arrays(one(output_tensors, c, r), c, r), array(input_tensors, c, r)))
 
     def _allgather_base(self, output, input, opts=None):  # noqa: A002 - torch's names
         return self._run(A.AllGatherIntoTensor, opts or _opts(AllgatherOptions), [output],
@@ -213,20 +213,20 @@ class ProcessGroupMpicoll(dist.ProcessGroup):
     def gather(self, output_tensors, input_tensors, opts=None):
         opts = opts or _opts(dist.GatherOptions)
         return self._run(A.Gather, opts, output_tensors, lambda c, r: (
-            array(one(input_tensors, c, r), c, r),
+            array(input_tensors, c, r),
             arrays(one(output_tensors, c, r), c, r) if r == opts.rootRank else None), "dst")
 
     def scatter(self, output_tensors, input_tensors, opts=None):
         opts = opts or _opts(dist.ScatterOptions)
         return self._run(A.Scatter, opts, output_tensors, lambda c, r: (
-            array(one(output_tensors, c, r), c, r),
+            array(output_tensors, c, r),
             arrays(one(input_tensors, c, r), c, r) if r == opts.rootRank else None), "src")
 
     def reduce_scatter(self, output_tensors, input_tensors, opts=None):
         opts = opts or _opts(dist.ReduceScatterOptions)
         op = opts.reduceOp.op
         return self._run(A.ReduceScatterList, opts, output_tensors, lambda c, r: (
-            array(one(output_tensors, c, r), c, r, op=op), arrays(one(input_tensors, c, r), c, r)), op=op)
+            array(output_tensors, c, r, op=op), arrays(one(input_tensors, c, r), c, r)), op=op)
 
     def _reduce_scatter_base(self, output, input, opts=None):  # noqa: A002
         opts = opts or _opts(dist.ReduceScatterOptions)
@@ -294,7 +294,7 @@ class ProcessGroupMpicoll(dist.ProcessGroup):
                             "monitored_barrier's)")
         sends = call == "send"
         with record_function(f"mpicoll:{call}") if _profiling() else _NOTHING:
-            message = post("isend" if sends else "irecv", array(one(tensors, call, r), call, r), None, peer,
+            message = post("isend" if sends else "irecv", array(tensors, call, r), None, peer,
                            self._group, tag, "dst" if sends else "src")
         return Work((message,), tensors, call)
 
