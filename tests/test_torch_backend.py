@@ -34,6 +34,15 @@ def test_torch_group_names_and_opts_less_calls():
     pg.broadcast([t]).wait()                               # root 0
     assert t.tolist() == [0.0, 0.0]
     pg.barrier().wait()
+    ts = [torch.ones(2), torch.ones(2)]
+    if RANK == SIZE - 1:                                   # (two tensors on the last rank only: raised everywhere)
+        with pytest.raises(mpicoll.CollectiveArgumentError, match=rf"tensors='2 tensors' on rank {SIZE - 1}: .*one tensor per call"):
+            pg.allreduce(ts).wait()
+    else:
+        with pytest.raises(mpicoll.CollectiveArgumentError, match=rf"rank {SIZE - 1}"):
+            pg.allreduce(ts[:1]).wait()
+    pg.allreduce((t,)).wait()                              # (a tuple of one tensor, from Python)
+    assert t.tolist() == [0.0, 0.0]
 
 
 @pytest.mark.mpi(min_size=2)
