@@ -36,7 +36,8 @@ def test_torch_group_names_and_opts_less_calls():
     pg.barrier().wait()
     ts = [torch.ones(2), torch.ones(2)]
     if RANK == SIZE - 1:                                   # (two tensors on the last rank only: raised everywhere)
-        with pytest.raises(mpicoll.CollectiveArgumentError, match=rf"tensors='2 tensors' on rank {SIZE - 1}: .*one tensor per call"):
+        said = rf"tensors='2 tensors' on rank {SIZE - 1}: .*one tensor per call"
+        with pytest.raises(mpicoll.CollectiveArgumentError, match=said):
             pg.allreduce(ts).wait()
     else:
         with pytest.raises(mpicoll.CollectiveArgumentError, match=rf"rank {SIZE - 1}"):
