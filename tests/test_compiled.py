@@ -266,3 +266,23 @@ def test_alltoallvv2_compiled_errors_are_raised_on_every_rank_and_the_next_call_
     got, want, _ = _exchange(op, 4, n)
     assert np.array_equal(got.ravel(), want)
     assert type(op._last).__name__ == "Slotted"
+
+
+@pytest.mark.mpi(min_size=1)
+@pytest.mark.parametrize("validate", [True, False], ids=["validated", "off"])
+def test_alltoallvv2_counts_given_as_iterators_are_read_once(validate):
+    """Counts given as iterators (``any iterable, read once``) to a compiled AllToAllVV2: a valid
+    call of another dtype runs (its compiled call described it, and handed that to the pipeline,
+    which compiles it again: it is not described twice); a bad rdispls on the last rank is named
+    as rdispls on every rank (not send_counts, read empty by a second describe)."""
+    n = SIZE
+    op = mpicoll.AllToAllVV2Operation(validate=validate)
+    c, d = [1] * n, list(range(n))
+    op.execute(np.arange(n, dtype=np.float32), c, d, c, d)
+    got = op.execute(np.arange(n, dtype=np.float64), iter(c), iter(d), iter(c), iter(d))
+    assert got.dtype == np.float64 and np.array_equal(got.ravel(), np.full(n, RANK, np.float64))
+    if not validate:
+        return                                  # (an error is agreed only where calls agree)
+    bad = [-1] + d[1:] if RANK == n - 1 else d
+    with pytest.raises(mpicoll.CollectiveArgumentError, match=rf"rdispls\[0\]=-1 on rank {n - 1}"):
+        op.execute(np.arange(n, dtype=np.float64), iter(c), iter(d), iter(c), iter(bad))

@@ -252,18 +252,21 @@ class Operation:
     def _here(self, lib: LibComm, args: tuple, mode: "Mode", failed: CollectiveError | None) -> Any:
         """The call, here and now (the caller holds the communicator): the last call's compiled
         call again or filled with other arrays of its layout, else the pipeline."""
-        last = self._last
+        last, described = self._last, None
         if last is not None and mode.compiles and failed is None:
             result = last.repeat(args)              # (the very arguments of the last call)
             if result is MISS:
                 result = last.similar(args)         # (other arrays of its layout)
             if result is not MISS:
                 return result
-        return self._pipeline(lib, args, mode, failed)
+            described = last.described             # (a Slotted call's: described already)
+        return self._pipeline(lib, args, mode, failed, described)
 
-    def _pipeline(self, lib: LibComm, args: tuple, mode: "Mode", failed: CollectiveError | None) -> Any:
+    def _pipeline(self, lib: LibComm, args: tuple, mode: "Mode", failed: CollectiveError | None,
+                  described: tuple | None = None) -> Any:
         """THE pipeline of a call (see the module docstring): lookup -> describe -> must it agree?
-        -> agree -> ``mode.take``."""
+        -> agree -> ``mode.take``. ``described``: ``(call, error)`` of this call, described once
+        already (by a :class:`~._compiled.Slotted` call that could not run it)."""
         key = arrays = None
         compiles = mode.compiles and failed is None and not self.RULES_ON_DATA
         if compiles and self._SLOTS_AT:
@@ -277,7 +280,7 @@ class Operation:
                 return found.run()
             if key is not None and sum(a.nbytes for a in mine) <= value("compiled"):
                 arrays = (mine, looks)                  # (it compiles: the layout and its arrays)
-        call, err = self._described(args, failed)
+        call, err = described or self._described(args, failed)
         number = count_call(self._comms, self.NAME) if self._counted(lib) else 0
         if not self._agrees(mode, lib):
             if err is not None:

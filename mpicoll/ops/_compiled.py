@@ -36,6 +36,7 @@ from mpi4py import MPI
 from .. import _comm, _trace
 from .. import _validate as V
 from .._comm import LibComm
+from .._errors import as_collective_error
 from .._agreement import settle
 from .._call import Call, epilogue, prologue
 from .._go import Recorder, Step
@@ -64,6 +65,8 @@ class Compiled:
     __slots__ = ("op", "lib", "key", "args", "mine", "shapes", "allocs", "agree", "data", "result_t", "result",
                  "slots", "heads", "expected", "rode", "counting", "fillable", "repeats", "plain", "plain_run",
                  "agree_go", "data_go", "shape", "shapes_of", "overlaps", "path", "values", "others", "resides")
+    #: what a MISS leaves the pipeline (:class:`Slotted`'s described call): nothing
+    described = None
 
     def __init__(self, op: Any, lib: LibComm, key: tuple | None, args: tuple, mine: list, looks: list, call: Call,
                  table: np.ndarray | None, rode: bool, slots: Slots | None, payload: np.ndarray | None) -> None:
@@ -250,13 +253,14 @@ class Slotted:
         op, lib: as :class:`Compiled`'s; args: the arguments of the call it runs.
     """
 
-    __slots__ = ("op", "lib", "args", "slots", "plain", "counting", "dt", "shape", "expected", "exchange")
+    __slots__ = ("op", "lib", "args", "slots", "plain", "counting", "dt", "shape", "expected", "exchange",
+                 "described")
 
     def __init__(self, op: Any, lib: LibComm, call: Call, slots: Slots | None) -> None:
         self.op, self.lib, self.slots, self.args = op, lib, slots, ()
         self.plain, self.counting = lib.plain, op._counted(lib)
         self.dt, self.shape = call.dt, call.shape
-        self.expected = self.exchange = None
+        self.expected = self.exchange = self.described = None
         if slots is not None:
             self.expected = seen(slots.table[:, :V.H_INFO], self.plain)
             self.exchange = lib.bind("Allgather", ([slots.send, MPI.INT64_T], [slots.table, MPI.INT64_T]),
@@ -270,15 +274,19 @@ class Slotted:
         return MISS                      # (``repeat`` ran it, or found it is not its call)
 
     def run(self) -> Any:
-        """One call (the caller holds the communicator); MISS: its describe failed here (the
-        pipeline describes it again, and agrees the error), or it is of another dtype or shape."""
+        """One call (the caller holds the communicator); MISS: its describe failed here, or it is
+        of another dtype or shape: ``described`` then holds ``(call, error)`` for the pipeline,
+        which agrees it (a call is described once: its values may be iterators, read once)."""
         op, lib = self.op, self.lib
+        self.described = None
         try:
             call = op.describe(*self.args)
-        except Exception:  # noqa: BLE001 - raised through the pipeline's agreement
+        except Exception as exc:  # noqa: BLE001 - raised through the pipeline's agreement
+            self.described = (None, as_collective_error(exc, op.NAME, op.rank))
             return MISS
         slots = self.slots
         if slots is not None and (call.dt is not self.dt or call.shape != self.shape):
+            self.described = (call, None)
             return MISS
         if self.counting:
             calls = lib.calls
