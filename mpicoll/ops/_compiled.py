@@ -239,7 +239,7 @@ def seen(heads: np.ndarray, plain: bool) -> bytes:
 
 class Slotted:
     """The compiled call of an operator whose values change with every call (``Operation.SLOTS``:
-    AllToAllVV2's counts, ``all_to_all_single``'s split sizes): one an operation, whatever its
+    AllToAllVV2's counts, ``all_to_all_single``'s split sizes): one per operation, whatever its
     arrays. Each call is described (the operator's local rules on its values, its output sized by
     them); validated, the fields of the header row it keeps that change (sequence, layout bit,
     counts, payload) are written, one ``Allgather``, the gathered headers compared with those of
