@@ -149,13 +149,10 @@ def _op(cls: type, group: Any, fn: str, root: tuple | None = None, reduce: str |
 
 
 def _reduce_name(op: Any) -> str | None:
-    """mpicoll's name of a reduce op as given (the reduce-op table's names, or an enum member
-    with such a ``name``, as torch's ``ReduceOp.SUM``); None: not one. Kept per op given (a torch
-    enum's ``name`` costs a microsecond and a half a call)."""
-    try:
-        return _REDUCE_NAMES[op]
-    except (KeyError, TypeError):             # (not seen yet, or not hashable)
-        pass
+    """mpicoll's name of a reduce op as given, not seen yet (:func:`run` reads the ones seen from
+    :data:`_REDUCE_NAMES`): the reduce-op table's names, or an enum member with such a ``name``, as
+    torch's ``ReduceOp.SUM``; None: not one. Kept per op given (a torch enum's ``name`` costs a
+    microsecond and a half a call)."""
     try:
         name = reduce_op(op if type(op) is str else getattr(op, "name", op)).name
     except CollectiveArgumentError:
@@ -195,8 +192,8 @@ def run(cls: type, group: Any, args: tuple, async_op: bool, outputs: Any, root: 
         reduce = None
     else:
         try:
-            name = _REDUCE_NAMES[reduce]           # (an op seen before: the common case, inline)
-        except (KeyError, TypeError):
+            name = _REDUCE_NAMES[reduce]           # (an op seen before: the common case)
+        except (KeyError, TypeError):             # (not seen yet, or not hashable)
             name = _reduce_name(reduce)
         if name is None:
             refused = ("op", getattr(reduce, "name", reduce), REDUCE_RULE)

@@ -37,7 +37,7 @@ from .. import _comm, _trace
 from .. import _validate as V
 from .._comm import LibComm
 from .._errors import as_collective_error
-from .._agreement import settle
+from .._agreement import AGREEMENT, flagged
 from .._call import Call, epilogue, prologue
 from .._go import Recorder, Step
 from ._agree import Slots
@@ -49,8 +49,6 @@ from ._slots import (LOOK, Steps, Unfillable, allocated, contents, filled, flat_
 COMPILED = 8
 #: what ``repeat`` returns when the call is not the last one
 MISS = object()
-_AGREEMENT = "its header agreement (an internal MPI Allgather)"
-_ERROR_STEP = "the exchange of an error (internal MPI Allgather/Allgatherv)"
 # ----------------------------------------------------------------------------- the compiled call
 
 class Compiled:
@@ -84,7 +82,7 @@ class Compiled:
             self.expected = self._seen(self.heads)
             slots.send[V.H_TIME] = 0
         timeout = op.timeout
-        where = [(op.NAME, None, _AGREEMENT)], [(op.NAME, None, "")]
+        where = [(op.NAME, None, AGREEMENT)], [(op.NAME, None, "")]
         try:
             self.agree = Steps(agree_steps, every, every, timeout, where[0], 0)
             self.data = Steps(data_steps, every, every, timeout, where[1], tokens)
@@ -213,8 +211,7 @@ class Compiled:
         every rank), a mismatch (named, on every rank), or peers whose calls changed but still
         agree: this call then runs from the new table, and is compiled again with it."""
         op, lib, table = self.op, self.lib, self.slots.table
-        if any(table[:, V.H_FLAG].tolist()):
-            settle(lib, None, op.timeout, (op.NAME, None, _ERROR_STEP))
+        _raise_flagged(op, lib, table)
         V.check_agreed(lib, op.NAME, table, op.PAIR_NAMES)
         key, mine, looks = layout(self.args, op._VALUES_AT, op._SLOTS_AT)
         call = op.describe(*self.args)          # (it described the same layout before: no local error)
@@ -228,6 +225,8 @@ class Compiled:
 def seen(heads: np.ndarray, plain: bool) -> bytes:
     """Gathered headers as a compiled call compares them: without the arrival times (a trace's), and
     without the sequence numbers, where they are kept (those are compared among themselves)."""
+    if plain and heads.shape[1] <= V.H_TIME:     # (neither in them: as they are)
+        return heads.tobytes()
     h = heads.copy()
     if h.shape[1] > V.H_TIME:
         h[:, V.H_TIME] = 0
@@ -264,7 +263,7 @@ class Slotted:
         if slots is not None:
             self.expected = seen(slots.table[:, :V.H_INFO], self.plain)
             self.exchange = lib.bind("Allgather", ([slots.send, MPI.INT64_T], [slots.table, MPI.INT64_T]),
-                                     op.timeout, (op.NAME, None, _AGREEMENT))
+                                     op.timeout, (op.NAME, None, AGREEMENT))
 
     def repeat(self, args: tuple) -> Any:
         self.args = args
@@ -312,12 +311,17 @@ class Slotted:
         table = slots.table
         if _trace.ON:
             _trace.NOTE.table = table
-        heads = table[:, :V.H_INFO]
-        if (heads.tobytes() if self.plain else seen(heads, False)) != self.expected or not V.pairs_hold(table):
-            if any(table[:, V.H_FLAG].tolist()):
-                settle(lib, None, op.timeout, (op.NAME, None, _ERROR_STEP))
+        if seen(table[:, :V.H_INFO], self.plain) != self.expected or not V.pairs_hold(table):
+            _raise_flagged(op, lib, table)
             V.check_agreed(lib, op, table)             # (raises on every rank: the same table)
         return run_now(op, call, table, payload is not None and min(slots.rides.tolist()) >= 0, payload)
+
+
+def _raise_flagged(op: Any, lib: LibComm, table: np.ndarray) -> None:
+    """A peer's local error flagged in a compiled call's gathered headers: raised on every rank."""
+    failure = flagged(lib, table, None, op.timeout, (op.NAME, None, AGREEMENT))
+    if failure is not None:
+        raise failure
 
 
 def run_now(op: Any, call: Call, table: np.ndarray | None, rode: bool, payload: np.ndarray | None) -> Any:
