@@ -243,8 +243,9 @@ def test_alltoallvv2_counts_are_the_slots_of_one_compiled_call(validate):
 @pytest.mark.mpi(min_size=1)
 def test_alltoallvv2_compiled_errors_are_raised_on_every_rank_and_the_next_call_runs():
     """A compiled AllToAllVV2 (validated) whose counts break a rule: a count pair that does not
-    match (rank 0 expects one element more from the last rank) and a negative count on the last
-    rank only: every rank raises the same error, naming the parameter; the next valid call runs."""
+    match (rank 0 expects one element more from the last rank), a negative count on the last rank
+    only, and another dtype on the last rank only: every rank raises the same error, naming the
+    parameter; the next valid call runs."""
     n = SIZE
     op = mpicoll.AllToAllVV2Operation(validate=True)
     for step in range(3):
@@ -263,6 +264,11 @@ def test_alltoallvv2_compiled_errors_are_raised_on_every_rank_and_the_next_call_
         sc[0] = -1
     with pytest.raises(mpicoll.CollectiveArgumentError, match=rf"send_counts\[0\]=-1 on rank {n - 1}"):
         op.execute(x, sc, sd, route[:, RANK], rd)
+    if n > 1:                                              # (another dtype on the last rank only)
+        y = x.astype(np.float64) if RANK == n - 1 else x
+        with pytest.raises(mpicoll.CollectiveMismatchError, match="dtype"):
+            op.execute(y, route[RANK], np.concatenate([[0], np.cumsum(route[RANK])[:-1]]), route[:, RANK],
+                       np.concatenate([[0], np.cumsum(route[:, RANK])[:-1]]))
     got, want, _ = _exchange(op, 4, n)
     assert np.array_equal(got.ravel(), want)
     assert type(op._last).__name__ == "Slotted"
